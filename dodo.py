@@ -1,0 +1,20 @@
+"""Build every target in models.toml: `doit`, `doit list`, `doit compile:MODEL@TARGET`.
+
+EPBUILD_MANIFEST names another manifest (relative to this folder).
+"""
+
+import os
+from pathlib import Path
+
+from rules.tasks import load_project
+
+project = load_project(Path(__file__).parent / os.environ.get("EPBUILD_MANIFEST", "models.toml"))
+DOIT_CONFIG = project.doit_config()
+
+
+def task_compile():
+    yield from project.compile_tasks()
+
+
+def task_unavailable():
+    yield from project.unavailable_task()

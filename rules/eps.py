@@ -1,0 +1,109 @@
+"""The execution-provider registry: aliases, devices, packages, option names, output file names.
+
+Everything known about one EP lives in one `EpInfo` entry, so adding an EP or an option name is a one-place
+change. Nothing here imports onnxruntime: the registry is read at task-creation time.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+
+DEVICES = ("npu", "gpu", "cpu")
+COMPILERS = ("ort", "ort_session")
+SOURCES = ("pypi", "bundled", "nuget", "catalog")
+
+
+@dataclass(frozen=True)
+class EpInfo:
+    """One execution provider as this project builds for it."""
+
+    alias: str
+    name: str  # the full ONNX Runtime name, e.g. QNNExecutionProvider
+    default_device: str
+    devices: tuple[str, ...]
+    default_source: str
+    package: str | None = None  # PyPI distribution that ships the plugin library
+    module: str | None = None  # its import name, with get_library_path()
+    platform: str | None = None  # sys.platform prefix the EP exists on, None for any
+    known_options: frozenset[str] | None = None  # None: this EP's option names are not checked
+    ignored_options: dict[str, str] = field(default_factory=dict)  # accepted by the EP, silently ignored: why
+    required_defaults: dict[str, str] = field(default_factory=dict)
+    runtime_options: frozenset[str] = frozenset()  # options a runtime must pass again when loading the artifact
+    binary_suffix: str | None = None  # context binary: <stem><suffix>, None when the EP writes none
+    can_share_contexts: bool = False
+
+    def binary_name(self, stem: str) -> str | None:
+        return f"{stem}{self.binary_suffix}" if self.binary_suffix else None
+
+
+QNN_OPTIONS = frozenset(
+    {
+        # change the compiled bytes
+        "backend_type", "backend_path", "soc_model", "htp_arch", "vtcm_mb",
+        "htp_graph_finalization_optimization_mode", "htp_bf16_enable", "offload_graph_io_quantization",
+        "qnn_context_priority", "enable_htp_shared_memory_allocator", "enable_htp_prepare_only", "op_packages",
+        "enable_htp_fp16_precision", "enable_htp_spill_fill_buffer", "enable_htp_graph_splitting",
+        "htp_graph_splitting_num_prepare_threads", "enable_block_quant_weight_optimization",
+        "enable_htp_fp16_clamp_overflow", "enable_htp_monolithic_lstm", "htp_share_resource_optimization",
+        "enable_vtcm_backup_buffer_sharing", "skip_backend_op_validation", "device_id", "extended_udma",
+        # runtime or diagnostics only
+        "htp_performance_mode", "rpc_control_latency", "profiling_level", "profiling_file_path",
+        "num_graph_prepare_threads", "qnn_saver_path", "dump_json_qnn_graph", "json_qnn_graph_dir",
+        "skip_qnn_version_check", "htp_reused_io_limit_mb", "disable_file_mapped_weights",
+    }
+)
+
+OPENVINO_OPTIONS = frozenset({"load_config", "reshape_input", "enable_qdq_optimizer", "enable_causallm"})
+OPENVINO_IGNORED = {
+    key: "the OpenVINO plugin EP ignores it; set it in the load_config JSON instead"
+    for key in ("precision", "num_of_threads", "num_streams", "cache_dir", "device_type", "device_id",
+                "device_luid", "model_priority", "enable_opencl_throttling")
+}
+
+REGISTRY: dict[str, EpInfo] = {
+    info.alias: info
+    for info in (
+        EpInfo("cpu", "CPUExecutionProvider", "cpu", ("cpu",), "bundled", package="onnxruntime"),
+        EpInfo(
+            "qnn", "QNNExecutionProvider", "npu", ("npu", "gpu", "cpu"), "pypi",
+            package="onnxruntime-qnn", module="onnxruntime_qnn",
+            known_options=QNN_OPTIONS,
+            required_defaults={"backend_type": "htp"},
+            runtime_options=frozenset({"backend_type", "backend_path", "htp_performance_mode",
+                                       "rpc_control_latency", "qnn_context_priority", "device_id",
+                                       "profiling_level", "profiling_file_path"}),
+            binary_suffix="_qnn.bin", can_share_contexts=True,
+        ),
+        EpInfo(
+            "openvino", "OpenVINOExecutionProvider", "cpu", ("cpu", "gpu", "npu"), "pypi",
+            package="onnxruntime-ep-openvino", module="onnxruntime_ep_openvino",
+            known_options=OPENVINO_OPTIONS, ignored_options=OPENVINO_IGNORED,
+            runtime_options=frozenset({"load_config"}),
+            binary_suffix="_OpenVINOExecutionProvider.bin", can_share_contexts=True,
+        ),
+        EpInfo("dml", "DmlExecutionProvider", "gpu", ("gpu",), "bundled", package="onnxruntime-directml",
+               platform="win32"),
+        EpInfo("vitisai", "VitisAIExecutionProvider", "npu", ("npu",), "catalog", platform="win32"),
+        EpInfo("migraphx", "MIGraphXExecutionProvider", "gpu", ("gpu",), "bundled",
+               package="onnxruntime-migraphx", platform="linux"),
+        EpInfo("nvtensorrtrtx", "NvTensorRTRTXExecutionProvider", "gpu", ("gpu",), "catalog", platform="win32"),
+    )
+}
+BY_NAME = {info.name: info for info in REGISTRY.values()}
+
+
+def lookup(ep: str) -> EpInfo | None:
+    """An EP by alias or full name (case-insensitive alias), None when unknown."""
+    return REGISTRY.get(ep.lower()) or BY_NAME.get(ep)
+
+
+def valid_ep_names() -> list[str]:
+    return [*REGISTRY, *BY_NAME]
+
+
+def platform_reason(info: EpInfo) -> str | None:
+    """Why this EP cannot exist on this operating system, or None."""
+    if info.platform and not sys.platform.startswith(info.platform):
+        return f"{info.name} exists only on {info.platform}, this host is {sys.platform}"
+    return None

@@ -1,0 +1,34 @@
+"""The one exception type for mistakes a user can fix, and how it reads."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+from pathlib import Path
+
+
+class UserError(Exception):
+    """A problem in the manifest, a model or an input file, named by file and key path.
+
+    Printed as one line without a traceback: `models.toml: targets.qnn-htp.options.soc_modle: unknown option ...`.
+    """
+
+    def __init__(self, file: str | Path | None, key_path: str | None, message: str):
+        self.file = str(file) if file is not None else None
+        self.key_path = key_path
+        self.message = message
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        where = [part for part in (self.file, self.key_path) if part]
+        return ": ".join([*where, self.message])
+
+
+class BuildError(Exception):
+    """A compile or validation that ran and failed (EP error, crash, timeout); the message says why."""
+
+
+def closest(word: str, choices: Iterable[str]) -> str:
+    """A ' (did you mean X?)' hint, or '' when nothing is close."""
+    match = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean '{match[0]}'?)" if match else ""

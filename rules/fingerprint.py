@@ -1,0 +1,32 @@
+"""What shapes an output: the settings that go into each task's `config_changed`.
+
+Files (model, external data, option files) are tracked by content through doit's `file_dep`; everything else
+that changes the bytes is here. Paths appear relative to the manifest's folder, so a checkout can move.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from . import RULES_FORMAT
+from .host import toolchain_versions
+from .targets import Build
+
+
+def relative(path: Path, root: Path) -> str:
+    return Path(os.path.relpath(path, root)).as_posix()
+
+
+def compile_config(build: Build, root: Path) -> dict[str, Any]:
+    target = build.target
+    return {
+        "rules_format": RULES_FORMAT,
+        "model": relative(build.model.path, root),
+        "inputs": {name: list(shape) for name, shape in sorted(build.model.inputs.items())},
+        "ep": target.ep.name, "ep_source": target.source, "device": target.device,
+        "compiler": target.compiler, "embed": target.embed, "options": target.options,
+        "option_files": sorted(target.option_files), "optimization_level": target.optimization_level,
+        "versions": toolchain_versions(target.ep),
+    }

@@ -1,0 +1,156 @@
+"""What this host can build: installed EP packages, registered EP devices, and why a target is unavailable.
+
+Probing needs onnxruntime and the plugin libraries, which cost a second; it runs once in a child process and is
+cached in `artifacts/.state/host.json`, keyed by package versions and the machine, so task creation reads a
+small JSON file instead. The in-child helpers (`register_plugin`, `select_ep_device`) are shared by the compile
+and validation children.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from .eps import REGISTRY, EpInfo, platform_reason
+
+
+@functools.cache
+def package_version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def toolchain_versions(info: EpInfo) -> dict[str, str | None]:
+    """The package versions that shape an artifact of this EP."""
+    versions = {"onnxruntime": package_version("onnxruntime")}
+    if info.package and info.package != "onnxruntime":
+        versions[info.package] = package_version(info.package)
+    return versions
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def probe_key() -> dict[str, Any]:
+    """What the probe's answer depends on; a change re-probes."""
+    packages = sorted({info.package for info in REGISTRY.values() if info.package})
+    return {"python": sys.executable, "platform": sys.platform, "machine": platform.machine(),
+            "node": platform.node(), "cpu": _cpu_model(), "packages": {p: package_version(p) for p in packages}}
+
+
+def capabilities(state_dir: Path) -> dict[str, Any]:
+    """The cached probe result, probing in a child process when the key changed."""
+    cache = state_dir / "host.json"
+    key = probe_key()
+    try:
+        cached = json.loads(cache.read_text())
+        if cached.get("key") == key:
+            return cached
+    except (OSError, ValueError):
+        pass
+    done = subprocess.run([sys.executable, "-m", "rules.host"], capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        result = {"error": f"host probe failed ({done.returncode}): {done.stderr.strip()[-500:]}", "eps": {}}
+    else:
+        result = json.loads(done.stdout)
+    result["key"] = key
+    state_dir.mkdir(parents=True, exist_ok=True)
+    temporary = cache.with_suffix(f".{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(result, indent=1))
+    os.replace(temporary, cache)
+    return result
+
+
+def unavailable_reason(info: EpInfo, source: str, device: str, caps: dict[str, Any]) -> str | None:
+    """Why this host cannot build for (EP, source, device), with how to fix it; None when it can."""
+    reason = platform_reason(info)
+    if reason:
+        return reason
+    if source in ("nuget", "catalog"):
+        return f"{info.name} from '{source}' is delivered only through Windows ML on Windows"
+    if info.package and package_version(info.package) is None:
+        return f"{info.name} needs the '{info.package}' package: pip install {info.package}"
+    found = caps.get("eps", {}).get(info.name)
+    if found is None:
+        return f"{info.name} is not offered by this onnxruntime build ({caps.get('error', 'not registered')})"
+    if found.get("error"):
+        return f"{info.name} failed to register: {found['error']}"
+    if not found["devices"]:
+        return (f"{info.name} registered but offers no device on this host (CPU: {caps['key']['cpu']}); "
+                f"the OpenVINO plugin lists Intel hardware only" if info.alias == "openvino" else
+                f"{info.name} registered but offers no device on this host")
+    if info.alias == "openvino" and not any(d.get("ov_device", "").upper().startswith(device.upper())
+                                            for d in found["devices"]):
+        offered = ", ".join(d.get("ov_device", "?") for d in found["devices"])
+        return f"{info.name} offers {offered} on this host, not {device}"
+    return None
+
+
+# ---- in the child process only: these import onnxruntime ----
+
+def register_plugin(ort: Any, info: EpInfo) -> None:
+    """Register a PyPI plugin EP library with this process's onnxruntime (no-op for built-in EPs)."""
+    if info.module is None:
+        return
+    module = __import__(info.module)
+    ort.register_execution_provider_library(info.name, module.get_library_path())
+
+
+def select_ep_device(ort: Any, info: EpInfo, device: str) -> Any:
+    """The OrtEpDevice for an EP and device, matched by EP name: a build host without an NPU registers QNN on
+    the CPU device type, so the hardware type alone cannot pick it. OpenVINO says its device in metadata."""
+    candidates = [d for d in ort.get_ep_devices() if d.ep_name == info.name]
+    if not candidates:
+        raise RuntimeError(f"{info.name} offers no device on this host")
+    if info.alias == "openvino":
+        matching = [d for d in candidates if d.ep_metadata.get("ov_device", "").upper().startswith(device.upper())]
+        if not matching:
+            raise RuntimeError(f"{info.name} offers no {device} device on this host")
+        return matching[0]
+    typed = [d for d in candidates if d.device.type.name.lower() == device]
+    return (typed or candidates)[0]
+
+
+def _probe() -> dict[str, Any]:
+    import onnxruntime as ort
+
+    eps: dict[str, dict[str, Any]] = {}
+    for info in REGISTRY.values():
+        if info.module and package_version(info.package or "") and not platform_reason(info):
+            try:
+                register_plugin(ort, info)
+            except Exception as exc:  # noqa: BLE001 - any registration failure is a reason to report
+                eps[info.name] = {"devices": [], "error": str(exc).strip()}
+    for ep_device in ort.get_ep_devices():
+        entry = eps.setdefault(ep_device.ep_name, {"devices": [], "error": None})
+        entry["devices"].append({"type": ep_device.device.type.name.lower(), "vendor": ep_device.device.vendor,
+                                 "version": ep_device.ep_metadata.get("version"),
+                                 "ov_device": ep_device.ep_metadata.get("ov_device", "")})
+    for name in ort.get_available_providers():
+        eps.setdefault(name, {"devices": [{"type": "cpu", "vendor": "", "version": ort.__version__}],
+                              "error": None})
+    for info in REGISTRY.values():
+        if info.module and info.name not in eps and package_version(info.package or ""):
+            eps[info.name] = {"devices": [], "error": None}
+    return {"onnxruntime": ort.__version__, "eps": eps}
+
+
+if __name__ == "__main__":
+    json.dump(_probe(), sys.stdout)

@@ -1,0 +1,216 @@
+"""models.toml: parsing and schema validation into typed, immutable specs.
+
+Every error names the file and the key path (`targets.qnn-htp.options`), says what was found and what is valid.
+Only the TOML is read here: no model file is opened, so loading stays cheap at task-creation time.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import UserError, closest
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised only on Python 3.10
+    import tomli as tomllib
+
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+TOP_KEYS = ("models", "targets")
+MODEL_KEYS = ("path", "inputs", "targets")
+TARGET_KEYS = ("ep", "device", "compiler", "embed", "options", "option_files", "extends", "optimization_level")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A source model as declared: `path` is absolute, `inputs` fixes symbolic dimensions."""
+
+    name: str
+    path: Path
+    inputs: dict[str, tuple[int, ...]]
+    targets: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """A target as declared, after `extends` was merged; EP-specific checks happen in `rules.targets`."""
+
+    name: str
+    ep: str | None
+    device: str | None
+    compiler: str
+    embed: bool
+    options: dict[str, Any]
+    option_files: tuple[str, ...]
+    optimization_level: str | None
+
+
+@dataclass(frozen=True)
+class Manifest:
+    path: Path
+    models: dict[str, ModelSpec]
+    targets: dict[str, TargetSpec]
+
+    @property
+    def root(self) -> Path:
+        return self.path.parent
+
+
+class _Reader:
+    """Type-checked access to one TOML table, with the key path for error messages."""
+
+    def __init__(self, file: Path, path: str, table: Any):
+        self.file, self.path = file, path
+        if not isinstance(table, dict):
+            self.fail(f"must be a table, found {_type_name(table)}")
+        self.table: dict[str, Any] = table
+
+    def fail(self, message: str, key: str | None = None):
+        raise UserError(self.file.name, f"{self.path}.{key}" if key else self.path, message)
+
+    def only(self, allowed: tuple[str, ...]) -> None:
+        for key in self.table:
+            if key not in allowed:
+                self.fail(f"unknown key{closest(key, allowed)}; valid keys: {', '.join(allowed)}", key)
+
+    def get(self, key: str, kind: type | tuple[type, ...], default: Any = None, required: bool = False) -> Any:
+        if key not in self.table:
+            if required:
+                self.fail("is required", key)
+            return default
+        value = self.table[key]
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            self.fail(f"must be {_kind_name(kind)}, found {_type_name(value)} {value!r}", key)
+        return value
+
+    def choice(self, key: str, choices: tuple[str, ...], default: str | None = None) -> str | None:
+        value = self.get(key, str, default)
+        if value is not None and value not in choices:
+            self.fail(f"'{value}' is not valid{closest(value, choices)}; valid: {', '.join(choices)}", key)
+        return value
+
+    def child(self, key: str) -> _Reader:
+        return _Reader(self.file, f"{self.path}.{key}" if self.path else key, self.table.get(key, {}))
+
+
+def _type_name(value: Any) -> str:
+    return {dict: "a table", list: "an array", str: "a string", bool: "a boolean", int: "an integer",
+            float: "a float"}.get(type(value), type(value).__name__)
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    names = {dict: "a table", list: "an array", str: "a string", bool: "a boolean", int: "an integer",
+             float: "a number"}
+    return " or ".join(names.get(k, k.__name__) for k in kinds)
+
+
+def check_name(file: Path, path: str, name: str) -> None:
+    """Names become path parts and task names: letters, digits, '-', '_', '.'; no leading '.'."""
+    if not NAME_PATTERN.match(name):
+        raise UserError(
+            file.name, path,
+            f"invalid name '{name}': use letters, digits, '-', '_' and '.' only, not starting with '.'",
+        )
+
+
+def load(path: str | Path) -> Manifest:
+    """Read and validate a manifest; raises UserError naming the file and key path."""
+    path = Path(path).absolute()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(path.name, None, f"manifest not found at {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(path.name, None, f"cannot read the manifest: {exc}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(path.name, None, f"TOML syntax error: {exc}") from None
+    return parse(data, path)
+
+
+def parse(data: dict[str, Any], path: Path) -> Manifest:
+    top = _Reader(path, "", data)
+    top.only(TOP_KEYS)
+    targets_table = top.child("targets")
+    for name in targets_table.table:
+        check_name(path, f"targets.{name}", name)
+    targets = {name: _target(targets_table, name) for name in targets_table.table}
+    models_table = top.child("models")
+    if not models_table.table:
+        top.fail("declares no models: add a [models.NAME] table with a 'path'", "models")
+    models = {}
+    for name in models_table.table:
+        check_name(path, f"models.{name}", name)
+        models[name] = _model(models_table.child(name), name, targets)
+    return Manifest(path, models, targets)
+
+
+def _model(table: _Reader, name: str, targets: dict[str, TargetSpec]) -> ModelSpec:
+    table.only(MODEL_KEYS)
+    model_path = table.file.parent / table.get("path", str, required=True)
+    if not model_path.is_file():
+        table.fail(f"model file not found: {model_path}", "path")
+    inputs: dict[str, tuple[int, ...]] = {}
+    inputs_table = table.child("inputs")
+    for input_name in inputs_table.table:
+        shape = inputs_table.get(input_name, list)
+        if not shape or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape):
+            inputs_table.fail(f"must be a list of positive integers, found {shape!r}", input_name)
+        inputs[input_name] = tuple(shape)
+    wanted = table.get("targets", list)
+    if wanted is None:
+        wanted = list(targets)
+    for index, target in enumerate(wanted):
+        if not isinstance(target, str) or target not in targets:
+            valid = ", ".join(targets) or "none declared"
+            table.fail(f"unknown target {target!r}{closest(str(target), targets)}; declared targets: {valid}",
+                       f"targets[{index}]")
+    return ModelSpec(name, model_path, inputs, tuple(wanted))
+
+
+def _merged_target(targets: _Reader, name: str, chain: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The target's table with `extends` applied: own keys win, `options` merge per key."""
+    if name in chain:
+        cycle = " -> ".join([*chain, name])
+        raise UserError(targets.file.name, f"targets.{chain[0]}.extends", f"extends cycle: {cycle}")
+    own = targets.child(name)
+    parent_name = own.get("extends", str)
+    if parent_name is None:
+        return dict(own.table)
+    if parent_name not in targets.table:
+        own.fail(f"unknown target '{parent_name}'{closest(parent_name, targets.table)}", "extends")
+    merged = _merged_target(targets, parent_name, (*chain, name))
+    parent_options = merged.get("options", {})
+    merged.update({k: v for k, v in own.table.items() if k != "extends"})
+    if isinstance(parent_options, dict) and isinstance(own.table.get("options"), dict):
+        merged["options"] = {**parent_options, **own.table["options"]}
+    if "option_files" in own.table and isinstance(own.table["option_files"], list):
+        merged["option_files"] = sorted({*merged.get("option_files", []), *own.table["option_files"]})
+    return merged
+
+
+def _target(targets: _Reader, name: str) -> TargetSpec:
+    table = _Reader(targets.file, f"targets.{name}", targets.table[name])
+    table.only(TARGET_KEYS)
+    table = _Reader(targets.file, f"targets.{name}", _merged_target(targets, name))
+    options = table.get("options", dict, {})
+    option_files = table.get("option_files", list, [])
+    for index, key in enumerate(option_files):
+        if not isinstance(key, str):
+            table.fail(f"must name option keys (strings), found {key!r}", f"option_files[{index}]")
+    return TargetSpec(
+        name=name,
+        ep=table.get("ep", str),
+        device=table.choice("device", ("npu", "gpu", "cpu")),
+        compiler=table.choice("compiler", ("ort", "ort_session"), "ort"),
+        embed=table.get("embed", bool, False),
+        options=dict(options),
+        option_files=tuple(option_files),
+        optimization_level=table.choice("optimization_level", ("basic", "extended", "all")),
+    )

@@ -1,0 +1,40 @@
+"""Atomic output folders: build in a scratch folder beside the final one, then swap it in with renames.
+
+A reader sees either the previous complete folder or the new complete one, never a half-written mix; a failed
+build removes the stale folder too, so nothing under a final name looks like a good artifact for new settings.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+SCRATCH = ".scratch"
+
+
+def scratch_dir(artifacts: Path, label: str) -> Path:
+    """A fresh private folder on the artifacts filesystem, so the final rename cannot cross filesystems."""
+    parent = artifacts / SCRATCH
+    parent.mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix=f"{label}.", dir=parent))
+    folder.chmod(0o755)  # mkdtemp makes it private; a published artifact folder is read by others
+    return folder
+
+
+def publish(scratch: Path, final: Path) -> None:
+    """Replace `final` with `scratch`: rename the old folder aside, rename the new one in, delete the old."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    old = None
+    if final.exists():
+        old = Path(tempfile.mkdtemp(prefix="replaced.", dir=scratch.parent))
+        os.replace(final, old / "previous")
+    os.replace(scratch, final)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def discard(*folders: Path) -> None:
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -1,0 +1,157 @@
+"""Target resolution: a declared target becomes a concrete EP, source, device and normalised options.
+
+Also defines `Build`, one (model, target) pair, and the exact files it produces, so doit's `targets` can list
+every output before anything runs.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .eps import DEVICES, SOURCES, EpInfo, lookup, valid_ep_names
+from .errors import UserError, closest
+from .manifest import Manifest, ModelSpec, TargetSpec
+
+SIDECAR = "artifact.json"
+CPU_DEFAULT_LEVEL = "extended"  # portable across CPUs; "all" adds layout transforms tied to this host's ISA
+
+
+@dataclass(frozen=True)
+class ResolvedTarget:
+    """Everything that decides how a target compiles. `options` holds strings as the EP receives them, with
+    option-file values as written in the manifest (relative), so the config stays free of absolute paths."""
+
+    name: str
+    ep: EpInfo
+    source: str
+    device: str
+    compiler: str
+    embed: bool
+    options: dict[str, str]
+    option_files: dict[str, Path]
+    optimization_level: str | None
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.ep.alias == "cpu"
+
+    def session_options(self) -> dict[str, str]:
+        """The options passed to the EP: option-file values replaced by absolute paths."""
+        return {**self.options, **{key: str(path) for key, path in self.option_files.items()}}
+
+    def runtime_files(self) -> dict[str, str]:
+        """Option files a runtime needs again when loading the artifact: key -> name inside the artifact."""
+        return {key: f"{key}{path.suffix}" for key, path in sorted(self.option_files.items())
+                if key in self.ep.runtime_options}
+
+
+@dataclass(frozen=True)
+class Build:
+    """One compile: a model for a target."""
+
+    model: ModelSpec
+    target: ResolvedTarget
+
+    @property
+    def name(self) -> str:
+        return f"{self.model.name}@{self.target.name}"
+
+    def out_dir(self, artifacts: Path) -> Path:
+        return artifacts / self.target.name / self.model.name
+
+    @property
+    def model_file(self) -> str:
+        return f"{self.model.name}.onnx"
+
+    def output_names(self) -> list[str]:
+        """Every file the compile publishes, known before it runs."""
+        names = [self.model_file, SIDECAR, *self.target.runtime_files().values()]
+        binary = self.target.ep.binary_name(self.model.name)
+        if binary and not self.target.embed:
+            names.append(binary)
+        return sorted(names)
+
+
+def _normalise(value: Any) -> str | None:
+    """Provider options are strings to ONNX Runtime; TOML booleans become '1'/'0' as the EPs expect."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, (int, float, str)):
+        return str(value)
+    return None
+
+
+def parse_ep(file: str, path: str, text: str | None, device: str | None) -> tuple[EpInfo, str]:
+    """`qnn`, `QNNExecutionProvider` or `openvino@pypi` -> (EpInfo, source). Without an EP, the device picks it."""
+    if text is None:
+        return lookup({"npu": "qnn", "gpu": "dml" if sys.platform == "win32" else "openvino",
+                       "cpu": "cpu"}[device or "npu"]), "default"
+    alias, _, source = text.partition("@")
+    info = lookup(alias)
+    if info is None:
+        raise UserError(file, path, f"unknown EP '{alias}'{closest(alias, valid_ep_names())}; "
+                                    f"valid: {', '.join(valid_ep_names())}")
+    if source and source not in SOURCES:
+        raise UserError(file, path, f"unknown EP source '{source}'{closest(source, SOURCES)}; "
+                                    f"valid: {', '.join(SOURCES)}")
+    return info, source or "default"
+
+
+def resolve_target(spec: TargetSpec, manifest: Manifest) -> ResolvedTarget:
+    file, where = manifest.path.name, f"targets.{spec.name}"
+    ep, source = parse_ep(file, f"{where}.ep", spec.ep, spec.device)
+    source = ep.default_source if source == "default" else source
+    device = spec.device or ep.default_device
+    if device not in ep.devices:
+        raise UserError(file, f"{where}.device", f"{ep.name} does not build for '{device}'; "
+                                                 f"valid devices: {', '.join(ep.devices)}")
+    assert device in DEVICES
+    if ep.alias == "cpu":
+        for key, value in (("embed", spec.embed), ("compiler", spec.compiler != "ort"), ("options", spec.options)):
+            if value:
+                raise UserError(file, f"{where}.{key}", "does not apply to ep = \"cpu\" (an optimized ONNX "
+                                                        "model, no EP context); use optimization_level")
+    elif spec.optimization_level is not None:
+        raise UserError(file, f"{where}.optimization_level", "applies only to ep = \"cpu\"")
+
+    options: dict[str, str] = {}
+    for key, value in spec.options.items():
+        if key in ep.ignored_options:
+            raise UserError(file, f"{where}.options.{key}", ep.ignored_options[key])
+        if ep.known_options is not None and key not in ep.known_options:
+            raise UserError(file, f"{where}.options.{key}",
+                            f"unknown {ep.name} option{closest(key, ep.known_options)}; "
+                            f"valid: {', '.join(sorted(ep.known_options))}")
+        text = _normalise(value)
+        if text is None:
+            raise UserError(file, f"{where}.options.{key}",
+                            f"must be a string, number or boolean, found {type(value).__name__}")
+        options[key] = text
+    if not ({"backend_type", "backend_path"} & options.keys()):
+        options.update(ep.required_defaults)
+
+    option_files: dict[str, Path] = {}
+    for index, key in enumerate(spec.option_files):
+        if key not in options:
+            raise UserError(file, f"{where}.option_files[{index}]",
+                            f"names option '{key}', but options has no such key")
+        path = manifest.root / options[key]
+        if not path.is_file():
+            what = "is a folder" if path.is_dir() else "not found"
+            raise UserError(file, f"{where}.options.{key}", f"option file {what}: {path}")
+        option_files[key] = path.resolve()
+
+    return ResolvedTarget(
+        name=spec.name, ep=ep, source=source, device=device, compiler=spec.compiler, embed=spec.embed,
+        options=dict(sorted(options.items())), option_files=option_files,
+        optimization_level=(spec.optimization_level or CPU_DEFAULT_LEVEL) if ep.alias == "cpu" else None,
+    )
+
+
+def plan(manifest: Manifest) -> list[Build]:
+    """Every (model, target) compile the manifest asks for, in manifest order."""
+    resolved = {name: resolve_target(spec, manifest) for name, spec in manifest.targets.items()}
+    return [Build(model, resolved[target]) for model in manifest.models.values() for target in model.targets]
