@@ -9,6 +9,7 @@ code that imports onnxruntime.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -172,17 +173,22 @@ def _compile_in_child(request: dict[str, Any]) -> dict[str, Any]:
     for name, value in overrides.items():
         options.add_free_dimension_override_by_name(name, value)
     output = Path(request["output"])
+    # Compile from bytes, in the model's folder: ONNX Runtime hashes the model path (or the external-data
+    # folder) into partition names, so an absolute path would make two checkouts produce different bytes.
+    model_bytes = Path(request["model"]).read_bytes()
+    os.chdir(Path(request["model"]).parent)
+    options.add_session_config_entry("session.model_external_initializers_file_folder_path", ".")
     if info.alias == "cpu":
         level = CPU_LEVELS[request["optimization_level"]]
         options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
         options.optimized_model_filepath = str(output)
-        ort.InferenceSession(request["model"], options, providers=["CPUExecutionProvider"])
+        ort.InferenceSession(model_bytes, options, providers=["CPUExecutionProvider"])
         found = inspect_output(output, None)
     else:
         register_plugin(ort, info)
         options.add_provider_for_devices([select_ep_device(ort, info, request["device"])], request["options"])
         if request["compiler"] == "ort":
-            compiler = ort.ModelCompiler(options, request["model"],
+            compiler = ort.ModelCompiler(options, model_bytes,
                                          embed_compiled_data_into_model=request["embed"],
                                          flags=int(ort.OrtCompileApiFlags.ERROR_IF_NO_NODES_COMPILED))
             compiler.compile_to_file(str(output))
@@ -191,7 +197,7 @@ def _compile_in_child(request: dict[str, Any]) -> dict[str, Any]:
             options.add_session_config_entry("ep.context_file_path", str(output))
             options.add_session_config_entry("ep.context_embed_mode", "1" if request["embed"] else "0")
             options.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
-            ort.InferenceSession(request["model"], options)
+            ort.InferenceSession(model_bytes, options)
         if not output.is_file():
             raise RuntimeError(f"{info.name} wrote no compiled model")
         found = inspect_output(output, info.name)

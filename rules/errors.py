@@ -30,5 +30,5 @@ class BuildError(Exception):
 
 def closest(word: str, choices: Iterable[str]) -> str:
     """A ' (did you mean X?)' hint, or '' when nothing is close."""
-    match = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    match = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.5)
     return f" (did you mean '{match[0]}'?)" if match else ""

@@ -70,7 +70,8 @@ class _Reader:
         self.table: dict[str, Any] = table
 
     def fail(self, message: str, key: str | None = None):
-        raise UserError(self.file.name, f"{self.path}.{key}" if key else self.path, message)
+        path = ".".join(part for part in (self.path, key) if part)
+        raise UserError(self.file.name, path or None, message)
 
     def only(self, allowed: tuple[str, ...]) -> None:
         for key in self.table:

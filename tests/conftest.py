@@ -1,0 +1,77 @@
+"""Fixtures: throwaway projects (dodo.py, the shipped models, a manifest) built with the real doit and EPs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))
+
+
+class Project:
+    """A project folder like a user's: dodo.py, models/, configs/, models.toml; run doit in it."""
+
+    def __init__(self, root: Path, host_cache: Path):
+        self.root = root
+        shutil.copy(REPO / "dodo.py", root / "dodo.py")
+        shutil.copytree(REPO / "models", root / "models", ignore=shutil.ignore_patterns("*.py", "__pycache__"))
+        shutil.copytree(REPO / "configs", root / "configs")
+        state = root / "artifacts" / ".state"
+        state.mkdir(parents=True)
+        if host_cache.exists():
+            shutil.copy(host_cache, state / "host.json")
+        self.env = {**os.environ, "PYTHONPATH": str(REPO)}
+
+    @property
+    def artifacts(self) -> Path:
+        return self.root / "artifacts"
+
+    def manifest(self, text: str) -> None:
+        (self.root / "models.toml").write_text(text)
+
+    def doit(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        done = subprocess.run([sys.executable, "-m", "doit", *args], cwd=self.root, env=self.env,
+                              capture_output=True, text=True, timeout=900)
+        if check and done.returncode != 0:
+            raise AssertionError(f"doit {' '.join(args)} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+        return done
+
+
+def ran(done: subprocess.CompletedProcess) -> set[str]:
+    """Task names doit executed (verbosity 2 prints '.  name' for a run, '-- name' for up to date)."""
+    return {line[3:].strip() for line in done.stdout.splitlines() if line.startswith(".  ")}
+
+
+@pytest.fixture(scope="session")
+def host_cache(tmp_path_factory) -> Path:
+    """Probe the host once per test session; every project starts with the result."""
+    from rules.host import capabilities
+
+    state = tmp_path_factory.mktemp("host")
+    capabilities(state)
+    return state / "host.json"
+
+
+@pytest.fixture
+def project(tmp_path, host_cache) -> Project:
+    root = tmp_path / "proj"
+    root.mkdir()
+    return Project(root, host_cache)
+
+
+@pytest.fixture(scope="session")
+def openvino_reason(host_cache) -> str | None:
+    """Why OpenVINO cannot build here (its plugin offers devices on Intel hardware only), None where it can."""
+    import json
+
+    from rules.eps import REGISTRY
+    from rules.host import unavailable_reason
+
+    return unavailable_reason(REGISTRY["openvino"], "pypi", "cpu", json.loads(host_cache.read_text()))

@@ -1,0 +1,42 @@
+"""Small real models and artifact readers for the tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+
+def single_op_model(path: Path, op: str, shape=(2, 3, 3)) -> Path:
+    """A one-node float model; with op='Det' QNN HTP compiles nothing (a real EP failure)."""
+    graph = helper.make_graph([helper.make_node(op, ["x"], ["y"])], op.lower(),
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    onnx.save(onnx.shape_inference.infer_shapes(model), str(path))
+    return path
+
+
+def ep_context_nodes(path: Path) -> list[dict]:
+    model = onnx.load(str(path), load_external_data=False)
+    return [{a.name: helper.get_attribute_value(a) for a in node.attribute}
+            for node in model.graph.node if node.op_type == "EPContext"]
+
+
+def tree_bytes(folder: Path) -> dict[str, bytes]:
+    """Every file under folder by relative path, skipping the build's own state and logs."""
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and not {".state", ".logs", ".scratch"} & set(p.relative_to(folder).parts)}
+
+
+def perturb_weights(path: Path, seed: int) -> None:
+    """Change a model's bytes (first initializer) without changing its graph."""
+    model = onnx.load(str(path))
+    first = model.graph.initializer[0]
+    array = onnx.numpy_helper.to_array(first).copy()
+    array += np.random.default_rng(seed).standard_normal(array.shape).astype(array.dtype) * 0.01
+    first.CopyFrom(onnx.numpy_helper.from_array(array, first.name))
+    onnx.save(model, str(path))
