@@ -51,7 +51,7 @@ def _cpu_model() -> str:
 def probe_key() -> dict[str, Any]:
     """What the probe's answer depends on; a change re-probes."""
     packages = sorted({info.package for info in REGISTRY.values() if info.package})
-    return {"python": sys.executable, "platform": sys.platform, "machine": platform.machine(),
+    return {"python": [sys.prefix, sys.version], "platform": sys.platform, "machine": platform.machine(),
             "node": platform.node(), "cpu": _cpu_model(), "packages": {p: package_version(p) for p in packages}}
 
 

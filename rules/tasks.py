@@ -27,9 +27,23 @@ from .targets import Build, plan
 Task = dict[str, Any]
 
 
-def _rel(path: Path) -> str:
-    """One canonical spelling per file (doit does not normalise paths): relative to doit's working folder."""
-    return os.path.relpath(path)
+class _Relative:
+    """One canonical spelling per file (doit does not normalise paths): relative to doit's working folder.
+
+    String slicing, not os.path.relpath: this runs several times per task and relpath dominated `doit list`.
+    """
+
+    def __init__(self, root: Path):
+        self.root = f"{root}{os.sep}"
+        self.prefix = os.path.relpath(root)
+
+    def __call__(self, path: Path) -> str:
+        text = str(path)
+        if not text.startswith(self.root):
+            return os.path.relpath(text)
+        inside = text[len(self.root):]
+        return inside if self.prefix == "." else os.path.join(self.prefix, inside)
+
 
 
 def run_compile(build: Build, artifacts: str) -> TaskFailed | None:
@@ -40,7 +54,7 @@ def run_compile(build: Build, artifacts: str) -> TaskFailed | None:
     nodes = done.nodes
     taken = (f"{nodes['in_ep']}/{nodes['source']} source nodes in {nodes['ep_context']} EPContext node(s), "
              f"{nodes['cpu']} on CPU" if "in_ep" in nodes else f"{nodes['cpu']} nodes after optimization")
-    print(f"compiled {done.build}: {taken}, {done.seconds:.1f} s -> {_rel(done.out_dir)}/")
+    print(f"compiled {done.build}: {taken}, {done.seconds:.1f} s -> {os.path.relpath(done.out_dir)}/")
     return None
 
 
@@ -59,6 +73,7 @@ class Project:
     def __init__(self, manifest_path: Path):
         self.manifest = load(manifest_path)
         self.root = self.manifest.root
+        self.rel = _Relative(Path.cwd())
         self.artifacts = self.root / "artifacts"
         state = self.artifacts / ".state"
         self.builds = plan(self.manifest)
@@ -95,6 +110,7 @@ class Project:
         yield {"basename": "compile", "name": None, "doc": "compile every model for each of its targets"}
         for build in self.builds:
             target, out_dir = build.target, build.out_dir(self.artifacts)
+            rel = self.rel
             doc = f"{build.model.name} for {target.name} ({target.ep.name}, {target.device})"
             reason = self.unavailable.get(target.name)
             if reason:
@@ -103,10 +119,10 @@ class Project:
                 continue
             inputs = [build.model.path, *self.external[build.model.name], *target.option_files.values()]
             yield {
-                "basename": "compile", "name": build.name, "doc": f"{doc} -> {_rel(out_dir)}/",
+                "basename": "compile", "name": build.name, "doc": f"{doc} -> {rel(out_dir)}/",
                 "actions": [(run_compile, [build, str(self.artifacts)])],
-                "file_dep": [_rel(path) for path in inputs],
-                "targets": [_rel(out_dir / name) for name in build.output_names()],
+                "file_dep": [rel(path) for path in inputs],
+                "targets": [rel(out_dir / name) for name in build.output_names()],
                 "uptodate": [config_changed(compile_config(build, self.root))],
                 "clean": [(discard, [out_dir])],
             }

@@ -9,9 +9,9 @@ import shutil
 import numpy as np
 import onnxruntime as ort
 import pytest
-from helpers import ep_context_nodes, perturb_weights, single_op_model, tree_bytes
 
 from conftest import REPO, ran
+from helpers import ep_context_nodes, perturb_weights, single_op_model, tree_bytes
 
 QNN_TARGETS = """
 [targets.cpu]
@@ -180,7 +180,8 @@ def test_symbolic_input_without_inputs_fails_for_npu_but_builds_for_cpu(project)
     ("{ x = [1, 3, 32, 31] }", "inputs.x: dimension 3 is fixed to 32 in the model, the manifest gives 31"),
 ])
 def test_inputs_that_do_not_fit_the_model(project, inputs, message):
-    project.manifest(f'[models.dynbatch]\npath = "models/dynbatch.onnx"\ninputs = {inputs}\n[targets.cpu]\nep = "cpu"\n')
+    project.manifest(f'[models.dynbatch]\npath = "models/dynbatch.onnx"\ninputs = {inputs}\n'
+                     '[targets.cpu]\nep = "cpu"\n')
     done = project.doit(check=False)
     assert done.returncode != 0 and message in done.stdout
     assert not (project.artifacts / "cpu" / "dynbatch").exists()

@@ -51,7 +51,8 @@ def build_plan(tmp_path, text: str):
     (MODEL + "[targets.t]\nep = \"openvino\"\noptions = { load_config = \"configs/missing.json\" }\n"
              "option_files = [\"load_config\"]\n",
      "models.toml: targets.t.options.load_config: option file not found: "),
-    (MODEL + "[targets.t]\nep = \"openvino\"\noptions = { load_config = \"configs\" }\noption_files = [\"load_config\"]\n",
+    (MODEL + "[targets.t]\nep = \"openvino\"\noptions = { load_config = \"configs\" }\n"
+             "option_files = [\"load_config\"]\n",
      "models.toml: targets.t.options.load_config: option file is a folder: "),
     (MODEL + "[targets.t]\nep = \"openvino\"\noption_files = [\"load_config\"]\n",
      "models.toml: targets.t.option_files[0]: names option 'load_config', but options has no such key"),

@@ -1,0 +1,92 @@
+"""Task-creation and no-op cost: `doit list` and a no-op `doit` for N targets, against a bare dodo.py with N
+trivial tasks (2 file_deps, 1 target each), run side by side. Prints medians and ratios (goal: <= 1.5x).
+
+    python bench/bench_doit.py [N] [REPEATS]
+
+The project side declares N/2 models (copies of tinycnn) x 2 targets (cpu, qnn-htp) and builds them for real
+first (`doit -n 2`, about 3 minutes for N=1000 on 2 cores); the timed runs then find everything up to date.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+BARE_DODO = '''
+from pathlib import Path
+DOIT_CONFIG = {{"backend": "sqlite3", "dep_file": ".doit.db", "verbosity": 0}}
+
+def touch(path):
+    Path(path).write_text("x")
+
+def task_trivial():
+    for i in range({n}):
+        yield {{"name": str(i), "actions": [(touch, [f"out/{{i}}.txt"])],
+               "file_dep": [f"in/{{i}}.a", f"in/{{i}}.b"], "targets": [f"out/{{i}}.txt"]}}
+'''
+
+
+def timed(args: list[str], cwd: Path, repeats: int) -> float:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        subprocess.run(args, cwd=cwd, env=env, check=True, capture_output=True)
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def make_bare(folder: Path, n: int) -> None:
+    (folder / "in").mkdir(parents=True)
+    (folder / "out").mkdir()
+    for i in range(n):
+        (folder / "in" / f"{i}.a").write_text("a")
+        (folder / "in" / f"{i}.b").write_text("b")
+    (folder / "dodo.py").write_text(BARE_DODO.format(n=n))
+
+
+def make_project(folder: Path, n: int) -> None:
+    (folder / "models").mkdir(parents=True)
+    shutil.copy(REPO / "dodo.py", folder / "dodo.py")
+    lines = ['[targets.cpu]\nep = "cpu"\n', '[targets.qnn-htp]\nep = "qnn"\noptions = { soc_model = 60 }\n']
+    for i in range(n // 2):
+        shutil.copy(REPO / "models" / "tinycnn.onnx", folder / "models" / f"m{i}.onnx")
+        lines.append(f'[models.m{i}]\npath = "models/m{i}.onnx"\n')
+    (folder / "models.toml").write_text("\n".join(lines))
+
+
+def main() -> None:
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else 1000
+    repeats = int(sys.argv[2]) if len(sys.argv) > 2 else 5
+    doit = [sys.executable, "-m", "doit"]
+    with tempfile.TemporaryDirectory() as tmp:
+        bare, project = Path(tmp) / "bare", Path(tmp) / "project"
+        make_bare(bare, n)
+        make_project(project, n)
+        subprocess.run([*doit], cwd=bare, check=True, capture_output=True)
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        start = time.perf_counter()
+        subprocess.run([*doit, "-n", "2", "-P", "process"], cwd=project, env=env, check=True, capture_output=True)
+        build_s = time.perf_counter() - start
+        noop = subprocess.run(doit, cwd=project, env=env, check=True, capture_output=True, text=True).stdout
+        assert ".  compile:" not in noop, "the project's no-op run executed a compile"
+        rows = []
+        for label, args in (("doit list", [*doit, "list"]), ("no-op doit", doit)):
+            bare_s, project_s = timed(args, bare, repeats), timed(args, project, repeats)
+            rows.append((label, bare_s, project_s))
+    print(f"{n} tasks, median of {repeats} runs; the full real build took {build_s:.0f} s with -n 2")
+    print(f"{'command':<12} {'bare dodo s':>12} {'project s':>10} {'ratio':>6}")
+    for label, bare_s, project_s in rows:
+        print(f"{label:<12} {bare_s:>12.3f} {project_s:>10.3f} {project_s / bare_s:>6.2f}")
+
+
+if __name__ == "__main__":
+    main()
