@@ -16,5 +16,9 @@ def task_compile():
     yield from project.compile_tasks()
 
 
+def task_validate():
+    yield from project.validate_tasks()
+
+
 def task_unavailable():
     yield from project.unavailable_task()

@@ -30,3 +30,14 @@ def compile_config(build: Build, root: Path) -> dict[str, Any]:
         "option_files": sorted(target.option_files), "optimization_level": target.optimization_level,
         "versions": toolchain_versions(target.ep),
     }
+
+
+def validate_config(build: Build, root: Path) -> dict[str, Any]:
+    settings, target = build.validation, build.target
+    return {
+        "rules_format": RULES_FORMAT, "mode": settings.mode, "thresholds": dict(sorted(settings.thresholds.items())),
+        "inputs": relative(settings.inputs, root) if settings.inputs else None,
+        "reference": relative(settings.reference, root) if settings.reference else None,
+        "timeout_s": settings.timeout_s, "ep": target.ep.name, "device": target.device,
+        "versions": toolchain_versions(target.ep),
+    }

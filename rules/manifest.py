@@ -21,8 +21,11 @@ else:  # pragma: no cover - exercised only on Python 3.10
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 TOP_KEYS = ("models", "targets")
-MODEL_KEYS = ("path", "inputs", "targets")
-TARGET_KEYS = ("ep", "device", "compiler", "embed", "options", "option_files", "extends", "optimization_level")
+MODEL_KEYS = ("path", "inputs", "targets", "validation")
+TARGET_KEYS = ("ep", "device", "compiler", "embed", "options", "option_files", "extends", "optimization_level",
+               "validate", "validation")
+THRESHOLDS = ("max_abs_error", "mean_abs_error", "max_rel_error", "min_cosine", "min_snr_db")
+VALIDATION_KEYS = ("inputs", "reference", "timeout_s", *THRESHOLDS)
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,7 @@ class ModelSpec:
     path: Path
     inputs: dict[str, tuple[int, ...]]
     targets: tuple[str, ...]
+    validation: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,8 @@ class TargetSpec:
     options: dict[str, Any]
     option_files: tuple[str, ...]
     optimization_level: str | None
+    validate: str  # "run", "structural" or "off"
+    validation: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -172,7 +178,28 @@ def _model(table: _Reader, name: str, targets: dict[str, TargetSpec]) -> ModelSp
             valid = ", ".join(targets) or "none declared"
             table.fail(f"unknown target {target!r}{closest(str(target), targets)}; declared targets: {valid}",
                        f"targets[{index}]")
-    return ModelSpec(name, model_path, inputs, tuple(wanted))
+    return ModelSpec(name, model_path, inputs, tuple(wanted), _validation(table.child("validation"), model=True))
+
+
+def _validation(table: _Reader, model: bool) -> dict[str, Any]:
+    """A `validation` table: input/reference files (checked to exist), thresholds, the child's timeout."""
+    table.only(VALIDATION_KEYS if model else tuple(k for k in VALIDATION_KEYS if k != "reference"))
+    settings: dict[str, Any] = {}
+    for key in ("inputs", "reference"):
+        value = table.get(key, str)
+        if value is not None:
+            path = table.file.parent / value
+            if not path.is_file():
+                table.fail(f"file {'is a folder' if path.is_dir() else 'not found'}: {path}", key)
+            settings[key] = path.resolve()
+    for key in (*THRESHOLDS, "timeout_s"):
+        value = table.get(key, (int, float))
+        if value is not None:
+            if isinstance(value, bool) or value < 0 or (key == "min_cosine" and value > 1):
+                table.fail(f"must be a non-negative number{' <= 1' if key == 'min_cosine' else ''}, "
+                           f"found {value!r}", key)
+            settings[key] = float(value)
+    return settings
 
 
 def _merged_target(targets: _Reader, name: str, chain: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -187,10 +214,11 @@ def _merged_target(targets: _Reader, name: str, chain: tuple[str, ...] = ()) -> 
     if parent_name not in targets.table:
         own.fail(f"unknown target '{parent_name}'{closest(parent_name, targets.table)}", "extends")
     merged = _merged_target(targets, parent_name, (*chain, name))
-    parent_options = merged.get("options", {})
+    inherited = {key: merged.get(key) for key in ("options", "validation")}
     merged.update({k: v for k, v in own.table.items() if k != "extends"})
-    if isinstance(parent_options, dict) and isinstance(own.table.get("options"), dict):
-        merged["options"] = {**parent_options, **own.table["options"]}
+    for key, parent_table in inherited.items():
+        if isinstance(parent_table, dict) and isinstance(own.table.get(key), dict):
+            merged[key] = {**parent_table, **own.table[key]}
     if "option_files" in own.table and isinstance(own.table["option_files"], list):
         merged["option_files"] = sorted({*merged.get("option_files", []), *own.table["option_files"]})
     return merged
@@ -214,4 +242,15 @@ def _target(targets: _Reader, name: str) -> TargetSpec:
         options=dict(options),
         option_files=tuple(option_files),
         optimization_level=table.choice("optimization_level", ("basic", "extended", "all")),
+        validate=_validate_mode(table),
+        validation=_validation(table.child("validation"), model=False),
     )
+
+
+def _validate_mode(table: _Reader) -> str:
+    value = table.get("validate", (bool, str), True)
+    if value is True or value is False:
+        return "run" if value else "off"
+    if value != "structural":
+        table.fail(f"must be true, false or \"structural\", found {value!r}", "validate")
+    return value

@@ -49,11 +49,23 @@ class ResolvedTarget:
 
 
 @dataclass(frozen=True)
+class ValidationSettings:
+    """How a build's artifact is validated: the target's `validation` table with the model's keys winning."""
+
+    mode: str  # "run", "structural" or "off"
+    inputs: Path | None
+    reference: Path | None
+    thresholds: dict[str, float]  # only those the manifest sets; the rest default by precision
+    timeout_s: float
+
+
+@dataclass(frozen=True)
 class Build:
-    """One compile: a model for a target."""
+    """One compile: a model for a target, and how its artifact is validated."""
 
     model: ModelSpec
     target: ResolvedTarget
+    validation: ValidationSettings
 
     @property
     def name(self) -> str:
@@ -151,7 +163,18 @@ def resolve_target(spec: TargetSpec, manifest: Manifest) -> ResolvedTarget:
     )
 
 
+VALIDATION_TIMEOUT_S = 600.0
+
+
+def validation_settings(model: ModelSpec, target: TargetSpec) -> ValidationSettings:
+    merged = {**target.validation, **model.validation}
+    thresholds = {k: v for k, v in merged.items() if k not in ("inputs", "reference", "timeout_s")}
+    return ValidationSettings(target.validate, merged.get("inputs"), merged.get("reference"), thresholds,
+                              merged.get("timeout_s", VALIDATION_TIMEOUT_S))
+
+
 def plan(manifest: Manifest) -> list[Build]:
     """Every (model, target) compile the manifest asks for, in manifest order."""
     resolved = {name: resolve_target(spec, manifest) for name, spec in manifest.targets.items()}
-    return [Build(model, resolved[target]) for model in manifest.models.values() for target in model.targets]
+    return [Build(model, resolved[target], validation_settings(model, manifest.targets[target]))
+            for model in manifest.models.values() for target in model.targets]

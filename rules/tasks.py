@@ -18,11 +18,12 @@ from doit.tools import config_changed
 from .compile import compile_build
 from .errors import BuildError, UserError
 from .external_data import ExternalDataIndex
-from .fingerprint import compile_config
+from .fingerprint import compile_config, validate_config
 from .host import capabilities, unavailable_reason
 from .manifest import load
 from .publish import discard
 from .targets import Build, plan
+from .validate import REPORT, summary, validate_build
 
 Task = dict[str, Any]
 
@@ -55,6 +56,15 @@ def run_compile(build: Build, artifacts: str) -> TaskFailed | None:
     taken = (f"{nodes['in_ep']}/{nodes['source']} source nodes in {nodes['ep_context']} EPContext node(s), "
              f"{nodes['cpu']} on CPU" if "in_ep" in nodes else f"{nodes['cpu']} nodes after optimization")
     print(f"compiled {done.build}: {taken}, {done.seconds:.1f} s -> {os.path.relpath(done.out_dir)}/")
+    return None
+
+
+def run_validate(build: Build, artifacts: str) -> TaskFailed | None:
+    report = validate_build(build, Path(artifacts))
+    line = f"{report['status']} validate:{build.name}: {summary(report)}"
+    if report["status"] == "failed":
+        return TaskFailed(line)
+    print(line)
     return None
 
 
@@ -95,12 +105,18 @@ class Project:
                 raise UserError(self.manifest.path.name, f"models.{name}.path", f"{exc.file}: {exc.message}") from None
         index.save()
 
+    def task_names(self, build: Build) -> list[str]:
+        names = [f"compile:{build.name}"]
+        if build.validation.mode != "off":
+            names.append(f"validate:{build.name}")
+        return names
+
     def skipped(self) -> dict[str, str]:
-        return {f"compile:{b.name}": self.unavailable[b.target.name] for b in self.builds
-                if b.target.name in self.unavailable}
+        return {name: self.unavailable[b.target.name] for b in self.builds if b.target.name in self.unavailable
+                for name in self.task_names(b)}
 
     def doit_config(self) -> dict[str, Any]:
-        default = [f"compile:{b.name}" for b in self.builds if b.target.name not in self.unavailable]
+        default = [name for b in self.builds if b.target.name not in self.unavailable for name in self.task_names(b)]
         if self.unavailable:
             default.append("unavailable")
         return {"backend": "sqlite3", "dep_file": ".doit.db", "verbosity": 2, "subtasks": True,
@@ -125,6 +141,31 @@ class Project:
                 "targets": [rel(out_dir / name) for name in build.output_names()],
                 "uptodate": [config_changed(compile_config(build, self.root))],
                 "clean": [(discard, [out_dir])],
+            }
+
+    def validate_tasks(self) -> Iterator[Task]:
+        yield {"basename": "validate", "name": None, "doc": "run every compiled artifact and compare with its source"}
+        for build in self.builds:
+            settings, target = build.validation, build.target
+            if settings.mode == "off":
+                continue
+            rel, out_dir = self.rel, build.out_dir(self.artifacts)
+            what = "structural checks" if settings.mode == "structural" else "run, compare with the source on CPU"
+            doc = f"{build.model.name} on {target.name}: {what}"
+            reason = self.unavailable.get(target.name)
+            if reason:
+                yield {"basename": "validate", "name": build.name, "doc": f"{doc} [unavailable here: {reason}]",
+                       "actions": [(refuse_unavailable, [f"validate:{build.name}", reason])], "uptodate": [False]}
+                continue
+            extra = [p for p in (settings.inputs, settings.reference) if p]
+            inputs = [*(out_dir / name for name in build.output_names()), build.model.path,
+                      *self.external[build.model.name], *extra]
+            yield {
+                "basename": "validate", "name": build.name, "doc": doc,
+                "actions": [(run_validate, [build, str(self.artifacts)])],
+                "file_dep": [rel(path) for path in inputs],
+                "targets": [rel(out_dir / REPORT)],
+                "uptodate": [config_changed(validate_config(build, self.root))],
             }
 
     def unavailable_task(self) -> Iterator[Task]:

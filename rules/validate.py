@@ -1,0 +1,312 @@
+"""Validating a compiled artifact: run it on its EP in a fresh child and compare with the source model on CPU.
+
+Never passes on a CPU fallback: Python's retry-on-CPU is disabled, `session.disable_cpu_ep_fallback=1` is set
+whenever the compile left no node on CPU, and the recorded EP assignment must put every EPContext node on the
+target's EP (an artifact that keeps nodes on CPU by design, such as QNN's graph-I/O quantize/dequantize, may keep
+exactly those there). `skipped` means only "this host cannot run this artifact" and is never counted as passed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from . import RULES_FORMAT
+from .child import run_child, serve
+from .compile import static_dims
+from .eps import lookup
+from .errors import BuildError
+from .targets import SIDECAR, Build
+
+REPORT = "validation.json"
+SEED = 0
+DEFAULT_THRESHOLDS = {
+    # fp32 artifacts match the CPU reference to rounding; fp16 keeps ~3 decimal digits; a QDQ artifact is
+    # compared with its QDQ source, and the EP's integer kernels differ from CPU's by a few quantization steps.
+    "fp32": {"min_snr_db": 60.0, "min_cosine": 0.99999},
+    "fp16": {"min_snr_db": 40.0, "min_cosine": 0.9999},
+    "qdq": {"min_snr_db": 20.0, "min_cosine": 0.99},
+}
+SNR_CAP_DB = 200.0  # identical outputs; JSON has no infinity
+
+
+def precision(build: Build) -> str:
+    """The float precision the target computes in (QDQ models are recognised in the child)."""
+    target = build.target
+    if target.ep.alias == "qnn":
+        return "fp16"  # the HTP computes float graphs in fp16
+    if target.ep.alias == "openvino" and "load_config" in target.option_files:
+        text = target.option_files["load_config"].read_text().lower()
+        return "fp16" if "f16" in text else "fp32"
+    return "fp32"
+
+
+def validate_build(build: Build, artifacts: Path) -> dict[str, Any]:
+    """Validate the published artifact of `build`; write `validation.json` atomically and return the report.
+
+    A crash or timeout of the child becomes a `failed` report naming the signal or timeout."""
+    started = time.monotonic()
+    folder = build.out_dir(artifacts)
+    target, settings = build.target, build.validation
+    runtime_options = json.loads((folder / SIDECAR).read_text())["runtime_options"]
+    request = {
+        "artifact": str(folder / build.model_file), "sidecar": str(folder / SIDECAR),
+        "source": str(build.model.path), "reference": str(settings.reference or build.model.path),
+        "ep": target.ep.alias, "device": target.device, "embed": target.embed, "mode": settings.mode,
+        "options": {key: str(folder / value) if key in target.runtime_files() else value
+                    for key, value in runtime_options.items()},
+        "inputs": {name: list(shape) for name, shape in build.model.inputs.items()},
+        "inputs_file": str(settings.inputs) if settings.inputs else None,
+        "precision": precision(build), "thresholds": settings.thresholds,
+    }
+    scratch = artifacts / ".scratch" / f"validate.{target.name}.{build.model.name}.{os.getpid()}"
+    log = artifacts / ".logs" / target.name / f"{build.model.name}.validate.log"
+    try:
+        report = run_child("rules.validate", request, scratch, settings.timeout_s,
+                           f"validate {build.name} ({target.ep.name})", log)
+    except BuildError as exc:
+        report = {"status": "failed", "reason": str(exc)}
+    finally:
+        if scratch.exists():
+            scratch.rmdir()
+    report = {"format": RULES_FORMAT, "model": build.model.name, "target": target.name, "ep": target.ep.name,
+              "mode": settings.mode, "seconds": round(time.monotonic() - started, 3), **report}
+    temporary = folder / f".{REPORT}.{os.getpid()}.tmp"
+    temporary.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    os.replace(temporary, folder / REPORT)
+    return report
+
+
+def summary(report: dict[str, Any]) -> str:
+    """The key metric and which EP ran the EPContext nodes, or the reason it did not pass."""
+    if report["status"] != "passed":
+        return report.get("reason", "")
+    if report["mode"] == "structural":
+        return "structural: every referenced file exists, EPContext attributes match the target"
+    outputs = report["outputs"].values()
+    snr = min(o["snr_db"] for o in outputs)
+    max_abs = max(o["max_abs_error"] for o in outputs)
+    ran = "; ".join(f"{', '.join(ops)} on {ep}" for ep, ops in report["ran_on"].items())
+    return f"SNR {snr:.1f} dB, max abs error {max_abs:.2e} ({report['precision']}; {ran})"
+
+
+# ---- child process ----
+
+def compare(got: Any, want: Any) -> dict[str, Any]:
+    """Metrics of one output against the reference (NumPy arrays)."""
+    import numpy as np
+
+    metrics: dict[str, Any] = {"shape": list(got.shape), "reference_shape": list(want.shape),
+                               "dtype": str(got.dtype), "reference_dtype": str(want.dtype),
+                               "nan_count": int(np.isnan(got).sum()) if got.dtype.kind == "f" else 0,
+                               "inf_count": int(np.isinf(got).sum()) if got.dtype.kind == "f" else 0}
+    metrics["shape_match"] = got.shape == want.shape
+    metrics["dtype_match"] = got.dtype == want.dtype
+    if not metrics["shape_match"]:
+        return metrics
+    y, r = got.astype(np.float64).ravel(), want.astype(np.float64).ravel()
+    finite = np.isfinite(y) & np.isfinite(r)
+    y, r = y[finite], r[finite]
+    error = np.abs(y - r)
+    scale = max(float(np.abs(r).max()) if r.size else 0.0, 1e-12)
+    noise, signal = float(np.sum((y - r) ** 2)), float(np.sum(r**2))
+    norms = float(np.linalg.norm(y) * np.linalg.norm(r))
+    metrics.update({
+        "max_abs_error": float(error.max()) if error.size else 0.0,
+        "mean_abs_error": float(error.mean()) if error.size else 0.0,
+        "max_rel_error": float((error / np.maximum(np.abs(r), 1e-3 * scale)).max()) if error.size else 0.0,
+        "cosine": float(np.dot(y, r) / norms) if norms > 0 else float(np.array_equal(y, r)),
+        "snr_db": SNR_CAP_DB if noise == 0 else min(SNR_CAP_DB, 10 * float(np.log10(max(signal, 1e-30) / noise))),
+    })
+    return metrics
+
+
+THRESHOLD_METRICS = {"max_abs_error": "max_abs_error", "mean_abs_error": "mean_abs_error",
+                     "max_rel_error": "max_rel_error", "min_cosine": "cosine", "min_snr_db": "snr_db"}
+
+
+def check(name: str, metrics: dict[str, Any], reference_nonfinite: int, thresholds: dict[str, float]) -> list[str]:
+    """Failure messages naming the output, the metric, its value and the threshold."""
+    if not metrics["shape_match"]:
+        return [f"output '{name}': shape {metrics['shape']} != reference {metrics['reference_shape']}"]
+    failures = []
+    if not metrics["dtype_match"]:
+        failures.append(f"output '{name}': dtype {metrics['dtype']} != reference {metrics['reference_dtype']}")
+    if metrics["nan_count"] + metrics["inf_count"] > reference_nonfinite:
+        failures.append(f"output '{name}': {metrics['nan_count']} NaN and {metrics['inf_count']} Inf values, "
+                        f"the reference has {reference_nonfinite}")
+    for key, limit in sorted(thresholds.items()):
+        metric = THRESHOLD_METRICS[key]
+        value = metrics[metric]
+        if (value < limit) if key.startswith("min_") else (value > limit):
+            relation = "<" if key.startswith("min_") else ">"
+            failures.append(f"output '{name}': {metric} {value:.6g} {relation} {key} {limit:g}")
+    return failures
+
+
+def make_inputs(session: Any, request: dict[str, Any]) -> dict[str, Any]:
+    """Inputs from the user's .npz, or generated from the artifact's input signature with a fixed seed."""
+    import numpy as np
+
+    signature = {i.name: i for i in session.get_inputs()}
+    if request["inputs_file"]:
+        with np.load(request["inputs_file"]) as data:
+            given = {k: data[k] for k in data.files}
+        missing, extra = signature.keys() - given.keys(), given.keys() - signature.keys()
+        if missing or extra:
+            raise ValueError(f"validation.inputs {Path(request['inputs_file']).name}: keys {sorted(given)} do not "
+                             f"match the model's inputs {sorted(signature)}")
+        for name, array in given.items():
+            shape = signature[name].shape
+            if len(shape) != array.ndim or any(
+                    isinstance(d, int) and d != s for d, s in zip(shape, array.shape, strict=True)):
+                raise ValueError(f"validation.inputs: '{name}' has shape {list(array.shape)}, the model wants "
+                                 f"{shape}")
+        return given
+    rng = np.random.default_rng(SEED)
+    feeds = {}
+    for name, info in signature.items():
+        if not all(isinstance(d, int) for d in info.shape):
+            raise ValueError(f"input '{name}' has symbolic shape {info.shape}: set inputs.{name} in the model's "
+                             f"manifest entry or give validation.inputs")
+        dtype = np.dtype({"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
+                          "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int8)": np.int8,
+                          "tensor(uint8)": np.uint8, "tensor(bool)": np.bool_}.get(info.type, np.float32))
+        if dtype.kind == "f":
+            feeds[name] = rng.standard_normal(info.shape).astype(dtype)
+        elif dtype.kind == "b":
+            feeds[name] = rng.random(info.shape) < 0.5
+        else:
+            feeds[name] = rng.integers(0, 8, info.shape).astype(dtype)  # small ids fit any vocabulary
+    return feeds
+
+
+def structural_problems(request: dict[str, Any]) -> list[str]:
+    """Without running: referenced files exist; EPContext source, embed mode and SDK version match the target."""
+    import onnx
+
+    info = lookup(request["ep"])
+    artifact = Path(request["artifact"])
+    sidecar = json.loads(Path(request["sidecar"]).read_text())
+    problems = [f"file {name} listed in {SIDECAR} is missing" for name in sidecar["files"]
+                if name != REPORT and not (artifact.parent / name).is_file()]
+    if problems:
+        return problems
+    model = onnx.load(str(artifact), load_external_data=False)
+    for tensor in model.graph.initializer:
+        for entry in tensor.external_data:
+            if entry.key == "location" and not (artifact.parent / entry.value).is_file():
+                problems.append(f"initializer {tensor.name} references missing file {entry.value}")
+    if info.alias == "cpu":
+        return problems
+    contexts = [n for n in model.graph.node if n.op_type == "EPContext"]
+    if not contexts:
+        problems.append(f"no EPContext node: the artifact holds nothing compiled for {info.name}")
+    for node in contexts:
+        attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        source = attributes.get("source", b"").decode()
+        if source != info.name:
+            problems.append(f"EPContext node {node.name} comes from '{source}', the target's EP is {info.name}")
+        embed_mode = attributes.get("embed_mode", 1)
+        if embed_mode != int(request["embed"]):
+            problems.append(f"EPContext node {node.name} has embed_mode {embed_mode}, the target says "
+                            f"embed = {str(request['embed']).lower()}")
+        if embed_mode == 0:
+            binary = artifact.parent / attributes.get("ep_cache_context", b"").decode()
+            if not binary.is_file():
+                problems.append(f"EPContext node {node.name} references missing context binary {binary.name}")
+        sdk = (attributes.get("ep_sdk_version") or b"").decode()
+        if sidecar.get("ep_sdk_version") and sdk != sidecar["ep_sdk_version"]:
+            problems.append(f"EPContext node {node.name} has ep_sdk_version {sdk}, the build recorded "
+                            f"{sidecar['ep_sdk_version']}")
+    return problems
+
+
+def _validate_in_child(request: dict[str, Any]) -> dict[str, Any]:
+    problems = structural_problems(request)
+    if problems:
+        return {"status": "failed", "reason": "; ".join(problems)}
+    if request["mode"] == "structural":
+        return {"status": "passed"}
+
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+
+    from .host import register_plugin, select_ep_device
+
+    info = lookup(request["ep"])
+    sidecar = json.loads(Path(request["sidecar"]).read_text())
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+    if info.alias != "cpu":
+        try:
+            register_plugin(ort, info)
+            device = select_ep_device(ort, info, request["device"])
+        except (ImportError, OSError, RuntimeError) as exc:
+            return {"status": "skipped", "reason": f"this host cannot run {info.name}: {exc}"}
+        options.add_provider_for_devices([device], request["options"])
+        if sidecar["nodes"]["cpu"] == 0:
+            options.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+    try:
+        session = ort.InferenceSession(request["artifact"], options,
+                                       providers=["CPUExecutionProvider"] if info.alias == "cpu" else None)
+        session.disable_fallback()  # no silent retry on CPU after an EP failure
+    except Exception as exc:  # noqa: BLE001 - the EP's own error is the report
+        return {"status": "failed", "reason": f"{info.name} could not load the artifact: {str(exc).strip()}"}
+    feeds = make_inputs(session, request)
+    try:
+        outputs = session.run(None, feeds)
+    except Exception as exc:  # noqa: BLE001 - the EP's own error is the report
+        return {"status": "failed", "reason": f"{info.name} could not run the artifact: {str(exc).strip()}"}
+
+    ran_on: dict[str, list[str]] = {}
+    for subgraph in session.get_provider_graph_assignment_info() or []:
+        ops = ran_on.setdefault(subgraph.ep_name, [])
+        ops.extend(node.op_type for node in subgraph.get_nodes() if node.op_type not in ops)
+    failures = []
+    if info.alias != "cpu":
+        if "EPContext" in ran_on.get("CPUExecutionProvider", []) or "EPContext" not in ran_on.get(info.name, []):
+            failures.append(f"the EPContext nodes did not run on {info.name} (assignment: {ran_on})")
+        expected_cpu = sidecar["nodes"]["cpu"]
+        cpu_count = sum(len(sg.get_nodes()) for sg in session.get_provider_graph_assignment_info() or []
+                        if sg.ep_name == "CPUExecutionProvider")
+        if cpu_count > expected_cpu:
+            failures.append(f"{cpu_count} nodes fell back to CPU, the compiled model left {expected_cpu} there")
+
+    source = onnx.load(request["reference"], load_external_data=False)
+    qdq = any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in source.graph.node)
+    reference_options = ort.SessionOptions()
+    reference_options.log_severity_level = 3
+    for name, value in static_dims(source, request["inputs"], needs_static=False).items():
+        reference_options.add_free_dimension_override_by_name(name, value)
+    del source
+    reference = ort.InferenceSession(request["reference"], reference_options, providers=["CPUExecutionProvider"])
+    expected = dict(zip([o.name for o in reference.get_outputs()], reference.run(None, feeds), strict=True))
+
+    kind = "qdq" if qdq else request["precision"]
+    thresholds = {**DEFAULT_THRESHOLDS[kind], **request["thresholds"]}
+    metrics = {}
+    for output, got in zip(session.get_outputs(), outputs, strict=True):
+        name, want = output.name, expected.get(output.name)
+        if want is None:
+            failures.append(f"output '{name}' does not exist in the reference model")
+            continue
+        metrics[name] = compare(got, want)
+        reference_nonfinite = int((~np.isfinite(want)).sum()) if want.dtype.kind == "f" else 0
+        failures.extend(check(name, metrics[name], reference_nonfinite, thresholds))
+    report = {"status": "failed" if failures else "passed", "precision": kind, "thresholds": thresholds,
+              "ran_on": ran_on, "outputs": metrics,
+              "inputs": {"from": request["inputs_file"] or f"generated, seed {SEED}",
+                         "shapes": {k: list(v.shape) for k, v in feeds.items()}}}
+    if failures:
+        report["reason"] = "; ".join(failures)
+    return report
+
+
+if __name__ == "__main__":
+    serve(_validate_in_child)

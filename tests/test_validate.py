@@ -1,0 +1,209 @@
+"""Validation tasks: real runs on the EP (QNN HTP simulator here), CPU fallback refused, failures reported."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from conftest import REPO, ran
+from rules.child import run_child
+from rules.errors import BuildError
+from rules.manifest import load
+from rules.targets import plan
+from rules.validate import validate_build
+
+QNN = """
+[models.tinycnn]
+path = "models/tinycnn.onnx"
+
+[models.encoder]
+path = "models/encoder.onnx"
+
+[targets.qnn-htp]
+ep = "qnn"
+options = { soc_model = 60 }
+"""
+
+
+def report(project, target: str, model: str) -> dict:
+    return json.loads((project.artifacts / target / model / "validation.json").read_text())
+
+
+def test_every_shipped_artifact_validates(project, openvino_reason):
+    shutil.copy(REPO / "models.toml", project.root / "models.toml")
+    done = project.doit()
+    for target, model in (("qnn-htp", "tinycnn"), ("qnn-htp", "encoder"), ("qnn-htp", "dynbatch"),
+                          ("qnn-htp-embed", "tinycnn"), ("qnn-htp-qdq", "tinycnn_qdq"), ("cpu", "encoder")):
+        result = report(project, target, model)
+        assert result["status"] == "passed", result
+        assert f"passed validate:{model}@{target}: SNR" in done.stdout
+    qnn = report(project, "qnn-htp", "encoder")
+    assert qnn["ran_on"] == {"QNNExecutionProvider": ["EPContext"]} and qnn["precision"] == "fp16"
+    assert qnn["outputs"]["y"]["snr_db"] > 40 and qnn["outputs"]["y"]["nan_count"] == 0
+    qdq = report(project, "qnn-htp-qdq", "tinycnn_qdq")
+    assert qdq["precision"] == "qdq" and "EPContext" in qdq["ran_on"]["QNNExecutionProvider"]
+    assert report(project, "cpu", "tinycnn")["precision"] == "fp32"
+    if openvino_reason:
+        assert f"skipped validate:tinycnn@openvino-cpu: {openvino_reason}" in done.stdout
+    else:
+        assert report(project, "openvino-cpu", "tinycnn")["status"] == "passed"
+    assert not {name for name in ran(project.doit()) if name.startswith(("compile:", "validate:"))}
+
+
+def test_corrupted_context_binary_fails_validation_without_crashing_doit(project):
+    project.manifest(QNN)
+    project.doit()
+    binary = project.artifacts / "qnn-htp" / "tinycnn" / "tinycnn_qnn.bin"
+    data = bytearray(binary.read_bytes())
+    data[2000:6000] = bytes(b ^ 0xFF for b in data[2000:6000])
+    binary.write_bytes(bytes(data))
+    done = project.doit("--continue", check=False)
+    assert done.returncode == 1 and "Traceback" not in done.stdout + done.stderr
+    assert ran(done) == {"validate:tinycnn@qnn-htp"}
+    result = report(project, "qnn-htp", "tinycnn")
+    assert result["status"] == "failed"
+    assert "could not load the artifact" in result["reason"] and "QNN_CONTEXT_ERROR_CREATE_FROM_BINARY" in \
+        result["reason"]
+
+
+def test_another_models_binary_fails_with_the_eps_message_and_no_cpu_retry(project):
+    project.manifest(QNN)
+    project.doit()
+    shutil.copy(project.artifacts / "qnn-htp" / "encoder" / "encoder_qnn.bin",
+                project.artifacts / "qnn-htp" / "tinycnn" / "tinycnn_qnn.bin")
+    done = project.doit("validate:tinycnn@qnn-htp", check=False)
+    assert done.returncode == 1
+    assert "Falling back" not in done.stdout + done.stderr
+    result = report(project, "qnn-htp", "tinycnn")
+    assert result["status"] == "failed" and "QNNExecutionProvider could not run the artifact" in result["reason"]
+    assert "data size does not match" in result["reason"]
+
+
+def test_runtime_options_from_the_sidecar_reach_the_validating_session(project):
+    project.manifest(QNN)
+    project.doit()
+    sidecar_path = project.artifacts / "qnn-htp" / "tinycnn" / "artifact.json"
+    sidecar = json.loads(sidecar_path.read_text())
+    sidecar["runtime_options"]["qnn_context_priority"] = "bogus"
+    sidecar_path.write_text(json.dumps(sidecar))
+    project.doit("validate:tinycnn@qnn-htp", check=False)
+    assert "Invalid Qnn context priority" in report(project, "qnn-htp", "tinycnn")["reason"]
+
+
+def test_openvino_load_config_reaches_the_validating_session(project, openvino_reason):
+    """On CPUs with bf16, OpenVINO without the f32 load_config misses fp32 thresholds by orders of magnitude."""
+    if openvino_reason:
+        pytest.skip(f"OpenVINO cannot run here: {openvino_reason}")
+    project.manifest("""
+[models.encoder]
+path = "models/encoder.onnx"
+
+[targets.ov-f32]
+ep = "openvino"
+options = { load_config = "configs/openvino_f32.json" }
+option_files = ["load_config"]
+""")
+    project.doit()
+    result = report(project, "ov-f32", "encoder")
+    assert result["status"] == "passed" and result["outputs"]["y"]["max_rel_error"] < 1e-3
+
+
+def test_threshold_failure_names_output_metric_value_and_threshold(project):
+    project.manifest(QNN.replace('options = { soc_model = 60 }', 'options = { soc_model = 60 }\n'
+                                 'validation = { min_snr_db = 100 }'))
+    done = project.doit("--continue", check=False)
+    assert done.returncode == 1
+    reason = report(project, "qnn-htp", "tinycnn")["reason"]
+    assert reason.startswith("output 'logits': snr_db ") and reason.endswith(" < min_snr_db 100")
+    assert "failed validate:tinycnn@qnn-htp: output 'logits': snr_db" in done.stdout + done.stderr
+
+
+def test_model_thresholds_override_the_targets(project):
+    project.manifest(QNN.replace('options = { soc_model = 60 }', 'options = { soc_model = 60 }\n'
+                                 'validation = { min_snr_db = 100 }').replace(
+        'path = "models/tinycnn.onnx"', 'path = "models/tinycnn.onnx"\nvalidation = { min_snr_db = 45 }'))
+    done = project.doit("--continue", check=False)
+    assert report(project, "qnn-htp", "tinycnn")["status"] == "passed"
+    assert report(project, "qnn-htp", "tinycnn")["thresholds"]["min_snr_db"] == 45
+    assert report(project, "qnn-htp", "encoder")["status"] == "failed" and done.returncode == 1
+
+
+def test_skipped_when_the_ep_cannot_be_loaded_here_and_never_counted_as_passed(project, tmp_path):
+    project.manifest(QNN)
+    project.doit("compile")
+    hidden = tmp_path / "hidden" / "onnxruntime_qnn"
+    hidden.mkdir(parents=True)
+    (hidden / "__init__.py").write_text("raise ImportError('onnxruntime-qnn is not installed on this host')\n")
+    project.env["PYTHONPATH"] = os.pathsep.join([str(hidden.parent), project.env["PYTHONPATH"]])
+    done = project.doit("validate")
+    result = report(project, "qnn-htp", "tinycnn")
+    assert result["status"] == "skipped" and "not installed on this host" in result["reason"]
+    assert "skipped validate:tinycnn@qnn-htp: this host cannot run QNNExecutionProvider" in done.stdout
+    assert "passed validate" not in done.stdout
+
+
+def test_structural_mode_catches_a_missing_binary(project):
+    project.manifest(QNN.replace('options = { soc_model = 60 }', 'options = { soc_model = 60 }\n'
+                                 'validate = "structural"'))
+    done = project.doit()
+    assert "passed validate:tinycnn@qnn-htp: structural" in done.stdout
+    (project.artifacts / "qnn-htp" / "tinycnn" / "tinycnn_qnn.bin").unlink()
+    build = next(b for b in plan(load(project.root / "models.toml")) if b.model.name == "tinycnn")
+    result = validate_build(build, project.artifacts)
+    assert result["status"] == "failed" and "tinycnn_qnn.bin listed in artifact.json is missing" in result["reason"]
+
+
+def test_structural_mode_catches_an_embed_mismatch(project):
+    project.manifest(QNN.replace('options = { soc_model = 60 }', 'options = { soc_model = 60 }\n'
+                                 'validate = "structural"'))
+    project.doit()
+    build = next(b for b in plan(load(project.root / "models.toml")) if b.model.name == "tinycnn")
+    embedded = type(build.target)(**{**build.target.__dict__, "embed": True})
+    result = validate_build(type(build)(build.model, embedded, build.validation), project.artifacts)
+    assert result["status"] == "failed" and "has embed_mode 0, the target says embed = true" in result["reason"]
+
+
+def test_inputs_file_is_used_and_tracked(project):
+    import numpy as np
+
+    (project.root / "data").mkdir()
+    np.savez(project.root / "data" / "x.npz", x=np.full((1, 3, 64, 64), 0.5, np.float32))
+    project.manifest(QNN.replace('path = "models/tinycnn.onnx"',
+                                 'path = "models/tinycnn.onnx"\nvalidation = { inputs = "data/x.npz" }'))
+    project.doit()
+    assert report(project, "qnn-htp", "tinycnn")["inputs"]["from"].endswith("x.npz")
+    np.savez(project.root / "data" / "x.npz", y=np.zeros((1, 3, 64, 64), np.float32))
+    done = project.doit("--continue", check=False)
+    assert ran(done) == {"validate:tinycnn@qnn-htp"}
+    assert "keys ['y'] do not match the model's inputs ['x']" in report(project, "qnn-htp", "tinycnn")["reason"]
+
+
+def test_a_validation_timeout_fails_that_task_naming_the_timeout(project):
+    project.manifest(QNN.replace('options = { soc_model = 60 }', 'options = { soc_model = 60 }\n'
+                                 'validation = { timeout_s = 0.05 }'))
+    done = project.doit("--continue", check=False)
+    assert done.returncode == 1
+    assert "timed out after 0.05 s" in report(project, "qnn-htp", "tinycnn")["reason"]
+    assert {"compile:tinycnn@qnn-htp", "compile:encoder@qnn-htp"} <= ran(done)
+
+
+@pytest.mark.parametrize("signal_name", ["SIGSEGV", "SIGABRT", "SIGKILL"])
+def test_a_crashing_child_is_reported_by_signal(tmp_path, signal_name):
+    env_path = os.environ.get("PYTHONPATH", "")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests"), env_path])
+    try:
+        with pytest.raises(BuildError, match=f"validate m@t: the child process was killed by {signal_name}"):
+            run_child("crash_child", {"action": "signal", "signal": signal_name}, tmp_path, 60, "validate m@t")
+    finally:
+        os.environ["PYTHONPATH"] = env_path
+
+
+def test_no_op_run_revalidates_nothing(project):
+    project.manifest(QNN)
+    project.doit()
+    stamp = (project.artifacts / "qnn-htp" / "tinycnn" / "validation.json").stat().st_mtime_ns
+    assert ran(project.doit()) == set()
+    assert (project.artifacts / "qnn-htp" / "tinycnn" / "validation.json").stat().st_mtime_ns == stamp
