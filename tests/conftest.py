@@ -44,9 +44,9 @@ class Project:
         return done
 
 
-def ran(done: subprocess.CompletedProcess) -> set[str]:
+def ran(done: subprocess.CompletedProcess, prefix: str = "") -> set[str]:
     """Task names doit executed (verbosity 2 prints '.  name' for a run, '-- name' for up to date)."""
-    return {line[3:].strip() for line in done.stdout.splitlines() if line.startswith(".  ")}
+    return {line[3:].strip() for line in done.stdout.splitlines() if line.startswith(f".  {prefix}")}
 
 
 @pytest.fixture(scope="session")

@@ -27,9 +27,11 @@ def ep_context_nodes(path: Path) -> list[dict]:
 
 
 def tree_bytes(folder: Path) -> dict[str, bytes]:
-    """Every file under folder by relative path, skipping the build's own state and logs."""
+    """Every artifact file under folder by relative path, skipping the build's state, logs and validation
+    reports (which hold timings)."""
     return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*"))
-            if p.is_file() and not {".state", ".logs", ".scratch"} & set(p.relative_to(folder).parts)}
+            if p.is_file() and p.name != "validation.json"
+            and not {".state", ".logs", ".scratch"} & set(p.relative_to(folder).parts)}
 
 
 def perturb_weights(path: Path, seed: int) -> None:

@@ -41,7 +41,7 @@ def test_shipped_example_builds_real_artifacts(project, openvino_reason):
     expected_ran = {"compile:tinycnn@cpu", "compile:tinycnn@qnn-htp", "compile:tinycnn@qnn-htp-embed",
                     "compile:encoder@cpu", "compile:encoder@qnn-htp", "compile:dynbatch@cpu",
                     "compile:dynbatch@qnn-htp", "compile:tinycnn_qdq@cpu", "compile:tinycnn_qdq@qnn-htp-qdq"}
-    assert expected_ran <= ran(done)
+    assert expected_ran <= ran(done, "compile:")
     art = project.artifacts
     for model in ("tinycnn", "encoder", "dynbatch"):
         nodes = ep_context_nodes(art / "qnn-htp" / model / f"{model}.onnx")
@@ -53,13 +53,13 @@ def test_shipped_example_builds_real_artifacts(project, openvino_reason):
         assert sidecar["versions"]["onnxruntime-qnn"] == "2.7.0"
         assert sidecar["nodes"]["in_ep"] == sidecar["nodes"]["source"] and sidecar["nodes"]["cpu"] == 0
     embedded = art / "qnn-htp-embed" / "tinycnn"
-    assert sorted(p.name for p in embedded.iterdir()) == ["artifact.json", "tinycnn.onnx"]
+    assert sorted(p.name for p in embedded.iterdir()) == ["artifact.json", "tinycnn.onnx", "validation.json"]
     assert ep_context_nodes(embedded / "tinycnn.onnx")[0]["embed_mode"] == 1
     qdq = json.loads((art / "qnn-htp-qdq" / "tinycnn_qdq" / "artifact.json").read_text())
     assert qdq["nodes"]["ep_context"] == 1 and qdq["nodes"]["in_ep"] > 0
     # the dynbatch artifact has the static shape from `inputs`
-    compiled = ort.InferenceSession(str(art / "cpu" / "dynbatch" / "dynbatch.onnx"))
-    assert compiled.get_inputs()[0].shape[1:] == [3, 32, 32]
+    session = ort.InferenceSession(str(art / "cpu" / "dynbatch" / "dynbatch.onnx"))
+    assert session.get_inputs()[0].shape[1:] == [3, 32, 32]
     # CPU artifacts compute what the source computes
     x = np.random.default_rng(0).standard_normal((1, 3, 64, 64)).astype(np.float32)
     source = ort.InferenceSession(str(project.root / "models" / "tinycnn.onnx")).run(None, {"x": x})[0]
@@ -76,12 +76,12 @@ def test_shipped_example_builds_real_artifacts(project, openvino_reason):
 def test_second_run_and_touch_compile_nothing(project):
     project.manifest(TWO_MODELS)
     first = project.doit()
-    assert len(ran(first)) == 6
+    assert len(ran(first, "compile:")) == 6
     stamp = {p: p.stat().st_mtime_ns for p in project.artifacts.rglob("*.onnx")}
-    assert ran(project.doit()) == set()
+    assert ran(project.doit(), "compile:") == set()
     for model in (project.root / "models").glob("*.onnx"):
         os.utime(model)
-    assert ran(project.doit()) == set()
+    assert ran(project.doit(), "compile:") == set()
     assert stamp == {p: p.stat().st_mtime_ns for p in project.artifacts.rglob("*.onnx")}
 
 
@@ -89,7 +89,7 @@ def test_changing_model_bytes_recompiles_exactly_its_targets(project):
     project.manifest(TWO_MODELS)
     project.doit()
     perturb_weights(project.root / "models" / "encoder.onnx", seed=5)
-    assert ran(project.doit()) == {"compile:encoder@cpu", "compile:encoder@qnn-htp", "compile:encoder@qnn-embed"}
+    assert ran(project.doit(), "compile:") == {f"compile:encoder@{t}" for t in ("cpu", "qnn-htp", "qnn-embed")}
 
 
 def test_option_value_and_option_file_changes_recompile_exactly_their_target(project):
@@ -103,11 +103,11 @@ option_files = ["profiling_file_path"]
 [targets.qnn-embed]"""))
     project.doit()
     (project.root / "configs" / "profile.txt").write_text("two")
-    assert ran(project.doit()) == {"compile:tinycnn@qnn-file", "compile:encoder@qnn-file"}
+    assert ran(project.doit(), "compile:") == {"compile:tinycnn@qnn-file", "compile:encoder@qnn-file"}
     text = (project.root / "models.toml").read_text()
     project.manifest(text.replace('[targets.qnn-embed]\nextends = "qnn-htp"',
                                   '[targets.qnn-embed]\nextends = "qnn-htp"\noptions = { soc_model = 69 }'))
-    assert ran(project.doit()) == {"compile:tinycnn@qnn-embed", "compile:encoder@qnn-embed"}
+    assert ran(project.doit(), "compile:") == {"compile:tinycnn@qnn-embed", "compile:encoder@qnn-embed"}
 
 
 def test_ep_package_upgrade_recompiles_exactly_that_eps_targets(project, tmp_path):
@@ -119,7 +119,8 @@ def test_ep_package_upgrade_recompiles_exactly_that_eps_targets(project, tmp_pat
     (shadow / "METADATA").write_text("Metadata-Version: 2.1\nName: onnxruntime-qnn\nVersion: 2.7.1\n")
     project.env["PYTHONPATH"] = os.pathsep.join([str(shadow.parent), project.env["PYTHONPATH"]])
     done = project.doit()
-    assert ran(done) == {f"compile:{m}@{t}" for m in ("tinycnn", "encoder") for t in ("qnn-htp", "qnn-embed")}
+    expected = {f"compile:{m}@{t}" for m in ("tinycnn", "encoder") for t in ("qnn-htp", "qnn-embed")}
+    assert ran(done, "compile:") == expected
     sidecar = json.loads((project.artifacts / "qnn-htp" / "tinycnn" / "artifact.json").read_text())
     assert sidecar["versions"]["onnxruntime-qnn"] == "2.7.1"
 
@@ -150,7 +151,8 @@ def test_failed_compile_leaves_nothing_and_others_build(project):
     assert "Unable to compile any nodes" in done.stdout + done.stderr
     assert not stale.exists()
     assert not list((project.artifacts / ".scratch").iterdir())
-    assert len(ran(done)) == 7 and (project.artifacts / "qnn-htp" / "encoder" / "encoder_qnn.bin").is_file()
+    assert len(ran(done, "compile:")) == 7
+    assert (project.artifacts / "qnn-htp" / "encoder" / "encoder_qnn.bin").is_file()
 
 
 def test_unavailable_ep_is_listed_skipped_and_refused_by_name(project):
@@ -170,7 +172,7 @@ def test_unavailable_ep_is_listed_skipped_and_refused_by_name(project):
 def test_symbolic_input_without_inputs_fails_for_npu_but_builds_for_cpu(project):
     project.manifest('[models.dynbatch]\npath = "models/dynbatch.onnx"\n' + QNN_TARGETS)
     done = project.doit("--continue", check=False)
-    assert "compile:dynbatch@cpu" in ran(done)
+    assert "compile:dynbatch@cpu" in ran(done, "compile:")
     assert "input 'x' has symbolic dimension 0 ('batch'); this EP needs static shapes: set inputs.x" in done.stdout
 
 
