@@ -61,7 +61,7 @@ def compile_build(build: Build, artifacts: Path) -> Compiled:
             shutil.copyfile(target.option_files[key], scratch / name)
         (scratch / SIDECAR).write_text(json.dumps(sidecar(build, result), indent=2, sort_keys=True) + "\n")
         produced = sorted(p.name for p in scratch.iterdir())
-        expected = build.output_names()
+        expected = build.output_names
         if produced != expected:
             raise BuildError(f"compile {build.name}: {target.ep.name} wrote {produced}, expected {expected}")
         publish(scratch, final)
@@ -80,7 +80,7 @@ def sidecar(build: Build, result: dict[str, Any]) -> dict[str, Any]:
         "format": RULES_FORMAT, "model": build.model.name, "target": target.name,
         "ep": target.ep.name, "ep_source": target.source, "device": target.device, "compiler": target.compiler,
         "embed": target.embed, "model_file": build.model_file,
-        "files": build.output_names(), "runtime_options": runtime_options,
+        "files": build.output_names, "runtime_options": runtime_options,
         "inputs": {name: list(shape) for name, shape in build.model.inputs.items()},
         "versions": toolchain_versions(target.ep), "ep_sdk_version": result.get("ep_sdk_version"),
         "nodes": result["nodes"],

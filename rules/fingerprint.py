@@ -6,6 +6,7 @@ that changes the bytes is here. Paths appear relative to the manifest's folder, 
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from .host import toolchain_versions
 from .targets import Build
 
 
+@functools.cache
 def relative(path: Path, root: Path) -> str:
     return Path(os.path.relpath(path, root)).as_posix()
 

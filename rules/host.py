@@ -107,7 +107,7 @@ def unavailable_reason(info: EpInfo, source: str, device: str, caps: dict[str, A
 
 def register_plugin(ort: Any, info: EpInfo) -> None:
     """Register a PyPI plugin EP library with this process's onnxruntime (no-op for built-in EPs)."""
-    if info.module is None:
+    if info.module is None or any(d.ep_name == info.name for d in ort.get_ep_devices()):
         return
     module = __import__(info.module)
     ort.register_execution_provider_library(info.name, module.get_library_path())

@@ -6,6 +6,7 @@ every output before anything runs.
 
 from __future__ import annotations
 
+import functools
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,6 +79,7 @@ class Build:
     def model_file(self) -> str:
         return f"{self.model.name}.onnx"
 
+    @functools.cached_property
     def output_names(self) -> list[str]:
         """Every file the compile publishes, known before it runs."""
         names = [self.model_file, SIDECAR, *self.target.runtime_files().values()]

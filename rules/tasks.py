@@ -138,7 +138,7 @@ class Project:
                 "basename": "compile", "name": build.name, "doc": f"{doc} -> {rel(out_dir)}/",
                 "actions": [(run_compile, [build, str(self.artifacts)])],
                 "file_dep": [rel(path) for path in inputs],
-                "targets": [rel(out_dir / name) for name in build.output_names()],
+                "targets": [rel(out_dir / name) for name in build.output_names],
                 "uptodate": [config_changed(compile_config(build, self.root))],
                 "clean": [(discard, [out_dir])],
             }
@@ -158,7 +158,7 @@ class Project:
                        "actions": [(refuse_unavailable, [f"validate:{build.name}", reason])], "uptodate": [False]}
                 continue
             extra = [p for p in (settings.inputs, settings.reference) if p]
-            inputs = [*(out_dir / name for name in build.output_names()), build.model.path,
+            inputs = [*(out_dir / name for name in build.output_names), build.model.path,
                       *self.external[build.model.name], *extra]
             yield {
                 "basename": "validate", "name": build.name, "doc": doc,

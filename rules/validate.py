@@ -44,15 +44,12 @@ def precision(build: Build) -> str:
     return "fp32"
 
 
-def validate_build(build: Build, artifacts: Path) -> dict[str, Any]:
-    """Validate the published artifact of `build`; write `validation.json` atomically and return the report.
-
-    A crash or timeout of the child becomes a `failed` report naming the signal or timeout."""
-    started = time.monotonic()
+def validation_request(build: Build, artifacts: Path) -> dict[str, Any]:
+    """What the validating child needs: the artifact, its runtime options from the sidecar, the reference."""
     folder = build.out_dir(artifacts)
     target, settings = build.target, build.validation
     runtime_options = json.loads((folder / SIDECAR).read_text())["runtime_options"]
-    request = {
+    return {
         "artifact": str(folder / build.model_file), "sidecar": str(folder / SIDECAR),
         "source": str(build.model.path), "reference": str(settings.reference or build.model.path),
         "ep": target.ep.alias, "device": target.device, "embed": target.embed, "mode": settings.mode,
@@ -62,6 +59,16 @@ def validate_build(build: Build, artifacts: Path) -> dict[str, Any]:
         "inputs_file": str(settings.inputs) if settings.inputs else None,
         "precision": precision(build), "thresholds": settings.thresholds,
     }
+
+
+def validate_build(build: Build, artifacts: Path) -> dict[str, Any]:
+    """Validate the published artifact of `build`; write `validation.json` atomically and return the report.
+
+    A crash or timeout of the child becomes a `failed` report naming the signal or timeout."""
+    started = time.monotonic()
+    folder = build.out_dir(artifacts)
+    target, settings = build.target, build.validation
+    request = validation_request(build, artifacts)
     scratch = artifacts / ".scratch" / f"validate.{target.name}.{build.model.name}.{os.getpid()}"
     log = artifacts / ".logs" / target.name / f"{build.model.name}.validate.log"
     try:

@@ -1,0 +1,60 @@
+"""Validation wall time per shipped artifact, and the cost of the fresh child process against running the same
+validation in-process (imports and EP registration already paid).
+
+    python bench/bench_validate.py [REPEATS]
+
+Builds the shipped example in a temporary copy first (validation included), then times each validation again.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from rules.host import capabilities, unavailable_reason  # noqa: E402
+from rules.manifest import load  # noqa: E402
+from rules.targets import plan  # noqa: E402
+from rules.validate import _validate_in_child, validate_build, validation_request  # noqa: E402
+
+
+def main() -> None:
+    repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    with tempfile.TemporaryDirectory() as tmp:
+        project = Path(tmp)
+        for name in ("dodo.py", "models.toml"):
+            shutil.copy(REPO / name, project / name)
+        shutil.copytree(REPO / "models", project / "models")
+        shutil.copytree(REPO / "configs", project / "configs")
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        subprocess.run([sys.executable, "-m", "doit"], cwd=project, env=env, check=True, capture_output=True)
+        artifacts = project / "artifacts"
+        caps = capabilities(artifacts / ".state")
+        print(f"{'artifact':<28} {'child s':>8} {'in-process s':>13} {'overhead s':>11}")
+        for build in plan(load(project / "models.toml")):
+            target = build.target
+            if not target.is_cpu and unavailable_reason(target.ep, target.source, target.device, caps):
+                continue
+            child = statistics.median(_timed(lambda b=build: validate_build(b, artifacts)) for _ in range(repeats))
+            request = validation_request(build, artifacts)
+            _validate_in_child(request)  # warm: imports, EP registration
+            inside = statistics.median(_timed(lambda r=request: _validate_in_child(r)) for _ in range(repeats))
+            print(f"{build.name:<28} {child:>8.3f} {inside:>13.3f} {child - inside:>11.3f}")
+
+
+def _timed(function) -> float:
+    start = time.perf_counter()
+    function()
+    return time.perf_counter() - start
+
+
+if __name__ == "__main__":
+    main()
