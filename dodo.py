@@ -16,6 +16,10 @@ def task_compile():
     yield from project.compile_tasks()
 
 
+def task_group():
+    yield from project.group_tasks()
+
+
 def task_validate():
     yield from project.validate_tasks()
 

@@ -21,8 +21,9 @@ from .child import run_child, serve
 from .eps import lookup
 from .errors import BuildError
 from .host import toolchain_versions
+from .manifest import ModelSpec
 from .publish import discard, publish, scratch_dir
-from .targets import SIDECAR, Build
+from .targets import SIDECAR, Build, ResolvedTarget
 
 COMPILE_TIMEOUT_S = 3600
 CPU_LEVELS = {"basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
@@ -45,17 +46,11 @@ def compile_build(build: Build, artifacts: Path) -> Compiled:
     final = build.out_dir(artifacts)
     scratch = scratch_dir(artifacts, f"{build.target.name}.{build.model.name}")
     target = build.target
-    request = {
-        "model": str(build.model.path), "model_name": build.model.name,
-        "output": str(scratch / build.model_file), "ep": target.ep.alias, "device": target.device,
-        "compiler": target.compiler, "embed": target.embed, "options": target.session_options(),
-        "inputs": {name: list(shape) for name, shape in build.model.inputs.items()},
-        "optimization_level": target.optimization_level,
-    }
+    request = compile_request(target, [(build.model, scratch / build.model_file)], share=False)
     log = artifacts / ".logs" / target.name / f"{build.model.name}.compile.log"
     try:
-        result = run_child("rules.compile", request, scratch / ".child", COMPILE_TIMEOUT_S,
-                           f"compile {build.name} ({target.ep.name})", log)
+        (result,) = run_child("rules.compile", request, scratch / ".child", COMPILE_TIMEOUT_S,
+                              f"compile {build.name} ({target.ep.name})", log)["members"]
         shutil.rmtree(scratch / ".child")
         for key, name in target.runtime_files().items():
             shutil.copyfile(target.option_files[key], scratch / name)
@@ -69,6 +64,17 @@ def compile_build(build: Build, artifacts: Path) -> Compiled:
         discard(scratch, final)
         raise
     return Compiled(build.name, final, expected, time.monotonic() - started, result["nodes"])
+
+
+def compile_request(target: ResolvedTarget, members: list[tuple[ModelSpec, Path]], share: bool) -> dict[str, Any]:
+    """The child's request: each (model, output path) in order, and the target's settings."""
+    return {
+        "members": [{"model": str(model.path), "output": str(output),
+                     "inputs": {name: list(shape) for name, shape in model.inputs.items()}}
+                    for model, output in members],
+        "share": share, "ep": target.ep.alias, "device": target.device, "compiler": target.compiler,
+        "embed": target.embed, "options": target.session_options(), "optimization_level": target.optimization_level,
+    }
 
 
 def sidecar(build: Build, result: dict[str, Any]) -> dict[str, Any]:
@@ -137,7 +143,7 @@ def inspect_output(path: Path, ep_name: str | None) -> dict[str, Any]:
     import onnx
 
     model = onnx.load(str(path), load_external_data=False)
-    contexts, cpu_nodes, sdk = 0, 0, None
+    contexts, cpu_nodes, sdk, binaries = 0, 0, None, []
     for node in model.graph.node:
         if node.op_type != "EPContext":
             cpu_nodes += 1
@@ -151,60 +157,79 @@ def inspect_output(path: Path, ep_name: str | None) -> dict[str, Any]:
         if attributes.get("embed_mode", 1) == 0:
             binary = path.parent / attributes["ep_cache_context"].decode()
             if not binary.is_file():
-                raise RuntimeError(f"the output references {binary.name}, which was not written")
+                raise RuntimeError(f"{path.name} references {binary.name}, which was not written")
+            binaries.append(binary.name)
     if ep_name and contexts == 0:
         raise RuntimeError(f"the output holds no EPContext node from {ep_name}: the EP compiled nothing")
-    return {"ep_context_nodes": contexts, "cpu_nodes": cpu_nodes, "ep_sdk_version": sdk}
+    return {"ep_context_nodes": contexts, "cpu_nodes": cpu_nodes, "ep_sdk_version": sdk, "binaries": binaries}
 
 
 def _compile_in_child(request: dict[str, Any]) -> dict[str, Any]:
+    """Compile each member in order; with `share`, all into one shared EP context (the last stops sharing).
+
+    Every member's static shapes are checked before the first compile, so a group never half-compiles."""
     import onnx
     import onnxruntime as ort
 
     from .host import register_plugin, select_ep_device
 
     info = lookup(request["ep"])
-    source_model = onnx.load(request["model"], load_external_data=False)
-    source_nodes = len(source_model.graph.node)
-    overrides = static_dims(source_model, request["inputs"], needs_static=info.alias != "cpu")
-    del source_model
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    for name, value in overrides.items():
-        options.add_free_dimension_override_by_name(name, value)
-    output = Path(request["output"])
-    # Compile from bytes, in the model's folder: ONNX Runtime hashes the model path (or the external-data
-    # folder) into partition names, so an absolute path would make two checkouts produce different bytes.
-    model_bytes = Path(request["model"]).read_bytes()
-    os.chdir(Path(request["model"]).parent)
-    options.add_session_config_entry("session.model_external_initializers_file_folder_path", ".")
-    if info.alias == "cpu":
-        level = CPU_LEVELS[request["optimization_level"]]
-        options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
-        options.optimized_model_filepath = str(output)
-        ort.InferenceSession(model_bytes, options, providers=["CPUExecutionProvider"])
-        found = inspect_output(output, None)
-    else:
-        register_plugin(ort, info)
-        options.add_provider_for_devices([select_ep_device(ort, info, request["device"])], request["options"])
-        if request["compiler"] == "ort":
-            compiler = ort.ModelCompiler(options, model_bytes,
-                                         embed_compiled_data_into_model=request["embed"],
-                                         flags=int(ort.OrtCompileApiFlags.ERROR_IF_NO_NODES_COMPILED))
-            compiler.compile_to_file(str(output))
-        else:
-            options.add_session_config_entry("ep.context_enable", "1")
-            options.add_session_config_entry("ep.context_file_path", str(output))
-            options.add_session_config_entry("ep.context_embed_mode", "1" if request["embed"] else "0")
-            options.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
-            ort.InferenceSession(model_bytes, options)
-        if not output.is_file():
-            raise RuntimeError(f"{info.name} wrote no compiled model")
-        found = inspect_output(output, info.name)
-    nodes = {"source": source_nodes, "ep_context": found["ep_context_nodes"], "cpu": found["cpu_nodes"]}
+    prepared = []
+    for member in request["members"]:
+        source = onnx.load(member["model"], load_external_data=False)
+        overrides = static_dims(source, member["inputs"], needs_static=info.alias != "cpu")
+        prepared.append((member, len(source.graph.node), overrides))
+        del source
     if info.alias != "cpu":
-        nodes["in_ep"] = max(source_nodes - found["cpu_nodes"], 0)
-    return {"nodes": nodes, "ep_sdk_version": found["ep_sdk_version"]}
+        register_plugin(ort, info)
+        device = select_ep_device(ort, info, request["device"])
+    results = []
+    for index, (member, _, overrides) in enumerate(prepared):
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        for name, value in overrides.items():
+            options.add_free_dimension_override_by_name(name, value)
+        output = Path(member["output"])
+        # Compile by file name from the model's folder: ONNX Runtime hashes the model path into partition (graph)
+        # names, so an absolute path would make two checkouts produce different bytes, and bytes without a path
+        # give every member of a shared context the same graph names.
+        os.chdir(Path(member["model"]).parent)
+        model_file = Path(member["model"]).name
+        if info.alias == "cpu":
+            level = CPU_LEVELS[request["optimization_level"]]
+            options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
+            options.optimized_model_filepath = str(output)
+            ort.InferenceSession(model_file, options, providers=["CPUExecutionProvider"])
+            found = inspect_output(output, None)
+        else:
+            if request["share"]:
+                options.add_session_config_entry("ep.share_ep_contexts", "1")
+                if index == len(prepared) - 1:
+                    options.add_session_config_entry("ep.stop_share_ep_contexts", "1")
+            options.add_provider_for_devices([device], request["options"])
+            if request["compiler"] == "ort":
+                compiler = ort.ModelCompiler(options, model_file,
+                                             embed_compiled_data_into_model=request["embed"],
+                                             flags=int(ort.OrtCompileApiFlags.ERROR_IF_NO_NODES_COMPILED))
+                compiler.compile_to_file(str(output))
+            else:
+                options.add_session_config_entry("ep.context_enable", "1")
+                options.add_session_config_entry("ep.context_file_path", str(output))
+                options.add_session_config_entry("ep.context_embed_mode", "1" if request["embed"] else "0")
+                ort.InferenceSession(model_file, options)
+            if not output.is_file():
+                raise RuntimeError(f"{info.name} wrote no compiled model for {Path(member['model']).name}")
+        results.append(output)
+    # Check after the last compile: a shared context binary is written only when sharing stops.
+    members = []
+    for (_, source_nodes, _), output in zip(prepared, results, strict=True):
+        found = inspect_output(output, None if info.alias == "cpu" else info.name)
+        nodes = {"source": source_nodes, "ep_context": found["ep_context_nodes"], "cpu": found["cpu_nodes"]}
+        if info.alias != "cpu":
+            nodes["in_ep"] = max(source_nodes - found["cpu_nodes"], 0)
+        members.append({"nodes": nodes, "ep_sdk_version": found["ep_sdk_version"],
+                        "binaries": found["binaries"]})
+    return {"members": members}
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ class EpInfo:
     runtime_options: frozenset[str] = frozenset()  # options a runtime must pass again when loading the artifact
     binary_suffix: str | None = None  # context binary: <stem><suffix>, None when the EP writes none
     can_share_contexts: bool = False
+    shares_one_binary: bool = False  # in a shared context: one binary for all members (named after the first)
 
     def binary_name(self, stem: str) -> str | None:
         return f"{stem}{self.binary_suffix}" if self.binary_suffix else None
@@ -73,7 +74,7 @@ REGISTRY: dict[str, EpInfo] = {
             runtime_options=frozenset({"backend_type", "backend_path", "htp_performance_mode",
                                        "rpc_control_latency", "qnn_context_priority", "device_id",
                                        "profiling_level", "profiling_file_path"}),
-            binary_suffix="_qnn.bin", can_share_contexts=True,
+            binary_suffix="_qnn.bin", can_share_contexts=True, shares_one_binary=True,
         ),
         EpInfo(
             "openvino", "OpenVINOExecutionProvider", "cpu", ("cpu", "gpu", "npu"), "pypi",

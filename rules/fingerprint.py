@@ -13,7 +13,7 @@ from typing import Any
 
 from . import RULES_FORMAT
 from .host import toolchain_versions
-from .targets import Build
+from .targets import Build, GroupBuild
 
 
 @functools.cache
@@ -43,3 +43,24 @@ def validate_config(build: Build, root: Path) -> dict[str, Any]:
         "timeout_s": settings.timeout_s, "ep": target.ep.name, "device": target.device,
         "versions": toolchain_versions(target.ep),
     }
+
+
+def group_config(group: GroupBuild, root: Path) -> dict[str, Any]:
+    """Members in order (the order shapes the shared binary) with their shapes, plus the target's settings."""
+    target = group.target
+    return {
+        "rules_format": RULES_FORMAT,
+        "members": [[relative(m.path, root), {k: list(v) for k, v in sorted(m.inputs.items())}]
+                    for m in group.members],
+        "ep": target.ep.name, "ep_source": target.source, "device": target.device, "compiler": target.compiler,
+        "options": target.options, "option_files": sorted(target.option_files),
+        "versions": toolchain_versions(target.ep),
+    }
+
+
+def group_validate_config(group: GroupBuild, root: Path) -> dict[str, Any]:
+    return {"rules_format": RULES_FORMAT, "group": group_config(group, root),
+            "members": [{"mode": v.mode, "thresholds": dict(sorted(v.thresholds.items())),
+                         "inputs": relative(v.inputs, root) if v.inputs else None,
+                         "reference": relative(v.reference, root) if v.reference else None,
+                         "timeout_s": v.timeout_s} for v in group.validations]}

@@ -20,7 +20,9 @@ else:  # pragma: no cover - exercised only on Python 3.10
     import tomli as tomllib
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
-TOP_KEYS = ("models", "targets")
+TOP_KEYS = ("models", "targets", "groups")
+GROUP_KEYS = ("target", "models")
+RESERVED_MODEL_NAMES = ("groups",)  # artifacts/<target>/groups/ holds shared-context groups
 MODEL_KEYS = ("path", "inputs", "targets", "validation")
 TARGET_KEYS = ("ep", "device", "compiler", "embed", "options", "option_files", "extends", "optimization_level",
                "validate", "validation")
@@ -56,10 +58,20 @@ class TargetSpec:
 
 
 @dataclass(frozen=True)
+class GroupSpec:
+    """Several models compiled, in this order, into one shared EP context."""
+
+    name: str
+    target: str
+    models: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Manifest:
     path: Path
     models: dict[str, ModelSpec]
     targets: dict[str, TargetSpec]
+    groups: dict[str, GroupSpec]
 
     @property
     def root(self) -> Path:
@@ -154,8 +166,41 @@ def parse(data: dict[str, Any], path: Path) -> Manifest:
     models = {}
     for name in models_table.table:
         check_name(path, f"models.{name}", name)
+        if name in RESERVED_MODEL_NAMES:
+            models_table.fail(f"'{name}' is reserved (artifacts/<target>/{name}/ holds shared-context groups); "
+                              f"rename the model", name)
         models[name] = _model(models_table.child(name), name, targets)
-    return Manifest(path, models, targets)
+    groups_table = top.child("groups")
+    groups = {}
+    for name in groups_table.table:
+        check_name(path, f"groups.{name}", name)
+        groups[name] = _group(groups_table.child(name), name, models, targets)
+    return Manifest(path, models, targets, groups)
+
+
+def _group(table: _Reader, name: str, models: dict[str, ModelSpec], targets: dict[str, TargetSpec]) -> GroupSpec:
+    table.only(GROUP_KEYS)
+    target = table.get("target", str, required=True)
+    if target not in targets:
+        table.fail(f"unknown target '{target}'{closest(target, targets)}; declared targets: "
+                   f"{', '.join(targets) or 'none'}", "target")
+    members = table.get("models", list, required=True)
+    for index, member in enumerate(members):
+        if not isinstance(member, str) or member not in models:
+            table.fail(f"unknown model {member!r}{closest(str(member), models)}; declared models: "
+                       f"{', '.join(models)}", f"models[{index}]")
+        if members.index(member) != index:
+            table.fail(f"model '{member}' is listed twice; each member appears once", f"models[{index}]")
+    if len(members) < 2:
+        table.fail(f"a shared context needs at least two models, found {len(members)}", "models")
+    file_names: dict[str, str] = {}
+    for index, member in enumerate(members):
+        other = file_names.setdefault(models[member].path.name, member)
+        if other != member:
+            table.fail(f"models '{other}' and '{member}' share the file name {models[member].path.name}; ONNX "
+                       "Runtime names compiled graphs after it, so their graphs would collide in the shared "
+                       "context: rename one file", f"models[{index}]")
+    return GroupSpec(name, target, tuple(members))
 
 
 def _model(table: _Reader, name: str, targets: dict[str, TargetSpec]) -> ModelSpec:

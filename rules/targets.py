@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .eps import DEVICES, SOURCES, EpInfo, lookup, valid_ep_names
+from .eps import DEVICES, REGISTRY, SOURCES, EpInfo, lookup, valid_ep_names
 from .errors import UserError, closest
-from .manifest import Manifest, ModelSpec, TargetSpec
+from .manifest import GroupSpec, Manifest, ModelSpec, TargetSpec
 
 SIDECAR = "artifact.json"
 CPU_DEFAULT_LEVEL = "extended"  # portable across CPUs; "all" adds layout transforms tied to this host's ISA
@@ -180,3 +180,45 @@ def plan(manifest: Manifest) -> list[Build]:
     resolved = {name: resolve_target(spec, manifest) for name, spec in manifest.targets.items()}
     return [Build(model, resolved[target], validation_settings(model, manifest.targets[target]))
             for model in manifest.models.values() for target in model.targets]
+
+
+@dataclass(frozen=True)
+class GroupBuild:
+    """Members compiled in order into one shared context under `artifacts/<target>/groups/<group>/`."""
+
+    name: str
+    target: ResolvedTarget
+    members: tuple[ModelSpec, ...]
+    validations: tuple[ValidationSettings, ...]  # per member, as for its standalone build
+
+    def out_dir(self, artifacts: Path) -> Path:
+        return artifacts / self.target.name / "groups" / self.name
+
+    @functools.cached_property
+    def output_names(self) -> list[str]:
+        ep = self.target.ep
+        names = [SIDECAR, *self.target.runtime_files().values(), *(f"{m.name}.onnx" for m in self.members)]
+        stems = [self.members[0].name] if ep.shares_one_binary else [m.name for m in self.members]
+        names += [ep.binary_name(stem) for stem in stems if ep.binary_name(stem)]
+        return sorted(names)
+
+
+def resolve_group(spec: GroupSpec, manifest: Manifest, target: ResolvedTarget) -> GroupBuild:
+    """Checks that need the resolved EP: it must share contexts, and sharing cannot be embedded."""
+    file, where = manifest.path.name, f"groups.{spec.name}"
+    if not target.ep.can_share_contexts:
+        sharing = ", ".join(alias for alias, info in REGISTRY.items() if info.can_share_contexts)
+        raise UserError(file, f"{where}.target", f"target '{target.name}' uses {target.ep.name}, which cannot "
+                                                 f"share an EP context; EPs that can: {sharing}")
+    if target.embed:
+        raise UserError(file, f"{where}.target", f"target '{target.name}' has embed = true; a shared context "
+                                                 "must stay in its own file (QNN writes a broken result, OpenVINO "
+                                                 "rejects it): use a target with embed = false")
+    members = tuple(manifest.models[name] for name in spec.models)
+    target_spec = manifest.targets[target.name]
+    return GroupBuild(spec.name, target, members, tuple(validation_settings(m, target_spec) for m in members))
+
+
+def plan_groups(manifest: Manifest) -> list[GroupBuild]:
+    return [resolve_group(spec, manifest, resolve_target(manifest.targets[spec.target], manifest))
+            for spec in manifest.groups.values()]

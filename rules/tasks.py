@@ -18,11 +18,12 @@ from doit.tools import config_changed
 from .compile import compile_build
 from .errors import BuildError, UserError
 from .external_data import ExternalDataIndex
-from .fingerprint import compile_config, validate_config
+from .fingerprint import compile_config, group_config, group_validate_config, validate_config
+from .groups import compile_group, validate_group
 from .host import capabilities, unavailable_reason
 from .manifest import load
 from .publish import discard
-from .targets import Build, plan
+from .targets import Build, GroupBuild, plan, plan_groups
 from .validate import REPORT, summary, validate_build
 
 Task = dict[str, Any]
@@ -59,9 +60,26 @@ def run_compile(build: Build, artifacts: str) -> TaskFailed | None:
     return None
 
 
+def run_group(group: GroupBuild, artifacts: str) -> TaskFailed | None:
+    try:
+        done = compile_group(group, Path(artifacts))
+    except (BuildError, UserError) as exc:
+        return TaskFailed(str(exc))
+    print(f"compiled {done.build}: {len(group.members)} members, {done.nodes['ep_context']} EPContext node(s), "
+          f"{done.seconds:.1f} s -> {os.path.relpath(done.out_dir)}/ (keep together: {', '.join(done.files)})")
+    return None
+
+
+def run_group_validate(group: GroupBuild, artifacts: str) -> TaskFailed | None:
+    return _report_line(f"validate:{group.name}", validate_group(group, Path(artifacts)))
+
+
 def run_validate(build: Build, artifacts: str) -> TaskFailed | None:
-    report = validate_build(build, Path(artifacts))
-    line = f"{report['status']} validate:{build.name}: {summary(report)}"
+    return _report_line(f"validate:{build.name}", validate_build(build, Path(artifacts)))
+
+
+def _report_line(task: str, report: dict[str, Any]) -> TaskFailed | None:
+    line = f"{report['status']} {task}: {summary(report)}"
     if report["status"] == "failed":
         return TaskFailed(line)
     print(line)
@@ -75,6 +93,8 @@ def refuse_unavailable(task: str, reason: str) -> TaskFailed:
 def report_unavailable(reasons: dict[str, str]) -> None:
     for task, reason in reasons.items():
         print(f"skipped {task}: {reason}")
+    if not reasons:
+        print("this host can build every task")
 
 
 class Project:
@@ -87,15 +107,14 @@ class Project:
         self.artifacts = self.root / "artifacts"
         state = self.artifacts / ".state"
         self.builds = plan(self.manifest)
-        needs_probe = any(not build.target.is_cpu for build in self.builds)
-        caps = capabilities(state) if needs_probe else {}
+        self.groups = plan_groups(self.manifest)
+        used = {b.target.name: b.target for b in [*self.builds, *self.groups] if not b.target.is_cpu}
+        caps = capabilities(state) if used else {}
         self.unavailable: dict[str, str] = {}
-        for build in self.builds:
-            target = build.target
-            if not target.is_cpu and target.name not in self.unavailable:
-                reason = unavailable_reason(target.ep, target.source, target.device, caps)
-                if reason:
-                    self.unavailable[target.name] = reason
+        for name, target in used.items():
+            reason = unavailable_reason(target.ep, target.source, target.device, caps)
+            if reason:
+                self.unavailable[name] = reason
         index = ExternalDataIndex(state)
         self.external = {}
         for name, model in self.manifest.models.items():
@@ -105,18 +124,19 @@ class Project:
                 raise UserError(self.manifest.path.name, f"models.{name}.path", f"{exc.file}: {exc.message}") from None
         index.save()
 
-    def task_names(self, build: Build) -> list[str]:
-        names = [f"compile:{build.name}"]
-        if build.validation.mode != "off":
-            names.append(f"validate:{build.name}")
-        return names
+    @staticmethod
+    def task_names(build: Build | GroupBuild) -> list[str]:
+        if isinstance(build, GroupBuild):
+            return [f"group:{build.name}", *([f"validate:{build.name}"] if build.validations[0].mode != "off" else [])]
+        return [f"compile:{build.name}", *([f"validate:{build.name}"] if build.validation.mode != "off" else [])]
 
     def skipped(self) -> dict[str, str]:
-        return {name: self.unavailable[b.target.name] for b in self.builds if b.target.name in self.unavailable
-                for name in self.task_names(b)}
+        return {name: self.unavailable[b.target.name] for b in [*self.builds, *self.groups]
+                if b.target.name in self.unavailable for name in self.task_names(b)}
 
     def doit_config(self) -> dict[str, Any]:
-        default = [name for b in self.builds if b.target.name not in self.unavailable for name in self.task_names(b)]
+        default = [name for b in [*self.builds, *self.groups] if b.target.name not in self.unavailable
+                   for name in self.task_names(b)]
         if self.unavailable:
             default.append("unavailable")
         return {"backend": "sqlite3", "dep_file": ".doit.db", "verbosity": 2, "subtasks": True,
@@ -167,11 +187,55 @@ class Project:
                 "targets": [rel(out_dir / REPORT)],
                 "uptodate": [config_changed(validate_config(build, self.root))],
             }
+        yield from self.group_validate_tasks()
+
+    def group_tasks(self) -> Iterator[Task]:
+        if not self.groups:
+            return
+        yield {"basename": "group", "name": None, "doc": "compile every shared-context group"}
+        for group in self.groups:
+            target, out_dir, rel = group.target, group.out_dir(self.artifacts), self.rel
+            doc = (f"{', '.join(m.name for m in group.members)} into one shared context for {target.name} "
+                   f"({target.ep.name})")
+            reason = self.unavailable.get(target.name)
+            if reason:
+                yield {"basename": "group", "name": group.name, "doc": f"{doc} [unavailable here: {reason}]",
+                       "actions": [(refuse_unavailable, [f"group:{group.name}", reason])], "uptodate": [False]}
+                continue
+            inputs = [p for m in group.members for p in (m.path, *self.external[m.name])]
+            yield {
+                "basename": "group", "name": group.name, "doc": f"{doc} -> {rel(out_dir)}/",
+                "actions": [(run_group, [group, str(self.artifacts)])],
+                "file_dep": [rel(path) for path in [*inputs, *target.option_files.values()]],
+                "targets": [rel(out_dir / name) for name in group.output_names],
+                "uptodate": [config_changed(group_config(group, self.root))],
+                "clean": [(discard, [out_dir])],
+            }
+
+    def group_validate_tasks(self) -> Iterator[Task]:
+        for group in self.groups:
+            if group.validations[0].mode == "off":
+                continue
+            rel, out_dir = self.rel, group.out_dir(self.artifacts)
+            doc = f"group {group.name}: structural checks, and each member run where this host loads the context"
+            reason = self.unavailable.get(group.target.name)
+            if reason:
+                yield {"basename": "validate", "name": group.name, "doc": f"{doc} [unavailable here: {reason}]",
+                       "actions": [(refuse_unavailable, [f"validate:{group.name}", reason])], "uptodate": [False]}
+                continue
+            extra = [p for v in group.validations for p in (v.inputs, v.reference) if p]
+            inputs = [*(out_dir / name for name in group.output_names), *(m.path for m in group.members), *extra]
+            yield {
+                "basename": "validate", "name": group.name, "doc": doc,
+                "actions": [(run_group_validate, [group, str(self.artifacts)])],
+                "file_dep": [rel(path) for path in inputs],
+                "targets": [rel(out_dir / REPORT)],
+                "uptodate": [config_changed(group_validate_config(group, self.root))],
+            }
 
     def unavailable_task(self) -> Iterator[Task]:
-        if self.unavailable:
-            yield {"basename": "unavailable", "doc": "list the targets this host cannot build, and why",
-                   "actions": [(report_unavailable, [self.skipped()])], "uptodate": [False]}
+        yield {"basename": "unavailable", "doc": "list the tasks this host cannot build, and why",
+               "actions": [(report_unavailable, [self.skipped()])], "uptodate": [False]}
 
 
 def load_project(manifest_path: str | Path) -> Project:

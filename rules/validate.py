@@ -19,7 +19,8 @@ from .child import run_child, serve
 from .compile import static_dims
 from .eps import lookup
 from .errors import BuildError
-from .targets import SIDECAR, Build
+from .manifest import ModelSpec
+from .targets import SIDECAR, Build, ResolvedTarget, ValidationSettings
 
 REPORT = "validation.json"
 SEED = 0
@@ -33,9 +34,8 @@ DEFAULT_THRESHOLDS = {
 SNR_CAP_DB = 200.0  # identical outputs; JSON has no infinity
 
 
-def precision(build: Build) -> str:
+def precision(target: ResolvedTarget) -> str:
     """The float precision the target computes in (QDQ models are recognised in the child)."""
-    target = build.target
     if target.ep.alias == "qnn":
         return "fp16"  # the HTP computes float graphs in fp16
     if target.ep.alias == "openvino" and "load_config" in target.option_files:
@@ -45,20 +45,33 @@ def precision(build: Build) -> str:
 
 
 def validation_request(build: Build, artifacts: Path) -> dict[str, Any]:
-    """What the validating child needs: the artifact, its runtime options from the sidecar, the reference."""
+    """What the validating child needs: the artifact, what its sidecar recorded, the reference and settings."""
     folder = build.out_dir(artifacts)
-    target, settings = build.target, build.validation
-    runtime_options = json.loads((folder / SIDECAR).read_text())["runtime_options"]
+    recorded = json.loads((folder / SIDECAR).read_text())
+    return member_request(build.model, build.target, build.validation, folder, recorded["files"], recorded)
+
+
+def member_request(model: ModelSpec, target: ResolvedTarget, settings: ValidationSettings, folder: Path,
+                   files: list[str], recorded: dict[str, Any]) -> dict[str, Any]:
+    """One artifact's request; `recorded` is its sidecar entry (runtime options, nodes, SDK version)."""
+    runtime_files = target.runtime_files()
     return {
-        "artifact": str(folder / build.model_file), "sidecar": str(folder / SIDECAR),
-        "source": str(build.model.path), "reference": str(settings.reference or build.model.path),
+        "artifact": str(folder / f"{model.name}.onnx"), "files": [str(folder / name) for name in files],
+        "ep_sdk_version": recorded.get("ep_sdk_version"), "cpu_nodes": recorded["nodes"]["cpu"],
+        "source": str(model.path), "reference": str(settings.reference or model.path),
         "ep": target.ep.alias, "device": target.device, "embed": target.embed, "mode": settings.mode,
-        "options": {key: str(folder / value) if key in target.runtime_files() else value
-                    for key, value in runtime_options.items()},
-        "inputs": {name: list(shape) for name, shape in build.model.inputs.items()},
+        "options": {key: str(folder / value) if key in runtime_files else value
+                    for key, value in recorded["runtime_options"].items()},
+        "inputs": {name: list(shape) for name, shape in model.inputs.items()},
         "inputs_file": str(settings.inputs) if settings.inputs else None,
-        "precision": precision(build), "thresholds": settings.thresholds,
+        "precision": precision(target), "thresholds": settings.thresholds,
     }
+
+
+def write_report(folder: Path, report: dict[str, Any]) -> None:
+    temporary = folder / f".{REPORT}.{os.getpid()}.tmp"
+    temporary.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    os.replace(temporary, folder / REPORT)
 
 
 def validate_build(build: Build, artifacts: Path) -> dict[str, Any]:
@@ -81,9 +94,7 @@ def validate_build(build: Build, artifacts: Path) -> dict[str, Any]:
             scratch.rmdir()
     report = {"format": RULES_FORMAT, "model": build.model.name, "target": target.name, "ep": target.ep.name,
               "mode": settings.mode, "seconds": round(time.monotonic() - started, 3), **report}
-    temporary = folder / f".{REPORT}.{os.getpid()}.tmp"
-    temporary.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
-    os.replace(temporary, folder / REPORT)
+    write_report(folder, report)
     return report
 
 
@@ -93,6 +104,8 @@ def summary(report: dict[str, Any]) -> str:
         return report.get("reason", "")
     if report["mode"] == "structural":
         return "structural: every referenced file exists, EPContext attributes match the target"
+    if "members" in report:
+        return "; ".join(f"{name}: {summary({'mode': 'run', **member})}" for name, member in report["members"].items())
     outputs = report["outputs"].values()
     snr = min(o["snr_db"] for o in outputs)
     max_abs = max(o["max_abs_error"] for o in outputs)
@@ -197,9 +210,8 @@ def structural_problems(request: dict[str, Any]) -> list[str]:
 
     info = lookup(request["ep"])
     artifact = Path(request["artifact"])
-    sidecar = json.loads(Path(request["sidecar"]).read_text())
-    problems = [f"file {name} listed in {SIDECAR} is missing" for name in sidecar["files"]
-                if name != REPORT and not (artifact.parent / name).is_file()]
+    problems = [f"file {Path(name).name} listed in {SIDECAR} is missing" for name in request["files"]
+                if not Path(name).is_file()]
     if problems:
         return problems
     model = onnx.load(str(artifact), load_external_data=False)
@@ -226,13 +238,50 @@ def structural_problems(request: dict[str, Any]) -> list[str]:
             if not binary.is_file():
                 problems.append(f"EPContext node {node.name} references missing context binary {binary.name}")
         sdk = (attributes.get("ep_sdk_version") or b"").decode()
-        if sidecar.get("ep_sdk_version") and sdk != sidecar["ep_sdk_version"]:
+        if request["ep_sdk_version"] and sdk != request["ep_sdk_version"]:
             problems.append(f"EPContext node {node.name} has ep_sdk_version {sdk}, the build recorded "
-                            f"{sidecar['ep_sdk_version']}")
+                            f"{request['ep_sdk_version']}")
     return problems
 
 
+def context_binaries(artifact: str) -> set[str]:
+    import onnx
+
+    model = onnx.load(artifact, load_external_data=False)
+    return {onnx.helper.get_attribute_value(a).decode() for n in model.graph.node if n.op_type == "EPContext"
+            for a in n.attribute if a.name == "ep_cache_context"}
+
+
+def _validate_group_in_child(request: dict[str, Any]) -> dict[str, Any]:
+    """Structural checks of every member (and, for EPs writing one binary, that all reference the same one),
+    then each member run against its source where this host can load the shared context."""
+    reports: dict[str, dict[str, Any]] = {}
+    for name, member in request["members"].items():
+        problems = structural_problems(member)
+        reports[name] = {"status": "failed", "reason": "; ".join(problems)} if problems else {"status": "passed"}
+    failures = [f"{name}: {r['reason']}" for name, r in reports.items() if r["status"] == "failed"]
+    if not failures and request["one_binary"]:
+        referenced = {name: sorted(context_binaries(m["artifact"])) for name, m in request["members"].items()}
+        if len({tuple(v) for v in referenced.values()}) != 1:
+            failures.append(f"members reference different context binaries: {referenced}")
+    if failures:
+        return {"status": "failed", "reason": "; ".join(failures), "members": reports}
+    if request["run_blocked"]:
+        return {"status": "skipped", "structural": "passed", "reason": request["run_blocked"], "members": reports}
+    for name, member in request["members"].items():
+        if member["mode"] == "run":
+            reports[name] = _validate_in_child(member)
+    statuses = {r["status"] for r in reports.values()}
+    status = "failed" if "failed" in statuses else "skipped" if "skipped" in statuses else "passed"
+    report: dict[str, Any] = {"status": status, "members": reports}
+    if status != "passed":
+        report["reason"] = "; ".join(f"{name}: {r['reason']}" for name, r in reports.items() if "reason" in r)
+    return report
+
+
 def _validate_in_child(request: dict[str, Any]) -> dict[str, Any]:
+    if "members" in request:
+        return _validate_group_in_child(request)
     problems = structural_problems(request)
     if problems:
         return {"status": "failed", "reason": "; ".join(problems)}
@@ -246,7 +295,6 @@ def _validate_in_child(request: dict[str, Any]) -> dict[str, Any]:
     from .host import register_plugin, select_ep_device
 
     info = lookup(request["ep"])
-    sidecar = json.loads(Path(request["sidecar"]).read_text())
     options = ort.SessionOptions()
     options.log_severity_level = 3
     options.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
@@ -257,7 +305,7 @@ def _validate_in_child(request: dict[str, Any]) -> dict[str, Any]:
         except (ImportError, OSError, RuntimeError) as exc:
             return {"status": "skipped", "reason": f"this host cannot run {info.name}: {exc}"}
         options.add_provider_for_devices([device], request["options"])
-        if sidecar["nodes"]["cpu"] == 0:
+        if request["cpu_nodes"] == 0:
             options.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
     try:
         session = ort.InferenceSession(request["artifact"], options,
@@ -279,7 +327,7 @@ def _validate_in_child(request: dict[str, Any]) -> dict[str, Any]:
     if info.alias != "cpu":
         if "EPContext" in ran_on.get("CPUExecutionProvider", []) or "EPContext" not in ran_on.get(info.name, []):
             failures.append(f"the EPContext nodes did not run on {info.name} (assignment: {ran_on})")
-        expected_cpu = sidecar["nodes"]["cpu"]
+        expected_cpu = request["cpu_nodes"]
         cpu_count = sum(len(sg.get_nodes()) for sg in session.get_provider_graph_assignment_info() or []
                         if sg.ep_name == "CPUExecutionProvider")
         if cpu_count > expected_cpu:
