@@ -12,14 +12,17 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from . import RULES_FORMAT
+from .cache import Workspace
 from .child import run_child, serve
 from .eps import lookup
 from .errors import BuildError
+from .fingerprint import compile_fingerprint
 from .host import toolchain_versions
 from .manifest import ModelSpec
 from .publish import discard, publish, scratch_dir
@@ -31,39 +34,66 @@ CPU_LEVELS = {"basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "a
 
 @dataclass(frozen=True)
 class Compiled:
-    """What one compile produced, for the printed line and the build report."""
+    """What one compile or restore produced, for the printed line and the build report."""
 
     build: str
+    status: str  # "compiled" or "restored"
+    fingerprint: str
     out_dir: Path
-    files: list[str]
+    files: list[dict[str, Any]]  # name, size, sha256
     seconds: float
     nodes: dict[str, int]
 
 
-def compile_build(build: Build, artifacts: Path) -> Compiled:
-    """Compile `build` into `artifacts/<target>/<model>/`, atomically; raise BuildError naming model and target."""
+def cached_compile(label: str, fingerprint: str, workspace: Workspace, final: Path, expected: list[str],
+                   produce: Callable[[Path], None]) -> Compiled:
+    """Restore `fingerprint` from the cache, or run `produce(scratch)` and store its outputs; then publish the
+    folder atomically. The fingerprint's lock is held throughout, so two builders never compile it twice."""
     started = time.monotonic()
-    final = build.out_dir(artifacts)
-    scratch = scratch_dir(artifacts, f"{build.target.name}.{build.model.name}")
+    hashes, cache = workspace.hashes, workspace.cache
+    with cache.lock(fingerprint):
+        scratch = scratch_dir(workspace.artifacts, label.replace(":", ".").replace("@", "."))
+        try:
+            restored = cache.restore(fingerprint, scratch) == expected
+            if not restored:
+                discard(scratch)
+                scratch.mkdir()
+                produce(scratch)
+                produced = sorted(p.name for p in scratch.iterdir())
+                if produced != expected:
+                    raise BuildError(f"{label}: the compile wrote {produced}, expected {expected}")
+                cache.store(fingerprint, scratch, expected)
+            recorded = json.loads((scratch / SIDECAR).read_text())
+            publish(scratch, final)
+        except BaseException:
+            discard(scratch, final)
+            raise
+    files = [{"name": name, "size": (final / name).stat().st_size, "sha256": hashes.sha256(final / name)}
+             for name in expected]
+    per_model = [recorded["nodes"]] if "nodes" in recorded else [m["nodes"] for m in recorded["members"].values()]
+    nodes = {key: sum(n[key] for n in per_model) for key in per_model[0]}
+    return Compiled(label, "restored" if restored else "compiled", fingerprint, final, files,
+                    time.monotonic() - started, nodes)
+
+
+def compile_build(build: Build, workspace: Workspace, external: list[Path]) -> Compiled:
+    """Compile `build` into `artifacts/<target>/<model>/` (or restore it from the cache), atomically; raise
+    BuildError naming model and target."""
     target = build.target
-    request = compile_request(target, [(build.model, scratch / build.model_file)], share=False)
-    log = artifacts / ".logs" / target.name / f"{build.model.name}.compile.log"
-    try:
+    fingerprint = compile_fingerprint(build, external, workspace.hashes)
+
+    def produce(scratch: Path) -> None:
+        request = compile_request(target, [(build.model, scratch / build.model_file)], share=False)
+        log = workspace.artifacts / ".logs" / target.name / f"{build.model.name}.compile.log"
         (result,) = run_child("rules.compile", request, scratch / ".child", COMPILE_TIMEOUT_S,
                               f"compile {build.name} ({target.ep.name})", log)["members"]
         shutil.rmtree(scratch / ".child")
         for key, name in target.runtime_files().items():
             shutil.copyfile(target.option_files[key], scratch / name)
         (scratch / SIDECAR).write_text(json.dumps(sidecar(build, result), indent=2, sort_keys=True) + "\n")
-        produced = sorted(p.name for p in scratch.iterdir())
-        expected = build.output_names
-        if produced != expected:
-            raise BuildError(f"compile {build.name}: {target.ep.name} wrote {produced}, expected {expected}")
-        publish(scratch, final)
-    except BaseException:
-        discard(scratch, final)
-        raise
-    return Compiled(build.name, final, expected, time.monotonic() - started, result["nodes"])
+
+    return cached_compile(f"compile:{build.name}", fingerprint, workspace, build.out_dir(workspace.artifacts),
+                          build.output_names, produce)
 
 
 def compile_request(target: ResolvedTarget, members: list[tuple[ModelSpec, Path]], share: bool) -> dict[str, Any]:

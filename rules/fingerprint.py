@@ -1,19 +1,27 @@
-"""What shapes an output: the settings that go into each task's `config_changed`.
+"""What shapes an output: the settings in each task's `config_changed`, and the portable fingerprints that key
+the artifact cache.
 
-Files (model, external data, option files) are tracked by content through doit's `file_dep`; everything else
-that changes the bytes is here. Paths appear relative to the manifest's folder, so a checkout can move.
+For doit, files (model, external data, option files) are tracked through `file_dep` and everything else is in
+`config_changed`, with paths relative to the manifest's folder. A fingerprint is a sha256 over the bytes of every
+input file and every setting that can change the output, with no absolute path, mtime or user name in it, so
+clones on other machines compute the same one; host properties enter only where the artifact is host-specific.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import os
+import platform
 from pathlib import Path
 from typing import Any
 
 from . import RULES_FORMAT
+from .hashing import FileHashes
 from .host import toolchain_versions
-from .targets import Build, GroupBuild
+from .manifest import ModelSpec
+from .targets import Build, GroupBuild, ResolvedTarget
 
 
 @functools.cache
@@ -64,3 +72,65 @@ def group_validate_config(group: GroupBuild, root: Path) -> dict[str, Any]:
                          "inputs": relative(v.inputs, root) if v.inputs else None,
                          "reference": relative(v.reference, root) if v.reference else None,
                          "timeout_s": v.timeout_s} for v in group.validations]}
+
+
+@functools.cache
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith(("flags", "Features")):
+                    return hashlib.sha256(" ".join(sorted(line.split(":", 1)[1].split())).encode()).hexdigest()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def host_properties(target: ResolvedTarget) -> dict[str, str] | None:
+    """Only for host-specific artifacts: OpenVINO embeds the CPU ISA in its compatibility string, and CPU
+    optimization level "all" adds layout transforms for this host's ISA."""
+    if target.ep.alias == "openvino" or target.optimization_level == "all":
+        return {"machine": platform.machine(), "cpu_flags": _cpu_flags()}
+    return None
+
+
+def _digest(payload: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def _model_identity(model: ModelSpec, external: list[Path], hashes: FileHashes) -> dict[str, Any]:
+    """The output stem, the file name (ONNX Runtime hashes it into graph names), and every byte."""
+    return {"name": model.name, "file": model.path.name, "sha256": hashes.sha256(model.path),
+            "external": {path.relative_to(model.path.parent).as_posix(): hashes.sha256(path) for path in external},
+            "inputs": {name: list(shape) for name, shape in sorted(model.inputs.items())}}
+
+
+def _target_identity(target: ResolvedTarget, hashes: FileHashes) -> dict[str, Any]:
+    options = {key: f"file sha256 {hashes.sha256(target.option_files[key])}" if key in target.option_files else value
+               for key, value in target.options.items()}
+    return {"ep": target.ep.name, "ep_source": target.source, "device": target.device, "compiler": target.compiler,
+            "embed": target.embed, "options": options, "optimization_level": target.optimization_level,
+            "versions": toolchain_versions(target.ep), "host": host_properties(target)}
+
+
+def compile_fingerprint(build: Build, external: list[Path], hashes: FileHashes) -> str:
+    return _digest({"kind": "compile", "rules_format": RULES_FORMAT,
+                    "model": _model_identity(build.model, external, hashes),
+                    "target": _target_identity(build.target, hashes)})
+
+
+def group_fingerprint(group: GroupBuild, external: dict[str, list[Path]], hashes: FileHashes) -> str:
+    return _digest({"kind": "group", "rules_format": RULES_FORMAT, "group": group.name,
+                    "members": [_model_identity(m, external[m.name], hashes) for m in group.members],
+                    "target": _target_identity(group.target, hashes)})
+
+
+def validation_fingerprint(artifact_files: list[Path], config: dict[str, Any], extra_files: list[Path],
+                           hashes: FileHashes) -> str:
+    """The artifact's bytes, the validation settings, the reference and input files, and this host: a result
+    says how the artifact ran here."""
+    return _digest({"kind": "validate", "rules_format": RULES_FORMAT,
+                    "artifact": {path.name: hashes.sha256(path) for path in artifact_files},
+                    "settings": {k: v for k, v in config.items() if k not in ("inputs", "reference")},
+                    "files": sorted(hashes.sha256(path) for path in extra_files),
+                    "host": {"machine": platform.machine(), "cpu_flags": _cpu_flags()}})

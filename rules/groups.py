@@ -15,11 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from . import RULES_FORMAT
+from .cache import Workspace
 from .child import run_child
-from .compile import COMPILE_TIMEOUT_S, Compiled, compile_request
+from .compile import COMPILE_TIMEOUT_S, Compiled, cached_compile, compile_request
 from .errors import BuildError
+from .fingerprint import group_fingerprint
 from .host import toolchain_versions
-from .publish import discard, publish, scratch_dir
+from .publish import discard
 from .targets import SIDECAR, GroupBuild
 from .validate import member_request, write_report
 
@@ -28,29 +30,22 @@ SHARED_CONTEXT_UNLOADABLE = {("qnn", "x86_64"): "loading a multi-graph QNN conte
                                                 "hosts (HTP simulator); run-validate on the device"}
 
 
-def compile_group(group: GroupBuild, artifacts: Path) -> Compiled:
-    started = time.monotonic()
-    final = group.out_dir(artifacts)
+def compile_group(group: GroupBuild, workspace: Workspace, external: dict[str, list[Path]]) -> Compiled:
     target = group.target
-    scratch = scratch_dir(artifacts, f"{target.name}.group.{group.name}")
-    request = compile_request(target, [(m, scratch / f"{m.name}.onnx") for m in group.members], share=True)
-    log = artifacts / ".logs" / target.name / f"group.{group.name}.compile.log"
-    try:
+    fingerprint = group_fingerprint(group, external, workspace.hashes)
+
+    def produce(scratch: Path) -> None:
+        request = compile_request(target, [(m, scratch / f"{m.name}.onnx") for m in group.members], share=True)
+        log = workspace.artifacts / ".logs" / target.name / f"group.{group.name}.compile.log"
         results = run_child("rules.compile", request, scratch / ".child", COMPILE_TIMEOUT_S,
                             f"group {group.name} ({target.ep.name})", log)["members"]
         shutil.rmtree(scratch / ".child")
         for key, name in target.runtime_files().items():
             shutil.copyfile(target.option_files[key], scratch / name)
         (scratch / SIDECAR).write_text(json.dumps(sidecar(group, results), indent=2, sort_keys=True) + "\n")
-        produced = sorted(p.name for p in scratch.iterdir())
-        if produced != group.output_names:
-            raise BuildError(f"group {group.name}: {target.ep.name} wrote {produced}, expected {group.output_names}")
-        publish(scratch, final)
-    except BaseException:
-        discard(scratch, final)
-        raise
-    nodes = {key: sum(r["nodes"].get(key, 0) for r in results) for key in ("source", "ep_context", "cpu", "in_ep")}
-    return Compiled(f"group:{group.name}", final, group.output_names, time.monotonic() - started, nodes)
+
+    return cached_compile(f"group:{group.name}", fingerprint, workspace, group.out_dir(workspace.artifacts),
+                          group.output_names, produce)
 
 
 def sidecar(group: GroupBuild, results: list[dict[str, Any]]) -> dict[str, Any]:

@@ -20,7 +20,8 @@ else:  # pragma: no cover - exercised only on Python 3.10
     import tomli as tomllib
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
-TOP_KEYS = ("models", "targets", "groups")
+TOP_KEYS = ("models", "targets", "groups", "cache")
+CACHE_KEYS = ("dir", "max_size_mb")
 GROUP_KEYS = ("target", "models")
 RESERVED_MODEL_NAMES = ("groups",)  # artifacts/<target>/groups/ holds shared-context groups
 MODEL_KEYS = ("path", "inputs", "targets", "validation")
@@ -67,11 +68,20 @@ class GroupSpec:
 
 
 @dataclass(frozen=True)
+class CacheSpec:
+    """`[cache]`: where the artifact cache lives (EPBUILD_CACHE_DIR overrides `dir`) and an optional size cap."""
+
+    dir: Path | None
+    max_size_mb: float | None
+
+
+@dataclass(frozen=True)
 class Manifest:
     path: Path
     models: dict[str, ModelSpec]
     targets: dict[str, TargetSpec]
     groups: dict[str, GroupSpec]
+    cache: CacheSpec
 
     @property
     def root(self) -> Path:
@@ -175,7 +185,14 @@ def parse(data: dict[str, Any], path: Path) -> Manifest:
     for name in groups_table.table:
         check_name(path, f"groups.{name}", name)
         groups[name] = _group(groups_table.child(name), name, models, targets)
-    return Manifest(path, models, targets, groups)
+    cache_table = top.child("cache")
+    cache_table.only(CACHE_KEYS)
+    cache_dir = cache_table.get("dir", str)
+    max_size = cache_table.get("max_size_mb", (int, float))
+    if max_size is not None and max_size <= 0:
+        cache_table.fail(f"must be a positive number of megabytes, found {max_size!r}", "max_size_mb")
+    cache = CacheSpec(path.parent / cache_dir if cache_dir else None, max_size)
+    return Manifest(path, models, targets, groups, cache)
 
 
 def _group(table: _Reader, name: str, models: dict[str, ModelSpec], targets: dict[str, TargetSpec]) -> GroupSpec:

@@ -6,25 +6,33 @@ onnxruntime or parses an unchanged model, so `doit list` and a no-op `doit` stay
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from doit.dependency import FileChangedChecker
 from doit.exceptions import TaskFailed
+from doit.reporter import ConsoleReporter
 from doit.tools import config_changed
 
-from .compile import compile_build
+from . import RULES_FORMAT
+from .cache import Workspace, cache_location
+from .compile import Compiled, compile_build
 from .errors import BuildError, UserError
 from .external_data import ExternalDataIndex
-from .fingerprint import compile_config, group_config, group_validate_config, validate_config
+from .fingerprint import compile_config, group_config, group_validate_config, validate_config, validation_fingerprint
 from .groups import compile_group, validate_group
+from .hashing import FileHashes, stat_key
 from .host import capabilities, unavailable_reason
 from .manifest import load
 from .publish import discard
 from .targets import Build, GroupBuild, plan, plan_groups
-from .validate import REPORT, summary, validate_build
+from .validate import REPORT, cached_validation, summary, validate_build
 
 Task = dict[str, Any]
 
@@ -48,42 +56,57 @@ class _Relative:
 
 
 
-def run_compile(build: Build, artifacts: str) -> TaskFailed | None:
+def _compiled(done: Compiled, detail: str) -> dict[str, Any]:
+    print(f"{done.status} {done.build}: {detail}, {done.seconds:.1f} s -> {os.path.relpath(done.out_dir)}/")
+    return {"status": done.status, "fingerprint": done.fingerprint, "files": done.files,
+            "seconds": round(done.seconds, 3)}
+
+
+def run_compile(build: Build, workspace: Workspace, external: list[Path]) -> TaskFailed | dict[str, Any]:
     try:
-        done = compile_build(build, Path(artifacts))
+        done = compile_build(build, workspace, external)
     except (BuildError, UserError) as exc:
         return TaskFailed(str(exc))
     nodes = done.nodes
     taken = (f"{nodes['in_ep']}/{nodes['source']} source nodes in {nodes['ep_context']} EPContext node(s), "
              f"{nodes['cpu']} on CPU" if "in_ep" in nodes else f"{nodes['cpu']} nodes after optimization")
-    print(f"compiled {done.build}: {taken}, {done.seconds:.1f} s -> {os.path.relpath(done.out_dir)}/")
-    return None
+    return _compiled(done, taken)
 
 
-def run_group(group: GroupBuild, artifacts: str) -> TaskFailed | None:
+def run_group(group: GroupBuild, workspace: Workspace, external: dict[str, list[Path]]) -> TaskFailed | dict:
     try:
-        done = compile_group(group, Path(artifacts))
+        done = compile_group(group, workspace, external)
     except (BuildError, UserError) as exc:
         return TaskFailed(str(exc))
-    print(f"compiled {done.build}: {len(group.members)} members, {done.nodes['ep_context']} EPContext node(s), "
-          f"{done.seconds:.1f} s -> {os.path.relpath(done.out_dir)}/ (keep together: {', '.join(done.files)})")
-    return None
+    names = ", ".join(f["name"] for f in done.files)
+    return _compiled(done, f"{len(group.members)} members, {done.nodes['ep_context']} EPContext node(s) "
+                           f"(keep together: {names})")
 
 
-def run_group_validate(group: GroupBuild, artifacts: str) -> TaskFailed | None:
-    return _report_line(f"validate:{group.name}", validate_group(group, Path(artifacts)))
+def run_validate(build: Build, workspace: Workspace, config: dict[str, Any], extra: list[Path]) -> TaskFailed | dict:
+    folder = build.out_dir(workspace.artifacts)
+    fingerprint = validation_fingerprint([folder / n for n in build.output_names], config, extra, workspace.hashes)
+    report, restored = cached_validation(fingerprint, workspace, folder,
+                                         lambda: validate_build(build, workspace.artifacts))
+    return _validated(f"validate:{build.name}", report, restored, fingerprint)
 
 
-def run_validate(build: Build, artifacts: str) -> TaskFailed | None:
-    return _report_line(f"validate:{build.name}", validate_build(build, Path(artifacts)))
+def run_group_validate(group: GroupBuild, workspace: Workspace, config: dict[str, Any],
+                       extra: list[Path]) -> TaskFailed | dict:
+    folder = group.out_dir(workspace.artifacts)
+    fingerprint = validation_fingerprint([folder / n for n in group.output_names], config, extra, workspace.hashes)
+    report, restored = cached_validation(fingerprint, workspace, folder,
+                                         lambda: validate_group(group, workspace.artifacts))
+    return _validated(f"validate:{group.name}", report, restored, fingerprint)
 
 
-def _report_line(task: str, report: dict[str, Any]) -> TaskFailed | None:
-    line = f"{report['status']} {task}: {summary(report)}"
+def _validated(task: str, report: dict[str, Any], restored: bool, fingerprint: str) -> TaskFailed | dict:
+    line = f"{report['status']} {task}: {summary(report)}{' (restored from the cache)' if restored else ''}"
     if report["status"] == "failed":
         return TaskFailed(line)
     print(line)
-    return None
+    status = "restored" if restored else "skipped" if report["status"] == "skipped" else "validated"
+    return {"status": status, "fingerprint": fingerprint, "validation": line, "seconds": report["seconds"]}
 
 
 def refuse_unavailable(task: str, reason: str) -> TaskFailed:
@@ -97,6 +120,78 @@ def report_unavailable(reasons: dict[str, str]) -> None:
         print("this host can build every task")
 
 
+class HashChecker(FileChangedChecker):
+    """doit's file checker on the shared hash memory: state is [size, mtime_ns, inode, sha256], and a file whose
+    identity changed but whose bytes did not (a fresh clone, a touch) is hashed once, not on every run."""
+
+    hashes: FileHashes  # set on a per-project subclass: doit instantiates the checker without arguments
+
+    def check_modified(self, file_path, file_stat, state):
+        if state is None or len(state) != 4:
+            return True
+        if stat_key(file_stat) == state[:3]:
+            return False
+        return self.hashes.sha256(file_path, file_stat) != state[3]
+
+    def get_state(self, dep, current_state):
+        stat = os.stat(dep)
+        key = stat_key(stat)
+        if current_state and current_state[:3] == key:
+            return None
+        return [*key, self.hashes.sha256(dep, stat)]
+
+
+class BuildReporter(ConsoleReporter):
+    """doit's console output, plus `artifacts/build-report.json` and a summary at the end of every run."""
+
+    project: Project  # set on a per-project subclass
+
+    def initialize(self, tasks, selected_tasks):
+        super().initialize(tasks, selected_tasks)
+        self.path = self.project.artifacts / "build-report.json"
+        try:
+            self.entries: dict[str, dict[str, Any]] = json.loads(self.path.read_text())["tasks"]
+        except (OSError, ValueError, KeyError):
+            self.entries = {}
+        self.started: dict[str, float] = {}
+
+    def execute_task(self, task):
+        super().execute_task(task)
+        self.started[task.name] = time.monotonic()
+
+    def add_success(self, task):
+        super().add_success(task)
+        if ":" in task.name and task.values.get("status"):
+            self.entries[task.name] = {k: v for k, v in task.values.items() if not k.startswith("_")}
+
+    def add_failure(self, task, fail):
+        super().add_failure(task, fail)
+        if ":" in task.name:
+            seconds = time.monotonic() - self.started.get(task.name, time.monotonic())
+            self.entries[task.name] = {"status": "failed", "reason": fail.get_msg().strip(),
+                                       "seconds": round(seconds, 3)}
+
+    def skip_uptodate(self, task):
+        super().skip_uptodate(task)
+        if ":" in task.name:
+            self.entries[task.name] = {**self.entries.get(task.name, {}), "status": "up-to-date"}
+
+    def complete_run(self):
+        for name, reason in self.project.skipped().items():
+            self.entries[name] = {"status": "skipped", "reason": reason}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = self.path.with_name(f".build-report.{os.getpid()}.tmp")
+        temporary.write_text(json.dumps({"format": RULES_FORMAT, "tasks": dict(sorted(self.entries.items()))},
+                                        indent=2) + "\n")
+        os.replace(temporary, self.path)
+        counts = Counter(entry["status"] for entry in self.entries.values())
+        ran = sorted((e.get("seconds", 0), n) for n, e in self.entries.items() if n in self.started)[::-1][:3]
+        slowest = ", ".join(f"{name} {seconds:.1f} s" for seconds, name in ran)
+        self.write(f"summary: {', '.join(f'{n} {s}' for s, n in sorted(counts.items()))}"
+                   f"{f'; slowest: {slowest}' if slowest else ''}\n")
+        super().complete_run()
+
+
 class Project:
     """A loaded manifest with everything task creation needs, computed once."""
 
@@ -105,6 +200,7 @@ class Project:
         self.root = self.manifest.root
         self.rel = _Relative(Path.cwd())
         self.artifacts = self.root / "artifacts"
+        self.workspace = Workspace(self.artifacts, *cache_location(self.manifest.cache))
         state = self.artifacts / ".state"
         self.builds = plan(self.manifest)
         self.groups = plan_groups(self.manifest)
@@ -139,8 +235,10 @@ class Project:
                    for name in self.task_names(b)]
         if self.unavailable:
             default.append("unavailable")
+        checker = type("ProjectHashChecker", (HashChecker,), {"hashes": FileHashes(self.artifacts / ".state")})
+        reporter = type("ProjectBuildReporter", (BuildReporter,), {"project": self})
         return {"backend": "sqlite3", "dep_file": ".doit.db", "verbosity": 2, "subtasks": True,
-                "default_tasks": default}
+                "default_tasks": default, "check_file_uptodate": checker, "reporter": reporter}
 
     def compile_tasks(self) -> Iterator[Task]:
         yield {"basename": "compile", "name": None, "doc": "compile every model for each of its targets"}
@@ -156,7 +254,7 @@ class Project:
             inputs = [build.model.path, *self.external[build.model.name], *target.option_files.values()]
             yield {
                 "basename": "compile", "name": build.name, "doc": f"{doc} -> {rel(out_dir)}/",
-                "actions": [(run_compile, [build, str(self.artifacts)])],
+                "actions": [(run_compile, [build, self.workspace, self.external[build.model.name]])],
                 "file_dep": [rel(path) for path in inputs],
                 "targets": [rel(out_dir / name) for name in build.output_names],
                 "uptodate": [config_changed(compile_config(build, self.root))],
@@ -180,12 +278,13 @@ class Project:
             extra = [p for p in (settings.inputs, settings.reference) if p]
             inputs = [*(out_dir / name for name in build.output_names), build.model.path,
                       *self.external[build.model.name], *extra]
+            config = validate_config(build, self.root)
             yield {
                 "basename": "validate", "name": build.name, "doc": doc,
-                "actions": [(run_validate, [build, str(self.artifacts)])],
+                "actions": [(run_validate, [build, self.workspace, config, [build.model.path, *extra]])],
                 "file_dep": [rel(path) for path in inputs],
                 "targets": [rel(out_dir / REPORT)],
-                "uptodate": [config_changed(validate_config(build, self.root))],
+                "uptodate": [config_changed(config)],
             }
         yield from self.group_validate_tasks()
 
@@ -205,7 +304,8 @@ class Project:
             inputs = [p for m in group.members for p in (m.path, *self.external[m.name])]
             yield {
                 "basename": "group", "name": group.name, "doc": f"{doc} -> {rel(out_dir)}/",
-                "actions": [(run_group, [group, str(self.artifacts)])],
+                "actions": [(run_group, [group, self.workspace, {m.name: self.external[m.name]
+                                                                 for m in group.members}])],
                 "file_dep": [rel(path) for path in [*inputs, *target.option_files.values()]],
                 "targets": [rel(out_dir / name) for name in group.output_names],
                 "uptodate": [config_changed(group_config(group, self.root))],
@@ -225,12 +325,14 @@ class Project:
                 continue
             extra = [p for v in group.validations for p in (v.inputs, v.reference) if p]
             inputs = [*(out_dir / name for name in group.output_names), *(m.path for m in group.members), *extra]
+            config = group_validate_config(group, self.root)
+            sources = [m.path for m in group.members]
             yield {
                 "basename": "validate", "name": group.name, "doc": doc,
-                "actions": [(run_group_validate, [group, str(self.artifacts)])],
+                "actions": [(run_group_validate, [group, self.workspace, config, [*sources, *extra]])],
                 "file_dep": [rel(path) for path in inputs],
                 "targets": [rel(out_dir / REPORT)],
-                "uptodate": [config_changed(group_validate_config(group, self.root))],
+                "uptodate": [config_changed(config)],
             }
 
     def unavailable_task(self) -> Iterator[Task]:

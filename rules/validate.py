@@ -11,15 +11,18 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from . import RULES_FORMAT
+from .cache import Workspace
 from .child import run_child, serve
 from .compile import static_dims
 from .eps import lookup
 from .errors import BuildError
 from .manifest import ModelSpec
+from .publish import discard
 from .targets import SIDECAR, Build, ResolvedTarget, ValidationSettings
 
 REPORT = "validation.json"
@@ -96,6 +99,29 @@ def validate_build(build: Build, artifacts: Path) -> dict[str, Any]:
               "mode": settings.mode, "seconds": round(time.monotonic() - started, 3), **report}
     write_report(folder, report)
     return report
+
+
+def cached_validation(fingerprint: str, workspace: Workspace, folder: Path,
+                      produce: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any], bool]:
+    """A passed report for this exact artifact, settings and host restored from the cache, or `produce()`;
+    returns (report, restored). Only passed reports are stored: a failure or a skip is worth re-checking."""
+    cache = workspace.cache
+    with cache.lock(fingerprint):
+        scratch = workspace.artifacts / ".scratch" / f"validation.{fingerprint[:16]}.{os.getpid()}"
+        try:
+            if cache.restore(fingerprint, scratch) == [REPORT]:
+                report = {**json.loads((scratch / REPORT).read_text()), "restored_from_cache": True}
+                write_report(folder, report)
+                return report, True
+            discard(scratch)
+            report = produce()
+            if report["status"] == "passed":
+                scratch.mkdir(parents=True)
+                write_report(scratch, report)
+                cache.store(fingerprint, scratch, [REPORT])
+            return report, False
+        finally:
+            discard(scratch)
 
 
 def summary(report: dict[str, Any]) -> str:

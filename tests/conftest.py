@@ -27,7 +27,8 @@ class Project:
         state.mkdir(parents=True)
         if host_cache.exists():
             shutil.copy(host_cache, state / "host.json")
-        self.env = {**os.environ, "PYTHONPATH": str(REPO)}
+        self.cache = root.with_name(f"{root.name}-cache")
+        self.env = {**os.environ, "PYTHONPATH": str(REPO), "EPBUILD_CACHE_DIR": str(self.cache)}
 
     @property
     def artifacts(self) -> Path:

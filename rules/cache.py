@@ -1,0 +1,153 @@
+"""A content-addressed artifact cache that many builders and machines can share.
+
+An entry is a folder of output files named by the fingerprint of everything that shapes them, with `entry.json`
+recording every file's sha256. Entries are written under a temporary name and renamed into place, and a
+`filelock` per fingerprint makes concurrent builders (doit -n, several CI jobs) wait for each other instead of
+compiling the same fingerprint twice. A restore verifies every file; a corrupted or tampered entry is evicted
+with a warning and the caller rebuilds. With a size cap, least-recently-used entries are evicted.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from filelock import FileLock
+
+from .hashing import FileHashes
+from .manifest import CacheSpec
+
+ENTRY = "entry.json"
+
+
+def default_dir() -> Path:
+    """The per-user default: $XDG_CACHE_HOME/epbuild or ~/.cache/epbuild."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "epbuild"
+
+
+def cache_location(spec: CacheSpec) -> tuple[Path, int | None]:
+    """(folder, size cap in bytes): EPBUILD_CACHE_DIR, else `[cache] dir`, else the per-user default."""
+    folder = os.environ.get("EPBUILD_CACHE_DIR") or spec.dir or default_dir()
+    cap = int(spec.max_size_mb * 1024 * 1024) if spec.max_size_mb else None
+    return Path(folder).absolute(), cap
+
+
+class ArtifactCache:
+    def __init__(self, folder: Path, hashes: FileHashes, max_bytes: int | None = None):
+        self.folder, self.hashes, self.max_bytes = folder, hashes, max_bytes
+
+    def _entry(self, fingerprint: str) -> Path:
+        return self.folder / "entries" / fingerprint[:2] / fingerprint
+
+    @contextmanager
+    def lock(self, fingerprint: str) -> Iterator[None]:
+        """Held while looking up, building and storing one fingerprint."""
+        locks = self.folder / "locks"
+        locks.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(locks / f"{fingerprint}.lock")):
+            yield
+
+    def restore(self, fingerprint: str, destination: Path) -> list[str] | None:
+        """Put the entry's files into `destination` (hard links where possible); None on a miss.
+
+        Every file is checked against the sha256 recorded when it was stored; any mismatch evicts the entry."""
+        entry = self._entry(fingerprint)
+        try:
+            recorded = json.loads((entry / ENTRY).read_text())["files"]
+        except (OSError, ValueError, KeyError):
+            if entry.exists():
+                self._evict(entry, "its entry.json is unreadable")
+            return None
+        for name, digest in recorded.items():
+            path = entry / "files" / name
+            try:
+                actual = self.hashes.sha256(path)
+            except OSError:
+                actual = "missing"
+            if actual != digest:
+                self._evict(entry, f"{name} does not match its recorded sha256")
+                return None
+        destination.mkdir(parents=True, exist_ok=True)
+        for name in recorded:
+            source, target = entry / "files" / name, destination / name
+            try:
+                os.link(source, target)
+            except OSError:
+                shutil.copy2(source, target)
+        os.utime(entry)  # recency for least-recently-used eviction
+        return sorted(recorded)
+
+    def store(self, fingerprint: str, source: Path, names: list[str]) -> None:
+        """Copy `names` from `source` into a new entry, atomically; an existing entry is kept."""
+        entry = self._entry(fingerprint)
+        if entry.exists():
+            return
+        staging_root = self.folder / "tmp"
+        staging_root.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f"{fingerprint[:16]}.", dir=staging_root))
+        try:
+            (staging / "files").mkdir()
+            files = {}
+            for name in names:
+                shutil.copy2(source / name, staging / "files" / name)
+                files[name] = self.hashes.sha256(staging / "files" / name)
+            (staging / ENTRY).write_text(json.dumps({"files": files, "stored": time.time()}, indent=1))
+            entry.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(staging, entry)
+        except OSError:
+            shutil.rmtree(staging, ignore_errors=True)
+            if not entry.exists():
+                raise
+        self._enforce_cap()
+
+    def _evict(self, entry: Path, why: str) -> None:
+        print(f"warning: cache entry {entry.name[:16]} evicted: {why}; rebuilding", file=sys.stderr)
+        doomed = self.folder / "tmp" / f"evicted.{entry.name}.{os.getpid()}"
+        doomed.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.replace(entry, doomed)
+        except OSError:
+            return
+        shutil.rmtree(doomed, ignore_errors=True)
+
+    def _enforce_cap(self) -> None:
+        if self.max_bytes is None:
+            return
+        entries = []
+        for entry in (self.folder / "entries").glob("*/*"):
+            size = sum(p.stat().st_size for p in entry.rglob("*") if p.is_file())
+            entries.append((entry.stat().st_mtime, size, entry))
+        total = sum(size for _, size, _ in entries)
+        for _, size, entry in sorted(entries):
+            if total <= self.max_bytes:
+                break
+            shutil.rmtree(entry, ignore_errors=True)
+            total -= size
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """Where tasks write: the artifacts folder and the cache. Plain data, so it travels to doit's workers;
+    the hash memory and the cache are opened once per process on first use."""
+
+    artifacts: Path
+    cache_dir: Path
+    cache_max_bytes: int | None
+
+    @functools.cached_property
+    def hashes(self) -> FileHashes:
+        return FileHashes(self.artifacts / ".state")
+
+    @functools.cached_property
+    def cache(self) -> ArtifactCache:
+        return ArtifactCache(self.cache_dir, self.hashes, self.cache_max_bytes)

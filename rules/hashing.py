@@ -1,0 +1,63 @@
+"""Content hashes (sha256) remembered per (path, size, mtime_ns, inode): an unchanged file is never hashed twice.
+
+The memory is an append-only JSON-lines file in `artifacts/.state/`, so it survives a doit run that was killed
+and is shared by concurrent builders (each appended line is one small write). doit's file checker uses it too
+(`rules.tasks`): after a fresh clone doit's own md5 checker re-hashes every file on every run, this one once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+CHUNK = 1 << 20
+
+
+def sha256_file(path: str | Path) -> str:
+    """Chunked, so memory stays flat for multi-GB models."""
+    digest = hashlib.sha256()
+    buffer = bytearray(CHUNK)
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as handle:
+        while count := handle.readinto(buffer):
+            digest.update(view[:count])
+    return digest.hexdigest()
+
+
+def stat_key(stat: os.stat_result) -> list[int]:
+    return [stat.st_size, stat.st_mtime_ns, stat.st_ino]
+
+
+class FileHashes:
+    """sha256 by file identity; `hashed` counts the files actually read in this process."""
+
+    def __init__(self, state_dir: Path):
+        self.log = state_dir / "hashes.jsonl"
+        self.known: dict[str, tuple[list[int], str]] = {}
+        self.hashed = 0
+        try:
+            with open(self.log, encoding="utf-8") as handle:
+                for line in handle:
+                    try:
+                        path, key, digest = json.loads(line)
+                    except ValueError:
+                        continue  # a line cut short by a killed process
+                    self.known[path] = (key, digest)
+        except FileNotFoundError:
+            pass
+
+    def sha256(self, path: str | Path, stat: os.stat_result | None = None) -> str:
+        absolute = os.path.abspath(path)
+        key = stat_key(stat or os.stat(absolute))
+        remembered = self.known.get(absolute)
+        if remembered and remembered[0] == key:
+            return remembered[1]
+        digest = sha256_file(absolute)
+        self.hashed += 1
+        self.known[absolute] = (key, digest)
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps([absolute, key, digest]) + "\n")
+        return digest
