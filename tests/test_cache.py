@@ -1,0 +1,168 @@
+"""The shared artifact cache, the hash memory and the build report, across clones, processes and kills."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from conftest import Project, ran
+from helpers import perturb_weights, tree_bytes
+
+MANIFEST = """
+[models.tinycnn]
+path = "models/tinycnn.onnx"
+
+[models.encoder]
+path = "models/encoder.onnx"
+
+[models.dynbatch]
+path = "models/dynbatch.onnx"
+inputs = { x = [1, 3, 32, 32] }
+
+[targets.cpu]
+ep = "cpu"
+
+[targets.qnn-htp]
+ep = "qnn"
+options = { soc_model = 60 }
+"""
+COMPILES = {f"compile:{m}@{t}" for m in ("tinycnn", "encoder", "dynbatch") for t in ("cpu", "qnn-htp")}
+
+
+def clone(tmp_path, host_cache, name: str, cache) -> Project:
+    (tmp_path / name).mkdir()
+    project = Project(tmp_path / name, host_cache)
+    project.env["EPBUILD_CACHE_DIR"] = str(cache)
+    project.manifest(MANIFEST)
+    return project
+
+
+def statuses(project: Project) -> dict[str, str]:
+    report = json.loads((project.artifacts / "build-report.json").read_text())["tasks"]
+    return {name: entry["status"] for name, entry in report.items()}
+
+
+def test_fresh_clone_compiles_only_the_changed_model_and_restores_the_rest(tmp_path, host_cache):
+    cache = tmp_path / "shared-cache"
+    first = clone(tmp_path, host_cache, "a", cache)
+    first.doit()
+    assert {statuses(first)[name] for name in COMPILES} == {"compiled"}
+    second = clone(tmp_path, host_cache, "b", cache)
+    perturb_weights(second.root / "models" / "encoder.onnx", seed=9)
+    done = second.doit()
+    status = statuses(second)
+    assert {name for name in COMPILES if status[name] == "compiled"} == {"compile:encoder@cpu",
+                                                                        "compile:encoder@qnn-htp"}
+    assert {name for name in COMPILES if status[name] == "restored"} == COMPILES - {"compile:encoder@cpu",
+                                                                                   "compile:encoder@qnn-htp"}
+    assert status["validate:tinycnn@qnn-htp"] == "restored" and status["validate:encoder@qnn-htp"] == "validated"
+    assert "restored compile:tinycnn@qnn-htp" in done.stdout
+    a, b = tree_bytes(first.artifacts), tree_bytes(second.artifacts)
+    for name in a:
+        if not name.startswith(("cpu/encoder", "qnn-htp/encoder")):
+            assert a[name] == b[name], name
+    report = json.loads((second.artifacts / "build-report.json").read_text())["tasks"]
+    entry = report["compile:tinycnn@qnn-htp"]
+    assert len(entry["fingerprint"]) == 64 and {f["name"] for f in entry["files"]} == {
+        "artifact.json", "tinycnn.onnx", "tinycnn_qnn.bin"}
+    assert "summary: " in done.stdout and "compiled" in done.stdout.split("summary: ")[1]
+
+
+def test_a_corrupted_cache_entry_is_evicted_with_a_warning_and_rebuilt(tmp_path, host_cache):
+    cache = tmp_path / "shared-cache"
+    first = clone(tmp_path, host_cache, "a", cache)
+    first.doit()
+    fingerprint = json.loads((first.artifacts / "build-report.json").read_text())["tasks"][
+        "compile:tinycnn@qnn-htp"]["fingerprint"]
+    entry = cache / "entries" / fingerprint[:2] / fingerprint / "files" / "tinycnn_qnn.bin"
+    data = bytearray(entry.read_bytes())
+    data[100] ^= 0xFF
+    entry.write_bytes(bytes(data))  # the artifact of clone a is a hard link to it and changes too
+    second = clone(tmp_path, host_cache, "b", cache)
+    done = second.doit()
+    assert f"warning: cache entry {fingerprint[:16]} evicted: tinycnn_qnn.bin does not match its recorded sha256" \
+        in done.stderr
+    assert statuses(second)["compile:tinycnn@qnn-htp"] == "compiled"
+    assert statuses(second)["validate:tinycnn@qnn-htp"] != "failed"
+    third = clone(tmp_path, host_cache, "c", cache)
+    third.doit()
+    assert statuses(third)["compile:tinycnn@qnn-htp"] == "restored"
+
+
+def test_a_toolchain_version_change_misses_the_cache(tmp_path, host_cache):
+    cache = tmp_path / "shared-cache"
+    clone(tmp_path, host_cache, "a", cache).doit()
+    second = clone(tmp_path, host_cache, "b", cache)
+    shadow = tmp_path / "shadow" / "onnxruntime_qnn-2.7.1.dist-info"
+    shadow.mkdir(parents=True)
+    (shadow / "METADATA").write_text("Metadata-Version: 2.1\nName: onnxruntime-qnn\nVersion: 2.7.1\n")
+    second.env["PYTHONPATH"] = os.pathsep.join([str(shadow.parent), second.env["PYTHONPATH"]])
+    second.doit()
+    status = statuses(second)
+    assert {status[f"compile:{m}@qnn-htp"] for m in ("tinycnn", "encoder", "dynbatch")} == {"compiled"}
+    assert {status[f"compile:{m}@cpu"] for m in ("tinycnn", "encoder", "dynbatch")} == {"restored"}
+
+
+def test_two_doit_processes_at_once_compile_each_fingerprint_at_most_once(tmp_path, host_cache):
+    project = clone(tmp_path, host_cache, "a", tmp_path / "shared-cache")
+    command = [sys.executable, "-m", "doit", "-n", "2", "-P", "process"]
+    runs = [subprocess.Popen(command, cwd=project.root, env=project.env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outputs = [run.communicate(timeout=600) for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], outputs
+    for name in COMPILES:
+        compiled = sum(out.count(f"compiled {name}:") for out, _ in outputs)
+        restored = sum(out.count(f"restored {name}:") for out, _ in outputs)
+        assert compiled == 1 and compiled + restored <= 2, (name, outputs)
+    for name in COMPILES:
+        model, target = name[len("compile:"):].split("@")
+        assert json.loads((project.artifacts / target / model / "validation.json").read_text())["status"] == "passed"
+    assert ran(project.doit()) <= {"unavailable"}
+
+
+def test_a_killed_doit_run_restores_finished_work_on_rerun(tmp_path, host_cache):
+    project = clone(tmp_path, host_cache, "a", tmp_path / "shared-cache")
+    run = subprocess.Popen([sys.executable, "-m", "doit"], cwd=project.root, env=project.env,
+                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    finished = []
+    for line in run.stdout:
+        if line.startswith("compiled "):
+            finished.append(line.split()[1].rstrip(":"))
+            if len(finished) == 2:
+                break
+    os.killpg(run.pid, signal.SIGKILL)
+    run.wait()
+    time.sleep(0.2)
+    done = project.doit()
+    assert len(finished) == 2
+    for task in finished:
+        assert f"restored {task}:" in done.stdout and f"compiled {task}:" not in done.stdout
+
+
+def test_no_op_run_hashes_nothing_and_a_touched_tree_is_hashed_once(tmp_path, host_cache):
+    project = clone(tmp_path, host_cache, "a", tmp_path / "shared-cache")
+    project.doit()
+    log = project.artifacts / ".state" / "hashes.jsonl"
+    lines = len(log.read_text().splitlines())
+    assert ran(project.doit()) <= {"unavailable"}
+    assert len(log.read_text().splitlines()) == lines
+    for path in [*(project.root / "models").glob("*.onnx"), *project.artifacts.rglob("*.onnx")]:
+        os.utime(path, (time.time() + 5, time.time() + 5))  # as after a fresh clone: new mtimes, same bytes
+    assert ran(project.doit()) <= {"unavailable"}
+    touched = len(log.read_text().splitlines())
+    assert touched > lines
+    assert ran(project.doit()) <= {"unavailable"}
+    assert len(log.read_text().splitlines()) == touched
+
+
+def test_cache_size_cap_evicts_least_recently_used_entries(tmp_path, host_cache):
+    project = clone(tmp_path, host_cache, "a", tmp_path / "shared-cache")
+    project.manifest(MANIFEST + "\n[cache]\nmax_size_mb = 0.2\n")
+    project.doit()
+    entries = list((tmp_path / "shared-cache" / "entries").glob("*/*"))
+    size = sum(p.stat().st_size for e in entries for p in e.rglob("*") if p.is_file())
+    assert size <= 0.2 * 1024 * 1024 and entries
