@@ -109,8 +109,13 @@ def _validated(task: str, report: dict[str, Any], restored: bool, fingerprint: s
     return {"status": status, "fingerprint": fingerprint, "validation": line, "seconds": report["seconds"]}
 
 
-def refuse_unavailable(task: str, reason: str) -> TaskFailed:
-    return TaskFailed(f"{task} cannot be built on this host: {reason}")
+def refuse_unavailable(task: str, reason: str) -> TaskFailed | dict[str, str]:
+    """Asked for by name, a task this host cannot build fails; reached through `doit compile` or `doit validate`
+    it is skipped with its reason, like in the default run."""
+    if task in sys.argv[1:]:
+        return TaskFailed(f"{task} cannot be built on this host: {reason}")
+    print(f"skipped {task}: {reason}")
+    return {"status": "skipped", "reason": reason}
 
 
 def report_unavailable(reasons: dict[str, str]) -> None:
@@ -154,6 +159,7 @@ class BuildReporter(ConsoleReporter):
         except (OSError, ValueError, KeyError):
             self.entries = {}
         self.started: dict[str, float] = {}
+        self.uptodate: set[str] = set()
 
     def execute_task(self, task):
         super().execute_task(task)
@@ -173,19 +179,24 @@ class BuildReporter(ConsoleReporter):
 
     def skip_uptodate(self, task):
         super().skip_uptodate(task)
+        self.uptodate.add(task.name)
         if ":" in task.name:
             self.entries[task.name] = {**self.entries.get(task.name, {}), "status": "up-to-date"}
 
     def complete_run(self):
-        for name, reason in self.project.skipped().items():
-            self.entries[name] = {"status": "skipped", "reason": reason}
+        seen = set(self.started) | self.uptodate
+        if "unavailable" in seen:  # the default run: tasks this host cannot build were skipped
+            for name, reason in self.project.skipped().items():
+                self.entries[name] = {"status": "skipped", "reason": reason}
+                seen.add(name)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         temporary = self.path.with_name(f".build-report.{os.getpid()}.tmp")
         temporary.write_text(json.dumps({"format": RULES_FORMAT, "tasks": dict(sorted(self.entries.items()))},
                                         indent=2) + "\n")
         os.replace(temporary, self.path)
-        counts = Counter(entry["status"] for entry in self.entries.values())
-        ran = sorted((e.get("seconds", 0), n) for n, e in self.entries.items() if n in self.started)[::-1][:3]
+        counts = Counter(entry["status"] for name, entry in self.entries.items() if name in seen)
+        ran = sorted((e["seconds"], n) for n, e in self.entries.items()
+                     if n in self.started and e.get("seconds") and e["status"] != "skipped")[::-1][:3]
         slowest = ", ".join(f"{name} {seconds:.1f} s" for seconds, name in ran)
         self.write(f"summary: {', '.join(f'{n} {s}' for s, n in sorted(counts.items()))}"
                    f"{f'; slowest: {slowest}' if slowest else ''}\n")
