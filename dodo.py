@@ -12,6 +12,10 @@ project = load_project(Path(__file__).parent / os.environ.get("EPBUILD_MANIFEST"
 DOIT_CONFIG = project.doit_config()
 
 
+def task_stages():
+    yield from project.stage_tasks()
+
+
 def task_compile():
     yield from project.compile_tasks()
 

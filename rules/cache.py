@@ -16,15 +16,17 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from filelock import FileLock
 
+from .errors import BuildError
 from .hashing import FileHashes
 from .manifest import CacheSpec
+from .publish import discard, publish, scratch_dir
 
 ENTRY = "entry.json"
 
@@ -151,3 +153,28 @@ class Workspace:
     @functools.cached_property
     def cache(self) -> ArtifactCache:
         return ArtifactCache(self.cache_dir, self.hashes, self.cache_max_bytes)
+
+
+def cached_folder(label: str, fingerprint: str, workspace: Workspace, final: Path, expected: list[str],
+                  produce: Callable[[Path], None]) -> bool:
+    """Restore `fingerprint` from the cache, or run `produce(scratch)` and store its outputs; then publish the
+    folder atomically; True when restored. The fingerprint's lock is held throughout, so two builders never
+    produce it twice, and a failure leaves neither the scratch folder nor an older `final` behind."""
+    cache = workspace.cache
+    with cache.lock(fingerprint):
+        scratch = scratch_dir(workspace.artifacts, label.replace(":", ".").replace("@", ".").replace("[", "."))
+        try:
+            restored = cache.restore(fingerprint, scratch) == expected
+            if not restored:
+                discard(scratch)
+                scratch.mkdir()
+                produce(scratch)
+                produced = sorted(p.name for p in scratch.iterdir())
+                if produced != expected:
+                    raise BuildError(f"{label}: wrote {produced}, expected {expected}")
+                cache.store(fingerprint, scratch, expected)
+            publish(scratch, final)
+        except BaseException:
+            discard(scratch, final)
+            raise
+    return restored

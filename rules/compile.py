@@ -18,14 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from . import RULES_FORMAT
-from .cache import Workspace
+from .cache import Workspace, cached_folder
 from .child import run_child, serve
 from .eps import lookup
-from .errors import BuildError
 from .fingerprint import compile_fingerprint
 from .host import toolchain_versions
 from .manifest import ModelSpec
-from .publish import discard, publish, scratch_dir
 from .targets import SIDECAR, Build, ResolvedTarget
 
 COMPILE_TIMEOUT_S = 3600
@@ -47,33 +45,19 @@ class Compiled:
 
 def cached_compile(label: str, fingerprint: str, workspace: Workspace, final: Path, expected: list[str],
                    produce: Callable[[Path], None]) -> Compiled:
-    """Restore `fingerprint` from the cache, or run `produce(scratch)` and store its outputs; then publish the
-    folder atomically. The fingerprint's lock is held throughout, so two builders never compile it twice."""
+    """`cached_folder`, then what the published sidecar says about nodes, and every file's size and sha256."""
     started = time.monotonic()
-    hashes, cache = workspace.hashes, workspace.cache
-    with cache.lock(fingerprint):
-        scratch = scratch_dir(workspace.artifacts, label.replace(":", ".").replace("@", "."))
-        try:
-            restored = cache.restore(fingerprint, scratch) == expected
-            if not restored:
-                discard(scratch)
-                scratch.mkdir()
-                produce(scratch)
-                produced = sorted(p.name for p in scratch.iterdir())
-                if produced != expected:
-                    raise BuildError(f"{label}: the compile wrote {produced}, expected {expected}")
-                cache.store(fingerprint, scratch, expected)
-            recorded = json.loads((scratch / SIDECAR).read_text())
-            publish(scratch, final)
-        except BaseException:
-            discard(scratch, final)
-            raise
-    files = [{"name": name, "size": (final / name).stat().st_size, "sha256": hashes.sha256(final / name)}
-             for name in expected]
+    restored = cached_folder(label, fingerprint, workspace, final, expected, produce)
+    recorded = json.loads((final / SIDECAR).read_text())
     per_model = [recorded["nodes"]] if "nodes" in recorded else [m["nodes"] for m in recorded["members"].values()]
     nodes = {key: sum(n[key] for n in per_model) for key in per_model[0]}
-    return Compiled(label, "restored" if restored else "compiled", fingerprint, final, files,
-                    time.monotonic() - started, nodes)
+    return Compiled(label, "restored" if restored else "compiled", fingerprint, final,
+                    file_records(final, expected, workspace), time.monotonic() - started, nodes)
+
+
+def file_records(folder: Path, names: list[str], workspace: Workspace) -> list[dict[str, Any]]:
+    return [{"name": name, "size": (folder / name).stat().st_size, "sha256": workspace.hashes.sha256(folder / name)}
+            for name in names]
 
 
 def compile_build(build: Build, workspace: Workspace, external: list[Path]) -> Compiled:

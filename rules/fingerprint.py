@@ -15,13 +15,16 @@ import json
 import os
 import platform
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import RULES_FORMAT
 from .hashing import FileHashes
-from .host import toolchain_versions
+from .host import package_version, toolchain_versions
 from .manifest import ModelSpec
 from .targets import Build, GroupBuild, ResolvedTarget
+
+if TYPE_CHECKING:  # rules.stages uses these fingerprints
+    from .stages import Stage
 
 
 @functools.cache
@@ -134,3 +137,16 @@ def validation_fingerprint(artifact_files: list[Path], config: dict[str, Any], e
                     "settings": {k: v for k, v in config.items() if k not in ("inputs", "reference")},
                     "files": sorted(hashes.sha256(path) for path in extra_files),
                     "host": {"machine": platform.machine(), "cpu_flags": _cpu_flags()}})
+
+
+def stage_config(stage: Stage) -> dict[str, Any]:
+    return {"rules_format": RULES_FORMAT, "stage": stage.kind, "flavour": stage.flavour, "settings": stage.settings,
+            "versions": {p: package_version(p) for p in ("onnxruntime", "onnx")}}
+
+
+def stage_fingerprint(stage: Stage, external: list[Path], hashes: FileHashes) -> str:
+    """The stage's input bytes (external data too), calibration samples, settings and tool versions."""
+    return _digest({"kind": "stage", **stage_config(stage), "model": stage.model, "input": {
+        "file": stage.input.name, "sha256": hashes.sha256(stage.input),
+        "external": {p.relative_to(stage.input.parent).as_posix(): hashes.sha256(p) for p in external}},
+        "calibration": [hashes.sha256(p) for p in stage.calibration]})

@@ -24,22 +24,38 @@ TOP_KEYS = ("models", "targets", "groups", "cache")
 CACHE_KEYS = ("dir", "max_size_mb")
 GROUP_KEYS = ("target", "models")
 RESERVED_MODEL_NAMES = ("groups",)  # artifacts/<target>/groups/ holds shared-context groups
-MODEL_KEYS = ("path", "inputs", "targets", "validation")
+MODEL_KEYS = ("path", "inputs", "targets", "validation", "optimize", "quantize", "squash")
 TARGET_KEYS = ("ep", "device", "compiler", "embed", "options", "option_files", "extends", "optimization_level",
-               "validate", "validation")
+               "validate", "validation", "quantized")
+QUANTIZE_KEYS = ("calibration", "activation_type", "weight_type", "per_channel")
+QUANT_TYPES = ("uint8", "int8", "uint16", "int16")
 THRESHOLDS = ("max_abs_error", "mean_abs_error", "max_rel_error", "min_cosine", "min_snr_db")
 VALIDATION_KEYS = ("inputs", "reference", "timeout_s", *THRESHOLDS)
 
 
 @dataclass(frozen=True)
+class QuantizeSpec:
+    """`quantize = {...}`: static QDQ quantization; `calibration` None means the fixed-seed random set."""
+
+    calibration: tuple[Path, ...] | None
+    activation_type: str
+    weight_type: str
+    per_channel: bool
+
+
+@dataclass(frozen=True)
 class ModelSpec:
-    """A source model as declared: `path` is absolute, `inputs` fixes symbolic dimensions."""
+    """A model as declared: `path` is absolute, `inputs` fixes symbolic dimensions, and the optional stages
+    before compile (`optimize`, `quantize`, `squash`)."""
 
     name: str
     path: Path
     inputs: dict[str, tuple[int, ...]]
     targets: tuple[str, ...]
     validation: dict[str, Any]
+    optimize: str | None = None
+    quantize: QuantizeSpec | None = None
+    squash: bool = False
 
 
 @dataclass(frozen=True)
@@ -56,6 +72,7 @@ class TargetSpec:
     optimization_level: str | None
     validate: str  # "run", "structural" or "off"
     validation: dict[str, Any]
+    quantized: bool  # consume the quantized variant of models that declare `quantize`
 
 
 @dataclass(frozen=True)
@@ -240,7 +257,27 @@ def _model(table: _Reader, name: str, targets: dict[str, TargetSpec]) -> ModelSp
             valid = ", ".join(targets) or "none declared"
             table.fail(f"unknown target {target!r}{closest(str(target), targets)}; declared targets: {valid}",
                        f"targets[{index}]")
-    return ModelSpec(name, model_path, inputs, tuple(wanted), _validation(table.child("validation"), model=True))
+    return ModelSpec(name, model_path, inputs, tuple(wanted), _validation(table.child("validation"), model=True),
+                     optimize=table.choice("optimize", ("basic", "extended")),
+                     quantize=_quantize(table) if "quantize" in table.table else None,
+                     squash=table.get("squash", bool, False))
+
+
+def _quantize(model: _Reader) -> QuantizeSpec:
+    table = model.child("quantize")
+    table.only(QUANTIZE_KEYS)
+    calibration = table.get("calibration", str, required=True)
+    files: tuple[Path, ...] | None = None
+    if calibration != "random":
+        folder = table.file.parent / calibration
+        if not folder.is_dir():
+            table.fail(f"calibration folder not found: {folder} (a folder of .npz files, one sample each, or "
+                       f"\"random\" for a fixed-seed smoke-test set)", "calibration")
+        files = tuple(sorted(p.resolve() for p in folder.glob("*.npz")))
+        if not files:
+            table.fail(f"calibration folder {folder} holds no .npz files", "calibration")
+    return QuantizeSpec(files, table.choice("activation_type", QUANT_TYPES, "uint8"),
+                        table.choice("weight_type", QUANT_TYPES, "uint8"), table.get("per_channel", bool, False))
 
 
 def _validation(table: _Reader, model: bool) -> dict[str, Any]:
@@ -306,6 +343,7 @@ def _target(targets: _Reader, name: str) -> TargetSpec:
         optimization_level=table.choice("optimization_level", ("basic", "extended", "all")),
         validate=_validate_mode(table),
         validation=_validation(table.child("validation"), model=False),
+        quantized=table.get("quantized", bool, False),
     )
 
 

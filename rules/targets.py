@@ -15,6 +15,7 @@ from typing import Any
 from .eps import DEVICES, REGISTRY, SOURCES, EpInfo, lookup, valid_ep_names
 from .errors import UserError, closest
 from .manifest import GroupSpec, Manifest, ModelSpec, TargetSpec
+from .stages import Stage, stage_chain
 
 SIDECAR = "artifact.json"
 CPU_DEFAULT_LEVEL = "extended"  # portable across CPUs; "all" adds layout transforms tied to this host's ISA
@@ -34,6 +35,14 @@ class ResolvedTarget:
     options: dict[str, str]
     option_files: dict[str, Path]
     optimization_level: str | None
+    quantized: bool = False
+
+    @property
+    def quantize_flavour(self) -> str | None:
+        """Which quantized variant this target consumes: QNN's own QDQ configuration or the generic one."""
+        if not self.quantized:
+            return None
+        return "qnn" if self.ep.alias == "qnn" else "generic"
 
     @property
     def is_cpu(self) -> bool:
@@ -62,11 +71,16 @@ class ValidationSettings:
 
 @dataclass(frozen=True)
 class Build:
-    """One compile: a model for a target, and how its artifact is validated."""
+    """One compile: a model for a target, and how its artifact is validated.
+
+    `model` is what the compile consumes: the declared model, or the output of its last stage (`stages`);
+    `float_model` is the float model before quantization, for the validation report's information."""
 
     model: ModelSpec
     target: ResolvedTarget
     validation: ValidationSettings
+    stages: tuple[Stage, ...] = ()
+    float_model: Path | None = None
 
     @property
     def name(self) -> str:
@@ -162,6 +176,7 @@ def resolve_target(spec: TargetSpec, manifest: Manifest) -> ResolvedTarget:
         name=spec.name, ep=ep, source=source, device=device, compiler=spec.compiler, embed=spec.embed,
         options=dict(sorted(options.items())), option_files=option_files,
         optimization_level=(spec.optimization_level or CPU_DEFAULT_LEVEL) if ep.alias == "cpu" else None,
+        quantized=spec.quantized,
     )
 
 
@@ -175,11 +190,21 @@ def validation_settings(model: ModelSpec, target: TargetSpec) -> ValidationSetti
                               merged.get("timeout_s", VALIDATION_TIMEOUT_S))
 
 
+def artifacts_dir(manifest: Manifest) -> Path:
+    return manifest.root / "artifacts"
+
+
 def plan(manifest: Manifest) -> list[Build]:
-    """Every (model, target) compile the manifest asks for, in manifest order."""
+    """Every (model, target) compile the manifest asks for, in manifest order, with its stages."""
     resolved = {name: resolve_target(spec, manifest) for name, spec in manifest.targets.items()}
-    return [Build(model, resolved[target], validation_settings(model, manifest.targets[target]))
-            for model in manifest.models.values() for target in model.targets]
+    builds = []
+    for model in manifest.models.values():
+        for name in model.targets:
+            target = resolved[name]
+            effective, stages, float_model = stage_chain(model, artifacts_dir(manifest), target.quantize_flavour)
+            builds.append(Build(effective, target, validation_settings(model, manifest.targets[name]), stages,
+                                float_model))
+    return builds
 
 
 @dataclass(frozen=True)
@@ -188,8 +213,9 @@ class GroupBuild:
 
     name: str
     target: ResolvedTarget
-    members: tuple[ModelSpec, ...]
+    members: tuple[ModelSpec, ...]  # what the compile consumes, after each member's stages
     validations: tuple[ValidationSettings, ...]  # per member, as for its standalone build
+    stages: tuple[Stage, ...] = ()
 
     def out_dir(self, artifacts: Path) -> Path:
         return artifacts / self.target.name / "groups" / self.name
@@ -214,9 +240,12 @@ def resolve_group(spec: GroupSpec, manifest: Manifest, target: ResolvedTarget) -
         raise UserError(file, f"{where}.target", f"target '{target.name}' has embed = true; a shared context "
                                                  "must stay in its own file (QNN writes a broken result, OpenVINO "
                                                  "rejects it): use a target with embed = false")
-    members = tuple(manifest.models[name] for name in spec.models)
+    declared = [manifest.models[name] for name in spec.models]
+    chains = [stage_chain(m, artifacts_dir(manifest), target.quantize_flavour) for m in declared]
     target_spec = manifest.targets[target.name]
-    return GroupBuild(spec.name, target, members, tuple(validation_settings(m, target_spec) for m in members))
+    return GroupBuild(spec.name, target, tuple(chain[0] for chain in chains),
+                      tuple(validation_settings(m, target_spec) for m in declared),
+                      tuple(stage for chain in chains for stage in chain[1]))
 
 
 def plan_groups(manifest: Manifest) -> list[GroupBuild]:

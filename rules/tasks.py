@@ -22,15 +22,24 @@ from doit.tools import config_changed
 
 from . import RULES_FORMAT
 from .cache import Workspace, cache_location
-from .compile import Compiled, compile_build
+from .compile import Compiled, compile_build, file_records
 from .errors import BuildError, UserError
 from .external_data import ExternalDataIndex
-from .fingerprint import compile_config, group_config, group_validate_config, validate_config, validation_fingerprint
+from .fingerprint import (
+    compile_config,
+    group_config,
+    group_validate_config,
+    stage_config,
+    validate_config,
+    validation_fingerprint,
+)
 from .groups import compile_group, validate_group
 from .hashing import FileHashes, stat_key
 from .host import capabilities, unavailable_reason
 from .manifest import load
+from .preprocess import run_stage
 from .publish import discard
+from .stages import Stage
 from .targets import Build, GroupBuild, plan, plan_groups
 from .validate import REPORT, cached_validation, summary, validate_build
 
@@ -81,6 +90,20 @@ def run_group(group: GroupBuild, workspace: Workspace, external: dict[str, list[
     names = ", ".join(f["name"] for f in done.files)
     return _compiled(done, f"{len(group.members)} members, {done.nodes['ep_context']} EPContext node(s) "
                            f"(keep together: {names})")
+
+
+def run_stage_task(stage: Stage, workspace: Workspace, external: list[Path]) -> TaskFailed | dict[str, Any]:
+    try:
+        restored, seconds = run_stage(stage, workspace, external)
+    except (BuildError, UserError) as exc:
+        return TaskFailed(str(exc))
+    if stage.kind == "quantize" and stage.settings["random"]:
+        print(f"warning: {stage.task} calibrated on fixed-seed random data: for smoke tests only, the "
+              "quantization ranges do not reflect real inputs")
+    status = "restored" if restored else "compiled"
+    print(f"{status} {stage.task}: {seconds:.1f} s -> {os.path.relpath(stage.output)}")
+    return {"status": status, "seconds": round(seconds, 3),
+            "files": file_records(stage.output.parent, [stage.output.name], workspace)}
 
 
 def run_validate(build: Build, workspace: Workspace, config: dict[str, Any], extra: list[Path]) -> TaskFailed | dict:
@@ -230,6 +253,11 @@ class Project:
             except UserError as exc:
                 raise UserError(self.manifest.path.name, f"models.{name}.path", f"{exc.file}: {exc.message}") from None
         index.save()
+        self.stages = {stage.task: stage for b in [*self.builds, *self.groups] for stage in b.stages}
+
+    def external_for(self, path: Path, model: str) -> list[Path]:
+        """External-data files of `path` when it is the declared model; stage outputs hold none."""
+        return self.external[model] if path == self.manifest.models[model].path else []
 
     @staticmethod
     def task_names(build: Build | GroupBuild) -> list[str]:
@@ -262,10 +290,11 @@ class Project:
                 yield {"basename": "compile", "name": build.name, "doc": f"{doc} [unavailable here: {reason}]",
                        "actions": [(refuse_unavailable, [f"compile:{build.name}", reason])], "uptodate": [False]}
                 continue
-            inputs = [build.model.path, *self.external[build.model.name], *target.option_files.values()]
+            external = self.external_for(build.model.path, build.model.name)
+            inputs = [build.model.path, *external, *target.option_files.values()]
             yield {
                 "basename": "compile", "name": build.name, "doc": f"{doc} -> {rel(out_dir)}/",
-                "actions": [(run_compile, [build, self.workspace, self.external[build.model.name]])],
+                "actions": [(run_compile, [build, self.workspace, external])],
                 "file_dep": [rel(path) for path in inputs],
                 "targets": [rel(out_dir / name) for name in build.output_names],
                 "uptodate": [config_changed(compile_config(build, self.root))],
@@ -286,7 +315,7 @@ class Project:
                 yield {"basename": "validate", "name": build.name, "doc": f"{doc} [unavailable here: {reason}]",
                        "actions": [(refuse_unavailable, [f"validate:{build.name}", reason])], "uptodate": [False]}
                 continue
-            extra = [p for p in (settings.inputs, settings.reference) if p]
+            extra = [p for p in (settings.inputs, settings.reference, build.float_model) if p]
             inputs = [*(out_dir / name for name in build.output_names), build.model.path,
                       *self.external[build.model.name], *extra]
             config = validate_config(build, self.root)
@@ -299,9 +328,27 @@ class Project:
             }
         yield from self.group_validate_tasks()
 
+    def stage_tasks(self) -> Iterator[Task]:
+        """shape:, optimize:, quantize:<model>[flavour] and squash: tasks, each feeding the next by file."""
+        rel = self.rel
+        docs = {"shape": "fix symbolic input dimensions from `inputs`", "optimize": "ORT graph optimization",
+                "quantize": "QDQ quantization with calibration data", "squash": "inline external data"}
+        for kind in dict.fromkeys(stage.kind for stage in self.stages.values()):
+            yield {"basename": kind, "name": None, "doc": docs[kind]}
+        for stage in self.stages.values():
+            external = self.external_for(stage.input, stage.model)
+            yield {
+                "basename": stage.kind, "name": stage.task.split(":", 1)[1],
+                "doc": f"{stage.kind} {stage.model}{f' for {stage.flavour} targets' if stage.flavour else ''} -> "
+                       f"{rel(stage.output)}",
+                "actions": [(run_stage_task, [stage, self.workspace, external])],
+                "file_dep": [rel(p) for p in (stage.input, *external, *stage.calibration)],
+                "targets": [rel(stage.output)],
+                "uptodate": [config_changed(stage_config(stage))],
+                "clean": [(discard, [stage.output.parent])],
+            }
+
     def group_tasks(self) -> Iterator[Task]:
-        if not self.groups:
-            return
         yield {"basename": "group", "name": None, "doc": "compile every shared-context group"}
         for group in self.groups:
             target, out_dir, rel = group.target, group.out_dir(self.artifacts), self.rel
@@ -312,11 +359,11 @@ class Project:
                 yield {"basename": "group", "name": group.name, "doc": f"{doc} [unavailable here: {reason}]",
                        "actions": [(refuse_unavailable, [f"group:{group.name}", reason])], "uptodate": [False]}
                 continue
-            inputs = [p for m in group.members for p in (m.path, *self.external[m.name])]
+            external = {m.name: self.external_for(m.path, m.name) for m in group.members}
+            inputs = [p for m in group.members for p in (m.path, *external[m.name])]
             yield {
                 "basename": "group", "name": group.name, "doc": f"{doc} -> {rel(out_dir)}/",
-                "actions": [(run_group, [group, self.workspace, {m.name: self.external[m.name]
-                                                                 for m in group.members}])],
+                "actions": [(run_group, [group, self.workspace, external])],
                 "file_dep": [rel(path) for path in [*inputs, *target.option_files.values()]],
                 "targets": [rel(out_dir / name) for name in group.output_names],
                 "uptodate": [config_changed(group_config(group, self.root))],

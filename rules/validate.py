@@ -51,14 +51,17 @@ def validation_request(build: Build, artifacts: Path) -> dict[str, Any]:
     """What the validating child needs: the artifact, what its sidecar recorded, the reference and settings."""
     folder = build.out_dir(artifacts)
     recorded = json.loads((folder / SIDECAR).read_text())
-    return member_request(build.model, build.target, build.validation, folder, recorded["files"], recorded)
+    return member_request(build.model, build.target, build.validation, folder, recorded["files"], recorded,
+                          build.float_model)
 
 
 def member_request(model: ModelSpec, target: ResolvedTarget, settings: ValidationSettings, folder: Path,
-                   files: list[str], recorded: dict[str, Any]) -> dict[str, Any]:
-    """One artifact's request; `recorded` is its sidecar entry (runtime options, nodes, SDK version)."""
+                   files: list[str], recorded: dict[str, Any], float_model: Path | None = None) -> dict[str, Any]:
+    """One artifact's request; `recorded` is its sidecar entry (runtime options, nodes, SDK version);
+    `float_model`, for a quantized artifact, is compared too, for information."""
     runtime_files = target.runtime_files()
     return {
+        "float_reference": str(float_model) if float_model else None,
         "artifact": str(folder / f"{model.name}.onnx"), "files": [str(folder / name) for name in files],
         "ep_sdk_version": recorded.get("ep_sdk_version"), "cpu_nodes": recorded["nodes"]["cpu"],
         "source": str(model.path), "reference": str(settings.reference or model.path),
@@ -380,10 +383,27 @@ def _validate_in_child(request: dict[str, Any]) -> dict[str, Any]:
         metrics[name] = compare(got, want)
         reference_nonfinite = int((~np.isfinite(want)).sum()) if want.dtype.kind == "f" else 0
         failures.extend(check(name, metrics[name], reference_nonfinite, thresholds))
+    float_comparison = {}
+    if request["float_reference"]:  # a quantized artifact: its error against the float model, for information
+        float_model = onnx.load(request["float_reference"], load_external_data=False)
+        float_options = ort.SessionOptions()
+        float_options.log_severity_level = 3
+        for name, value in static_dims(float_model, request["inputs"], needs_static=False).items():
+            float_options.add_free_dimension_override_by_name(name, value)
+        del float_model
+        float_session = ort.InferenceSession(request["float_reference"], float_options,
+                                             providers=["CPUExecutionProvider"])
+        float_outputs = dict(zip([o.name for o in float_session.get_outputs()], float_session.run(None, feeds),
+                                 strict=True))
+        float_comparison = {output.name: compare(got, float_outputs[output.name])
+                            for output, got in zip(session.get_outputs(), outputs, strict=True)
+                            if output.name in float_outputs}
     report = {"status": "failed" if failures else "passed", "precision": kind, "thresholds": thresholds,
               "ran_on": ran_on, "outputs": metrics,
               "inputs": {"from": request["inputs_file"] or f"generated, seed {SEED}",
                          "shapes": {k: list(v.shape) for k, v in feeds.items()}}}
+    if float_comparison:
+        report["against_float_model"] = float_comparison
     if failures:
         report["reason"] = "; ".join(failures)
     return report
