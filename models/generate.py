@@ -4,6 +4,7 @@
 - encoder:     one transformer encoder block (attention + FFN), input x [1, 16, 64]
 - dynbatch:    a CNN whose batch dimension is symbolic ('batch'); the manifest fixes it with `inputs`
 - tinycnn_qdq: tinycnn quantized to QDQ (uint8) with QNN's quantization config and fixed calibration data
+- calib/tinycnn/*.npz: calibration samples for the manifest's own `quantize` stage of tinycnn
 """
 
 from __future__ import annotations
@@ -127,6 +128,11 @@ def generate(folder: Path) -> list[Path]:
         written.append(path)
     quantize(folder / "tinycnn.onnx", folder / "tinycnn_qdq.onnx")
     written.append(folder / "tinycnn_qdq.onnx")
+    calibration = folder / "calib" / "tinycnn"
+    calibration.mkdir(parents=True, exist_ok=True)
+    for index, sample in enumerate(_Calibration(count=4, seed=11).samples):
+        np.savez(calibration / f"{index}.npz", **sample)
+        written.append(calibration / f"{index}.npz")
     return written
 
 
