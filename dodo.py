@@ -28,5 +28,13 @@ def task_validate():
     yield from project.validate_tasks()
 
 
+def task_ops():
+    yield from project.ops_tasks()
+
+
+def task_backends():
+    yield from project.backends_task()
+
+
 def task_unavailable():
     yield from project.unavailable_task()

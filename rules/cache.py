@@ -82,6 +82,7 @@ class ArtifactCache:
         destination.mkdir(parents=True, exist_ok=True)
         for name in recorded:
             source, target = entry / "files" / name, destination / name
+            target.parent.mkdir(parents=True, exist_ok=True)
             try:
                 os.link(source, target)
             except OSError:
@@ -101,6 +102,7 @@ class ArtifactCache:
             (staging / "files").mkdir()
             files = {}
             for name in names:
+                (staging / "files" / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(source / name, staging / "files" / name)
                 files[name] = self.hashes.sha256(staging / "files" / name)
             (staging / ENTRY).write_text(json.dumps({"files": files, "stored": time.time()}, indent=1))
@@ -155,24 +157,31 @@ class Workspace:
         return ArtifactCache(self.cache_dir, self.hashes, self.cache_max_bytes)
 
 
-def cached_folder(label: str, fingerprint: str, workspace: Workspace, final: Path, expected: list[str],
+def produced_files(folder: Path) -> list[str]:
+    """Every file under `folder`, as sorted relative paths."""
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+
+
+def cached_folder(label: str, fingerprint: str, workspace: Workspace, final: Path, expected: list[str] | None,
                   produce: Callable[[Path], None]) -> bool:
-    """Restore `fingerprint` from the cache, or run `produce(scratch)` and store its outputs; then publish the
-    folder atomically; True when restored. The fingerprint's lock is held throughout, so two builders never
-    produce it twice, and a failure leaves neither the scratch folder nor an older `final` behind."""
+    """Restore `fingerprint` from the cache, or run `produce(scratch)` and store what it wrote (exactly
+    `expected`, or whatever the tool decides when None); then publish the folder atomically; True when restored.
+    The fingerprint's lock is held throughout, so two builders never produce it twice, and a failure leaves
+    neither the scratch folder nor an older `final` behind."""
     cache = workspace.cache
     with cache.lock(fingerprint):
         scratch = scratch_dir(workspace.artifacts, label.replace(":", ".").replace("@", ".").replace("[", "."))
         try:
-            restored = cache.restore(fingerprint, scratch) == expected
+            found = cache.restore(fingerprint, scratch)
+            restored = found is not None and (expected is None or found == expected)
             if not restored:
                 discard(scratch)
                 scratch.mkdir()
                 produce(scratch)
-                produced = sorted(p.name for p in scratch.iterdir())
-                if produced != expected:
+                produced = produced_files(scratch)
+                if expected is not None and produced != expected:
                     raise BuildError(f"{label}: wrote {produced}, expected {expected}")
-                cache.store(fingerprint, scratch, expected)
+                cache.store(fingerprint, scratch, produced)
             publish(scratch, final)
         except BaseException:
             discard(scratch, final)

@@ -8,6 +8,7 @@ code that imports onnxruntime.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -21,10 +22,12 @@ from . import RULES_FORMAT
 from .cache import Workspace, cached_folder
 from .child import run_child, serve
 from .eps import lookup
+from .errors import BuildError
 from .fingerprint import compile_fingerprint
 from .host import toolchain_versions
 from .manifest import ModelSpec
-from .targets import SIDECAR, Build, ResolvedTarget
+from .targets import QPC_PROGRAM, SIDECAR, Build, ResolvedTarget
+from .toolchains import Toolchain, ep_context_model, find_qaic, find_qairt, qaic_command, run_tool
 
 COMPILE_TIMEOUT_S = 3600
 CPU_LEVELS = {"basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
@@ -43,7 +46,7 @@ class Compiled:
     nodes: dict[str, int]
 
 
-def cached_compile(label: str, fingerprint: str, workspace: Workspace, final: Path, expected: list[str],
+def cached_compile(label: str, fingerprint: str, workspace: Workspace, final: Path, expected: list[str] | None,
                    produce: Callable[[Path], None]) -> Compiled:
     """`cached_folder`, then what the published sidecar says about nodes, and every file's size and sha256."""
     started = time.monotonic()
@@ -52,7 +55,7 @@ def cached_compile(label: str, fingerprint: str, workspace: Workspace, final: Pa
     per_model = [recorded["nodes"]] if "nodes" in recorded else [m["nodes"] for m in recorded["members"].values()]
     nodes = {key: sum(n[key] for n in per_model) for key in per_model[0]}
     return Compiled(label, "restored" if restored else "compiled", fingerprint, final,
-                    file_records(final, expected, workspace), time.monotonic() - started, nodes)
+                    file_records(final, expected or recorded["files"], workspace), time.monotonic() - started, nodes)
 
 
 def file_records(folder: Path, names: list[str], workspace: Workspace) -> list[dict[str, Any]]:
@@ -76,8 +79,83 @@ def compile_build(build: Build, workspace: Workspace, external: list[Path]) -> C
             shutil.copyfile(target.option_files[key], scratch / name)
         (scratch / SIDECAR).write_text(json.dumps(sidecar(build, result), indent=2, sort_keys=True) + "\n")
 
+    if target.compiler in ("qaic", "qairt"):
+        produce = functools.partial(produce_qaic if target.compiler == "qaic" else produce_qairt, build,
+                                    workspace.artifacts / ".logs" / target.name / f"{build.model.name}.compile.log")
+    expected = None if target.compiler == "qaic" else build.output_names  # qaic-compile decides the QPC's files
     return cached_compile(f"compile:{build.name}", fingerprint, workspace, build.out_dir(workspace.artifacts),
-                          build.output_names, produce)
+                          expected, produce)
+
+
+def _toolchain(build: Build) -> Toolchain:
+    target = build.target
+    found = find_qaic(target.sdk_root) if target.compiler == "qaic" else find_qairt(target.sdk_root)
+    if isinstance(found, str):
+        raise BuildError(f"compile {build.name}: {found}")
+    return found
+
+
+def _external_sidecar(build: Build, toolchain: Toolchain, source_nodes: int, files: list[str]) -> dict[str, Any]:
+    return {"format": RULES_FORMAT, "model": build.model.name, "target": build.target.name,
+            "compiler": build.target.compiler, "device": build.target.device, "files": files,
+            "toolchain": {"name": toolchain.name, "version": toolchain.version}, "nodes": {"source": source_nodes},
+            "inputs": {name: list(shape) for name, shape in build.model.inputs.items()}}
+
+
+def produce_qaic(build: Build, log: Path, scratch: Path) -> None:
+    """qaic-compile the single-file model into scratch/qpc; its output is kept in compile.log next to it."""
+    import onnx
+
+    toolchain = _toolchain(build)
+    source = onnx.load(str(build.model.path), load_external_data=False)
+    try:
+        symbols = static_dims(source, {k: list(v) for k, v in build.model.inputs.items()}, needs_static=True)
+    except ValueError as exc:
+        raise BuildError(f"compile {build.name}: {exc}") from None
+    command = qaic_command(toolchain.executables["qaic-compile"], build.model.path, scratch / "qpc",
+                           build.target.qaic, symbols)
+    try:
+        run_tool(command, scratch / "compile.log", f"compile {build.name} (qaic-compile)", COMPILE_TIMEOUT_S)
+    finally:
+        if (scratch / "compile.log").exists():
+            log.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(scratch / "compile.log", log)
+    if not (scratch / QPC_PROGRAM).is_file():
+        raise BuildError(f"compile {build.name}: qaic-compile exited 0 but wrote no {QPC_PROGRAM}")
+    files = sorted([SIDECAR, *(p.relative_to(scratch).as_posix() for p in scratch.rglob("*") if p.is_file())])
+    (scratch / SIDECAR).write_text(json.dumps(_external_sidecar(build, toolchain, len(source.graph.node), files),
+                                              indent=2, sort_keys=True) + "\n")
+
+
+def produce_qairt(build: Build, log: Path, scratch: Path) -> None:
+    """QAIRT: convert to DLC, generate the HTP context binary, and wrap it in an EPContext model for the QNN EP."""
+    import onnx
+
+    toolchain = _toolchain(build)
+    source = onnx.load(str(build.model.path), load_external_data=False)
+    work = scratch / ".qairt"
+    work.mkdir()
+    what = f"compile {build.name} (QAIRT)"
+    shapes = [arg for name, shape in sorted(build.model.inputs.items())
+              for arg in ("--source_model_input_shape", name, ",".join(map(str, shape)))]
+    run_tool([str(toolchain.executables["converter"]), "--input_network", str(build.model.path),
+              "--output_path", str(work / "model.dlc"), *shapes], log, what, COMPILE_TIMEOUT_S)
+    binary = build.target.ep.binary_name(build.model.name)
+    run_tool([str(toolchain.executables["context"]), "--backend", str(toolchain.executables["backend"]),
+              "--model", str(toolchain.root / "lib" / "x86_64-linux-clang" / "libQnnModelDlc.so"),
+              "--dlc_path", str(work / "model.dlc"), "--binary_file", Path(binary).stem,
+              "--output_dir", str(work)], log, what, COMPILE_TIMEOUT_S)
+    if not (work / binary).is_file():
+        raise BuildError(f"{what}: qnn-context-binary-generator wrote no {binary}")
+    os.replace(work / binary, scratch / binary)
+    shutil.rmtree(work)
+    ep_context_model(source, binary, build.model.name, scratch / build.model_file)
+    sidecar_data = _external_sidecar(build, toolchain, len(source.graph.node), build.output_names)
+    sidecar_data.update({"ep": build.target.ep.name, "embed": False, "runtime_options": {
+        k: v for k, v in build.target.options.items() if k in build.target.ep.runtime_options}})
+    sidecar_data["nodes"] = {"source": len(source.graph.node), "ep_context": 1, "cpu": 0,
+                             "in_ep": len(source.graph.node)}
+    (scratch / SIDECAR).write_text(json.dumps(sidecar_data, indent=2, sort_keys=True) + "\n")
 
 
 def compile_request(target: ResolvedTarget, members: list[tuple[ModelSpec, Path]], share: bool) -> dict[str, Any]:

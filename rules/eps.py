@@ -93,6 +93,9 @@ REGISTRY: dict[str, EpInfo] = {
 }
 BY_NAME = {info.name: info for info in REGISTRY.values()}
 
+# Not an ONNX Runtime EP: targets with compiler = "qaic" compile to a QPC with Qualcomm's qaic-compile.
+QAIC = EpInfo("qaic", "qaic-compile", "npu", ("npu",), "sdk")
+
 
 def lookup(ep: str) -> EpInfo | None:
     """An EP by alias or full name (case-insensitive alias), None when unknown."""

@@ -9,6 +9,7 @@ clones on other machines compute the same one; host properties enter only where 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -22,6 +23,7 @@ from .hashing import FileHashes
 from .host import package_version, toolchain_versions
 from .manifest import ModelSpec
 from .targets import Build, GroupBuild, ResolvedTarget
+from .toolchains import toolchain_identity
 
 if TYPE_CHECKING:  # rules.stages uses these fingerprints
     from .stages import Stage
@@ -42,6 +44,8 @@ def compile_config(build: Build, root: Path) -> dict[str, Any]:
         "compiler": target.compiler, "embed": target.embed, "options": target.options,
         "option_files": sorted(target.option_files), "optimization_level": target.optimization_level,
         "versions": toolchain_versions(target.ep),
+        "qaic": dataclasses.asdict(target.qaic) if target.qaic else None,
+        "toolchain": toolchain_identity(target.compiler, target.sdk_root),
     }
 
 
@@ -113,7 +117,9 @@ def _target_identity(target: ResolvedTarget, hashes: FileHashes) -> dict[str, An
                for key, value in target.options.items()}
     return {"ep": target.ep.name, "ep_source": target.source, "device": target.device, "compiler": target.compiler,
             "embed": target.embed, "options": options, "optimization_level": target.optimization_level,
-            "versions": toolchain_versions(target.ep), "host": host_properties(target)}
+            "versions": toolchain_versions(target.ep), "host": host_properties(target),
+            "qaic": dataclasses.asdict(target.qaic) if target.qaic else None,
+            "toolchain": toolchain_identity(target.compiler, target.sdk_root)}
 
 
 def compile_fingerprint(build: Build, external: list[Path], hashes: FileHashes) -> str:

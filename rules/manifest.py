@@ -20,13 +20,15 @@ else:  # pragma: no cover - exercised only on Python 3.10
     import tomli as tomllib
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
-TOP_KEYS = ("models", "targets", "groups", "cache")
+TOP_KEYS = ("models", "targets", "groups", "cache", "toolchains")
+TOOLCHAIN_KEYS = ("qaic",)
 CACHE_KEYS = ("dir", "max_size_mb")
 GROUP_KEYS = ("target", "models")
 RESERVED_MODEL_NAMES = ("groups",)  # artifacts/<target>/groups/ holds shared-context groups
 MODEL_KEYS = ("path", "inputs", "targets", "validation", "optimize", "quantize", "squash")
 TARGET_KEYS = ("ep", "device", "compiler", "embed", "options", "option_files", "extends", "optimization_level",
-               "validate", "validation", "quantized")
+               "validate", "validation", "quantized", "config", "qaic", "qnn_sdk_root")
+COMPILERS = ("ort", "ort_session", "qaic", "qairt")
 QUANTIZE_KEYS = ("calibration", "activation_type", "weight_type", "per_channel")
 QUANT_TYPES = ("uint8", "int8", "uint16", "int16")
 THRESHOLDS = ("max_abs_error", "mean_abs_error", "max_rel_error", "min_cosine", "min_snr_db")
@@ -73,6 +75,8 @@ class TargetSpec:
     validate: str  # "run", "structural" or "off"
     validation: dict[str, Any]
     quantized: bool  # consume the quantized variant of models that declare `quantize`
+    qaic: dict[str, Any] | None = None  # compiler = "qaic": the qaic-compile flags
+    qnn_sdk_root: Path | None = None  # compiler = "qairt"
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,7 @@ class Manifest:
     targets: dict[str, TargetSpec]
     groups: dict[str, GroupSpec]
     cache: CacheSpec
+    toolchains: dict[str, Path]  # [toolchains.NAME] root
 
     @property
     def root(self) -> Path:
@@ -209,7 +214,14 @@ def parse(data: dict[str, Any], path: Path) -> Manifest:
     if max_size is not None and max_size <= 0:
         cache_table.fail(f"must be a positive number of megabytes, found {max_size!r}", "max_size_mb")
     cache = CacheSpec(path.parent / cache_dir if cache_dir else None, max_size)
-    return Manifest(path, models, targets, groups, cache)
+    toolchains_table = top.child("toolchains")
+    toolchains_table.only(TOOLCHAIN_KEYS)
+    toolchains = {}
+    for name in toolchains_table.table:
+        entry = toolchains_table.child(name)
+        entry.only(("root",))
+        toolchains[name] = path.parent / entry.get("root", str, required=True)
+    return Manifest(path, models, targets, groups, cache, toolchains)
 
 
 def _group(table: _Reader, name: str, models: dict[str, ModelSpec], targets: dict[str, TargetSpec]) -> GroupSpec:
@@ -329,6 +341,10 @@ def _target(targets: _Reader, name: str) -> TargetSpec:
     table = _Reader(targets.file, f"targets.{name}", _merged_target(targets, name))
     options = table.get("options", dict, {})
     option_files = table.get("option_files", list, [])
+    if "config" in table.table:
+        imported, imported_files = _winml_config(table)
+        options = {**imported, **options}
+        option_files = sorted({*imported_files, *option_files})
     for index, key in enumerate(option_files):
         if not isinstance(key, str):
             table.fail(f"must name option keys (strings), found {key!r}", f"option_files[{index}]")
@@ -336,7 +352,7 @@ def _target(targets: _Reader, name: str) -> TargetSpec:
         name=name,
         ep=table.get("ep", str),
         device=table.choice("device", ("npu", "gpu", "cpu")),
-        compiler=table.choice("compiler", ("ort", "ort_session"), "ort"),
+        compiler=table.choice("compiler", COMPILERS, "ort"),
         embed=table.get("embed", bool, False),
         options=dict(options),
         option_files=tuple(option_files),
@@ -344,7 +360,36 @@ def _target(targets: _Reader, name: str) -> TargetSpec:
         validate=_validate_mode(table),
         validation=_validation(table.child("validation"), model=False),
         quantized=table.get("quantized", bool, False),
+        qaic=table.get("qaic", dict),
+        qnn_sdk_root=table.file.parent / table.table["qnn_sdk_root"] if table.get("qnn_sdk_root", str) else None,
     )
+
+
+def _winml_config(target: _Reader) -> tuple[dict[str, Any], list[str]]:
+    """`config = "winml_build_config.json"`: its `compile.provider_options` and `provider_option_file_keys`.
+
+    File-valued options are resolved relative to the config file and re-expressed relative to the manifest."""
+    import json
+    import os
+
+    config_path = target.file.parent / target.get("config", str)
+    try:
+        data = json.loads(config_path.read_text())
+    except FileNotFoundError:
+        target.fail(f"WinMLBuildConfig file not found: {config_path}", "config")
+    except (OSError, ValueError) as exc:
+        target.fail(f"{config_path.name} is not readable JSON: {exc}", "config")
+    config = _Reader(config_path, "", data)
+    compile_table = config.child("compile")
+    options = compile_table.get("provider_options", dict, {})
+    file_keys = compile_table.get("provider_option_file_keys", list, [])
+    for index, key in enumerate(file_keys):
+        if not isinstance(key, str) or key not in options:
+            compile_table.fail(f"names {key!r}, which compile.provider_options does not set",
+                               f"provider_option_file_keys[{index}]")
+        resolved = (config_path.parent / str(options[key])).resolve()
+        options[key] = os.path.relpath(resolved, target.file.parent)
+    return dict(options), list(file_keys)
 
 
 def _validate_mode(table: _Reader) -> str:

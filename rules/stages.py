@@ -37,9 +37,11 @@ class Stage:
         return f"{self.kind}:{self.model}" + (f"[{self.flavour}]" if self.flavour else "")
 
 
-def stage_chain(model: ModelSpec, artifacts: Path, flavour: str | None) -> tuple[ModelSpec, tuple[Stage, ...],
-                                                                                 Path | None]:
-    """(the model the compile consumes, the stages that make it, the float model before quantization or None)."""
+def stage_chain(model: ModelSpec, artifacts: Path, flavour: str | None,
+                single_file: bool = False) -> tuple[ModelSpec, tuple[Stage, ...], Path | None]:
+    """(the model the compile consumes, the stages that make it, the float model before quantization or None).
+
+    `single_file`: the compiler wants one ONNX file (qaic-compile), so the chain ends with a squash."""
     stages: list[Stage] = []
     path, inputs = model.path, model.inputs
     quantize = model.quantize if flavour else None
@@ -62,6 +64,6 @@ def stage_chain(model: ModelSpec, artifacts: Path, flavour: str | None) -> tuple
         add("quantize", {"activation_type": quantize.activation_type, "weight_type": quantize.weight_type,
                          "per_channel": quantize.per_channel, "random": quantize.calibration is None},
             flavour, quantize.calibration or ())
-    if model.squash:
-        add("squash", {"limit_bytes": PROTOBUF_LIMIT})
+    if model.squash or single_file:
+        add("squash", {"limit_bytes": PROTOBUF_LIMIT}, flavour if quantize else None)
     return dataclasses.replace(model, path=path, inputs=inputs), tuple(stages), float_path

@@ -12,12 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .eps import DEVICES, REGISTRY, SOURCES, EpInfo, lookup, valid_ep_names
+from .eps import DEVICES, QAIC, REGISTRY, SOURCES, EpInfo, lookup, valid_ep_names
 from .errors import UserError, closest
 from .manifest import GroupSpec, Manifest, ModelSpec, TargetSpec
 from .stages import Stage, stage_chain
+from .toolchains import QaicOptions, check_qaic
 
 SIDECAR = "artifact.json"
+QPC_PROGRAM = "qpc/programqpc.bin"  # qaic targets: the QPC folder that qaic-compile writes, with its program
 CPU_DEFAULT_LEVEL = "extended"  # portable across CPUs; "all" adds layout transforms tied to this host's ISA
 
 
@@ -36,6 +38,8 @@ class ResolvedTarget:
     option_files: dict[str, Path]
     optimization_level: str | None
     quantized: bool = False
+    qaic: QaicOptions | None = None  # compiler = "qaic"
+    sdk_root: Path | None = None  # the configured toolchain root (qaic) or QAIRT SDK root (qairt)
 
     @property
     def quantize_flavour(self) -> str | None:
@@ -96,6 +100,8 @@ class Build:
     @functools.cached_property
     def output_names(self) -> list[str]:
         """Every file the compile publishes, known before it runs."""
+        if self.target.compiler == "qaic":
+            return [SIDECAR, "compile.log", QPC_PROGRAM]
         names = [self.model_file, SIDECAR, *self.target.runtime_files().values()]
         binary = self.target.ep.binary_name(self.model.name)
         if binary and not self.target.embed:
@@ -128,8 +134,34 @@ def parse_ep(file: str, path: str, text: str | None, device: str | None) -> tupl
     return info, source or "default"
 
 
+def resolve_qaic(spec: TargetSpec, manifest: Manifest) -> ResolvedTarget:
+    """compiler = "qaic": no ONNX Runtime EP, an NPU QPC, the qaic flags checked as the seed documents them."""
+    file, where = manifest.path.name, f"targets.{spec.name}"
+    for key, value in (("ep", spec.ep), ("options", spec.options), ("embed", spec.embed),
+                       ("option_files", spec.option_files), ("quantized", spec.quantized)):
+        if value:
+            raise UserError(file, f"{where}.{key}", "does not apply to compiler = \"qaic\" (qaic-compile takes "
+                                                    "its flags from the `qaic` table)")
+    if spec.device not in (None, "npu"):
+        raise UserError(file, f"{where}.device", "qaic-compile builds for npu (Cloud AI 100) only")
+    options, key, message = check_qaic(spec.qaic or {})
+    if options is None:
+        raise UserError(file, f"{where}.qaic.{key}", message)
+    return ResolvedTarget(name=spec.name, ep=QAIC, source="sdk", device="npu", compiler="qaic", embed=False,
+                          options={}, option_files={}, optimization_level=None, qaic=options,
+                          sdk_root=manifest.toolchains.get("qaic"))
+
+
 def resolve_target(spec: TargetSpec, manifest: Manifest) -> ResolvedTarget:
     file, where = manifest.path.name, f"targets.{spec.name}"
+    if spec.compiler == "qaic":
+        return resolve_qaic(spec, manifest)
+    if spec.qaic is not None:
+        raise UserError(file, f"{where}.qaic", "applies only to compiler = \"qaic\"")
+    if spec.compiler == "qairt" and spec.ep not in (None, "qnn", "QNNExecutionProvider"):
+        raise UserError(file, f"{where}.ep", "compiler = \"qairt\" builds QNN context binaries: use ep = \"qnn\"")
+    if spec.qnn_sdk_root is not None and spec.compiler != "qairt":
+        raise UserError(file, f"{where}.qnn_sdk_root", "applies only to compiler = \"qairt\"")
     ep, source = parse_ep(file, f"{where}.ep", spec.ep, spec.device)
     source = ep.default_source if source == "default" else source
     device = spec.device or ep.default_device
@@ -176,7 +208,7 @@ def resolve_target(spec: TargetSpec, manifest: Manifest) -> ResolvedTarget:
         name=spec.name, ep=ep, source=source, device=device, compiler=spec.compiler, embed=spec.embed,
         options=dict(sorted(options.items())), option_files=option_files,
         optimization_level=(spec.optimization_level or CPU_DEFAULT_LEVEL) if ep.alias == "cpu" else None,
-        quantized=spec.quantized,
+        quantized=spec.quantized, sdk_root=spec.qnn_sdk_root,
     )
 
 
@@ -201,7 +233,8 @@ def plan(manifest: Manifest) -> list[Build]:
     for model in manifest.models.values():
         for name in model.targets:
             target = resolved[name]
-            effective, stages, float_model = stage_chain(model, artifacts_dir(manifest), target.quantize_flavour)
+            effective, stages, float_model = stage_chain(model, artifacts_dir(manifest), target.quantize_flavour,
+                                                         single_file=target.compiler == "qaic")
             builds.append(Build(effective, target, validation_settings(model, manifest.targets[name]), stages,
                                 float_model))
     return builds

@@ -40,7 +40,8 @@ from .manifest import load
 from .preprocess import run_stage
 from .publish import discard
 from .stages import Stage
-from .targets import Build, GroupBuild, plan, plan_groups
+from .targets import Build, GroupBuild, ResolvedTarget, plan, plan_groups
+from .toolchains import Toolchain, find_qaic, find_qairt, supported_operators, toolchain_identity
 from .validate import REPORT, cached_validation, summary, validate_build
 
 Task = dict[str, Any]
@@ -77,8 +78,13 @@ def run_compile(build: Build, workspace: Workspace, external: list[Path]) -> Tas
     except (BuildError, UserError) as exc:
         return TaskFailed(str(exc))
     nodes = done.nodes
-    taken = (f"{nodes['in_ep']}/{nodes['source']} source nodes in {nodes['ep_context']} EPContext node(s), "
-             f"{nodes['cpu']} on CPU" if "in_ep" in nodes else f"{nodes['cpu']} nodes after optimization")
+    if build.target.compiler == "qaic":
+        taken = f"QPC from {nodes['source']} source nodes"
+    elif "in_ep" in nodes:
+        taken = (f"{nodes['in_ep']}/{nodes['source']} source nodes in {nodes['ep_context']} EPContext node(s), "
+                 f"{nodes['cpu']} on CPU")
+    else:
+        taken = f"{nodes['cpu']} nodes after optimization"
     return _compiled(done, taken)
 
 
@@ -148,6 +154,73 @@ def report_unavailable(reasons: dict[str, str]) -> None:
         print("this host can build every task")
 
 
+def target_reason(target: ResolvedTarget, caps: dict[str, Any]) -> str | None:
+    """Why this host cannot build the target (EP, package, device or external toolchain), or None."""
+    if target.compiler in ("qaic", "qairt"):
+        found = find_qaic(target.sdk_root) if target.compiler == "qaic" else find_qairt(target.sdk_root)
+        return found if isinstance(found, str) else None
+    return unavailable_reason(target.ep, target.source, target.device, caps)
+
+
+def run_ops(build: Build, workspace: Workspace, report: Path) -> TaskFailed | None:
+    """Compare the model's operators with what qaic-compile supports, before a long compile fails on them."""
+    import onnx
+
+    found = find_qaic(build.target.sdk_root)
+    if isinstance(found, str):
+        return TaskFailed(f"ops:{build.name}: {found}")
+    log = workspace.artifacts / ".logs" / build.target.name / f"{build.model.name}.ops.log"
+    try:
+        supported = supported_operators(found, log)
+    except BuildError as exc:
+        return TaskFailed(str(exc))
+    model = onnx.load(str(build.model.path), load_external_data=False)
+    used = sorted({n.op_type for n in model.graph.node if n.domain in ("", "ai.onnx")})
+    unsupported = [op for op in used if op not in supported]
+    report.parent.mkdir(parents=True, exist_ok=True)
+    report.write_text(json.dumps({"operators": used, "unsupported": unsupported}, indent=1) + "\n")
+    if unsupported:
+        report.unlink()
+        return TaskFailed(f"ops:{build.name}: qaic-compile does not support {', '.join(unsupported)} "
+                          f"(used by {build.model.path.name})")
+    print(f"ops:{build.name}: all {len(used)} operators are supported by qaic-compile {found.version}")
+    return None
+
+
+def show_backends(project: Project, json_output: bool) -> None:
+    """What this host can build: EPs, compiler backends and toolchains, and each manifest target."""
+    caps = project.caps or capabilities(project.artifacts / ".state")
+    eps = {name: {"devices": entry["devices"], "error": entry.get("error")}
+           for name, entry in caps.get("eps", {}).items()}
+    toolchains = {}
+    for name, found in (("qaic", find_qaic(project.manifest.toolchains.get("qaic"))), ("qairt", find_qairt(None))):
+        toolchains[name] = ({"found": True, "root": str(found.root), "version": found.version,
+                             "executables": {k: str(v) for k, v in found.executables.items()}}
+                            if isinstance(found, Toolchain) else {"found": False, "reason": found})
+    targets = {}
+    for target in {t.name: t for t in [b.target for b in [*project.builds, *project.groups]]}.values():
+        reason = None if target.is_cpu else target_reason(target, caps)
+        targets[target.name] = {"ep": target.ep.name, "device": target.device, "compiler": target.compiler,
+                                "buildable": reason is None, **({"reason": reason} if reason else {})}
+    data = {"onnxruntime": caps.get("onnxruntime"), "compilers": {"ort": True, "ort_session": True},
+            "execution_providers": eps, "toolchains": toolchains, "targets": targets}
+    if json_output:
+        print(json.dumps(data, indent=2))
+        return
+    print(f"onnxruntime {data['onnxruntime']}; compiler backends: ort, ort_session"
+          f"{''.join(f', {n}' for n, t in toolchains.items() if t['found'])}")
+    for name, entry in eps.items():
+        devices = ", ".join(f"{d['type']} ({d.get('ov_device') or d['vendor']})" for d in entry["devices"]) or "none"
+        error = f"; error: {entry['error']}" if entry["error"] else ""
+        print(f"  EP {name}: devices {devices}{error}")
+    for name, entry in toolchains.items():
+        print(f"  toolchain {name}: " + (f"{entry['root']} (version {entry['version']})" if entry["found"]
+                                         else f"absent: {entry['reason']}"))
+    for name, entry in targets.items():
+        state = "buildable" if entry["buildable"] else f"not buildable: {entry['reason']}"
+        print(f"  target {name} ({entry['ep']}, {entry['device']}, {entry['compiler']}): {state}")
+
+
 class HashChecker(FileChangedChecker):
     """doit's file checker on the shared hash memory: state is [size, mtime_ns, inode, sha256], and a file whose
     identity changed but whose bytes did not (a fresh clone, a touch) is hashed once, not on every run."""
@@ -185,7 +258,8 @@ class BuildReporter(ConsoleReporter):
         self.uptodate: set[str] = set()
 
     def execute_task(self, task):
-        super().execute_task(task)
+        if task.name != "backends":  # its output, --json included, stays clean for machines
+            super().execute_task(task)
         self.started[task.name] = time.monotonic()
 
     def add_success(self, task):
@@ -221,8 +295,9 @@ class BuildReporter(ConsoleReporter):
         ran = sorted((e["seconds"], n) for n, e in self.entries.items()
                      if n in self.started and e.get("seconds") and e["status"] != "skipped")[::-1][:3]
         slowest = ", ".join(f"{name} {seconds:.1f} s" for seconds, name in ran)
-        self.write(f"summary: {', '.join(f'{n} {s}' for s, n in sorted(counts.items()))}"
-                   f"{f'; slowest: {slowest}' if slowest else ''}\n")
+        if counts:
+            self.write(f"summary: {', '.join(f'{n} {s}' for s, n in sorted(counts.items()))}"
+                       f"{f'; slowest: {slowest}' if slowest else ''}\n")
         super().complete_run()
 
 
@@ -239,10 +314,11 @@ class Project:
         self.builds = plan(self.manifest)
         self.groups = plan_groups(self.manifest)
         used = {b.target.name: b.target for b in [*self.builds, *self.groups] if not b.target.is_cpu}
-        caps = capabilities(state) if used else {}
+        caps = capabilities(state) if any(t.compiler in ("ort", "ort_session") for t in used.values()) else {}
         self.unavailable: dict[str, str] = {}
+        self.caps = caps
         for name, target in used.items():
-            reason = unavailable_reason(target.ep, target.source, target.device, caps)
+            reason = target_reason(target, caps)
             if reason:
                 self.unavailable[name] = reason
         index = ExternalDataIndex(state)
@@ -292,6 +368,7 @@ class Project:
                 continue
             external = self.external_for(build.model.path, build.model.name)
             inputs = [build.model.path, *external, *target.option_files.values()]
+            checks = [f"ops:{build.name}"] if target.compiler == "qaic" else []
             yield {
                 "basename": "compile", "name": build.name, "doc": f"{doc} -> {rel(out_dir)}/",
                 "actions": [(run_compile, [build, self.workspace, external])],
@@ -299,6 +376,7 @@ class Project:
                 "targets": [rel(out_dir / name) for name in build.output_names],
                 "uptodate": [config_changed(compile_config(build, self.root))],
                 "clean": [(discard, [out_dir])],
+                "task_dep": checks,
             }
 
     def validate_tasks(self) -> Iterator[Task]:
@@ -327,6 +405,24 @@ class Project:
                 "uptodate": [config_changed(config)],
             }
         yield from self.group_validate_tasks()
+
+    def ops_tasks(self) -> Iterator[Task]:
+        yield {"basename": "ops", "name": None, "doc": "check every qaic model's operators against qaic-compile"}
+        for build in self.builds:
+            if build.target.compiler != "qaic" or build.target.name in self.unavailable:
+                continue
+            report = self.artifacts / ".state" / "ops" / build.target.name / f"{build.model.name}.json"
+            yield {"basename": "ops", "name": build.name,
+                   "doc": f"operators of {build.model.name} supported by qaic-compile?",
+                   "actions": [(run_ops, [build, self.workspace, report])],
+                   "file_dep": [self.rel(build.model.path)], "targets": [self.rel(report)],
+                   "uptodate": [config_changed({"toolchain": toolchain_identity("qaic", build.target.sdk_root)})]}
+
+    def backends_task(self) -> Iterator[Task]:
+        yield {"basename": "backends", "doc": "what this host can build: EPs, compilers, toolchains, targets",
+               "actions": [(show_backends, [self])], "uptodate": [False], "verbosity": 2,
+               "params": [{"name": "json_output", "long": "json", "type": bool, "default": False,
+                           "help": "print JSON for machines"}]}
 
     def stage_tasks(self) -> Iterator[Task]:
         """shape:, optimize:, quantize:<model>[flavour] and squash: tasks, each feeding the next by file."""

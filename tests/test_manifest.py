@@ -38,7 +38,8 @@ def build_plan(tmp_path, text: str):
     (MODEL + "[targets.t]\nep = \"dml\"\ndevice = \"npu\"\n",
      "models.toml: targets.t.device: DmlExecutionProvider does not build for 'npu'; valid devices: gpu"),
     (MODEL + "[targets.t]\nep = \"qnn\"\ncompiler = \"qairt2\"\n",
-     "models.toml: targets.t.compiler: 'qairt2' is not valid; valid: ort, ort_session"),
+     "models.toml: targets.t.compiler: 'qairt2' is not valid (did you mean 'qairt'?); valid: ort, ort_session, "
+     "qaic, qairt"),
     (MODEL + "[targets.t]\nep = \"qnn\"\noptions = { soc_modle = 60 }\n",
      "models.toml: targets.t.options.soc_modle: unknown QNNExecutionProvider option (did you mean 'soc_model'?)"),
     (MODEL + "[targets.t]\nep = \"openvino\"\noptions = { precision = \"FP32\" }\n",
