@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -23,7 +24,12 @@ PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 
 
 def _tail(text: str, lines: int = 12) -> str:
-    kept = [line for line in text.strip().splitlines() if line.strip()][-lines:]
+    """The child's last meaningful lines: logged errors and the final exception, not Python traceback frames."""
+    all_lines = [line.rstrip() for line in text.strip().splitlines() if line.strip()]
+    errors = [line for line in all_lines if "[E:" in line or "<E>" in line]
+    exceptions = [line for line in all_lines if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Fail)\b", line)]
+    kept = errors[-lines:] + exceptions[-1:] if errors or exceptions else [
+        line for line in all_lines if not line.startswith(("Traceback", "  "))][-lines:]
     return "\n".join(f"    {line}" for line in kept)
 
 
@@ -47,7 +53,10 @@ def run_child(module: str, request: dict[str, Any], workdir: Path, timeout: floa
         log.write_text(done.stdout + done.stderr)
     result: dict[str, Any] = {}
     if result_file.exists():
-        result = json.loads(result_file.read_text())
+        try:
+            result = json.loads(result_file.read_text())
+        except ValueError:  # cut short, e.g. by a full disk: judge by the exit status and the child's output
+            result = {"error": f"its result file was unreadable\n{_tail(done.stderr)}"} if done.returncode else {}
         result_file.unlink()
     if done.returncode < 0:
         name = signal.Signals(-done.returncode).name

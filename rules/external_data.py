@@ -23,6 +23,8 @@ def _stat_key(path: Path) -> list[int]:
 def _locations(model_path: Path) -> set[str]:
     import onnx
 
+    if model_path.stat().st_size == 0:
+        raise UserError(model_path.name, None, "the model file is empty")
     try:
         model = onnx.load(str(model_path), load_external_data=False)
     except Exception as exc:  # noqa: BLE001 - protobuf raises several types for a file that is not ONNX
@@ -43,6 +45,12 @@ def _locations(model_path: Path) -> set[str]:
                     visit(subgraph)
 
     visit(model.graph)
+    for location in found:  # refused here, before the checker reads anything
+        check_location(model_path, location)
+    try:
+        onnx.checker.check_model(str(model_path))  # by path: external data is checked next to the model
+    except onnx.checker.ValidationError as exc:
+        raise UserError(model_path.name, None, f"fails onnx.checker: {' '.join(str(exc).split())}") from None
     return found
 
 

@@ -77,6 +77,8 @@ def run_compile(build: Build, workspace: Workspace, external: list[Path]) -> Tas
         done = compile_build(build, workspace, external)
     except (BuildError, UserError) as exc:
         return TaskFailed(str(exc))
+    except OSError as exc:  # a full disk, a permission problem: say which file, no traceback
+        return TaskFailed(f"{exc.strerror or exc} ({exc.filename or 'artifacts'})")
     nodes = done.nodes
     if build.target.compiler == "qaic":
         taken = f"QPC from {nodes['source']} source nodes"
@@ -93,6 +95,8 @@ def run_group(group: GroupBuild, workspace: Workspace, external: dict[str, list[
         done = compile_group(group, workspace, external)
     except (BuildError, UserError) as exc:
         return TaskFailed(str(exc))
+    except OSError as exc:  # a full disk, a permission problem: say which file, no traceback
+        return TaskFailed(f"{exc.strerror or exc} ({exc.filename or 'artifacts'})")
     names = ", ".join(f["name"] for f in done.files)
     return _compiled(done, f"{len(group.members)} members, {done.nodes['ep_context']} EPContext node(s) "
                            f"(keep together: {names})")
@@ -103,6 +107,8 @@ def run_stage_task(stage: Stage, workspace: Workspace, external: list[Path]) -> 
         restored, seconds = run_stage(stage, workspace, external)
     except (BuildError, UserError) as exc:
         return TaskFailed(str(exc))
+    except OSError as exc:  # a full disk, a permission problem: say which file, no traceback
+        return TaskFailed(f"{exc.strerror or exc} ({exc.filename or 'artifacts'})")
     if stage.kind == "quantize" and stage.settings["random"]:
         print(f"warning: {stage.task} calibrated on fixed-seed random data: for smoke tests only, the "
               "quantization ranges do not reflect real inputs")
@@ -115,8 +121,11 @@ def run_stage_task(stage: Stage, workspace: Workspace, external: list[Path]) -> 
 def run_validate(build: Build, workspace: Workspace, config: dict[str, Any], extra: list[Path]) -> TaskFailed | dict:
     folder = build.out_dir(workspace.artifacts)
     fingerprint = validation_fingerprint([folder / n for n in build.output_names], config, extra, workspace.hashes)
-    report, restored = cached_validation(fingerprint, workspace, folder,
-                                         lambda: validate_build(build, workspace.artifacts))
+    try:
+        report, restored = cached_validation(fingerprint, workspace, folder,
+                                             lambda: validate_build(build, workspace.artifacts))
+    except OSError as exc:
+        return TaskFailed(f"validate:{build.name}: {exc.strerror or exc} ({exc.filename or 'artifacts'})")
     return _validated(f"validate:{build.name}", report, restored, fingerprint)
 
 
@@ -124,8 +133,11 @@ def run_group_validate(group: GroupBuild, workspace: Workspace, config: dict[str
                        extra: list[Path]) -> TaskFailed | dict:
     folder = group.out_dir(workspace.artifacts)
     fingerprint = validation_fingerprint([folder / n for n in group.output_names], config, extra, workspace.hashes)
-    report, restored = cached_validation(fingerprint, workspace, folder,
-                                         lambda: validate_group(group, workspace.artifacts))
+    try:
+        report, restored = cached_validation(fingerprint, workspace, folder,
+                                             lambda: validate_group(group, workspace.artifacts))
+    except OSError as exc:
+        return TaskFailed(f"validate:{group.name}: {exc.strerror or exc} ({exc.filename or 'artifacts'})")
     return _validated(f"validate:{group.name}", report, restored, fingerprint)
 
 
@@ -309,6 +321,10 @@ class Project:
         self.root = self.manifest.root
         self.rel = _Relative(Path.cwd())
         self.artifacts = self.root / "artifacts"
+        if self.artifacts.is_symlink():
+            raise UserError(self.manifest.path.name, None, f"{self.artifacts} is a symbolic link (to "
+                            f"{os.readlink(self.artifacts)}); outputs are written only inside the project: "
+                            "make artifacts/ a plain folder")
         self.workspace = Workspace(self.artifacts, *cache_location(self.manifest.cache))
         state = self.artifacts / ".state"
         self.builds = plan(self.manifest)
