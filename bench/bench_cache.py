@@ -85,7 +85,7 @@ def main() -> None:
               f"relative speed {tool / ours:.2f}x")
 
         folder = tmp / "shipped-b"
-        log = folder / "artifacts" / ".state" / "hashes.jsonl"
+        log = folder / "artifacts" / ".state" / "hashes.tsv"
         env = {**os.environ, "PYTHONPATH": str(REPO), "EPBUILD_CACHE_DIR": str(tmp / "shipped-cache")}
         subprocess.run([sys.executable, "-m", "doit"], cwd=folder, env=env, check=True, capture_output=True)
         before = len(log.read_text().splitlines())

@@ -21,8 +21,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from filelock import FileLock
-
 from .errors import BuildError
 from .hashing import FileHashes
 from .manifest import CacheSpec
@@ -54,6 +52,8 @@ class ArtifactCache:
     @contextmanager
     def lock(self, fingerprint: str) -> Iterator[None]:
         """Held while looking up, building and storing one fingerprint."""
+        from filelock import FileLock  # imported here: it costs ~10 ms, and task creation never locks
+
         locks = self.folder / "locks"
         locks.mkdir(parents=True, exist_ok=True)
         with FileLock(str(locks / f"{fingerprint}.lock")):

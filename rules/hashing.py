@@ -1,6 +1,6 @@
 """Content hashes (sha256) remembered per (path, size, mtime_ns, inode): an unchanged file is never hashed twice.
 
-The memory is an append-only JSON-lines file in `artifacts/.state/`, so it survives a doit run that was killed
+The memory is an append-only tab-separated file in `artifacts/.state/`, so it survives a doit run that was killed
 and is shared by concurrent builders (each appended line is one small write). doit's file checker uses it too
 (`rules.tasks`): after a fresh clone doit's own md5 checker re-hashes every file on every run, this one once.
 """
@@ -8,7 +8,6 @@ and is shared by concurrent builders (each appended line is one small write). do
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from pathlib import Path
 
@@ -31,22 +30,27 @@ def stat_key(stat: os.stat_result) -> list[int]:
 
 
 class FileHashes:
-    """sha256 by file identity; `hashed` counts the files actually read in this process."""
+    """sha256 by file identity; `hashed` counts the files actually read in this process. The memory is read on
+    first use, so a no-op run, whose file checks all match by identity, never loads it."""
 
     def __init__(self, state_dir: Path):
-        self.log = state_dir / "hashes.jsonl"
-        self.known: dict[str, tuple[list[int], str]] = {}
+        self.log = state_dir / "hashes.tsv"
+        self._known: dict[str, tuple[list[int], str]] | None = None
         self.hashed = 0
-        try:
-            with open(self.log, encoding="utf-8") as handle:
-                for line in handle:
-                    try:
-                        path, key, digest = json.loads(line)
-                    except ValueError:
-                        continue  # a line cut short by a killed process
-                    self.known[path] = (key, digest)
-        except FileNotFoundError:
-            pass
+
+    @property
+    def known(self) -> dict[str, tuple[list[int], str]]:
+        if self._known is None:
+            self._known = {}
+            try:
+                with open(self.log, encoding="utf-8") as handle:
+                    for line in handle:
+                        fields = line.rstrip("\n").split("\t")
+                        if len(fields) == 5 and len(fields[4]) == 64:  # else a line cut short by a killed process
+                            self._known[fields[0]] = ([int(f) for f in fields[1:4]], fields[4])
+            except FileNotFoundError:
+                pass
+        return self._known
 
     def sha256(self, path: str | Path, stat: os.stat_result | None = None) -> str:
         absolute = os.path.abspath(path)
@@ -57,7 +61,8 @@ class FileHashes:
         digest = sha256_file(absolute)
         self.hashed += 1
         self.known[absolute] = (key, digest)
-        self.log.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps([absolute, key, digest]) + "\n")
+        if "\t" not in absolute and "\n" not in absolute:
+            self.log.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.log, "a", encoding="utf-8") as handle:
+                handle.write("\t".join([absolute, *map(str, key), digest]) + "\n")
         return digest

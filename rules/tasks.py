@@ -6,6 +6,7 @@ onnxruntime or parses an unchanged model, so `doit list` and a no-op `doit` stay
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -45,6 +46,12 @@ from .toolchains import Toolchain, find_qaic, find_qairt, supported_operators, t
 from .validate import REPORT, cached_validation, summary, validate_build
 
 Task = dict[str, Any]
+
+
+def _digest(config: dict[str, Any]) -> str:
+    """A task's config as a short string for config_changed: repr is stable for our dicts (built in a fixed
+    order) and much cheaper than config_changed's own sorted json.dumps, which ran for every task on every run."""
+    return hashlib.md5(repr(config).encode()).hexdigest()
 
 
 class _Relative:
@@ -118,34 +125,21 @@ def run_stage_task(stage: Stage, workspace: Workspace, external: list[Path]) -> 
             "files": file_records(stage.output.parent, [stage.output.name], workspace)}
 
 
-def run_validate(build: Build, workspace: Workspace, config: dict[str, Any], extra: list[Path]) -> TaskFailed | dict:
+def run_validate(build: Build | GroupBuild, workspace: Workspace, config: dict[str, Any],
+                 extra: list[Path]) -> TaskFailed | dict:
+    """Validate a build's or a group's artifact, or restore a passed report for the same bytes from the cache."""
+    validator = validate_group if isinstance(build, GroupBuild) else validate_build
     folder = build.out_dir(workspace.artifacts)
     fingerprint = validation_fingerprint([folder / n for n in build.output_names], config, extra, workspace.hashes)
     try:
         report, restored = cached_validation(fingerprint, workspace, folder,
-                                             lambda: validate_build(build, workspace.artifacts))
+                                             lambda: validator(build, workspace.artifacts))
     except OSError as exc:
         return TaskFailed(f"validate:{build.name}: {exc.strerror or exc} ({exc.filename or 'artifacts'})")
-    return _validated(f"validate:{build.name}", report, restored, fingerprint)
-
-
-def run_group_validate(group: GroupBuild, workspace: Workspace, config: dict[str, Any],
-                       extra: list[Path]) -> TaskFailed | dict:
-    folder = group.out_dir(workspace.artifacts)
-    fingerprint = validation_fingerprint([folder / n for n in group.output_names], config, extra, workspace.hashes)
-    try:
-        report, restored = cached_validation(fingerprint, workspace, folder,
-                                             lambda: validate_group(group, workspace.artifacts))
-    except OSError as exc:
-        return TaskFailed(f"validate:{group.name}: {exc.strerror or exc} ({exc.filename or 'artifacts'})")
-    return _validated(f"validate:{group.name}", report, restored, fingerprint)
-
-
-def _validated(task: str, report: dict[str, Any], restored: bool, fingerprint: str) -> TaskFailed | dict:
-    line = f"{report['status']} {task}: {summary(report)}{' (restored from the cache)' if restored else ''}"
+    line = f"{report['status']} validate:{build.name}: {summary(report)}"
     if report["status"] == "failed":
         return TaskFailed(line)
-    print(line)
+    print(line + (" (restored from the cache)" if restored else ""))
     status = "restored" if restored else "skipped" if report["status"] == "skipped" else "validated"
     return {"status": status, "fingerprint": fingerprint, "validation": line, "seconds": report["seconds"]}
 
@@ -300,8 +294,8 @@ class BuildReporter(ConsoleReporter):
                 seen.add(name)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         temporary = self.path.with_name(f".build-report.{os.getpid()}.tmp")
-        temporary.write_text(json.dumps({"format": RULES_FORMAT, "tasks": dict(sorted(self.entries.items()))},
-                                        indent=2) + "\n")
+        lines = ",\n".join(f"  {json.dumps(name)}: {json.dumps(entry)}" for name, entry in sorted(self.entries.items()))
+        temporary.write_text(f'{{"format": {RULES_FORMAT}, "tasks": {{\n{lines}\n}}}}\n')  # one line per task
         os.replace(temporary, self.path)
         counts = Counter(entry["status"] for name, entry in self.entries.items() if name in seen)
         ran = sorted((e["seconds"], n) for n, e in self.entries.items()
@@ -390,7 +384,7 @@ class Project:
                 "actions": [(run_compile, [build, self.workspace, external])],
                 "file_dep": [rel(path) for path in inputs],
                 "targets": [rel(out_dir / name) for name in build.output_names],
-                "uptodate": [config_changed(compile_config(build, self.root))],
+                "uptodate": [config_changed(_digest(compile_config(build, self.root)))],
                 "clean": [(discard, [out_dir])],
                 "task_dep": checks,
             }
@@ -418,7 +412,7 @@ class Project:
                 "actions": [(run_validate, [build, self.workspace, config, [build.model.path, *extra]])],
                 "file_dep": [rel(path) for path in inputs],
                 "targets": [rel(out_dir / REPORT)],
-                "uptodate": [config_changed(config)],
+                "uptodate": [config_changed(_digest(config))],
             }
         yield from self.group_validate_tasks()
 
@@ -456,7 +450,7 @@ class Project:
                 "actions": [(run_stage_task, [stage, self.workspace, external])],
                 "file_dep": [rel(p) for p in (stage.input, *external, *stage.calibration)],
                 "targets": [rel(stage.output)],
-                "uptodate": [config_changed(stage_config(stage))],
+                "uptodate": [config_changed(_digest(stage_config(stage)))],
                 "clean": [(discard, [stage.output.parent])],
             }
 
@@ -478,7 +472,7 @@ class Project:
                 "actions": [(run_group, [group, self.workspace, external])],
                 "file_dep": [rel(path) for path in [*inputs, *target.option_files.values()]],
                 "targets": [rel(out_dir / name) for name in group.output_names],
-                "uptodate": [config_changed(group_config(group, self.root))],
+                "uptodate": [config_changed(_digest(group_config(group, self.root)))],
                 "clean": [(discard, [out_dir])],
             }
 
@@ -499,10 +493,10 @@ class Project:
             sources = [m.path for m in group.members]
             yield {
                 "basename": "validate", "name": group.name, "doc": doc,
-                "actions": [(run_group_validate, [group, self.workspace, config, [*sources, *extra]])],
+                "actions": [(run_validate, [group, self.workspace, config, [*sources, *extra]])],
                 "file_dep": [rel(path) for path in inputs],
                 "targets": [rel(out_dir / REPORT)],
-                "uptodate": [config_changed(config)],
+                "uptodate": [config_changed(_digest(config))],
             }
 
     def unavailable_task(self) -> Iterator[Task]:

@@ -146,7 +146,7 @@ def test_a_killed_doit_run_restores_finished_work_on_rerun(tmp_path, host_cache)
 def test_no_op_run_hashes_nothing_and_a_touched_tree_is_hashed_once(tmp_path, host_cache):
     project = clone(tmp_path, host_cache, "a", tmp_path / "shared-cache")
     project.doit()
-    log = project.artifacts / ".state" / "hashes.jsonl"
+    log = project.artifacts / ".state" / "hashes.tsv"
     lines = len(log.read_text().splitlines())
     assert ran(project.doit()) <= {"unavailable"}
     assert len(log.read_text().splitlines()) == lines
