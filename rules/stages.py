@@ -66,4 +66,6 @@ def stage_chain(model: ModelSpec, artifacts: Path, flavour: str | None,
             flavour, quantize.calibration or ())
     if model.squash or single_file:
         add("squash", {"limit_bytes": PROTOBUF_LIMIT}, flavour if quantize else None)
+    if not stages:
+        return model, (), None
     return dataclasses.replace(model, path=path, inputs=inputs), tuple(stages), float_path

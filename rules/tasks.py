@@ -72,6 +72,15 @@ class _Relative:
         return inside if self.prefix == "." else os.path.join(self.prefix, inside)
 
 
+FAILURES = (BuildError, UserError, OSError)
+
+
+def failure(exc: Exception, prefix: str = "") -> TaskFailed:
+    """A task failure with one readable message; an OSError (a full disk, a permission) names the file."""
+    if isinstance(exc, OSError) and not isinstance(exc, BuildError):
+        return TaskFailed(f"{prefix}{exc.strerror or exc} ({exc.filename or 'artifacts'})")
+    return TaskFailed(f"{prefix}{exc}")
+
 
 def _compiled(done: Compiled, detail: str) -> dict[str, Any]:
     print(f"{done.status} {done.build}: {detail}, {done.seconds:.1f} s -> {os.path.relpath(done.out_dir)}/")
@@ -82,10 +91,8 @@ def _compiled(done: Compiled, detail: str) -> dict[str, Any]:
 def run_compile(build: Build, workspace: Workspace, external: list[Path]) -> TaskFailed | dict[str, Any]:
     try:
         done = compile_build(build, workspace, external)
-    except (BuildError, UserError) as exc:
-        return TaskFailed(str(exc))
-    except OSError as exc:  # a full disk, a permission problem: say which file, no traceback
-        return TaskFailed(f"{exc.strerror or exc} ({exc.filename or 'artifacts'})")
+    except FAILURES as exc:
+        return failure(exc)
     nodes = done.nodes
     if build.target.compiler == "qaic":
         taken = f"QPC from {nodes['source']} source nodes"
@@ -100,10 +107,8 @@ def run_compile(build: Build, workspace: Workspace, external: list[Path]) -> Tas
 def run_group(group: GroupBuild, workspace: Workspace, external: dict[str, list[Path]]) -> TaskFailed | dict:
     try:
         done = compile_group(group, workspace, external)
-    except (BuildError, UserError) as exc:
-        return TaskFailed(str(exc))
-    except OSError as exc:  # a full disk, a permission problem: say which file, no traceback
-        return TaskFailed(f"{exc.strerror or exc} ({exc.filename or 'artifacts'})")
+    except FAILURES as exc:
+        return failure(exc)
     names = ", ".join(f["name"] for f in done.files)
     return _compiled(done, f"{len(group.members)} members, {done.nodes['ep_context']} EPContext node(s) "
                            f"(keep together: {names})")
@@ -112,10 +117,8 @@ def run_group(group: GroupBuild, workspace: Workspace, external: dict[str, list[
 def run_stage_task(stage: Stage, workspace: Workspace, external: list[Path]) -> TaskFailed | dict[str, Any]:
     try:
         restored, seconds = run_stage(stage, workspace, external)
-    except (BuildError, UserError) as exc:
-        return TaskFailed(str(exc))
-    except OSError as exc:  # a full disk, a permission problem: say which file, no traceback
-        return TaskFailed(f"{exc.strerror or exc} ({exc.filename or 'artifacts'})")
+    except FAILURES as exc:
+        return failure(exc)
     if stage.kind == "quantize" and stage.settings["random"]:
         print(f"warning: {stage.task} calibrated on fixed-seed random data: for smoke tests only, the "
               "quantization ranges do not reflect real inputs")
@@ -135,7 +138,7 @@ def run_validate(build: Build | GroupBuild, workspace: Workspace, config: dict[s
         report, restored = cached_validation(fingerprint, workspace, folder,
                                              lambda: validator(build, workspace.artifacts))
     except OSError as exc:
-        return TaskFailed(f"validate:{build.name}: {exc.strerror or exc} ({exc.filename or 'artifacts'})")
+        return failure(exc, f"validate:{build.name}: ")
     line = f"{report['status']} validate:{build.name}: {summary(report)}"
     if report["status"] == "failed":
         return TaskFailed(line)
@@ -340,6 +343,10 @@ class Project:
                 raise UserError(self.manifest.path.name, f"models.{name}.path", f"{exc.file}: {exc.message}") from None
         index.save()
         self.stages = {stage.task: stage for b in [*self.builds, *self.groups] for stage in b.stages}
+        self.outputs = {}  # build name -> (artifact folder, its spelling for doit)
+        for build in self.builds:
+            out_dir = build.out_dir(self.artifacts)
+            self.outputs[build.name] = (out_dir, self.rel(out_dir))
 
     def external_for(self, path: Path, model: str) -> list[Path]:
         """External-data files of `path` when it is the declared model; stage outputs hold none."""
@@ -367,9 +374,9 @@ class Project:
 
     def compile_tasks(self) -> Iterator[Task]:
         yield {"basename": "compile", "name": None, "doc": "compile every model for each of its targets"}
+        rel = self.rel
         for build in self.builds:
-            target, out_dir = build.target, build.out_dir(self.artifacts)
-            rel = self.rel
+            target, (out_dir, out) = build.target, self.outputs[build.name]
             doc = f"{build.model.name} for {target.name} ({target.ep.name}, {target.device})"
             reason = self.unavailable.get(target.name)
             if reason:
@@ -380,10 +387,10 @@ class Project:
             inputs = [build.model.path, *external, *target.option_files.values()]
             checks = [f"ops:{build.name}"] if target.compiler == "qaic" else []
             yield {
-                "basename": "compile", "name": build.name, "doc": f"{doc} -> {rel(out_dir)}/",
+                "basename": "compile", "name": build.name, "doc": f"{doc} -> {out}/",
                 "actions": [(run_compile, [build, self.workspace, external])],
                 "file_dep": [rel(path) for path in inputs],
-                "targets": [rel(out_dir / name) for name in build.output_names],
+                "targets": [f"{out}/{name}" for name in build.output_names],
                 "uptodate": [config_changed(_digest(compile_config(build, self.root)))],
                 "clean": [(discard, [out_dir])],
                 "task_dep": checks,
@@ -395,7 +402,7 @@ class Project:
             settings, target = build.validation, build.target
             if settings.mode == "off":
                 continue
-            rel, out_dir = self.rel, build.out_dir(self.artifacts)
+            rel, out = self.rel, self.outputs[build.name][1]
             what = "structural checks" if settings.mode == "structural" else "run, compare with the source on CPU"
             doc = f"{build.model.name} on {target.name}: {what}"
             reason = self.unavailable.get(target.name)
@@ -404,14 +411,13 @@ class Project:
                        "actions": [(refuse_unavailable, [f"validate:{build.name}", reason])], "uptodate": [False]}
                 continue
             extra = [p for p in (settings.inputs, settings.reference, build.float_model) if p]
-            inputs = [*(out_dir / name for name in build.output_names), build.model.path,
-                      *self.external[build.model.name], *extra]
+            sources = [build.model.path, *self.external_for(build.model.path, build.model.name), *extra]
             config = validate_config(build, self.root)
             yield {
                 "basename": "validate", "name": build.name, "doc": doc,
                 "actions": [(run_validate, [build, self.workspace, config, [build.model.path, *extra]])],
-                "file_dep": [rel(path) for path in inputs],
-                "targets": [rel(out_dir / REPORT)],
+                "file_dep": [*(f"{out}/{name}" for name in build.output_names), *map(rel, sources)],
+                "targets": [f"{out}/{REPORT}"],
                 "uptodate": [config_changed(_digest(config))],
             }
         yield from self.group_validate_tasks()
