@@ -10,7 +10,6 @@ import sys
 from dataclasses import dataclass, field
 
 DEVICES = ("npu", "gpu", "cpu")
-COMPILERS = ("ort", "ort_session")
 SOURCES = ("pypi", "bundled", "nuget", "catalog")
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .eps import DEVICES
 from .errors import UserError, closest
 
 if sys.version_info >= (3, 11):
@@ -351,7 +352,7 @@ def _target(targets: _Reader, name: str) -> TargetSpec:
     return TargetSpec(
         name=name,
         ep=table.get("ep", str),
-        device=table.choice("device", ("npu", "gpu", "cpu")),
+        device=table.choice("device", DEVICES),
         compiler=table.choice("compiler", COMPILERS, "ort"),
         embed=table.get("embed", bool, False),
         options=dict(options),

@@ -207,3 +207,15 @@ def test_no_op_run_revalidates_nothing(project):
     stamp = (project.artifacts / "qnn-htp" / "tinycnn" / "validation.json").stat().st_mtime_ns
     assert ran(project.doit()) == set()
     assert (project.artifacts / "qnn-htp" / "tinycnn" / "validation.json").stat().st_mtime_ns == stamp
+
+
+def test_a_separate_reference_model_is_compared_against(project):
+    """validation.reference: here the QDQ version of tinycnn stands as the reference, so the fp16 artifact is
+    compared with quantized numbers and the report says which model it used."""
+    project.manifest(QNN.replace('path = "models/tinycnn.onnx"', 'path = "models/tinycnn.onnx"\n'
+                                 'validation = { reference = "models/tinycnn_qdq.onnx", min_snr_db = 15, '
+                                 'min_cosine = 0.9 }'))
+    project.doit()
+    result = report(project, "qnn-htp", "tinycnn")
+    assert result["status"] == "passed" and result["precision"] == "qdq"
+    assert 15 < result["outputs"]["logits"]["snr_db"] < 60  # quantization error, not fp16 rounding
