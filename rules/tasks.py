@@ -147,6 +147,12 @@ def run_validate(build: Build | GroupBuild, workspace: Workspace, config: dict[s
     return {"status": status, "fingerprint": fingerprint, "validation": line, "seconds": report["seconds"]}
 
 
+def _unavailable(basename: str, name: str, doc: str, reason: str) -> Task:
+    """The task of a target this host cannot build: listed with the reason, refused by name."""
+    return {"basename": basename, "name": name, "doc": f"{doc} [unavailable here: {reason}]",
+            "actions": [(refuse_unavailable, [f"{basename}:{name}", reason])], "uptodate": [False]}
+
+
 def refuse_unavailable(task: str, reason: str) -> TaskFailed | dict[str, str]:
     """Asked for by name, a task this host cannot build fails; reached through `doit compile` or `doit validate`
     it is skipped with its reason, like in the default run."""
@@ -380,8 +386,7 @@ class Project:
             doc = f"{build.model.name} for {target.name} ({target.ep.name}, {target.device})"
             reason = self.unavailable.get(target.name)
             if reason:
-                yield {"basename": "compile", "name": build.name, "doc": f"{doc} [unavailable here: {reason}]",
-                       "actions": [(refuse_unavailable, [f"compile:{build.name}", reason])], "uptodate": [False]}
+                yield _unavailable("compile", build.name, doc, reason)
                 continue
             external = self.external_for(build.model.path, build.model.name)
             inputs = [build.model.path, *external, *target.option_files.values()]
@@ -407,8 +412,7 @@ class Project:
             doc = f"{build.model.name} on {target.name}: {what}"
             reason = self.unavailable.get(target.name)
             if reason:
-                yield {"basename": "validate", "name": build.name, "doc": f"{doc} [unavailable here: {reason}]",
-                       "actions": [(refuse_unavailable, [f"validate:{build.name}", reason])], "uptodate": [False]}
+                yield _unavailable("validate", build.name, doc, reason)
                 continue
             extra = [p for p in (settings.inputs, settings.reference, build.float_model) if p]
             sources = [build.model.path, *self.external_for(build.model.path, build.model.name), *extra]
@@ -468,8 +472,7 @@ class Project:
                    f"({target.ep.name})")
             reason = self.unavailable.get(target.name)
             if reason:
-                yield {"basename": "group", "name": group.name, "doc": f"{doc} [unavailable here: {reason}]",
-                       "actions": [(refuse_unavailable, [f"group:{group.name}", reason])], "uptodate": [False]}
+                yield _unavailable("group", group.name, doc, reason)
                 continue
             external = {m.name: self.external_for(m.path, m.name) for m in group.members}
             inputs = [p for m in group.members for p in (m.path, *external[m.name])]
@@ -490,8 +493,7 @@ class Project:
             doc = f"group {group.name}: structural checks, and each member run where this host loads the context"
             reason = self.unavailable.get(group.target.name)
             if reason:
-                yield {"basename": "validate", "name": group.name, "doc": f"{doc} [unavailable here: {reason}]",
-                       "actions": [(refuse_unavailable, [f"validate:{group.name}", reason])], "uptodate": [False]}
+                yield _unavailable("validate", group.name, doc, reason)
                 continue
             extra = [p for v in group.validations for p in (v.inputs, v.reference) if p]
             inputs = [*(out_dir / name for name in group.output_names), *(m.path for m in group.members), *extra]
