@@ -35,11 +35,17 @@ def relative(path: Path, root: Path) -> str:
 
 
 def compile_config(build: Build, root: Path) -> dict[str, Any]:
-    target = build.target
     return {
         "rules_format": RULES_FORMAT,
         "model": relative(build.model.path, root),
         "inputs": {name: list(shape) for name, shape in sorted(build.model.inputs.items())},
+        **target_config(build.target),
+    }
+
+
+def target_config(target: ResolvedTarget) -> dict[str, Any]:
+    """Every target setting that shapes a compiled output, option files by key (their bytes are file_deps)."""
+    return {
         "ep": target.ep.name, "ep_source": target.source, "device": target.device,
         "compiler": target.compiler, "embed": target.embed, "options": target.options,
         "option_files": sorted(target.option_files), "optimization_level": target.optimization_level,
@@ -62,14 +68,11 @@ def validate_config(build: Build, root: Path) -> dict[str, Any]:
 
 def group_config(group: GroupBuild, root: Path) -> dict[str, Any]:
     """Members in order (the order shapes the shared binary) with their shapes, plus the target's settings."""
-    target = group.target
     return {
         "rules_format": RULES_FORMAT,
         "members": [[relative(m.path, root), {k: list(v) for k, v in sorted(m.inputs.items())}]
                     for m in group.members],
-        "ep": target.ep.name, "ep_source": target.source, "device": target.device, "compiler": target.compiler,
-        "options": target.options, "option_files": sorted(target.option_files),
-        "versions": toolchain_versions(target.ep),
+        **target_config(group.target),
     }
 
 

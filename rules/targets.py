@@ -268,6 +268,10 @@ def resolve_group(spec: GroupSpec, manifest: Manifest, target: ResolvedTarget) -
         sharing = ", ".join(alias for alias, info in REGISTRY.items() if info.can_share_contexts)
         raise UserError(file, f"{where}.target", f"target '{target.name}' uses {target.ep.name}, which cannot "
                                                  f"share an EP context; EPs that can: {sharing}")
+    if target.compiler not in ("ort", "ort_session"):
+        raise UserError(file, f"{where}.target", f"target '{target.name}' uses compiler = \"{target.compiler}\"; "
+                                                 "shared contexts are built with ONNX Runtime: compiler = \"ort\" "
+                                                 "or \"ort_session\"")
     if target.embed:
         raise UserError(file, f"{where}.target", f"target '{target.name}' has embed = true; a shared context "
                                                  "must stay in its own file (QNN writes a broken result, OpenVINO "

@@ -113,11 +113,14 @@ def test_an_openvino_group_builds_and_run_validates(project, openvino_reason):
     ('target = "qnn-htp"\nmodels = ["tinycnn", "copy"]',
      "groups.g.models[1]: models 'tinycnn' and 'copy' share the file name tinycnn.onnx"),
     ('target = "qnn-htp"\nmodel = ["tinycnn", "encoder"]', "groups.g.model: unknown key (did you mean 'models'?)"),
+    ('target = "qnn-qairt"\nmodels = ["tinycnn", "encoder"]',
+     "groups.g.target: target 'qnn-qairt' uses compiler = \"qairt\"; shared contexts are built with ONNX Runtime"),
 ])
 def test_group_errors_stop_before_any_build(project, group, message):
     (project.root / "models" / "copies").mkdir()
     shutil.copy(project.root / "models" / "tinycnn.onnx", project.root / "models" / "copies" / "tinycnn.onnx")
     text = (MEMBERS + '[targets.cpu]\nep = "cpu"\n[targets.qnn-embed]\nextends = "qnn-htp"\nembed = true\n'
+            '[targets.qnn-qairt]\nep = "qnn"\ncompiler = "qairt"\n'
             '[models.copy]\npath = "models/copies/tinycnn.onnx"\ntargets = []\n' + f"[groups.g]\n{group}\n")
     project.manifest(text)
     with pytest.raises(UserError) as raised:
