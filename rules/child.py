@@ -1,8 +1,11 @@
-"""Fresh child processes for compiles and validations.
+"""Fresh child processes for compiles, stages and validations, with bounded time and memory.
 
 A fresh process gives byte-identical outputs for identical inputs (a second compile in one process differs),
-and a crash inside an EP (SIGSEGV, abort) or a hang ends that one child, not doit. The parent names the signal or
-the timeout; the child reports its own errors as JSON.
+and a crash inside an EP (SIGSEGV, abort) or a hang ends that one child, not doit. The parent enforces the time
+and memory limits (resident memory is polled: address-space limits would refuse the large virtual reservations
+EP libraries make without using them), prints a progress line while a long child runs, measures its wall time and
+peak memory, and names the signal, the timeout or the limit. The child reports its own errors as JSON, telling
+the model's problems and the EP's own words from internal errors of epbuild.
 """
 
 from __future__ import annotations
@@ -13,14 +16,25 @@ import re
 import signal
 import subprocess
 import sys
+import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import BuildError
+from .errors import BuildError, ModelError
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+PROGRESS_EVERY_S = 30.0
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one child may use: wall time, and resident memory (None: unlimited)."""
+
+    timeout_s: float
+    max_memory_gb: float | None = None
 
 
 def _tail(text: str, lines: int = 12) -> str:
@@ -33,40 +47,105 @@ def _tail(text: str, lines: int = 12) -> str:
     return "\n".join(f"    {line}" for line in kept)
 
 
-def run_child(module: str, request: dict[str, Any], workdir: Path, timeout: float, what: str,
+def _resident_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/statm", encoding="ascii") as handle:
+            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _wait(process: subprocess.Popen, limits: Limits, what: str) -> tuple[int, float, float, str | None]:
+    """Wait for the child within its limits: (exit code, seconds, peak resident MB, why it was killed or None)."""
+    started = time.monotonic()
+    limit_bytes = limits.max_memory_gb * 2**30 if limits.max_memory_gb else None
+    peak, pause, next_progress = 0, 0.005, started + PROGRESS_EVERY_S
+    killed = None
+    while True:
+        pid, status, usage = os.wait4(process.pid, os.WNOHANG)
+        if pid:
+            process.returncode = os.waitstatus_to_exitcode(status)
+            peak = max(peak, usage.ru_maxrss * 1024)  # kilobytes on Linux
+            return process.returncode, time.monotonic() - started, peak / 2**20, killed
+        resident = _resident_bytes(process.pid)
+        peak = max(peak, resident)
+        now = time.monotonic()
+        if killed is None and limit_bytes and resident > limit_bytes:
+            killed = f"exceeded {limits.max_memory_gb:g} GB of memory ({resident / 2**30:.2f} GB resident); killed"
+        elif killed is None and now - started > limits.timeout_s:
+            killed = f"timed out after {limits.timeout_s:g} s; killed"
+        if killed is not None and process.returncode is None:
+            process.kill()  # our own child only; waited for above
+            process.returncode = -signal.SIGKILL
+        if now >= next_progress:
+            print(f"still running {what}: {now - started:.0f} s, {resident / 2**30:.2f} GB resident", flush=True)
+            next_progress += PROGRESS_EVERY_S
+        time.sleep(pause)
+        pause = min(pause * 2, 0.1)
+
+
+def run_child(module: str, request: dict[str, Any], workdir: Path, limits: Limits, what: str,
               log: Path | None = None) -> dict[str, Any]:
-    """Run `python -m module request.json result.json`; return its result or raise BuildError naming `what`."""
+    """Run `python -m module request.json result.json` within `limits`; return its result with `usage` (seconds,
+    peak_mb) added, or raise BuildError naming `what` and the cause."""
     workdir.mkdir(parents=True, exist_ok=True)
     request_file, result_file = workdir / "request.json", workdir / "result.json"
+    output_file = workdir / "output.txt"
     request_file.write_text(json.dumps(request))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PACKAGE_ROOT), os.environ.get("PYTHONPATH", "")])}
     try:
-        done = subprocess.run([sys.executable, "-m", module, str(request_file), str(result_file)],
-                              capture_output=True, text=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired as exc:
-        output = (exc.stderr or b"").decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr or ""
-        raise BuildError(f"{what}: timed out after {timeout:g} s; killed\n{_tail(output)}") from None
+        with open(output_file, "w+", encoding="utf-8", errors="replace") as output:
+            process = subprocess.Popen([sys.executable, "-m", module, str(request_file), str(result_file)],
+                                       stdout=output, stderr=subprocess.STDOUT, env=env)
+            code, seconds, peak_mb, killed = _wait(process, limits, what)
+            output.seek(0)
+            text = output.read()
     finally:
         request_file.unlink(missing_ok=True)
+        output_file.unlink(missing_ok=True)
     if log is not None:
         log.parent.mkdir(parents=True, exist_ok=True)
-        log.write_text(done.stdout + done.stderr)
+        log.write_text(text)
+    see_log = f" (full output: {log})" if log is not None else ""
     result: dict[str, Any] = {}
     if result_file.exists():
         try:
             result = json.loads(result_file.read_text())
         except ValueError:  # cut short, e.g. by a full disk: judge by the exit status and the child's output
-            result = {"error": f"its result file was unreadable\n{_tail(done.stderr)}"} if done.returncode else {}
+            result = {"error": f"its result file was unreadable\n{_tail(text)}"} if code else {}
         result_file.unlink()
-    if done.returncode < 0:
-        name = signal.Signals(-done.returncode).name
-        raise BuildError(f"{what}: the child process was killed by {name}\n{_tail(done.stderr)}")
-    if done.returncode != 0 or "error" in result:
+    if killed:
+        raise BuildError(f"{what}: {killed} after {seconds:.0f} s, peak {peak_mb / 1024:.2f} GB{see_log}\n"
+                         f"{_tail(text)}")
+    if code < 0:
+        name = signal.Signals(-code).name
+        raise BuildError(f"{what}: the child process was killed by {name}{see_log}\n{_tail(text)}")
+    if code != 0 or "error" in result:
         if "error" not in result:
-            raise BuildError(f"{what}: exited with status {done.returncode}\n{_tail(done.stderr)}")
-        logged = "\n".join(line for line in done.stderr.splitlines() if "[E:" in line or "<E>" in line)
+            raise BuildError(f"{what}: exited with status {code}{see_log}\n{_tail(text)}")
+        if result.get("internal"):
+            raise BuildError(f"{what}: internal error in epbuild: {result['error']}, see {log or 'the output'}")
+        logged = "\n".join(line for line in text.splitlines() if "[E:" in line or "<E>" in line)
         raise BuildError(f"{what}: {result['error']}" + (f"\n{_tail(logged)}" if logged else ""))
+    result["usage"] = {"seconds": round(seconds, 3), "peak_mb": round(peak_mb, 1)}
     return result
+
+
+def describe(exc: BaseException) -> dict[str, Any]:
+    """An exception as the parent reports it: ours and the toolchain's as their text, anything else as an
+    internal error (a bug of epbuild, not a problem of the user's model)."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, ModelError):
+        return {"error": text}
+    module = type(exc).__module__ or ""
+    if module.startswith(("onnxruntime", "onnx")):
+        return {"error": text}
+    frames = traceback.extract_tb(exc.__traceback__)
+    inside = next((f.filename for f in reversed(frames) if f"{os.sep}site-packages{os.sep}" in f.filename), None)
+    if inside and frames and frames[-1].filename == inside:
+        package = inside.split(f"{os.sep}site-packages{os.sep}", 1)[1].split(os.sep, 1)[0]
+        return {"error": f"{package} failed: {type(exc).__name__}: {text}"}
+    return {"error": f"{type(exc).__name__}: {text}", "internal": True}
 
 
 def serve(function: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
@@ -78,7 +157,7 @@ def serve(function: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
         status = 0
     except Exception as exc:  # noqa: BLE001 - every failure is reported to the parent as text
         traceback.print_exc()
-        result = {"error": str(exc).strip() or type(exc).__name__}
+        result = describe(exc)
         status = 1
     result_file.write_text(json.dumps(result))
     sys.stdout.flush()

@@ -22,14 +22,14 @@ from . import RULES_FORMAT
 from .cache import Workspace, cached_folder
 from .child import run_child, serve
 from .eps import lookup
-from .errors import BuildError
+from .errors import BuildError, ModelError
 from .fingerprint import compile_fingerprint
+from .graph import check_ep_contexts, missing_files, placement, static_dims
 from .host import toolchain_versions
 from .manifest import ModelSpec
 from .targets import QPC_PROGRAM, SIDECAR, Build, ResolvedTarget
 from .toolchains import Toolchain, ep_context_model, find_qaic, find_qairt, qaic_command, run_tool
 
-COMPILE_TIMEOUT_S = 3600
 CPU_LEVELS = {"basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
 
 
@@ -43,19 +43,31 @@ class Compiled:
     out_dir: Path
     files: list[dict[str, Any]]  # name, size, sha256
     seconds: float
-    nodes: dict[str, int]
+    nodes: dict[str, Any]  # a single model's placement; for groups the counts summed over members
+    usage: dict[str, float] | None  # the child's wall time and peak memory; None when restored
 
 
 def cached_compile(label: str, fingerprint: str, workspace: Workspace, final: Path, expected: list[str] | None,
-                   produce: Callable[[Path], None]) -> Compiled:
-    """`cached_folder`, then what the published sidecar says about nodes, and every file's size and sha256."""
+                   produce: Callable[[Path], dict[str, float] | None]) -> Compiled:
+    """`cached_folder`, then what the published sidecar says about nodes, and every file's size and sha256;
+    `produce` returns the child's usage."""
     started = time.monotonic()
-    restored = cached_folder(label, fingerprint, workspace, final, expected, produce)
+    usage: dict[str, float] = {}
+
+    def run(scratch: Path) -> None:
+        usage.update(produce(scratch) or {})
+
+    restored = cached_folder(label, fingerprint, workspace, final, expected, run)
     recorded = json.loads((final / SIDECAR).read_text())
-    per_model = [recorded["nodes"]] if "nodes" in recorded else [m["nodes"] for m in recorded["members"].values()]
-    nodes = {key: sum(n[key] for n in per_model) for key in per_model[0]}
+    if "nodes" in recorded:
+        nodes = recorded["nodes"]
+    else:
+        per_model = [m["nodes"] for m in recorded["members"].values()]
+        nodes = {key: sum(n[key] for n in per_model) for key in ("source", "ep_context", "cpu", "in_ep")
+                 if key in per_model[0]}
     return Compiled(label, "restored" if restored else "compiled", fingerprint, final,
-                    file_records(final, expected or recorded["files"], workspace), time.monotonic() - started, nodes)
+                    file_records(final, expected or recorded["files"], workspace), time.monotonic() - started, nodes,
+                    usage or None)
 
 
 def file_records(folder: Path, names: list[str], workspace: Workspace) -> list[dict[str, Any]]:
@@ -63,21 +75,24 @@ def file_records(folder: Path, names: list[str], workspace: Workspace) -> list[d
             for name in names]
 
 
-def compile_build(build: Build, workspace: Workspace, external: list[Path]) -> Compiled:
+def compile_build(build: Build, workspace: Workspace) -> Compiled:
     """Compile `build` into `artifacts/<target>/<model>/` (or restore it from the cache), atomically; raise
     BuildError naming model and target."""
     target = build.target
-    fingerprint = compile_fingerprint(build, external, workspace.hashes)
+    fingerprint = compile_fingerprint(build, workspace.hashes)
 
-    def produce(scratch: Path) -> None:
-        request = compile_request(target, [(build.model, scratch / build.model_file)], share=False)
+    def produce(scratch: Path) -> dict[str, float]:
+        data_file = build.data_file if target.is_cpu and build.external else None
+        request = compile_request(target, [(build.model, scratch / build.model_file, data_file)], share=False)
         log = workspace.artifacts / ".logs" / target.name / f"{build.model.name}.compile.log"
-        (result,) = run_child("rules.compile", request, scratch / ".child", COMPILE_TIMEOUT_S,
-                              f"compile {build.name} ({target.ep.name})", log)["members"]
+        answer = run_child("rules.compile", request, scratch / ".child", target.limits(),
+                           f"compile {build.name} ({target.ep.name})", log)
+        (result,) = answer["members"]
         shutil.rmtree(scratch / ".child")
         for key, name in target.runtime_files().items():
             shutil.copyfile(target.option_files[key], scratch / name)
         (scratch / SIDECAR).write_text(json.dumps(sidecar(build, result), indent=2, sort_keys=True) + "\n")
+        return answer["usage"]
 
     if target.compiler in ("qaic", "qairt"):
         produce = functools.partial(produce_qaic if target.compiler == "qaic" else produce_qairt, build,
@@ -110,12 +125,12 @@ def produce_qaic(build: Build, log: Path, scratch: Path) -> None:
     source = onnx.load(str(build.model.path), load_external_data=False)
     try:
         symbols = static_dims(source, {k: list(v) for k, v in build.model.inputs.items()}, needs_static=True)
-    except ValueError as exc:
+    except ModelError as exc:
         raise BuildError(f"compile {build.name}: {exc}") from None
     command = qaic_command(toolchain.executables["qaic-compile"], build.model.path, scratch / "qpc",
                            build.target.qaic, symbols)
     try:
-        run_tool(command, scratch / "compile.log", f"compile {build.name} (qaic-compile)", COMPILE_TIMEOUT_S)
+        run_tool(command, scratch / "compile.log", f"compile {build.name} (qaic-compile)", build.target.timeout_s)
     finally:
         if (scratch / "compile.log").exists():
             log.parent.mkdir(parents=True, exist_ok=True)
@@ -139,12 +154,12 @@ def produce_qairt(build: Build, log: Path, scratch: Path) -> None:
     shapes = [arg for name, shape in sorted(build.model.inputs.items())
               for arg in ("--source_model_input_shape", name, ",".join(map(str, shape)))]
     run_tool([str(toolchain.executables["converter"]), "--input_network", str(build.model.path),
-              "--output_path", str(work / "model.dlc"), *shapes], log, what, COMPILE_TIMEOUT_S)
+              "--output_path", str(work / "model.dlc"), *shapes], log, what, build.target.timeout_s)
     binary = build.target.ep.binary_name(build.model.name)
     run_tool([str(toolchain.executables["context"]), "--backend", str(toolchain.executables["backend"]),
               "--model", str(toolchain.root / "lib" / "x86_64-linux-clang" / "libQnnModelDlc.so"),
               "--dlc_path", str(work / "model.dlc"), "--binary_file", Path(binary).stem,
-              "--output_dir", str(work)], log, what, COMPILE_TIMEOUT_S)
+              "--output_dir", str(work)], log, what, build.target.timeout_s)
     if not (work / binary).is_file():
         raise BuildError(f"{what}: qnn-context-binary-generator wrote no {binary}")
     os.replace(work / binary, scratch / binary)
@@ -158,14 +173,17 @@ def produce_qairt(build: Build, log: Path, scratch: Path) -> None:
     (scratch / SIDECAR).write_text(json.dumps(sidecar_data, indent=2, sort_keys=True) + "\n")
 
 
-def compile_request(target: ResolvedTarget, members: list[tuple[ModelSpec, Path]], share: bool) -> dict[str, Any]:
-    """The child's request: each (model, output path) in order, and the target's settings."""
+def compile_request(target: ResolvedTarget, members: list[tuple[ModelSpec, Path, str | None]],
+                    share: bool) -> dict[str, Any]:
+    """The child's request: each (model, output path, external-data file name of a CPU output) in order, and
+    the target's settings."""
     return {
-        "members": [{"model": str(model.path), "output": str(output),
+        "members": [{"model": str(model.path), "output": str(output), "external_data": data_file,
                      "inputs": {name: list(shape) for name, shape in model.inputs.items()}}
-                    for model, output in members],
+                    for model, output, data_file in members],
         "share": share, "ep": target.ep.alias, "device": target.device, "compiler": target.compiler,
         "embed": target.embed, "options": target.session_options(), "optimization_level": target.optimization_level,
+        "min_offload": target.min_offload,
     }
 
 
@@ -181,79 +199,33 @@ def sidecar(build: Build, result: dict[str, Any]) -> dict[str, Any]:
         "files": build.output_names, "runtime_options": runtime_options,
         "inputs": {name: list(shape) for name, shape in build.model.inputs.items()},
         "versions": toolchain_versions(target.ep), "ep_sdk_version": result.get("ep_sdk_version"),
-        "nodes": result["nodes"],
+        "nodes": result["nodes"], **({"frozen": {k: list(v) for k, v in build.frozen.items()}} if build.frozen else {}),
         **({"optimization_level": target.optimization_level} if target.is_cpu else {}),
     }
 
 
 # ---- child process ----
 
-def static_dims(model: Any, inputs: dict[str, list[int]], needs_static: bool) -> dict[str, int]:
-    """Map `inputs` onto the model's symbolic dimension names, for free-dimension overrides.
-
-    Raises ValueError naming the input when a shape does not fit, or when an EP that needs static shapes would
-    get a symbolic dimension that `inputs` does not fix.
-    """
-    graph_inputs = {i.name: i for i in model.graph.input}
-    initializers = {t.name for t in model.graph.initializer}
-    for name in inputs:
-        if name not in graph_inputs:
-            raise ValueError(f"inputs.{name}: the model has no input '{name}'; its inputs: "
-                             f"{', '.join(n for n in graph_inputs if n not in initializers)}")
-    overrides: dict[str, int] = {}
-    for name, value_info in graph_inputs.items():
-        if name in initializers:
-            continue
-        dims = value_info.type.tensor_type.shape.dim
-        wanted = inputs.get(name)
-        if wanted is not None and len(wanted) != len(dims):
-            raise ValueError(f"inputs.{name}: the model's input has rank {len(dims)}, "
-                             f"the manifest gives {len(wanted)} dimensions {wanted}")
-        for index, dim in enumerate(dims):
-            if dim.HasField("dim_value"):
-                if wanted is not None and wanted[index] != dim.dim_value:
-                    raise ValueError(f"inputs.{name}: dimension {index} is fixed to {dim.dim_value} in the model, "
-                                     f"the manifest gives {wanted[index]}")
-                continue
-            if wanted is None:
-                if needs_static:
-                    label = dim.dim_param or "?"
-                    raise ValueError(f"input '{name}' has symbolic dimension {index} ('{label}'); this EP needs "
-                                     f"static shapes: set inputs.{name} in the model's manifest entry")
-                continue
-            if not dim.dim_param:
-                raise ValueError(f"inputs.{name}: dimension {index} is unnamed, so it cannot be fixed by name")
-            previous = overrides.setdefault(dim.dim_param, wanted[index])
-            if previous != wanted[index]:
-                raise ValueError(f"inputs.{name}: dimension '{dim.dim_param}' is given both {previous} and "
-                                 f"{wanted[index]}")
-    return overrides
-
-
-def inspect_output(path: Path, ep_name: str | None) -> dict[str, Any]:
-    """Count EPContext nodes from `ep_name` and CPU nodes; check every referenced context file exists."""
+def inspect_output(path: Path, source_nodes: int, ep_name: str | None) -> dict[str, Any]:
+    """Check a compiled model before it is published (every file it references is beside it; EPContext nodes
+    come from `ep_name` and name binaries that exist) and say where the source's nodes ended up."""
     import onnx
 
     model = onnx.load(str(path), load_external_data=False)
-    contexts, cpu_nodes, sdk, binaries = 0, 0, None, []
-    for node in model.graph.node:
-        if node.op_type != "EPContext":
-            cpu_nodes += 1
-            continue
-        attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-        source = attributes.get("source", b"").decode()
-        if source != ep_name:
-            raise RuntimeError(f"the output holds an EPContext node from '{source}', not {ep_name}")
-        contexts += 1
-        sdk = (attributes.get("ep_sdk_version") or b"").decode() or sdk
-        if attributes.get("embed_mode", 1) == 0:
-            binary = path.parent / attributes["ep_cache_context"].decode()
-            if not binary.is_file():
-                raise RuntimeError(f"{path.name} references {binary.name}, which was not written")
-            binaries.append(binary.name)
-    if ep_name and contexts == 0:
-        raise RuntimeError(f"the output holds no EPContext node from {ep_name}: the EP compiled nothing")
-    return {"ep_context_nodes": contexts, "cpu_nodes": cpu_nodes, "ep_sdk_version": sdk, "binaries": binaries}
+    problems = missing_files(path, model)
+    if problems:
+        raise ModelError("; ".join(problems))
+    sdk, binaries = check_ep_contexts(model, ep_name, path.parent) if ep_name else (None, [])
+    return {"nodes": placement(source_nodes, model, ep_name), "ep_sdk_version": sdk, "binaries": binaries}
+
+
+def check_offload(name: str, nodes: dict[str, Any], min_offload: float | None) -> None:
+    """`min_offload`: the share of source nodes that must end inside EPContext nodes."""
+    if min_offload is None or nodes["offload"] >= min_offload:
+        return
+    left = ", ".join(f"{op} x{count}" for op, count in nodes["cpu_op_types"].items())
+    raise ModelError(f"{name}: only {nodes['offload']:.1%} of {nodes['source']} source nodes are in EPContext "
+                     f"nodes, below min_offload = {min_offload:g}; left on CPU: {left}")
 
 
 def _compile_in_child(request: dict[str, Any]) -> dict[str, Any]:
@@ -291,8 +263,12 @@ def _compile_in_child(request: dict[str, Any]) -> dict[str, Any]:
             level = CPU_LEVELS[request["optimization_level"]]
             options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
             options.optimized_model_filepath = str(output)
+            if member["external_data"]:  # the artifact carries its own weights, not the source's data file
+                options.add_session_config_entry("session.optimized_model_external_initializers_file_name",
+                                                 member["external_data"])
+                options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes",
+                                                 "0")
             ort.InferenceSession(model_file, options, providers=["CPUExecutionProvider"])
-            found = inspect_output(output, None)
         else:
             if request["share"]:
                 options.add_session_config_entry("ep.share_ep_contexts", "1")
@@ -309,18 +285,16 @@ def _compile_in_child(request: dict[str, Any]) -> dict[str, Any]:
                 options.add_session_config_entry("ep.context_file_path", str(output))
                 options.add_session_config_entry("ep.context_embed_mode", "1" if request["embed"] else "0")
                 ort.InferenceSession(model_file, options)
-            if not output.is_file():
-                raise RuntimeError(f"{info.name} wrote no compiled model for {Path(member['model']).name}")
+        if not output.is_file():
+            raise ModelError(f"{info.name} wrote no compiled model for {model_file}")
         results.append(output)
     # Check after the last compile: a shared context binary is written only when sharing stops.
     members = []
-    for (_, source_nodes, _), output in zip(prepared, results, strict=True):
-        found = inspect_output(output, None if info.alias == "cpu" else info.name)
-        nodes = {"source": source_nodes, "ep_context": found["ep_context_nodes"], "cpu": found["cpu_nodes"]}
+    for (member, source_nodes, _), output in zip(prepared, results, strict=True):
+        found = inspect_output(output, source_nodes, None if info.alias == "cpu" else info.name)
         if info.alias != "cpu":
-            nodes["in_ep"] = max(source_nodes - found["cpu_nodes"], 0)
-        members.append({"nodes": nodes, "ep_sdk_version": found["ep_sdk_version"],
-                        "binaries": found["binaries"]})
+            check_offload(Path(member["model"]).name, found["nodes"], request["min_offload"])
+        members.append(found)
     return {"members": members}
 
 

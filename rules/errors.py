@@ -32,3 +32,8 @@ def closest(word: str, choices: Iterable[str]) -> str:
     """A ' (did you mean X?)' hint, or '' when nothing is close."""
     match = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.5)
     return f" (did you mean '{match[0]}'?)" if match else ""
+
+
+class ModelError(Exception):
+    """Raised inside a child when the model or its settings cannot be processed; the message is already a
+    sentence for the user (what is wrong and what to do), reported without an "internal error" label."""

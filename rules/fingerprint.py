@@ -49,6 +49,7 @@ def target_config(target: ResolvedTarget) -> dict[str, Any]:
         "ep": target.ep.name, "ep_source": target.source, "device": target.device,
         "compiler": target.compiler, "embed": target.embed, "options": target.options,
         "option_files": sorted(target.option_files), "optimization_level": target.optimization_level,
+        "min_offload": target.min_offload,
         "versions": toolchain_versions(target.ep),
         "qaic": dataclasses.asdict(target.qaic) if target.qaic else None,
         "toolchain": toolchain_identity(target.compiler, target.sdk_root),
@@ -108,7 +109,7 @@ def _digest(payload: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
-def _model_identity(model: ModelSpec, external: list[Path], hashes: FileHashes) -> dict[str, Any]:
+def _model_identity(model: ModelSpec, external: tuple[Path, ...], hashes: FileHashes) -> dict[str, Any]:
     """The output stem, the file name (ONNX Runtime hashes it into graph names), and every byte."""
     return {"name": model.name, "file": model.path.name, "sha256": hashes.sha256(model.path),
             "external": {path.relative_to(model.path.parent).as_posix(): hashes.sha256(path) for path in external},
@@ -120,20 +121,21 @@ def _target_identity(target: ResolvedTarget, hashes: FileHashes) -> dict[str, An
                for key, value in target.options.items()}
     return {"ep": target.ep.name, "ep_source": target.source, "device": target.device, "compiler": target.compiler,
             "embed": target.embed, "options": options, "optimization_level": target.optimization_level,
-            "versions": toolchain_versions(target.ep), "host": host_properties(target),
+            "min_offload": target.min_offload, "versions": toolchain_versions(target.ep),
+            "host": host_properties(target),
             "qaic": dataclasses.asdict(target.qaic) if target.qaic else None,
             "toolchain": toolchain_identity(target.compiler, target.sdk_root)}
 
 
-def compile_fingerprint(build: Build, external: list[Path], hashes: FileHashes) -> str:
+def compile_fingerprint(build: Build, hashes: FileHashes) -> str:
     return _digest({"kind": "compile", "rules_format": RULES_FORMAT,
-                    "model": _model_identity(build.model, external, hashes),
+                    "model": _model_identity(build.model, build.external, hashes),
                     "target": _target_identity(build.target, hashes)})
 
 
-def group_fingerprint(group: GroupBuild, external: dict[str, list[Path]], hashes: FileHashes) -> str:
+def group_fingerprint(group: GroupBuild, hashes: FileHashes) -> str:
     return _digest({"kind": "group", "rules_format": RULES_FORMAT, "group": group.name,
-                    "members": [_model_identity(m, external[m.name], hashes) for m in group.members],
+                    "members": [_model_identity(m, group.external[m.name], hashes) for m in group.members],
                     "target": _target_identity(group.target, hashes)})
 
 
@@ -153,9 +155,9 @@ def stage_config(stage: Stage) -> dict[str, Any]:
             "versions": {p: package_version(p) for p in ("onnxruntime", "onnx")}}
 
 
-def stage_fingerprint(stage: Stage, external: list[Path], hashes: FileHashes) -> str:
+def stage_fingerprint(stage: Stage, hashes: FileHashes) -> str:
     """The stage's input bytes (external data too), calibration samples, settings and tool versions."""
     return _digest({"kind": "stage", **stage_config(stage), "model": stage.model, "input": {
         "file": stage.input.name, "sha256": hashes.sha256(stage.input),
-        "external": {p.relative_to(stage.input.parent).as_posix(): hashes.sha256(p) for p in external}},
+        "external": {p.relative_to(stage.input.parent).as_posix(): hashes.sha256(p) for p in stage.input_external}},
         "calibration": [hashes.sha256(p) for p in stage.calibration]})

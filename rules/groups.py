@@ -17,7 +17,7 @@ from typing import Any
 from . import RULES_FORMAT
 from .cache import Workspace
 from .child import run_child
-from .compile import COMPILE_TIMEOUT_S, Compiled, cached_compile, compile_request
+from .compile import Compiled, cached_compile, compile_request
 from .errors import BuildError
 from .fingerprint import group_fingerprint
 from .host import toolchain_versions
@@ -30,19 +30,22 @@ SHARED_CONTEXT_UNLOADABLE = {("qnn", "x86_64"): "loading a multi-graph QNN conte
                                                 "hosts (HTP simulator); run-validate on the device"}
 
 
-def compile_group(group: GroupBuild, workspace: Workspace, external: dict[str, list[Path]]) -> Compiled:
+def compile_group(group: GroupBuild, workspace: Workspace) -> Compiled:
     target = group.target
-    fingerprint = group_fingerprint(group, external, workspace.hashes)
+    fingerprint = group_fingerprint(group, workspace.hashes)
 
-    def produce(scratch: Path) -> None:
-        request = compile_request(target, [(m, scratch / f"{m.name}.onnx") for m in group.members], share=True)
+    def produce(scratch: Path) -> dict[str, float]:
+        request = compile_request(target, [(m, scratch / f"{m.name}.onnx", None) for m in group.members],
+                                  share=True)
         log = workspace.artifacts / ".logs" / target.name / f"group.{group.name}.compile.log"
-        results = run_child("rules.compile", request, scratch / ".child", COMPILE_TIMEOUT_S,
-                            f"group {group.name} ({target.ep.name})", log)["members"]
+        answer = run_child("rules.compile", request, scratch / ".child", target.limits(),
+                           f"group {group.name} ({target.ep.name})", log)
+        results = answer["members"]
         shutil.rmtree(scratch / ".child")
         for key, name in target.runtime_files().items():
             shutil.copyfile(target.option_files[key], scratch / name)
         (scratch / SIDECAR).write_text(json.dumps(sidecar(group, results), indent=2, sort_keys=True) + "\n")
+        return answer["usage"]
 
     return cached_compile(f"group:{group.name}", fingerprint, workspace, group.out_dir(workspace.artifacts),
                           group.output_names, produce)
@@ -78,7 +81,8 @@ def validate_group(group: GroupBuild, artifacts: Path) -> dict[str, Any]:
     recorded = json.loads((folder / SIDECAR).read_text())
     members = {
         model.name: member_request(model, group.target, settings, folder, recorded["files"],
-                                   {**recorded["members"][model.name], "runtime_options": recorded["runtime_options"]})
+                                   {**recorded["members"][model.name], "runtime_options": recorded["runtime_options"]},
+                                   frozen=group.frozen.get(model.name))
         for model, settings in zip(group.members, group.validations, strict=True)
     }
     request = {"members": members, "one_binary": group.target.ep.shares_one_binary, "run_blocked": run_blocked(group)}
@@ -86,7 +90,7 @@ def validate_group(group: GroupBuild, artifacts: Path) -> dict[str, Any]:
     scratch = artifacts / ".scratch" / f"validate.group.{group.name}"
     log = artifacts / ".logs" / group.target.name / f"group.{group.name}.validate.log"
     try:
-        report = run_child("rules.validate", request, scratch, timeout,
+        report = run_child("rules.validate", request, scratch, group.target.limits(timeout),
                            f"validate group {group.name} ({group.target.ep.name})", log)
     except BuildError as exc:
         report = {"status": "failed", "reason": str(exc)}

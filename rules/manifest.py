@@ -26,9 +26,10 @@ TOOLCHAIN_KEYS = ("qaic",)
 CACHE_KEYS = ("dir", "max_size_mb")
 GROUP_KEYS = ("target", "models")
 RESERVED_MODEL_NAMES = ("groups",)  # artifacts/<target>/groups/ holds shared-context groups
-MODEL_KEYS = ("path", "inputs", "targets", "validation", "optimize", "quantize", "squash")
+MODEL_KEYS = ("path", "inputs", "targets", "validation", "optimize", "quantize", "squash", "freeze")
 TARGET_KEYS = ("ep", "device", "compiler", "embed", "options", "option_files", "extends", "optimization_level",
-               "validate", "validation", "quantized", "config", "qaic", "qnn_sdk_root")
+               "validate", "validation", "quantized", "config", "qaic", "qnn_sdk_root", "timeout_s", "max_memory_gb",
+               "min_offload")
 COMPILERS = ("ort", "ort_session", "qaic", "qairt")
 QUANTIZE_KEYS = ("calibration", "activation_type", "weight_type", "per_channel")
 QUANT_TYPES = ("uint8", "int8", "uint16", "int16")
@@ -59,6 +60,7 @@ class ModelSpec:
     optimize: str | None = None
     quantize: QuantizeSpec | None = None
     squash: bool = False
+    freeze: dict[str, tuple[float, ...]] | None = None  # configuration inputs turned into constants
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,9 @@ class TargetSpec:
     quantized: bool  # consume the quantized variant of models that declare `quantize`
     qaic: dict[str, Any] | None = None  # compiler = "qaic": the qaic-compile flags
     qnn_sdk_root: Path | None = None  # compiler = "qairt"
+    timeout_s: float | None = None  # the compile child's wall-time limit
+    max_memory_gb: float | None = None  # the compile and validation children's resident-memory limit
+    min_offload: float | None = None  # share of source nodes that must end inside EPContext nodes
 
 
 @dataclass(frozen=True)
@@ -273,7 +278,26 @@ def _model(table: _Reader, name: str, targets: dict[str, TargetSpec]) -> ModelSp
     return ModelSpec(name, model_path, inputs, tuple(wanted), _validation(table.child("validation"), model=True),
                      optimize=table.choice("optimize", ("basic", "extended")),
                      quantize=_quantize(table) if "quantize" in table.table else None,
-                     squash=table.get("squash", bool, False))
+                     squash=table.get("squash", bool, False), freeze=_freeze(table, inputs))
+
+
+def _freeze(model: _Reader, inputs: dict[str, tuple[int, ...]]) -> dict[str, tuple[float, ...]] | None:
+    """`freeze = { sr = 16000 }`: inputs that select a configuration become constants (a number or a list)."""
+    if "freeze" not in model.table:
+        return None
+    table = model.child("freeze")
+    if not table.table:
+        model.fail("must name at least one input, e.g. freeze = { sr = 16000 }", "freeze")
+    frozen = {}
+    for name, value in table.table.items():
+        values = value if isinstance(value, list) else [value]
+        if not values or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            table.fail(f"must be a number or a list of numbers, found {value!r}", name)
+        if name in inputs:
+            table.fail("is also fixed in `inputs`; a frozen input is no longer an input", name)
+        frozen[name] = tuple(values)
+    return frozen
+
 
 
 def _quantize(model: _Reader) -> QuantizeSpec:
@@ -363,7 +387,24 @@ def _target(targets: _Reader, name: str) -> TargetSpec:
         quantized=table.get("quantized", bool, False),
         qaic=table.get("qaic", dict),
         qnn_sdk_root=table.file.parent / table.table["qnn_sdk_root"] if table.get("qnn_sdk_root", str) else None,
+        timeout_s=_positive(table, "timeout_s"),
+        max_memory_gb=_positive(table, "max_memory_gb"),
+        min_offload=_fraction(table, "min_offload"),
     )
+
+
+def _positive(table: _Reader, key: str) -> float | None:
+    value = table.get(key, (int, float))
+    if value is not None and value <= 0:
+        table.fail(f"must be a positive number, found {value!r}", key)
+    return None if value is None else float(value)
+
+
+def _fraction(table: _Reader, key: str) -> float | None:
+    value = table.get(key, (int, float))
+    if value is not None and not 0 <= value <= 1:
+        table.fail(f"must be a fraction between 0 and 1 (e.g. 0.95), found {value!r}", key)
+    return None if value is None else float(value)
 
 
 def _winml_config(target: _Reader) -> tuple[dict[str, Any], list[str]]:

@@ -4,13 +4,16 @@ quantization with calibration data, external-data squash. Outputs go through the
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
 
 from .cache import Workspace, cached_folder
-from .child import run_child, serve
+from .child import Limits, run_child, serve
+from .errors import ModelError
 from .fingerprint import stage_fingerprint
+from .graph import check_input_names, dims, missing_files, true_inputs
 from .publish import discard
 from .stages import PROTOBUF_LIMIT, STAGES, Stage
 
@@ -25,7 +28,7 @@ def squash(source: Path, output: Path, limit_bytes: int = PROTOBUF_LIMIT) -> int
     model = onnx.load(str(source), load_external_data=True)
     size = model.ByteSize()
     if size > limit_bytes:
-        raise ValueError(f"squash: {source.name} is {size:,} bytes with its external data inlined, over the "
+        raise ModelError(f"squash: {source.name} is {size:,} bytes with its external data inlined, over the "
                          f"{limit_bytes:,}-byte protobuf limit of a single-file ONNX model; keep external data")
     for tensor in model.graph.initializer:
         del tensor.external_data[:]
@@ -34,33 +37,96 @@ def squash(source: Path, output: Path, limit_bytes: int = PROTOBUF_LIMIT) -> int
     return size
 
 
-def fix_shapes(source: Path, output: Path, inputs: dict[str, list[int]]) -> None:
+def save(model: Any, output: Path, data_file: str | None) -> None:
+    """Save a stage's output; with `data_file`, every initializer goes to that one file beside it."""
+    import onnx
+
+    if data_file:
+        onnx.save(model, str(output), save_as_external_data=True, all_tensors_to_one_file=True,
+                  location=data_file, size_threshold=0)
+    else:
+        onnx.save(model, str(output))
+
+
+def dynamic_tensors(model: Any) -> list[str]:
+    """Tensors whose inferred shape still has a symbolic dimension: what an NPU EP would refuse."""
+    found = []
+    for value in [*model.graph.value_info, *model.graph.output]:
+        if value.type.HasField("tensor_type") and not all(isinstance(d, int) for d in dims(value)):
+            found.append(f"{value.name} {['?' if d is None else d for d in dims(value)]}")
+    return found
+
+
+def fix_shapes(source: Path, output: Path, inputs: dict[str, list[int]], data_file: str | None) -> list[str]:
+    """Fix the inputs in the file (-1 and unnamed dimensions too, which free-dimension overrides cannot reach by
+    name), then infer every intermediate shape; returns the tensors that stay dynamic."""
     import onnx
     from onnxruntime.tools.onnx_model_utils import fix_output_shapes, make_input_shape_fixed
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
-    model = onnx.load(str(source), load_external_data=False)
-    names = [i.name for i in model.graph.input]
+    model = onnx.load(source.name)  # external data resolves next to the model (the working folder)
+    check_input_names(model.graph, list(inputs), "inputs")
     for name, shape in inputs.items():
-        if name not in names:
-            raise ValueError(f"inputs.{name}: the model has no input '{name}'; its inputs: {', '.join(names)}")
-        make_input_shape_fixed(model.graph, name, shape)
+        try:
+            make_input_shape_fixed(model.graph, name, shape)
+        except ValueError as exc:
+            raise ModelError(f"inputs.{name}: {exc}") from None
+    del model.graph.value_info[:]  # stale symbolic shapes would survive inference
+    try:
+        inferred = SymbolicShapeInference.infer_shapes(model, auto_merge=True)
+    except Exception:  # noqa: BLE001 - symbolic inference gives up on some graphs; ONNX's own inference is next
+        inferred = None
+    model = inferred or onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
     fix_output_shapes(model)
-    onnx.save(model, str(output))
+    save(model, output, data_file)
+    return dynamic_tensors(model)
+
+
+def freeze(source: Path, output: Path, values: dict[str, list[float]], data_file: str | None) -> None:
+    """Turn configuration inputs into constants and fold what they select (If branches on a sample rate, a mode
+    flag) with ONNX Runtime's basic optimization."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper, numpy_helper
+
+    model = onnx.load(source.name, load_external_data=False)
+    check_input_names(model.graph, list(values), "freeze")
+    for name, given in values.items():
+        value = next(v for v in model.graph.input if v.name == name)
+        shape = [d if isinstance(d, int) else 1 for d in dims(value)]
+        count = int(np.prod(shape)) if shape else 1
+        if len(given) not in (1, count):
+            raise ModelError(f"freeze.{name}: the input has shape {dims(value)}, so it takes 1 or {count} values, "
+                             f"the manifest gives {len(given)}")
+        dtype = helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
+        array = np.full(shape, given[0]) if len(given) == 1 else np.array(given).reshape(shape)
+        model.graph.input.remove(value)
+        model.graph.initializer.append(numpy_helper.from_array(array.astype(dtype), name))
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    options.optimized_model_filepath = str(output)
+    external_output(options, data_file)
+    ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def external_output(options: Any, data_file: str | None) -> None:
+    """An ONNX Runtime optimized model writes its initializers to `data_file` beside it, not to the source's."""
+    if data_file:
+        options.add_session_config_entry("session.optimized_model_external_initializers_file_name", data_file)
+        options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "0")
 
 
 def require_static(model: Any, task: str) -> dict[str, tuple[int, ...]]:
-    """The model's input shapes, or a ValueError naming the first symbolic dimension."""
-    initializers = {t.name for t in model.graph.initializer}
+    """The model's input shapes, or a ModelError naming the first symbolic dimension."""
     shapes = {}
-    for value in model.graph.input:
-        if value.name in initializers:
-            continue
-        dims = value.type.tensor_type.shape.dim
-        for index, dim in enumerate(dims):
-            if not dim.HasField("dim_value"):
-                raise ValueError(f"{task} needs static shapes: input '{value.name}' has symbolic dimension {index} "
-                                 f"('{dim.dim_param or '?'}'); set inputs.{value.name} in the model's manifest entry")
-        shapes[value.name] = tuple(d.dim_value for d in dims)
+    for value in true_inputs(model.graph):
+        found = dims(value)
+        for index, dim in enumerate(found):
+            if not isinstance(dim, int):
+                raise ModelError(f"{task} needs static shapes: input '{value.name}' has symbolic dimension {index} "
+                                 f"('{dim or '-1'}'); set inputs.{value.name} in the model's manifest entry")
+        shapes[value.name] = tuple(found)
     return shapes
 
 
@@ -76,11 +142,11 @@ class _Calibration:
                 with np.load(file) as data:
                     sample = {key: data[key] for key in data.files}
                 if set(sample) != set(shapes):
-                    raise ValueError(f"calibration file {Path(file).name}: keys {sorted(sample)} do not match the "
+                    raise ModelError(f"calibration file {Path(file).name}: keys {sorted(sample)} do not match the "
                                      f"model's inputs {sorted(shapes)}")
                 for key, array in sample.items():
                     if tuple(array.shape) != shapes[key]:
-                        raise ValueError(f"calibration file {Path(file).name}: '{key}' has shape "
+                        raise ModelError(f"calibration file {Path(file).name}: '{key}' has shape "
                                          f"{list(array.shape)}, the model's input is {list(shapes[key])}")
                 samples.append({key: array.astype(dtypes[key]) for key, array in sample.items()})
         else:
@@ -96,7 +162,8 @@ class _Calibration:
         pass
 
 
-def quantize(source: Path, output: Path, flavour: str, settings: dict[str, Any], files: list[str], task: str) -> None:
+def quantize(source: Path, output: Path, flavour: str, settings: dict[str, Any], files: list[str], task: str,
+             data_file: str | None) -> None:
     import onnx
     from onnx import helper
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
@@ -111,63 +178,75 @@ def quantize(source: Path, output: Path, flavour: str, settings: dict[str, Any],
     types = {"uint8": QuantType.QUInt8, "int8": QuantType.QInt8, "uint16": QuantType.QUInt16,
              "int16": QuantType.QInt16}
     activation, weight = types[settings["activation_type"]], types[settings["weight_type"]]
+    external = data_file is not None  # the quantizers write <output>.data, which is `data_file`
     if flavour == "qnn":
         config = get_qnn_qdq_config(str(source), reader, activation_type=activation, weight_type=weight,
                                     per_channel=settings["per_channel"])
+        config.use_external_data_format = external
         quantize_with_config(str(source), str(output), config)
     else:
         quantize_static(str(source), str(output), reader, quant_format=QuantFormat.QDQ, activation_type=activation,
-                        weight_type=weight, per_channel=settings["per_channel"])
+                        weight_type=weight, per_channel=settings["per_channel"], use_external_data_format=external)
 
 
 def _run_stage(request: dict[str, Any]) -> dict[str, Any]:
-    import os
-
+    import onnx
     import onnxruntime as ort
 
     source, output, settings = Path(request["input"]), Path(request["output"]), request["settings"]
+    data_file = request["data_file"]
     os.chdir(source.parent)  # external data resolves next to the model, as in compiles
-    kind = request["kind"]
-    if kind == "shape":
-        fix_shapes(source, output, settings["inputs"])
+    kind, result = request["kind"], {}
+    if kind == "freeze":
+        freeze(source, output, settings["values"], data_file)
+    elif kind == "shape":
+        result["dynamic"] = fix_shapes(source, output, settings["inputs"], data_file)
     elif kind == "optimize":
         options = ort.SessionOptions()
         options.graph_optimization_level = {"basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
                                             "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED}[
             settings["level"]]
         options.optimized_model_filepath = str(output)
+        external_output(options, data_file)
         ort.InferenceSession(source.name, options, providers=["CPUExecutionProvider"])
     elif kind == "quantize":
-        quantize(source, output, request["flavour"], settings, request["calibration"], request["task"])
+        quantize(source, output, request["flavour"], settings, request["calibration"], request["task"], data_file)
     else:
         squash(source, output, settings["limit_bytes"])
+    kept = {output.name, data_file}
     for leftover in output.parent.iterdir():  # quantizers may leave helper models next to the output
-        if leftover.is_file() and leftover != output:
+        if leftover.is_file() and leftover.name not in kept:
             leftover.unlink()
-    return {"size": output.stat().st_size}
+    problems = missing_files(output, onnx.load(str(output), load_external_data=False))
+    if problems:
+        raise ModelError("; ".join(problems))
+    return result
 
 
 def stage_request(stage: Stage, output: Path) -> dict[str, Any]:
     return {"kind": stage.kind, "task": stage.task, "flavour": stage.flavour, "input": str(stage.input),
-            "output": str(output), "settings": stage.settings, "calibration": [str(p) for p in stage.calibration]}
+            "output": str(output), "settings": stage.settings, "calibration": [str(p) for p in stage.calibration],
+            "data_file": stage.output_data.name if stage.output_data else None}
 
 
-def run_stage(stage: Stage, workspace: Workspace, external: list[Path]) -> tuple[bool, float]:
-    """Produce (or restore) the stage's output, atomically; (restored, seconds)."""
+def run_stage(stage: Stage, workspace: Workspace) -> tuple[bool, float, list[str]]:
+    """Produce (or restore) the stage's output, atomically; (restored, seconds, tensors left dynamic)."""
     started = time.monotonic()
-    fingerprint = stage_fingerprint(stage, external, workspace.hashes)
+    fingerprint = stage_fingerprint(stage, workspace.hashes)
+    answer: dict[str, Any] = {}
 
     def produce(scratch: Path) -> None:
         workdir = workspace.artifacts / ".scratch" / f"{scratch.name}.child"
         try:
             log = workspace.artifacts / ".logs" / STAGES / f"{stage.task.replace(':', '.')}.log"
-            run_child("rules.preprocess", stage_request(stage, scratch / stage.output.name), workdir,
-                      STAGE_TIMEOUT_S, stage.task, log)
+            answer.update(run_child("rules.preprocess", stage_request(stage, scratch / stage.output.name), workdir,
+                                    Limits(STAGE_TIMEOUT_S), stage.task, log))
         finally:
             discard(workdir)
 
-    restored = cached_folder(stage.task, fingerprint, workspace, stage.output.parent, [stage.output.name], produce)
-    return restored, time.monotonic() - started
+    restored = cached_folder(stage.task, fingerprint, workspace, stage.output.parent,
+                             sorted(p.name for p in stage.outputs), produce)
+    return restored, time.monotonic() - started, answer.get("dynamic", [])
 
 
 if __name__ == "__main__":

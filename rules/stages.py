@@ -3,10 +3,14 @@ graph optimization, QDQ quantization with calibration data, and external-data sq
 whose output (`artifacts/.stages/<model>/<stage>/<model>.onnx`) feeds the next stage, then the compile and
 validation tasks.
 
-A model's chain: `shape` (when `inputs` is given and a later stage rewrites the model), `optimize` (when the model
-says `optimize`), `quantize` (for targets with `quantized = true`, QNN's QDQ configuration for QNN targets and the
-generic static quantizer otherwise), `squash` (when the model says `squash = true`). Outputs are named after the
-model, so compiles by file name stay unique and checkout-independent.
+A model's chain: `freeze` (when the model says `freeze`: configuration inputs become constants and ORT's basic
+optimization folds the branches they select), `shape` (when `inputs` is given and the target needs static shapes
+or a later stage rewrites the model: the inputs fixed in the file, -1 and unnamed dimensions included, then shape
+inference so intermediate tensors are static too), `optimize` (when the model says `optimize`), `quantize` (for
+targets with `quantized = true`, QNN's QDQ configuration for QNN targets and the generic static quantizer
+otherwise), `squash` (when the model says `squash = true`). Outputs are named after the model, so compiles by file
+name stay unique and checkout-independent. A stage whose input has external data writes its own
+`<model>.onnx.data` beside its output (squash inlines it), so no output refers to a file outside its folder.
 """
 
 from __future__ import annotations
@@ -31,30 +35,50 @@ class Stage:
     output: Path
     settings: dict[str, Any]
     calibration: tuple[Path, ...] = ()
+    input_external: tuple[Path, ...] = ()  # the input's external-data files
+    output_data: Path | None = None  # the output's own external-data file
+
+    @property
+    def outputs(self) -> list[Path]:
+        return [self.output, *([self.output_data] if self.output_data else [])]
 
     @property
     def task(self) -> str:
         return f"{self.kind}:{self.model}" + (f"[{self.flavour}]" if self.flavour else "")
 
 
-def stage_chain(model: ModelSpec, artifacts: Path, flavour: str | None,
-                single_file: bool = False) -> tuple[ModelSpec, tuple[Stage, ...], Path | None]:
-    """(the model the compile consumes, the stages that make it, the float model before quantization or None).
+@dataclass(frozen=True)
+class Chain:
+    """What a compile consumes after its stages: the model (path and remaining `inputs`), its external-data
+    files, the stages that make it, and the float model before quantization (None without quantization)."""
 
-    `single_file`: the compiler wants one ONNX file (qaic-compile), so the chain ends with a squash."""
+    model: ModelSpec
+    external: tuple[Path, ...]
+    stages: tuple[Stage, ...]
+    float_model: Path | None
+
+
+def stage_chain(model: ModelSpec, artifacts: Path, external: tuple[Path, ...], flavour: str | None,
+                static_shapes: bool = False, single_file: bool = False) -> Chain:
+    """The stages a model goes through for one target. `static_shapes`: the target's EP needs every shape static
+    (NPU EPs), so `inputs` are fixed in the file; `single_file`: the compiler wants one ONNX file (qaic-compile),
+    so the chain ends with a squash."""
     stages: list[Stage] = []
     path, inputs = model.path, model.inputs
     quantize = model.quantize if flavour else None
 
     def add(kind: str, settings: dict[str, Any], stage_flavour: str | None = None,
             calibration: tuple[Path, ...] = ()) -> None:
-        nonlocal path
+        nonlocal path, external
         folder = f"{kind}-{stage_flavour}" if stage_flavour else kind
         output = artifacts / STAGES / model.name / folder / f"{model.name}.onnx"
-        stages.append(Stage(kind, model.name, stage_flavour, path, output, settings, calibration))
-        path = output
+        data = output.with_name(f"{model.name}.onnx.data") if external and kind != "squash" else None
+        stages.append(Stage(kind, model.name, stage_flavour, path, output, settings, calibration, external, data))
+        path, external = output, ((data,) if data else ())
 
-    if inputs and (model.optimize or quantize):
+    if model.freeze:
+        add("freeze", {"values": {name: list(value) for name, value in sorted(model.freeze.items())}})
+    if inputs and (static_shapes or model.optimize or quantize):
         add("shape", {"inputs": {name: list(shape) for name, shape in sorted(inputs.items())}})
         inputs = {}
     if model.optimize:
@@ -67,5 +91,5 @@ def stage_chain(model: ModelSpec, artifacts: Path, flavour: str | None,
     if model.squash or single_file:
         add("squash", {"limit_bytes": PROTOBUF_LIMIT}, flavour if quantize else None)
     if not stages:
-        return model, (), None
-    return dataclasses.replace(model, path=path, inputs=inputs), tuple(stages), float_path
+        return Chain(model, external, (), None)
+    return Chain(dataclasses.replace(model, path=path, inputs=inputs), external, tuple(stages), float_path)

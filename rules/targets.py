@@ -6,12 +6,15 @@ every output before anything runs.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .child import Limits
 from .eps import QAIC, REGISTRY, SOURCES, EpInfo, lookup, valid_ep_names
 from .errors import UserError, closest
 from .manifest import GroupSpec, Manifest, ModelSpec, TargetSpec
@@ -21,6 +24,12 @@ from .toolchains import QaicOptions, check_qaic
 SIDECAR = "artifact.json"
 QPC_PROGRAM = "qpc/programqpc.bin"  # qaic targets: the QPC folder that qaic-compile writes, with its program
 CPU_DEFAULT_LEVEL = "extended"  # portable across CPUs; "all" adds layout transforms tied to this host's ISA
+COMPILE_TIMEOUT_S = 3600.0
+MEMORY_SHARE = 0.8  # default limit per child: a runaway compile fails before the kernel's OOM killer acts
+
+
+def default_memory_gb() -> float:
+    return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * MEMORY_SHARE / 2**30, 1)
 
 
 @dataclass(frozen=True)
@@ -40,6 +49,13 @@ class ResolvedTarget:
     quantized: bool = False
     qaic: QaicOptions | None = None  # compiler = "qaic"
     sdk_root: Path | None = None  # the configured toolchain root (qaic) or QAIRT SDK root (qairt)
+    timeout_s: float = COMPILE_TIMEOUT_S
+    max_memory_gb: float | None = None
+    min_offload: float | None = None
+
+    def limits(self, timeout_s: float | None = None) -> Limits:
+        """The limits of this target's children: the compile's timeout unless another is given."""
+        return Limits(timeout_s or self.timeout_s, self.max_memory_gb)
 
     @property
     def quantize_flavour(self) -> str | None:
@@ -83,8 +99,10 @@ class Build:
     model: ModelSpec
     target: ResolvedTarget
     validation: ValidationSettings
+    external: tuple[Path, ...] = ()  # the external-data files of `model`
     stages: tuple[Stage, ...] = ()
     float_model: Path | None = None
+    frozen: dict[str, tuple[float, ...]] | None = None  # inputs a freeze stage made constant
 
     @property
     def name(self) -> str:
@@ -97,12 +115,19 @@ class Build:
     def model_file(self) -> str:
         return f"{self.model.name}.onnx"
 
+    @property
+    def data_file(self) -> str:
+        """A CPU artifact of a model with external data keeps its weights in this file beside it."""
+        return f"{self.model_file}.data"
+
     @functools.cached_property
     def output_names(self) -> list[str]:
         """Every file the compile publishes, known before it runs."""
         if self.target.compiler == "qaic":
             return [SIDECAR, "compile.log", QPC_PROGRAM]
         names = [self.model_file, SIDECAR, *self.target.runtime_files().values()]
+        if self.target.is_cpu and self.external:
+            names.append(self.data_file)
         binary = self.target.ep.binary_name(self.model.name)
         if binary and not self.target.embed:
             names.append(binary)
@@ -147,9 +172,12 @@ def resolve_qaic(spec: TargetSpec, manifest: Manifest) -> ResolvedTarget:
     options, key, message = check_qaic(spec.qaic or {})
     if options is None:
         raise UserError(file, f"{where}.qaic.{key}", message)
+    if spec.min_offload is not None:
+        raise UserError(file, f"{where}.min_offload", "applies to ONNX Runtime EP targets (EPContext nodes)")
     return ResolvedTarget(name=spec.name, ep=QAIC, source="sdk", device="npu", compiler="qaic", embed=False,
                           options={}, option_files={}, optimization_level=None, qaic=options,
-                          sdk_root=manifest.toolchains.get("qaic"))
+                          sdk_root=manifest.toolchains.get("qaic"), timeout_s=spec.timeout_s or COMPILE_TIMEOUT_S,
+                          max_memory_gb=spec.max_memory_gb or default_memory_gb())
 
 
 def resolve_target(spec: TargetSpec, manifest: Manifest) -> ResolvedTarget:
@@ -169,7 +197,8 @@ def resolve_target(spec: TargetSpec, manifest: Manifest) -> ResolvedTarget:
         raise UserError(file, f"{where}.device", f"{ep.name} does not build for '{device}'; "
                                                  f"valid devices: {', '.join(ep.devices)}")
     if ep.alias == "cpu":
-        for key, value in (("embed", spec.embed), ("compiler", spec.compiler != "ort"), ("options", spec.options)):
+        for key, value in (("embed", spec.embed), ("compiler", spec.compiler != "ort"), ("options", spec.options),
+                           ("min_offload", spec.min_offload is not None)):
             if value:
                 raise UserError(file, f"{where}.{key}", "does not apply to ep = \"cpu\" (an optimized ONNX "
                                                         "model, no EP context); use optimization_level")
@@ -207,7 +236,8 @@ def resolve_target(spec: TargetSpec, manifest: Manifest) -> ResolvedTarget:
         name=spec.name, ep=ep, source=source, device=device, compiler=spec.compiler, embed=spec.embed,
         options=dict(sorted(options.items())), option_files=option_files,
         optimization_level=(spec.optimization_level or CPU_DEFAULT_LEVEL) if ep.alias == "cpu" else None,
-        quantized=spec.quantized, sdk_root=spec.qnn_sdk_root,
+        quantized=spec.quantized, sdk_root=spec.qnn_sdk_root, timeout_s=spec.timeout_s or COMPILE_TIMEOUT_S,
+        max_memory_gb=spec.max_memory_gb or default_memory_gb(), min_offload=spec.min_offload,
     )
 
 
@@ -225,17 +255,26 @@ def artifacts_dir(manifest: Manifest) -> Path:
     return manifest.root / "artifacts"
 
 
-def plan(manifest: Manifest) -> list[Build]:
-    """Every (model, target) compile the manifest asks for, in manifest order, with its stages."""
+def chain_for(model: ModelSpec, target: ResolvedTarget, manifest: Manifest, external: tuple[Path, ...]):
+    return stage_chain(model, artifacts_dir(manifest), external, target.quantize_flavour,
+                       static_shapes=not target.is_cpu, single_file=target.compiler == "qaic")
+
+
+def plan(manifest: Manifest, external: dict[str, tuple[Path, ...]]) -> list[Build]:
+    """Every (model, target) compile the manifest asks for, in manifest order, with its stages; `external` holds
+    each model's external-data files."""
     resolved = {name: resolve_target(spec, manifest) for name, spec in manifest.targets.items()}
     builds = []
     for model in manifest.models.values():
         for name in model.targets:
             target = resolved[name]
-            effective, stages, float_model = stage_chain(model, artifacts_dir(manifest), target.quantize_flavour,
-                                                         single_file=target.compiler == "qaic")
-            builds.append(Build(effective, target, validation_settings(model, manifest.targets[name]), stages,
-                                float_model))
+            chain = chain_for(model, target, manifest, external[model.name])
+            settings = validation_settings(model, manifest.targets[name])
+            if model.freeze and chain.float_model is None and settings.reference is None:
+                # compare with the model as declared, fed the frozen values: folding errors cannot hide
+                settings = dataclasses.replace(settings, reference=model.path)
+            builds.append(Build(chain.model, target, settings, chain.external, chain.stages, chain.float_model,
+                                model.freeze))
     return builds
 
 
@@ -248,6 +287,8 @@ class GroupBuild:
     members: tuple[ModelSpec, ...]  # what the compile consumes, after each member's stages
     validations: tuple[ValidationSettings, ...]  # per member, as for its standalone build
     stages: tuple[Stage, ...] = ()
+    external: dict[str, tuple[Path, ...]] = dataclasses.field(default_factory=dict)  # per member
+    frozen: dict[str, dict[str, tuple[float, ...]] | None] = dataclasses.field(default_factory=dict)  # per member
 
     def out_dir(self, artifacts: Path) -> Path:
         return artifacts / self.target.name / "groups" / self.name
@@ -261,7 +302,8 @@ class GroupBuild:
         return sorted(names)
 
 
-def resolve_group(spec: GroupSpec, manifest: Manifest, target: ResolvedTarget) -> GroupBuild:
+def resolve_group(spec: GroupSpec, manifest: Manifest, target: ResolvedTarget,
+                  external: dict[str, tuple[Path, ...]]) -> GroupBuild:
     """Checks that need the resolved EP: it must share contexts, and sharing cannot be embedded."""
     file, where = manifest.path.name, f"groups.{spec.name}"
     if not target.ep.can_share_contexts:
@@ -277,13 +319,15 @@ def resolve_group(spec: GroupSpec, manifest: Manifest, target: ResolvedTarget) -
                                                  "must stay in its own file (QNN writes a broken result, OpenVINO "
                                                  "rejects it): use a target with embed = false")
     declared = [manifest.models[name] for name in spec.models]
-    chains = [stage_chain(m, artifacts_dir(manifest), target.quantize_flavour) for m in declared]
+    chains = [chain_for(m, target, manifest, external[m.name]) for m in declared]
     target_spec = manifest.targets[target.name]
-    return GroupBuild(spec.name, target, tuple(chain[0] for chain in chains),
+    return GroupBuild(spec.name, target, tuple(chain.model for chain in chains),
                       tuple(validation_settings(m, target_spec) for m in declared),
-                      tuple(stage for chain in chains for stage in chain[1]))
+                      tuple(stage for chain in chains for stage in chain.stages),
+                      {chain.model.name: chain.external for chain in chains},
+                      {m.name: m.freeze for m in declared})
 
 
-def plan_groups(manifest: Manifest) -> list[GroupBuild]:
-    return [resolve_group(spec, manifest, resolve_target(manifest.targets[spec.target], manifest))
+def plan_groups(manifest: Manifest, external: dict[str, tuple[Path, ...]]) -> list[GroupBuild]:
+    return [resolve_group(spec, manifest, resolve_target(manifest.targets[spec.target], manifest), external)
             for spec in manifest.groups.values()]

@@ -82,31 +82,49 @@ def failure(exc: Exception, prefix: str = "") -> TaskFailed:
     return TaskFailed(f"{prefix}{exc}")
 
 
+def _usage(usage: dict[str, float] | None) -> str:
+    return f", peak {usage['peak_mb']:.0f} MB" if usage else ""
+
+
 def _compiled(done: Compiled, detail: str) -> dict[str, Any]:
-    print(f"{done.status} {done.build}: {detail}, {done.seconds:.1f} s -> {os.path.relpath(done.out_dir)}/")
+    print(f"{done.status} {done.build}: {detail}, {done.seconds:.1f} s{_usage(done.usage)} -> "
+          f"{os.path.relpath(done.out_dir)}/")
     return {"status": done.status, "fingerprint": done.fingerprint, "files": done.files,
-            "seconds": round(done.seconds, 3)}
+            "seconds": round(done.seconds, 3), **({"child": done.usage} if done.usage else {}),
+            **({"nodes": done.nodes} if "in_ep" in done.nodes else {})}
 
 
-def run_compile(build: Build, workspace: Workspace, external: list[Path]) -> TaskFailed | dict[str, Any]:
+def placement_line(nodes: dict[str, Any]) -> str:
+    """How much of the model the EP took, what stayed on CPU, and constant subgraphs that folding would remove."""
+    line = (f"{nodes['in_ep']}/{nodes['source']} source nodes ({nodes.get('offload', 1):.0%}) in "
+            f"{nodes['ep_context']} EPContext node(s), {nodes['cpu']} on CPU")
+    if nodes.get("cpu_op_types"):
+        line += f" ({', '.join(f'{op} x{n}' for op, n in nodes['cpu_op_types'].items())})"
+    foldable = nodes.get("foldable_on_cpu")
+    if foldable:
+        line += (f"; {sum(foldable.values())} of them compute constants ({', '.join(foldable)}): set "
+                 "optimize = \"basic\" on the model to fold them before the compile")
+    return line
+
+
+def run_compile(build: Build, workspace: Workspace) -> TaskFailed | dict[str, Any]:
     try:
-        done = compile_build(build, workspace, external)
+        done = compile_build(build, workspace)
     except FAILURES as exc:
         return failure(exc)
     nodes = done.nodes
     if build.target.compiler == "qaic":
         taken = f"QPC from {nodes['source']} source nodes"
     elif "in_ep" in nodes:
-        taken = (f"{nodes['in_ep']}/{nodes['source']} source nodes in {nodes['ep_context']} EPContext node(s), "
-                 f"{nodes['cpu']} on CPU")
+        taken = placement_line(nodes)
     else:
         taken = f"{nodes['cpu']} nodes after optimization"
     return _compiled(done, taken)
 
 
-def run_group(group: GroupBuild, workspace: Workspace, external: dict[str, list[Path]]) -> TaskFailed | dict:
+def run_group(group: GroupBuild, workspace: Workspace) -> TaskFailed | dict:
     try:
-        done = compile_group(group, workspace, external)
+        done = compile_group(group, workspace)
     except FAILURES as exc:
         return failure(exc)
     names = ", ".join(f["name"] for f in done.files)
@@ -114,18 +132,21 @@ def run_group(group: GroupBuild, workspace: Workspace, external: dict[str, list[
                            f"(keep together: {names})")
 
 
-def run_stage_task(stage: Stage, workspace: Workspace, external: list[Path]) -> TaskFailed | dict[str, Any]:
+def run_stage_task(stage: Stage, workspace: Workspace) -> TaskFailed | dict[str, Any]:
     try:
-        restored, seconds = run_stage(stage, workspace, external)
+        restored, seconds, dynamic = run_stage(stage, workspace)
     except FAILURES as exc:
         return failure(exc)
+    if dynamic:
+        print(f"warning: {stage.task}: {len(dynamic)} tensor(s) keep dynamic dimensions after shape inference, "
+              f"which NPU EPs refuse: {', '.join(dynamic[:5])}{' ...' if len(dynamic) > 5 else ''}")
     if stage.kind == "quantize" and stage.settings["random"]:
         print(f"warning: {stage.task} calibrated on fixed-seed random data: for smoke tests only, the "
               "quantization ranges do not reflect real inputs")
     status = "restored" if restored else "compiled"
     print(f"{status} {stage.task}: {seconds:.1f} s -> {os.path.relpath(stage.output)}")
     return {"status": status, "seconds": round(seconds, 3),
-            "files": file_records(stage.output.parent, [stage.output.name], workspace)}
+            "files": file_records(stage.output.parent, [p.name for p in stage.outputs], workspace)}
 
 
 def run_validate(build: Build | GroupBuild, workspace: Workspace, config: dict[str, Any],
@@ -309,7 +330,8 @@ class BuildReporter(ConsoleReporter):
         counts = Counter(entry["status"] for name, entry in self.entries.items() if name in seen)
         ran = sorted((e["seconds"], n) for n, e in self.entries.items()
                      if n in self.started and e.get("seconds") and e["status"] != "skipped")[::-1][:3]
-        slowest = ", ".join(f"{name} {seconds:.1f} s" for seconds, name in ran)
+        slowest = ", ".join(f"{name} {seconds:.1f} s{_usage(self.entries[name].get('child'))}"
+                            for seconds, name in ran)
         if counts:
             self.write(f"summary: {', '.join(f'{n} {s}' for s, n in sorted(counts.items()))}"
                        f"{f'; slowest: {slowest}' if slowest else ''}\n")
@@ -330,8 +352,16 @@ class Project:
                             "make artifacts/ a plain folder")
         self.workspace = Workspace(self.artifacts, *cache_location(self.manifest.cache))
         state = self.artifacts / ".state"
-        self.builds = plan(self.manifest)
-        self.groups = plan_groups(self.manifest)
+        index = ExternalDataIndex(state)
+        external = {}
+        for name, model in self.manifest.models.items():
+            try:
+                external[name] = tuple(index.files(model.path))
+            except UserError as exc:
+                raise UserError(self.manifest.path.name, f"models.{name}.path", f"{exc.file}: {exc.message}") from None
+        index.save()
+        self.builds = plan(self.manifest, external)
+        self.groups = plan_groups(self.manifest, external)
         used = {b.target.name: b.target for b in [*self.builds, *self.groups] if not b.target.is_cpu}
         caps = capabilities(state) if any(t.compiler in ("ort", "ort_session") for t in used.values()) else {}
         self.unavailable: dict[str, str] = {}
@@ -340,23 +370,11 @@ class Project:
             reason = target_reason(target, caps)
             if reason:
                 self.unavailable[name] = reason
-        index = ExternalDataIndex(state)
-        self.external = {}
-        for name, model in self.manifest.models.items():
-            try:
-                self.external[name] = index.files(model.path)
-            except UserError as exc:
-                raise UserError(self.manifest.path.name, f"models.{name}.path", f"{exc.file}: {exc.message}") from None
-        index.save()
         self.stages = {stage.task: stage for b in [*self.builds, *self.groups] for stage in b.stages}
         self.outputs = {}  # build name -> (artifact folder, its spelling for doit)
         for build in self.builds:
             out_dir = build.out_dir(self.artifacts)
             self.outputs[build.name] = (out_dir, self.rel(out_dir))
-
-    def external_for(self, path: Path, model: str) -> list[Path]:
-        """External-data files of `path` when it is the declared model; stage outputs hold none."""
-        return self.external[model] if path == self.manifest.models[model].path else []
 
     @staticmethod
     def task_names(build: Build | GroupBuild) -> list[str]:
@@ -388,12 +406,11 @@ class Project:
             if reason:
                 yield _unavailable("compile", build.name, doc, reason)
                 continue
-            external = self.external_for(build.model.path, build.model.name)
-            inputs = [build.model.path, *external, *target.option_files.values()]
+            inputs = [build.model.path, *build.external, *target.option_files.values()]
             checks = [f"ops:{build.name}"] if target.compiler == "qaic" else []
             yield {
                 "basename": "compile", "name": build.name, "doc": f"{doc} -> {out}/",
-                "actions": [(run_compile, [build, self.workspace, external])],
+                "actions": [(run_compile, [build, self.workspace])],
                 "file_dep": [rel(path) for path in inputs],
                 "targets": [f"{out}/{name}" for name in build.output_names],
                 "uptodate": [config_changed(_digest(compile_config(build, self.root)))],
@@ -415,7 +432,7 @@ class Project:
                 yield _unavailable("validate", build.name, doc, reason)
                 continue
             extra = [p for p in (settings.inputs, settings.reference, build.float_model) if p]
-            sources = [build.model.path, *self.external_for(build.model.path, build.model.name), *extra]
+            sources = [build.model.path, *build.external, *extra]
             config = validate_config(build, self.root)
             yield {
                 "basename": "validate", "name": build.name, "doc": doc,
@@ -447,19 +464,19 @@ class Project:
     def stage_tasks(self) -> Iterator[Task]:
         """shape:, optimize:, quantize:<model>[flavour] and squash: tasks, each feeding the next by file."""
         rel = self.rel
-        docs = {"shape": "fix symbolic input dimensions from `inputs`", "optimize": "ORT graph optimization",
+        docs = {"freeze": "configuration inputs to constants, folded", "shape": "static shapes from `inputs`",
+                "optimize": "ORT graph optimization",
                 "quantize": "QDQ quantization with calibration data", "squash": "inline external data"}
         for kind in dict.fromkeys(stage.kind for stage in self.stages.values()):
             yield {"basename": kind, "name": None, "doc": docs[kind]}
         for stage in self.stages.values():
-            external = self.external_for(stage.input, stage.model)
             yield {
                 "basename": stage.kind, "name": stage.task.split(":", 1)[1],
                 "doc": f"{stage.kind} {stage.model}{f' for {stage.flavour} targets' if stage.flavour else ''} -> "
                        f"{rel(stage.output)}",
-                "actions": [(run_stage_task, [stage, self.workspace, external])],
-                "file_dep": [rel(p) for p in (stage.input, *external, *stage.calibration)],
-                "targets": [rel(stage.output)],
+                "actions": [(run_stage_task, [stage, self.workspace])],
+                "file_dep": [rel(p) for p in (stage.input, *stage.input_external, *stage.calibration)],
+                "targets": [rel(p) for p in stage.outputs],
                 "uptodate": [config_changed(_digest(stage_config(stage)))],
                 "clean": [(discard, [stage.output.parent])],
             }
@@ -474,11 +491,10 @@ class Project:
             if reason:
                 yield _unavailable("group", group.name, doc, reason)
                 continue
-            external = {m.name: self.external_for(m.path, m.name) for m in group.members}
-            inputs = [p for m in group.members for p in (m.path, *external[m.name])]
+            inputs = [p for m in group.members for p in (m.path, *group.external[m.name])]
             yield {
                 "basename": "group", "name": group.name, "doc": f"{doc} -> {rel(out_dir)}/",
-                "actions": [(run_group, [group, self.workspace, external])],
+                "actions": [(run_group, [group, self.workspace])],
                 "file_dep": [rel(path) for path in [*inputs, *target.option_files.values()]],
                 "targets": [rel(out_dir / name) for name in group.output_names],
                 "uptodate": [config_changed(_digest(group_config(group, self.root)))],

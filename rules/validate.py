@@ -18,9 +18,10 @@ from typing import Any
 from . import RULES_FORMAT
 from .cache import Workspace
 from .child import run_child, serve
-from .compile import static_dims
 from .eps import lookup
-from .errors import BuildError
+from .errors import BuildError, ModelError
+from .graph import EP_CONTEXT, check_input_names, index_bound, known_shapes, static_dims
+from .graph import attributes as node_attributes
 from .manifest import ModelSpec
 from .publish import discard
 from .targets import QPC_PROGRAM, SIDECAR, Build, ResolvedTarget, ValidationSettings
@@ -75,13 +76,15 @@ def validation_request(build: Build, artifacts: Path) -> dict[str, Any]:
     folder = build.out_dir(artifacts)
     recorded = json.loads((folder / SIDECAR).read_text())
     return member_request(build.model, build.target, build.validation, folder, recorded["files"], recorded,
-                          build.float_model)
+                          build.float_model, build.frozen)
 
 
 def member_request(model: ModelSpec, target: ResolvedTarget, settings: ValidationSettings, folder: Path,
-                   files: list[str], recorded: dict[str, Any], float_model: Path | None = None) -> dict[str, Any]:
+                   files: list[str], recorded: dict[str, Any], float_model: Path | None = None,
+                   frozen: dict[str, tuple[float, ...]] | None = None) -> dict[str, Any]:
     """One artifact's request; `recorded` is its sidecar entry (runtime options, nodes, SDK version);
-    `float_model`, for a quantized artifact, is compared too, for information."""
+    `float_model`, for a quantized artifact, is compared too, for information; `frozen` inputs are fed to the
+    reference with the values the artifact was built with."""
     runtime_files = target.runtime_files()
     return {
         "float_reference": str(float_model) if float_model else None,
@@ -94,6 +97,7 @@ def member_request(model: ModelSpec, target: ResolvedTarget, settings: Validatio
         "inputs": {name: list(shape) for name, shape in model.inputs.items()},
         "inputs_file": str(settings.inputs) if settings.inputs else None,
         "precision": precision(target), "thresholds": settings.thresholds,
+        "frozen": {name: list(values) for name, values in (frozen or {}).items()},
     }
 
 
@@ -120,7 +124,7 @@ def validate_build(build: Build, artifacts: Path) -> dict[str, Any]:
     scratch = artifacts / ".scratch" / f"validate.{target.name}.{build.model.name}.{os.getpid()}"
     log = artifacts / ".logs" / target.name / f"{build.model.name}.validate.log"
     try:
-        report = run_child("rules.validate", request, scratch, settings.timeout_s,
+        report = run_child("rules.validate", request, scratch, target.limits(settings.timeout_s),
                            f"validate {build.name} ({target.ep.name})", log)
     except BuildError as exc:
         report = {"status": "failed", "reason": str(exc)}
@@ -227,41 +231,91 @@ def check(name: str, metrics: dict[str, Any], reference_nonfinite: int, threshol
     return failures
 
 
-def make_inputs(session: Any, request: dict[str, Any]) -> dict[str, Any]:
-    """Inputs from the user's .npz, or generated from the artifact's input signature with a fixed seed."""
+def _dtype(type_name: str) -> Any:
+    import numpy as np
+
+    return np.dtype({"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
+                     "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int16)": np.int16,
+                     "tensor(int8)": np.int8, "tensor(uint8)": np.uint8, "tensor(uint16)": np.uint16,
+                     "tensor(bool)": np.bool_}.get(type_name, np.float32))
+
+
+def _mask(shape: list[int], dtype: Any) -> Any:
+    """A padding mask: ones, with the last quarter of the last axis masked out (never a whole row)."""
+    import numpy as np
+
+    mask = np.ones(shape, dtype=dtype)
+    if shape and shape[-1] >= 4:
+        mask[..., -(shape[-1] // 4):] = 0
+    return mask
+
+
+def make_inputs(session: Any, source: Any, request: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Inputs for the artifact's true inputs: from the user's .npz, or generated with a fixed seed as the model
+    accepts them (floats normal; integer indices inside the dimension they index; masks as padding masks).
+    Returns (feeds, how each generated integer input was made)."""
     import numpy as np
 
     signature = {i.name: i for i in session.get_inputs()}
+    shapes = {name: list(shape) for name, shape in request["inputs"].items()}
     if request["inputs_file"]:
+        file = Path(request["inputs_file"]).name
         with np.load(request["inputs_file"]) as data:
-            given = {k: data[k] for k in data.files}
-        missing, extra = signature.keys() - given.keys(), given.keys() - signature.keys()
-        if missing or extra:
-            raise ValueError(f"validation.inputs {Path(request['inputs_file']).name}: keys {sorted(given)} do not "
-                             f"match the model's inputs {sorted(signature)}")
-        for name, array in given.items():
+            given = {k: data[k] for k in data.files if k not in request["frozen"]}
+        check_input_names(source.graph, list(given), f"validation.inputs {file}")
+        missing = signature.keys() - given.keys()
+        if missing:
+            raise ModelError(f"validation.inputs {file}: keys {sorted(given)} do not include the model's inputs "
+                             f"{sorted(missing)}")
+        for name in signature:
             shape = signature[name].shape
+            array = given[name]
             if len(shape) != array.ndim or any(
-                    isinstance(d, int) and d != s for d, s in zip(shape, array.shape, strict=True)):
-                raise ValueError(f"validation.inputs: '{name}' has shape {list(array.shape)}, the model wants "
-                                 f"{shape}")
-        return given
+                    isinstance(d, int) and d > 0 and d != s for d, s in zip(shape, array.shape, strict=True)):
+                raise ModelError(f"validation.inputs {file}: '{name}' has shape {list(array.shape)}, the model "
+                                 f"wants {shape}")
+        return {name: given[name] for name in signature}, {}
     rng = np.random.default_rng(SEED)
-    feeds = {}
+    feeds, notes = {}, {}
+    model_shapes = None
     for name, info in signature.items():
-        if not all(isinstance(d, int) for d in info.shape):
-            raise ValueError(f"input '{name}' has symbolic shape {info.shape}: set inputs.{name} in the model's "
+        shape = shapes.get(name) or info.shape
+        if not all(isinstance(d, int) and d > 0 for d in shape):
+            raise ModelError(f"input '{name}' has symbolic shape {info.shape}: set inputs.{name} in the model's "
                              f"manifest entry or give validation.inputs")
-        dtype = np.dtype({"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
-                          "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int8)": np.int8,
-                          "tensor(uint8)": np.uint8, "tensor(bool)": np.bool_}.get(info.type, np.float32))
+        dtype = _dtype(info.type)
         if dtype.kind == "f":
-            feeds[name] = rng.standard_normal(info.shape).astype(dtype)
-        elif dtype.kind == "b":
-            feeds[name] = rng.random(info.shape) < 0.5
+            feeds[name] = rng.standard_normal(shape).astype(dtype)
+        elif dtype.kind == "b" or "mask" in name.lower():
+            feeds[name] = _mask(shape, dtype)
+            notes[name] = "padding mask"
         else:
-            feeds[name] = rng.integers(0, 8, info.shape).astype(dtype)  # small ids fit any vocabulary
-    return feeds
+            model_shapes = model_shapes or known_shapes(source)
+            bound = index_bound(source.graph, name, model_shapes)
+            high = bound if bound else 2
+            feeds[name] = rng.integers(0, high, shape).astype(dtype)
+            notes[name] = (f"indices in [0, {high}) (the dimension it indexes)" if bound else
+                           "integers in [0, 2): no Gather shows their range; give validation.inputs for real values")
+    return feeds, notes
+
+
+def feeds_for(session: Any, feeds: dict[str, Any], frozen: dict[str, list[float]], what: str) -> dict[str, Any]:
+    """The feeds one session takes: its own true inputs, frozen inputs with their frozen values."""
+    import numpy as np
+
+    chosen = {}
+    for value in session.get_inputs():
+        if value.name in frozen:
+            array = np.array(frozen[value.name], dtype=_dtype(value.type))
+            shape = [d if isinstance(d, int) and d > 0 else 1 for d in value.shape]
+            chosen[value.name] = np.full(shape, array[0], dtype=array.dtype) if array.size == 1 else array.reshape(
+                shape)
+        elif value.name in feeds:
+            chosen[value.name] = feeds[value.name]
+        else:
+            raise ModelError(f"the {what} has input '{value.name}', which the artifact does not have; compare with "
+                             "a reference of the same inputs (validation.reference) or freeze it")
+    return chosen
 
 
 def structural_problems(request: dict[str, Any]) -> list[str]:
@@ -281,11 +335,11 @@ def structural_problems(request: dict[str, Any]) -> list[str]:
                 problems.append(f"initializer {tensor.name} references missing file {entry.value}")
     if info.alias == "cpu":
         return problems
-    contexts = [n for n in model.graph.node if n.op_type == "EPContext"]
+    contexts = [n for n in model.graph.node if n.op_type == EP_CONTEXT]
     if not contexts:
         problems.append(f"no EPContext node: the artifact holds nothing compiled for {info.name}")
     for node in contexts:
-        attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        attributes = node_attributes(node)
         source = attributes.get("source", b"").decode()
         if source != info.name:
             problems.append(f"EPContext node {node.name} comes from '{source}', the target's EP is {info.name}")
@@ -293,10 +347,10 @@ def structural_problems(request: dict[str, Any]) -> list[str]:
         if embed_mode != int(request["embed"]):
             problems.append(f"EPContext node {node.name} has embed_mode {embed_mode}, the target says "
                             f"embed = {str(request['embed']).lower()}")
-        if embed_mode == 0:
-            binary = artifact.parent / attributes.get("ep_cache_context", b"").decode()
-            if not binary.is_file():
-                problems.append(f"EPContext node {node.name} references missing context binary {binary.name}")
+        if embed_mode == 0 and attributes.get("main_context", 1) != 0:  # main_context 0: refers to the main node
+            name = attributes.get("ep_cache_context", b"").decode()
+            if not name or not (artifact.parent / name).is_file():
+                problems.append(f"EPContext node {node.name} references missing context binary {name or '(none)'}")
         sdk = (attributes.get("ep_sdk_version") or b"").decode()
         if request["ep_sdk_version"] and sdk != request["ep_sdk_version"]:
             problems.append(f"EPContext node {node.name} has ep_sdk_version {sdk}, the build recorded "
@@ -308,7 +362,7 @@ def context_binaries(artifact: str) -> set[str]:
     import onnx
 
     model = onnx.load(artifact, load_external_data=False)
-    return {onnx.helper.get_attribute_value(a).decode() for n in model.graph.node if n.op_type == "EPContext"
+    return {onnx.helper.get_attribute_value(a).decode() for n in model.graph.node if n.op_type == EP_CONTEXT
             for a in n.attribute if a.name == "ep_cache_context"}
 
 
@@ -337,6 +391,22 @@ def _validate_group_in_child(request: dict[str, Any]) -> dict[str, Any]:
     if status != "passed":
         report["reason"] = "; ".join(f"{name}: {r['reason']}" for name, r in reports.items() if "reason" in r)
     return report
+
+
+def run_on_cpu(ort: Any, path: str, request: dict[str, Any], feeds: dict[str, Any], what: str) -> dict[str, Any]:
+    """Outputs of a reference model on the CPU EP, fed what it takes (frozen inputs with their values)."""
+    import onnx
+
+    model = onnx.load(path, load_external_data=False)
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    inputs = {k: v for k, v in request["inputs"].items() if k in {i.name for i in model.graph.input}}
+    for name, value in static_dims(model, inputs, needs_static=False).items():
+        options.add_free_dimension_override_by_name(name, value)
+    del model
+    session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    chosen = feeds_for(session, feeds, request["frozen"], what)
+    return dict(zip([o.name for o in session.get_outputs()], session.run(None, chosen), strict=True))
 
 
 def _validate_in_child(request: dict[str, Any]) -> dict[str, Any]:
@@ -373,11 +443,15 @@ def _validate_in_child(request: dict[str, Any]) -> dict[str, Any]:
         session.disable_fallback()  # no silent retry on CPU after an EP failure
     except Exception as exc:  # noqa: BLE001 - the EP's own error is the report
         return {"status": "failed", "reason": f"{info.name} could not load the artifact: {str(exc).strip()}"}
-    feeds = make_inputs(session, request)
+    source = onnx.load(request["source"], load_external_data=False)
+    feeds, generated = make_inputs(session, source, request)
+    del source
+    hint = ("; generated integer inputs " + ", ".join(f"{k}: {v}" for k, v in generated.items())
+            if any("give validation.inputs" in v for v in generated.values()) else "")
     try:
         outputs = session.run(None, feeds)
     except Exception as exc:  # noqa: BLE001 - the EP's own error is the report
-        return {"status": "failed", "reason": f"{info.name} could not run the artifact: {str(exc).strip()}"}
+        return {"status": "failed", "reason": f"{info.name} could not run the artifact: {str(exc).strip()}{hint}"}
 
     ran_on: dict[str, list[str]] = {}
     for subgraph in session.get_provider_graph_assignment_info() or []:
@@ -393,15 +467,10 @@ def _validate_in_child(request: dict[str, Any]) -> dict[str, Any]:
         if cpu_count > expected_cpu:
             failures.append(f"{cpu_count} nodes fell back to CPU, the compiled model left {expected_cpu} there")
 
-    source = onnx.load(request["reference"], load_external_data=False)
-    qdq = any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in source.graph.node)
-    reference_options = ort.SessionOptions()
-    reference_options.log_severity_level = 3
-    for name, value in static_dims(source, request["inputs"], needs_static=False).items():
-        reference_options.add_free_dimension_override_by_name(name, value)
-    del source
-    reference = ort.InferenceSession(request["reference"], reference_options, providers=["CPUExecutionProvider"])
-    expected = dict(zip([o.name for o in reference.get_outputs()], reference.run(None, feeds), strict=True))
+    reference_model = onnx.load(request["reference"], load_external_data=False)
+    qdq = any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in reference_model.graph.node)
+    del reference_model
+    expected = run_on_cpu(ort, request["reference"], request, feeds, "reference model")
 
     kind = "qdq" if qdq else request["precision"]
     thresholds = {**DEFAULT_THRESHOLDS[kind], **request["thresholds"]}
@@ -414,25 +483,20 @@ def _validate_in_child(request: dict[str, Any]) -> dict[str, Any]:
         metrics[name] = compare(got, want)
         reference_nonfinite = int((~np.isfinite(want)).sum()) if want.dtype.kind == "f" else 0
         failures.extend(check(name, metrics[name], reference_nonfinite, thresholds))
+    if failures and hint:
+        failures[-1] += hint
     float_comparison = {}
     if request["float_reference"]:  # a quantized artifact: its error against the float model, for information
-        float_model = onnx.load(request["float_reference"], load_external_data=False)
-        float_options = ort.SessionOptions()
-        float_options.log_severity_level = 3
-        for name, value in static_dims(float_model, request["inputs"], needs_static=False).items():
-            float_options.add_free_dimension_override_by_name(name, value)
-        del float_model
-        float_session = ort.InferenceSession(request["float_reference"], float_options,
-                                             providers=["CPUExecutionProvider"])
-        float_outputs = dict(zip([o.name for o in float_session.get_outputs()], float_session.run(None, feeds),
-                                 strict=True))
+        float_outputs = run_on_cpu(ort, request["float_reference"], request, feeds, "float model")
         float_comparison = {output.name: compare(got, float_outputs[output.name])
                             for output, got in zip(session.get_outputs(), outputs, strict=True)
                             if output.name in float_outputs}
     report = {"status": "failed" if failures else "passed", "precision": kind, "thresholds": thresholds,
               "ran_on": ran_on, "outputs": metrics,
               "inputs": {"from": request["inputs_file"] or f"generated, seed {SEED}",
-                         "shapes": {k: list(v.shape) for k, v in feeds.items()}}}
+                         "shapes": {k: list(v.shape) for k, v in feeds.items()},
+                         **({"generated": generated} if generated else {}),
+                         **({"frozen": request["frozen"]} if request["frozen"] else {})}}
     if float_comparison:
         report["against_float_model"] = float_comparison
     if failures:

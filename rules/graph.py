@@ -1,0 +1,249 @@
+"""What a model's graph says, as real exporters write it: its true inputs, its dimensions, the files it
+references, where its nodes were placed, and what its integer inputs index. Read in child processes only.
+
+Real exports differ from the tidy models tests start with: IR < 4 exporters list every weight in `graph.input`
+(optional overrides, not runtime inputs), Paddle2ONNX stores dynamic dimensions as `dim_value: -1`, partial
+offload leaves several EPContext nodes of which only the main one names the context binary, and weights can be
+computed at run time by constant subgraphs.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from .errors import ModelError
+
+EP_CONTEXT = "EPContext"
+# Nodes an index travels through unchanged on its way to a Gather (token ids, positions).
+INDEX_PASSTHROUGH = {"Cast", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Identity", "Expand"}
+INDEX_CONSUMERS = {"Gather": 1, "GatherElements": 1}  # op type -> input position of the indices
+
+
+def attributes(node: Any) -> dict[str, Any]:
+    import onnx
+
+    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+
+
+def initializer_names(graph: Any) -> set[str]:
+    return {t.name for t in graph.initializer}
+
+
+def true_inputs(graph: Any) -> list[Any]:
+    """`graph.input` without the initializers that IR < 4 exporters also list there."""
+    weights = initializer_names(graph)
+    return [value for value in graph.input if value.name not in weights]
+
+
+def dims(value: Any) -> list[int | str | None]:
+    """A value's dimensions: an int when static, the dim_param name when named, None when unnamed or -1."""
+    found: list[int | str | None] = []
+    for dim in value.type.tensor_type.shape.dim:
+        if dim.HasField("dim_value") and dim.dim_value > 0:
+            found.append(dim.dim_value)
+        else:
+            found.append(dim.dim_param or None)
+    return found
+
+
+def check_input_names(graph: Any, names: list[str], key: str) -> None:
+    """Every name is a true input; an initializer listed as an input gets its own explanation."""
+    weights = initializer_names(graph)
+    valid = [v.name for v in true_inputs(graph)]
+    for name in names:
+        if name in weights:
+            raise ModelError(f"{key}: '{name}' is a weight (an initializer that an old exporter also lists in "
+                             f"graph.input), not a runtime input; the model's inputs: {', '.join(valid)}")
+        if name not in valid:
+            raise ModelError(f"{key}: the model has no input '{name}'; its inputs: {', '.join(valid)}")
+
+
+def static_dims(model: Any, inputs: dict[str, list[int]], needs_static: bool) -> dict[str, int]:
+    """Map `inputs` onto the model's named symbolic dimensions, for free-dimension overrides.
+
+    Dimensions stored as -1 or unnamed cannot be overridden by name: targets that need static shapes get them
+    fixed in the file by the `shape` stage before the compile, so here they only fail when still present and the
+    EP needs static shapes. Raises ModelError naming `inputs.<name>`.
+    """
+    check_input_names(model.graph, list(inputs), "inputs")
+    overrides: dict[str, int] = {}
+    for value in true_inputs(model.graph):
+        name, found = value.name, dims(value)
+        wanted = inputs.get(name)
+        if wanted is not None and len(wanted) != len(found):
+            raise ModelError(f"inputs.{name}: the model's input has rank {len(found)}, the manifest gives "
+                             f"{len(wanted)} dimensions {wanted}")
+        for index, dim in enumerate(found):
+            if isinstance(dim, int):
+                if wanted is not None and wanted[index] != dim:
+                    raise ModelError(f"inputs.{name}: dimension {index} is fixed to {dim} in the model, the "
+                                     f"manifest gives {wanted[index]}")
+                continue
+            if wanted is None:
+                if needs_static:
+                    raise ModelError(f"input '{name}' has symbolic dimension {index} ('{dim or '-1'}'); this EP "
+                                     f"needs static shapes: set inputs.{name} in the model's manifest entry")
+                continue
+            if dim is None:
+                if needs_static:
+                    raise ModelError(f"inputs.{name}: dimension {index} is stored as -1 or unnamed and was not fixed "
+                                     "in the file")
+                continue
+            previous = overrides.setdefault(dim, wanted[index])
+            if previous != wanted[index]:
+                raise ModelError(f"inputs.{name}: dimension '{dim}' is given both {previous} and {wanted[index]}")
+    return overrides
+
+
+def _graphs(graph: Any) -> list[Any]:
+    """The graph and every subgraph (If, Loop, Scan bodies)."""
+    found = [graph]
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.HasField("g"):
+                found += _graphs(attribute.g)
+            for subgraph in attribute.graphs:
+                found += _graphs(subgraph)
+    return found
+
+
+def referenced_files(model: Any) -> dict[str, str]:
+    """Every file the model needs beside it: external-data locations and context binaries -> who needs it."""
+    import onnx
+
+    needed: dict[str, str] = {}
+    for graph in _graphs(model.graph):
+        tensors = [*graph.initializer, *(a.t for n in graph.node for a in n.attribute if a.HasField("t"))]
+        for tensor in tensors:
+            if tensor.data_location == onnx.TensorProto.EXTERNAL:
+                for entry in tensor.external_data:
+                    if entry.key == "location":
+                        needed.setdefault(entry.value, f"initializer {tensor.name}")
+        for node in graph.node:
+            if node.op_type == EP_CONTEXT:
+                found = attributes(node)
+                if found.get("embed_mode", 1) == 0 and found.get("ep_cache_context"):
+                    needed.setdefault(found["ep_cache_context"].decode(), f"EPContext node {node.name}")
+    return needed
+
+
+def missing_files(path: Path, model: Any) -> list[str]:
+    """The closed-file-set check: every referenced file lies inside the model's folder and exists."""
+    folder = path.parent.resolve()
+    problems = []
+    for name, user in sorted(referenced_files(model).items()):
+        file = (folder / name).resolve()
+        if folder != file.parent and folder not in file.parents:
+            problems.append(f"{path.name}: {user} references {name}, outside the artifact folder")
+        elif not file.is_file():
+            problems.append(f"{path.name}: {user} references {name}, which is not in the artifact folder")
+    return problems
+
+
+def constant_tensors(graph: Any) -> set[str]:
+    """Tensors computable without any input: initializers, Constant outputs, and outputs of nodes whose inputs
+    are all constant (Shape of a static tensor included)."""
+    known = initializer_names(graph) | {""}
+    shapes = {v.name: v for v in [*graph.value_info, *graph.input]}
+    for node in graph.node:  # nodes are topologically sorted in a valid model
+        if node.op_type in (EP_CONTEXT, "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
+                            "Multinomial", "If", "Loop", "Scan"):
+            continue
+        if node.op_type == "Shape" and node.input[0] in shapes:
+            if all(isinstance(d, int) for d in dims(shapes[node.input[0]])):
+                known.update(node.output)
+            continue
+        if all(name in known for name in node.input) and node.domain in ("", "ai.onnx"):
+            known.update(node.output)
+    return known - {""}
+
+
+def placement(source_nodes: int, model: Any, ep_name: str | None) -> dict[str, Any]:
+    """Where the source model's nodes ended: in EPContext nodes of `ep_name`, or on CPU (with op types), and the
+    constant subgraphs left on CPU that folding (optimize = "basic") would remove."""
+    graph = model.graph
+    contexts = [n for n in graph.node if n.op_type == EP_CONTEXT]
+    cpu = [n for n in graph.node if n.op_type != EP_CONTEXT]
+    nodes: dict[str, Any] = {"source": source_nodes, "ep_context": len(contexts), "cpu": len(cpu),
+                             "cpu_op_types": dict(sorted(Counter(n.op_type for n in cpu).items()))}
+    if ep_name:
+        in_ep = max(source_nodes - len(cpu), 0)
+        nodes.update({"in_ep": in_ep, "offload": round(in_ep / source_nodes, 4) if source_nodes else 1.0,
+                      "by_ep": {ep_name: in_ep, "CPUExecutionProvider": len(cpu)}})
+        constant = constant_tensors(graph)
+        foldable = [n for n in cpu if n.output and all(o in constant for o in n.output)]
+        if foldable:
+            nodes["foldable_on_cpu"] = dict(sorted(Counter(n.op_type for n in foldable).items()))
+    return nodes
+
+
+def check_ep_contexts(model: Any, ep_name: str, folder: Path) -> tuple[str | None, list[str]]:
+    """Every EPContext node comes from `ep_name`; main nodes (main_context = 1, or no such attribute) that keep
+    their context outside the model name a binary that exists. Nodes with main_context = 0 (partial offload)
+    refer to the main node's binary by partition name and carry no file name. Returns (SDK version, binaries)."""
+    contexts = [n for n in model.graph.node if n.op_type == EP_CONTEXT]
+    if not contexts:
+        raise ModelError(f"the output holds no EPContext node from {ep_name}: the EP compiled nothing")
+    sdk, binaries = None, []
+    for node in contexts:
+        found = attributes(node)
+        source = found.get("source", b"").decode()
+        if source != ep_name:
+            raise ModelError(f"the output holds an EPContext node from '{source}', not {ep_name}")
+        sdk = (found.get("ep_sdk_version") or b"").decode() or sdk
+        if found.get("main_context", 1) == 0 or found.get("embed_mode", 1) == 1:
+            continue
+        name = (found.get("ep_cache_context") or b"").decode()
+        if not name:
+            raise ModelError(f"EPContext node {node.name} keeps its context outside the model but names no file")
+        if not (folder / name).is_file():
+            raise ModelError(f"EPContext node {node.name} references {name}, which was not written")
+        if name not in binaries:
+            binaries.append(name)
+    return sdk, binaries
+
+
+def _consumers(graph: Any) -> dict[str, list[Any]]:
+    found: dict[str, list[Any]] = {}
+    for node in graph.node:
+        for name in node.input:
+            found.setdefault(name, []).append(node)
+    return found
+
+
+def index_bound(graph: Any, input_name: str, shapes: dict[str, list[int | str | None]]) -> int | None:
+    """For an integer input used as an index (token ids, positions, type ids): the size of the dimension it
+    indexes, so generated values stay inside it; None when no Gather consumes it."""
+    consumers = _consumers(graph)
+    bounds = []
+    frontier, seen = [input_name], set()
+    while frontier:
+        name = frontier.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for node in consumers.get(name, []):
+            if node.op_type in INDEX_PASSTHROUGH and node.input[0] == name:
+                frontier.extend(node.output)
+            elif INDEX_CONSUMERS.get(node.op_type) == list(node.input).index(name):
+                axis = attributes(node).get("axis", 0)
+                data = shapes.get(node.input[0])
+                if data and -len(data) <= axis < len(data) and isinstance(data[axis], int):
+                    bounds.append(data[axis])
+    return min(bounds) if bounds else None
+
+
+def known_shapes(model: Any) -> dict[str, list[int | str | None]]:
+    """Shapes of initializers and of every tensor ONNX shape inference can reach (no external data loaded)."""
+    import onnx
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    except Exception:  # noqa: BLE001 - inference is a best effort here: without it, bounds stay unknown
+        inferred = model
+    shapes: dict[str, list[int | str | None]] = {t.name: list(t.dims) for t in model.graph.initializer}
+    for value in [*inferred.graph.value_info, *inferred.graph.input]:
+        shapes.setdefault(value.name, dims(value))
+    return shapes
