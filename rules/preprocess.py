@@ -42,8 +42,13 @@ def save(model: Any, output: Path, data_file: str | None) -> None:
     import onnx
 
     if data_file:
-        onnx.save(model, str(output), save_as_external_data=True, all_tensors_to_one_file=True,
-                  location=data_file, size_threshold=0)
+        working = Path.cwd()
+        os.chdir(output.parent)  # onnx refuses a location that exists relative to the working folder
+        try:
+            onnx.save(model, output.name, save_as_external_data=True, all_tensors_to_one_file=True,
+                      location=data_file, size_threshold=0)
+        finally:
+            os.chdir(working)
     else:
         onnx.save(model, str(output))
 

@@ -208,19 +208,36 @@ def test_ten_thousand_models_parse_and_list(tmp_path, host_cache):
     assert len([name for name in listing if name.startswith("compile:m")]) == 10_000
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (children, their children, ...), from /proc."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            parents.setdefault(int(fields[1]), []).append(int(entry))
+    found, frontier = [], [pid]
+    while frontier:
+        children = parents.get(frontier.pop(), [])
+        found += children
+        frontier += children
+    return found
+
+
 def kill_child_when_running(run: subprocess.Popen, module: str, sig: int, deadline: float = 120) -> bool:
-    """Send `sig` to the first child process running `python -m module` under doit."""
+    """Send `sig` to the first descendant of `run` (the doit this test started) running `python -m module`;
+    never to another process on the machine, where other builds may be running."""
     end = time.monotonic() + deadline
     while time.monotonic() < end and run.poll() is None:
-        for pid in os.listdir("/proc"):
-            if not pid.isdigit():
-                continue
+        for pid in descendants(run.pid):
             try:
                 command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
             if b"-m" in command and module.encode() in command:
-                os.kill(int(pid), sig)
+                os.kill(pid, sig)
                 return True
         time.sleep(0.01)
     return False

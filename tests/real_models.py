@@ -1,0 +1,161 @@
+"""Small generated models with the shapes real exports have, one per failure class of real models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+RNG = np.random.default_rng(0)
+
+
+def _weights(name: str, *shape: int) -> onnx.TensorProto:
+    return numpy_helper.from_array((RNG.standard_normal(shape) * 0.3).astype(np.float32), name)
+
+
+def _save(model: onnx.ModelProto, path: Path, ir_version: int = 9, **kwargs) -> Path:
+    model.ir_version = ir_version
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path), **kwargs)
+    return path
+
+
+def old_ir_cnn(path: Path) -> Path:
+    """IR 3, opset 8: every weight also listed in graph.input (Caffe2-era zoos), names with '/' and ':'."""
+    conv_w, fc_w = _weights("conv_1/w:0", 4, 3, 3, 3), _weights("fc_w", 4, 5)
+    shape = numpy_helper.from_array(np.array([1, 4], dtype=np.int64), "flat__SHAPE")
+    nodes = [helper.make_node("Conv", ["data_0", "conv_1/w:0"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("GlobalAveragePool", ["r"], ["p"]),
+             helper.make_node("Reshape", ["p", "flat__SHAPE"], ["f"]),
+             helper.make_node("MatMul", ["f", "fc_w"], ["prob_1"])]
+    inputs = [helper.make_tensor_value_info("data_0", TensorProto.FLOAT, [1, 3, 8, 8])] + [
+        helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in (conv_w, fc_w, shape)]
+    graph = helper.make_graph(nodes, "old", inputs, [helper.make_tensor_value_info("prob_1", TensorProto.FLOAT,
+                                                                                     [1, 5])], [conv_w, fc_w, shape])
+    return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 8)]), path, ir_version=3)
+
+
+def token_encoder(path: Path, vocab: int = 5) -> Path:
+    """int64 token ids into a small vocabulary (ids >= vocab are out of bounds), an int64 attention mask."""
+    embedding, positions = _weights("embeddings.word", vocab, 8), _weights("embeddings.position", 6, 8)
+    pos_ids = numpy_helper.from_array(np.arange(6, dtype=np.int64)[None], "position_ids")
+    nodes = [helper.make_node("Gather", ["embeddings.word", "input_ids"], ["e"]),
+             helper.make_node("Gather", ["embeddings.position", "position_ids"], ["p"]),
+             helper.make_node("Add", ["e", "p"], ["h"]),
+             helper.make_node("Cast", ["attention_mask"], ["m"], to=TensorProto.FLOAT),
+             helper.make_node("Unsqueeze", ["m", "axes"], ["m3"]),
+             helper.make_node("Mul", ["h", "m3"], ["hidden"])]
+    axes = numpy_helper.from_array(np.array([2], dtype=np.int64), "axes")
+    graph = helper.make_graph(
+        nodes, "encoder",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
+         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"])],
+        [helper.make_tensor_value_info("hidden", TensorProto.FLOAT, ["batch", "seq", 8])],
+        [embedding, positions, pos_ids, axes])
+    return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def minus_one_batch(path: Path) -> Path:
+    """Paddle2ONNX style: the batch dimension stored as dim_value -1, the output's as unnamed."""
+    weight = _weights("conv.w", 4, 3, 3, 3)
+    nodes = [helper.make_node("Conv", ["x", "conv.w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["y"])]
+    graph = helper.make_graph(nodes, "paddle", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [-1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 4, 8, 8])], [weight])
+    return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+
+
+def layernorm_dynamic(path: Path) -> Path:
+    """A decomposed LayerNorm (as exporters write it) with symbolic batch/sequence dims and stale symbolic
+    value_info on every intermediate: free-dimension overrides leave these dynamic."""
+    eps = numpy_helper.from_array(np.array(1e-5, dtype=np.float32), "eps")
+    two = numpy_helper.from_array(np.array(2.0, dtype=np.float32), "two")
+    weight = _weights("dense.w", 16, 16)
+    names = ["mean", "centered", "squared", "variance", "shifted", "std", "normed", "y"]
+    nodes = [helper.make_node("ReduceMean", ["x"], ["mean"], axes=[-1]),
+             helper.make_node("Sub", ["x", "mean"], ["centered"]),
+             helper.make_node("Pow", ["centered", "two"], ["squared"]),
+             helper.make_node("ReduceMean", ["squared"], ["variance"], axes=[-1]),
+             helper.make_node("Add", ["variance", "eps"], ["shifted"]),
+             helper.make_node("Sqrt", ["shifted"], ["std"]),
+             helper.make_node("Div", ["centered", "std"], ["normed"]),
+             helper.make_node("MatMul", ["normed", "dense.w"], ["y"])]
+    graph = helper.make_graph(nodes, "layernorm",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 16])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["batch", "seq", 16])],
+                              [eps, two, weight],
+                              value_info=[helper.make_tensor_value_info(n, TensorProto.FLOAT, ["b", "s", None])
+                                          for n in names[:-1]])
+    graph.node.append(helper.make_node("Identity", ["y"], ["out"]))
+    return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+
+
+def partial_offload(path: Path) -> Path:
+    """Two float partitions around an op the QNN HTP does not take (Det), which stays on CPU between them."""
+    nodes = [helper.make_node("Add", ["x", "x"], ["a"]),
+             helper.make_node("Relu", ["a"], ["r"]),
+             helper.make_node("Det", ["r"], ["d"]),
+             helper.make_node("Mul", ["d", "d"], ["m"]),
+             helper.make_node("Sigmoid", ["m"], ["y"])]
+    graph = helper.make_graph(nodes, "partial", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def runtime_weights(path: Path) -> Path:
+    """A Conv whose weight is computed at run time: ConstantOfShape then Mul by a scalar (torch exports do this)."""
+    shape = numpy_helper.from_array(np.array([4, 3, 3, 3], dtype=np.int64), "w_shape")
+    scale = numpy_helper.from_array(np.array(0.1, dtype=np.float32), "w_scale")
+    nodes = [helper.make_node("ConstantOfShape", ["w_shape"], ["w_ones"],
+                              value=numpy_helper.from_array(np.array([1.0], dtype=np.float32))),
+             helper.make_node("Mul", ["w_ones", "w_scale"], ["w"]),
+             helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["y"])]
+    graph = helper.make_graph(nodes, "runtime_weights",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], [shape, scale])
+    return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+
+
+def odd_names(path: Path) -> Path:
+    """Input, output and tensor names with '/', ':', '.', spaces and non-ASCII."""
+    weight = _weights("layer 1/weight:0", 6, 6)
+    nodes = [helper.make_node("MatMul", ["input:0 /ü", "layer 1/weight:0"], ["hidden état"]),
+             helper.make_node("Tanh", ["hidden état"], ["out/put.1 ß"])]
+    graph = helper.make_graph(nodes, "odd names", [helper.make_tensor_value_info("input:0 /ü", TensorProto.FLOAT,
+                                                                                   [1, 6])],
+                              [helper.make_tensor_value_info("out/put.1 ß", TensorProto.FLOAT, [1, 6])], [weight])
+    return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def sample_rate_branches(path: Path) -> Path:
+    """A voice-activity-style model: an int64 `sr` input selects an If branch (16 kHz or 8 kHz weights)."""
+    then_graph = helper.make_graph([helper.make_node("MatMul", ["x", "w16"], ["b16"])], "sr16", [],
+                                   [helper.make_tensor_value_info("b16", TensorProto.FLOAT, [1, 4])],
+                                   [_weights("w16", 16, 4)])
+    else_graph = helper.make_graph([helper.make_node("MatMul", ["x", "w8"], ["b8"])], "sr8", [],
+                                   [helper.make_tensor_value_info("b8", TensorProto.FLOAT, [1, 4])],
+                                   [_weights("w8", 16, 4)])
+    target = numpy_helper.from_array(np.array([16000], dtype=np.int64), "sr16000")
+    nodes = [helper.make_node("Equal", ["sr", "sr16000"], ["is16"]),
+             helper.make_node("Squeeze", ["is16"], ["cond"]),
+             helper.make_node("If", ["cond"], ["branch"], then_branch=then_graph, else_branch=else_graph),
+             helper.make_node("Sigmoid", ["branch"], ["speech_prob"])]
+    graph = helper.make_graph(nodes, "vad", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16]),
+                                             helper.make_tensor_value_info("sr", TensorProto.INT64, [1])],
+                              [helper.make_tensor_value_info("speech_prob", TensorProto.FLOAT, [1, 4])], [target])
+    return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+
+
+def external_data_mlp(path: Path) -> Path:
+    """torch's default exporter layout: weights in `<name>.onnx.data` beside the model."""
+    w1, w2 = _weights("fc1.weight", 16, 32), _weights("fc2.weight", 32, 8)
+    nodes = [helper.make_node("MatMul", ["x", "fc1.weight"], ["h"]), helper.make_node("Relu", ["h"], ["g"]),
+             helper.make_node("MatMul", ["g", "fc2.weight"], ["y"])]
+    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])], [w1, w2])
+    return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]), path,
+                 save_as_external_data=True, location=f"{path.name}.data", size_threshold=0)
