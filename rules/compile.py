@@ -27,6 +27,7 @@ from .fingerprint import compile_fingerprint
 from .graph import check_ep_contexts, missing_files, placement, static_dims
 from .host import toolchain_versions
 from .manifest import ModelSpec
+from .preprocess import always_written, external_output
 from .targets import QPC_PROGRAM, SIDECAR, Build, ResolvedTarget
 from .toolchains import Toolchain, ep_context_model, find_qaic, find_qairt, qaic_command, run_tool
 
@@ -263,12 +264,10 @@ def _compile_in_child(request: dict[str, Any]) -> dict[str, Any]:
             level = CPU_LEVELS[request["optimization_level"]]
             options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
             options.optimized_model_filepath = str(output)
-            if member["external_data"]:  # the artifact carries its own weights, not the source's data file
-                options.add_session_config_entry("session.optimized_model_external_initializers_file_name",
-                                                 member["external_data"])
-                options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes",
-                                                 "0")
+            external_output(options, member["external_data"])  # its own weights, not the source's data file
             ort.InferenceSession(model_file, options, providers=["CPUExecutionProvider"])
+            if member["external_data"]:
+                always_written(output.with_name(member["external_data"]))
         else:
             if request["share"]:
                 options.add_session_config_entry("ep.share_ep_contexts", "1")

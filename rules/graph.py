@@ -49,15 +49,17 @@ def dims(value: Any) -> list[int | str | None]:
 
 
 def check_input_names(graph: Any, names: list[str], key: str) -> None:
-    """Every name is a true input; an initializer listed as an input gets its own explanation."""
+    """Every name is a true input; an initializer listed as an input gets its own explanation. `key` is the
+    manifest table the names come from (`inputs`, `freeze`: the message names `inputs.<name>`) or a file."""
     weights = initializer_names(graph)
     valid = [v.name for v in true_inputs(graph)]
     for name in names:
+        where = f"{key}.{name}" if key in ("inputs", "freeze") else key
         if name in weights:
-            raise ModelError(f"{key}: '{name}' is a weight (an initializer that an old exporter also lists in "
+            raise ModelError(f"{where}: '{name}' is a weight (an initializer that an old exporter also lists in "
                              f"graph.input), not a runtime input; the model's inputs: {', '.join(valid)}")
         if name not in valid:
-            raise ModelError(f"{key}: the model has no input '{name}'; its inputs: {', '.join(valid)}")
+            raise ModelError(f"{where}: the model has no input '{name}'; its inputs: {', '.join(valid)}")
 
 
 def static_dims(model: Any, inputs: dict[str, list[int]], needs_static: bool) -> dict[str, int]:

@@ -46,9 +46,10 @@ def save(model: Any, output: Path, data_file: str | None) -> None:
         os.chdir(output.parent)  # onnx refuses a location that exists relative to the working folder
         try:
             onnx.save(model, output.name, save_as_external_data=True, all_tensors_to_one_file=True,
-                      location=data_file, size_threshold=0)
+                      location=data_file)
         finally:
             os.chdir(working)
+        always_written(output.with_name(data_file))
     else:
         onnx.save(model, str(output))
 
@@ -77,14 +78,20 @@ def fix_shapes(source: Path, output: Path, inputs: dict[str, list[int]], data_fi
         except ValueError as exc:
             raise ModelError(f"inputs.{name}: {exc}") from None
     del model.graph.value_info[:]  # stale symbolic shapes would survive inference
+    failed = []
     try:
         inferred = SymbolicShapeInference.infer_shapes(model, auto_merge=True)
     except Exception:  # noqa: BLE001 - symbolic inference gives up on some graphs; ONNX's own inference is next
         inferred = None
-    model = inferred or onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+    if inferred is None:
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+        except Exception as exc:  # noqa: BLE001 - without inference the inputs are still fixed; say so
+            failed = [f"(shape inference failed: {' '.join(str(exc).split())[:200]})"]
+    model = inferred or model
     fix_output_shapes(model)
     save(model, output, data_file)
-    return dynamic_tensors(model)
+    return failed + dynamic_tensors(model)
 
 
 def freeze(source: Path, output: Path, values: dict[str, list[float]], data_file: str | None) -> None:
@@ -116,10 +123,17 @@ def freeze(source: Path, output: Path, values: dict[str, list[float]], data_file
 
 
 def external_output(options: Any, data_file: str | None) -> None:
-    """An ONNX Runtime optimized model writes its initializers to `data_file` beside it, not to the source's."""
+    """An ONNX Runtime optimized model writes its initializers to `data_file` beside it, not to the source's.
+    Small ones (shapes, scalars) stay inline: ONNX Runtime cannot read a Reshape's shape from external data."""
     if data_file:
         options.add_session_config_entry("session.optimized_model_external_initializers_file_name", data_file)
-        options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "0")
+
+
+def always_written(data_file: Path) -> None:
+    """The external-data file is an output known before the run: a model whose initializers all stayed inline
+    (below the size threshold) gets an empty one."""
+    if not data_file.exists():
+        data_file.touch()
 
 
 def require_static(model: Any, task: str) -> dict[str, tuple[int, ...]]:
@@ -204,6 +218,8 @@ def _run_stage(request: dict[str, Any]) -> dict[str, Any]:
     kind, result = request["kind"], {}
     if kind == "freeze":
         freeze(source, output, settings["values"], data_file)
+        if data_file:
+            always_written(output.with_name(data_file))
     elif kind == "shape":
         result["dynamic"] = fix_shapes(source, output, settings["inputs"], data_file)
     elif kind == "optimize":
@@ -214,6 +230,8 @@ def _run_stage(request: dict[str, Any]) -> dict[str, Any]:
         options.optimized_model_filepath = str(output)
         external_output(options, data_file)
         ort.InferenceSession(source.name, options, providers=["CPUExecutionProvider"])
+        if data_file:
+            always_written(output.with_name(data_file))
     elif kind == "quantize":
         quantize(source, output, request["flavour"], settings, request["calibration"], request["task"], data_file)
     else:

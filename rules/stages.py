@@ -4,9 +4,10 @@ whose output (`artifacts/.stages/<model>/<stage>/<model>.onnx`) feeds the next s
 validation tasks.
 
 A model's chain: `freeze` (when the model says `freeze`: configuration inputs become constants and ORT's basic
-optimization folds the branches they select), `shape` (when `inputs` is given and the target needs static shapes
-or a later stage rewrites the model: the inputs fixed in the file, -1 and unnamed dimensions included, then shape
-inference so intermediate tensors are static too), `optimize` (when the model says `optimize`), `quantize` (for
+optimization folds the branches they select), `shape` (for targets whose EP needs static shapes, and when `inputs` is
+given and a later stage rewrites the model: the inputs fixed in the file, -1 and unnamed dimensions included, then
+shape inference so intermediate tensors are static too; exporters leave shapes computed at run time, e.g. the
+Expand before a GRU, which QNN refuses as dynamic), `optimize` (when the model says `optimize`), `quantize` (for
 targets with `quantized = true`, QNN's QDQ configuration for QNN targets and the generic static quantizer
 otherwise), `squash` (when the model says `squash = true`). Outputs are named after the model, so compiles by file
 name stay unique and checkout-independent. A stage whose input has external data writes its own
@@ -78,7 +79,7 @@ def stage_chain(model: ModelSpec, artifacts: Path, external: tuple[Path, ...], f
 
     if model.freeze:
         add("freeze", {"values": {name: list(value) for name, value in sorted(model.freeze.items())}})
-    if inputs and (static_shapes or model.optimize or quantize):
+    if static_shapes or (inputs and (model.optimize or quantize)):
         add("shape", {"inputs": {name: list(shape) for name, shape in sorted(inputs.items())}})
         inputs = {}
     if model.optimize:

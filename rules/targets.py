@@ -257,10 +257,11 @@ def artifacts_dir(manifest: Manifest) -> Path:
 
 def chain_for(model: ModelSpec, target: ResolvedTarget, manifest: Manifest, external: tuple[Path, ...]):
     return stage_chain(model, artifacts_dir(manifest), external, target.quantize_flavour,
-                       static_shapes=not target.is_cpu, single_file=target.compiler == "qaic")
+                       static_shapes=not target.is_cpu and target.compiler in ("ort", "ort_session"),
+                       single_file=target.compiler == "qaic")
 
 
-def plan(manifest: Manifest, external: dict[str, tuple[Path, ...]]) -> list[Build]:
+def plan(manifest: Manifest, external: dict[str, tuple[Path, ...]] | None = None) -> list[Build]:
     """Every (model, target) compile the manifest asks for, in manifest order, with its stages; `external` holds
     each model's external-data files."""
     resolved = {name: resolve_target(spec, manifest) for name, spec in manifest.targets.items()}
@@ -268,7 +269,7 @@ def plan(manifest: Manifest, external: dict[str, tuple[Path, ...]]) -> list[Buil
     for model in manifest.models.values():
         for name in model.targets:
             target = resolved[name]
-            chain = chain_for(model, target, manifest, external[model.name])
+            chain = chain_for(model, target, manifest, (external or {}).get(model.name, ()))
             settings = validation_settings(model, manifest.targets[name])
             if model.freeze and chain.float_model is None and settings.reference is None:
                 # compare with the model as declared, fed the frozen values: folding errors cannot hide
@@ -319,7 +320,7 @@ def resolve_group(spec: GroupSpec, manifest: Manifest, target: ResolvedTarget,
                                                  "must stay in its own file (QNN writes a broken result, OpenVINO "
                                                  "rejects it): use a target with embed = false")
     declared = [manifest.models[name] for name in spec.models]
-    chains = [chain_for(m, target, manifest, external[m.name]) for m in declared]
+    chains = [chain_for(m, target, manifest, external.get(m.name, ())) for m in declared]
     target_spec = manifest.targets[target.name]
     return GroupBuild(spec.name, target, tuple(chain.model for chain in chains),
                       tuple(validation_settings(m, target_spec) for m in declared),
@@ -328,6 +329,6 @@ def resolve_group(spec: GroupSpec, manifest: Manifest, target: ResolvedTarget,
                       {m.name: m.freeze for m in declared})
 
 
-def plan_groups(manifest: Manifest, external: dict[str, tuple[Path, ...]]) -> list[GroupBuild]:
-    return [resolve_group(spec, manifest, resolve_target(manifest.targets[spec.target], manifest), external)
+def plan_groups(manifest: Manifest, external: dict[str, tuple[Path, ...]] | None = None) -> list[GroupBuild]:
+    return [resolve_group(spec, manifest, resolve_target(manifest.targets[spec.target], manifest), external or {})
             for spec in manifest.groups.values()]

@@ -198,7 +198,7 @@ def test_freeze_errors_name_the_key(project):
     sample_rate_branches(project.root / "models" / "vad.onnx")
     project.manifest(model_entry("vad", "freeze = { rate = 16000 }", '["cpu"]') + TARGETS)
     done = project.doit(check=False)
-    assert "freeze: the model has no input 'rate'; its inputs: x, sr" in output(done)
+    assert "freeze.rate: the model has no input 'rate'; its inputs: x, sr" in output(done)
     project.manifest(model_entry("vad", 'freeze = { sr = "high" }', '["cpu"]') + TARGETS)
     done = project.doit(check=False)
     assert done.returncode == 2 and "models.vad.freeze.sr: must be a number or a list of numbers" in done.stderr

@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from conftest import ran
-from rules.errors import UserError
+from rules.errors import ModelError, UserError
 from rules.manifest import load
 from rules.preprocess import squash
 
@@ -125,7 +125,7 @@ def test_squash_inlines_external_data_and_the_compile_consumes_it(project):
 
 
 def test_squash_refuses_a_model_over_the_limit_naming_its_size(tmp_path, project):
-    with pytest.raises(ValueError, match=r"tinycnn.onnx is [\d,]+ bytes with its external data inlined, over the "
+    with pytest.raises(ModelError, match=r"tinycnn.onnx is [\d,]+ bytes with its external data inlined, over the "
                                          r"1,000-byte protobuf limit"):
         squash(project.root / "models" / "tinycnn.onnx", tmp_path / "out.onnx", limit_bytes=1000)
     assert not (tmp_path / "out.onnx").exists()

@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from conftest import REPO, ran
-from rules.child import run_child
+from rules.child import Limits, run_child
 from rules.errors import BuildError
 from rules.manifest import load
 from rules.targets import plan
@@ -178,7 +178,7 @@ def test_inputs_file_is_used_and_tracked(project):
     np.savez(project.root / "data" / "x.npz", y=np.zeros((1, 3, 64, 64), np.float32))
     done = project.doit("--continue", check=False)
     assert ran(done) == {"validate:tinycnn@qnn-htp"}
-    assert "keys ['y'] do not match the model's inputs ['x']" in report(project, "qnn-htp", "tinycnn")["reason"]
+    assert "validation.inputs x.npz: the model has no input 'y'; its inputs: x" in report(project, "qnn-htp", "tinycnn")["reason"]
 
 
 def test_a_validation_timeout_fails_that_task_naming_the_timeout(project):
@@ -196,7 +196,7 @@ def test_a_crashing_child_is_reported_by_signal(tmp_path, signal_name):
     os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests"), env_path])
     try:
         with pytest.raises(BuildError, match=f"validate m@t: the child process was killed by {signal_name}"):
-            run_child("crash_child", {"action": "signal", "signal": signal_name}, tmp_path, 60, "validate m@t")
+            run_child("crash_child", {"action": "signal", "signal": signal_name}, tmp_path, Limits(60), "validate m@t")
     finally:
         os.environ["PYTHONPATH"] = env_path
 

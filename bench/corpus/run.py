@@ -1,0 +1,117 @@
+"""Build the real-model corpus with epbuild (cpu and qnn-htp) and write the compatibility matrix.
+
+    python bench/corpus/run.py [--no-torch] [--jobs N] [--out bench/results/corpus.md]
+
+Generates the corpus into a temporary project, runs `doit --continue -n N` there with this repository's rules, and
+writes per model x target: compile status, offload, compile time, peak memory, validation status, SNR, and the one
+line that explains each failure. Prints the same matrix; exits non-zero only when doit itself crashed or a message
+is a bare exception (a bug of ours), not when a model fails on an EP.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+
+from generate import generate  # noqa: E402
+
+TARGETS = ("cpu", "qnn-htp")
+RAW = ("Traceback", "KeyError", "internal error in epbuild", "'ep_cache_context'")
+
+
+def build(folder: Path, jobs: int) -> tuple[subprocess.CompletedProcess, float]:
+    shutil.copy(REPO / "dodo.py", folder / "dodo.py")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "EPBUILD_CACHE_DIR": str(folder / "cache")}
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "doit", "--continue", "-n", str(jobs), "-P", "process"],
+                          cwd=folder, env=env, capture_output=True, text=True)
+    return done, time.monotonic() - started
+
+
+def _read(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def matrix(folder: Path, names: list[str]) -> list[dict]:
+    tasks = _read(folder / "artifacts" / "build-report.json").get("tasks", {})
+    rows = []
+    for name in names:
+        for target in TARGETS:
+            compiled = tasks.get(f"compile:{name}@{target}", {})
+            validated = tasks.get(f"validate:{name}@{target}", {})
+            sidecar = _read(folder / "artifacts" / target / name / "artifact.json")
+            report = _read(folder / "artifacts" / target / name / "validation.json")
+            nodes = sidecar.get("nodes", {})
+            outputs = report.get("outputs", {})
+            snr = min((o.get("snr_db", 0.0) for o in outputs.values()), default=None)
+            reason = compiled.get("reason") or validated.get("reason") or ""
+            if not compiled:  # a stage before the compile failed
+                stage = next(((n, e) for n, e in tasks.items() if n.split(":", 1)[-1].startswith(name)
+                              and e.get("status") == "failed" and not n.startswith(("compile", "validate"))), None)
+                reason = f"{stage[0]}: {stage[1].get('reason', '')}" if stage else "not run"
+            rows.append({
+                "model": name, "target": target, "compile": compiled.get("status", "failed"),
+                "offload": nodes.get("offload"), "seconds": (compiled.get("child") or {}).get("seconds"),
+                "peak_mb": (compiled.get("child") or {}).get("peak_mb"),
+                "validation": report.get("status", "not run" if not compiled.get("status") else "failed"),
+                "snr_db": snr, "reason": " ".join(reason.split())[:300],
+            })
+    return rows
+
+
+def markdown(rows: list[dict], origins: dict[str, str], seconds: float, jobs: int) -> str:
+    def cell(value, pattern="{}"):
+        return "" if value is None else pattern.format(value)
+
+    lines = ["# Real-model corpus: compatibility matrix\n",
+             f"`python bench/corpus/run.py` on this host; {len(origins)} models x {len(TARGETS)} targets, "
+             f"`doit --continue -n {jobs}`, {seconds:.0f} s wall in all.\n",
+             "| model | target | compile | offload | compile s | peak MB | validation | min SNR dB | why not passed |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        lines.append(f"| {row['model']} | {row['target']} | {row['compile']} | {cell(row['offload'], '{:.0%}')} | "
+                     f"{cell(row['seconds'], '{:.2f}')} | {cell(row['peak_mb'], '{:.0f}')} | {row['validation']} | "
+                     f"{cell(row['snr_db'], '{:.1f}')} | {row['reason'].replace('|', '/')} |")
+    lines += ["", "## The models", ""] + [f"- `{name}`: {origin}" for name, origin in origins.items()]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--no-torch", action="store_true")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "corpus.md")
+    arguments = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="epbuild-corpus.") as temporary:
+        folder = Path(temporary)
+        entries = generate(folder, not arguments.no_torch)
+        done, seconds = build(folder, arguments.jobs)
+        rows = matrix(folder, [e.name for e in entries])
+        text = markdown(rows, {e.name: e.origin for e in entries}, seconds, arguments.jobs)
+        (folder / "doit.log").write_text(done.stdout + done.stderr)
+        raw = [line for line in (done.stdout + done.stderr).splitlines() if any(r in line for r in RAW)]
+        arguments.out.parent.mkdir(parents=True, exist_ok=True)
+        arguments.out.write_text(text)
+        print(text)
+        if raw:
+            print("bare exception messages (bugs of epbuild):\n" + "\n".join(raw))
+        crashed = done.returncode not in (0, 1)  # 1: some task failed; 2 and up: doit itself could not run
+        return 1 if raw or crashed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
