@@ -178,7 +178,8 @@ def test_inputs_file_is_used_and_tracked(project):
     np.savez(project.root / "data" / "x.npz", y=np.zeros((1, 3, 64, 64), np.float32))
     done = project.doit("--continue", check=False)
     assert ran(done) == {"validate:tinycnn@qnn-htp"}
-    assert "validation.inputs x.npz: the model has no input 'y'; its inputs: x" in report(project, "qnn-htp", "tinycnn")["reason"]
+    reason = report(project, "qnn-htp", "tinycnn")["reason"]
+    assert "validation.inputs x.npz: the model has no input 'y'; its inputs: x" in reason
 
 
 def test_a_validation_timeout_fails_that_task_naming_the_timeout(project):

@@ -107,9 +107,10 @@ def main() -> int:
         arguments.out.parent.mkdir(parents=True, exist_ok=True)
         arguments.out.write_text(text)
         print(text)
+        print(f"doit exited with status {done.returncode}")
         if raw:
             print("bare exception messages (bugs of epbuild):\n" + "\n".join(raw))
-        crashed = done.returncode not in (0, 1)  # 1: some task failed; 2 and up: doit itself could not run
+        crashed = done.returncode not in (0, 1, 2)  # 1: a task failed, 2: a task error; 3: doit could not run
         return 1 if raw or crashed else 0
 
 
