@@ -22,7 +22,7 @@ def test_the_corpus_without_torch_builds_and_every_failure_is_explained(tmp_path
     entries = generate(tmp_path, with_torch=False)
     assert len(entries) >= 12
     done, _ = build(tmp_path, jobs=2)
-    assert done.returncode in (0, 1), done.stdout + done.stderr
+    assert done.returncode in (0, 1, 2), done.stdout + done.stderr  # 1: a task failed, 2: its dependents unmet
     text = done.stdout + done.stderr
     assert not [line for line in text.splitlines() if any(raw in line for raw in RAW)]
     rows = matrix(tmp_path, [e.name for e in entries])
