@@ -96,7 +96,7 @@ def run_child(module: str, request: dict[str, Any], workdir: Path, limits: Limit
     try:
         with open(output_file, "w+", encoding="utf-8", errors="replace") as output:
             process = subprocess.Popen([sys.executable, "-m", module, str(request_file), str(result_file)],
-                                       stdout=output, stderr=subprocess.STDOUT, env=env)
+                                       stdout=output, stderr=subprocess.STDOUT, env=env, cwd=workdir)
             code, seconds, peak_mb, killed = _wait(process, limits, what)
             output.seek(0)
             text = output.read()
