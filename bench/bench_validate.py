@@ -20,10 +20,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from rules.host import capabilities, unavailable_reason  # noqa: E402
+from rules.compilers import compiler  # noqa: E402
+from rules.host import capabilities  # noqa: E402
+from rules.layout import Layout  # noqa: E402
 from rules.manifest import load  # noqa: E402
 from rules.targets import plan  # noqa: E402
-from rules.validate import _validate_in_child, validate_build, validation_request  # noqa: E402
+from rules.validate import _validate_in_child, validate, validation_request  # noqa: E402
 
 
 def main() -> None:
@@ -36,15 +38,15 @@ def main() -> None:
         shutil.copytree(REPO / "configs", project / "configs")
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         subprocess.run([sys.executable, "-m", "doit"], cwd=project, env=env, check=True, capture_output=True)
-        artifacts = project / "artifacts"
-        caps = capabilities(artifacts / ".state")
+        layout = Layout(project / "artifacts")
+        caps = capabilities(layout.state)
         print(f"{'artifact':<28} {'child s':>8} {'in-process s':>13} {'overhead s':>11}")
         for build in plan(load(project / "models.toml")):
             target = build.target
-            if not target.is_cpu and unavailable_reason(target.ep, target.source, target.device, caps):
+            if compiler(target).unavailable(target, caps) or not build.validates:
                 continue
-            child = statistics.median(_timed(lambda b=build: validate_build(b, artifacts)) for _ in range(repeats))
-            request = validation_request(build, artifacts)
+            child = statistics.median(_timed(lambda b=build: validate(b, layout)) for _ in range(repeats))
+            request = validation_request(build, build.out_dir(layout))
             _validate_in_child(request)  # warm: imports, EP registration
             inside = statistics.median(_timed(lambda r=request: _validate_in_child(r)) for _ in range(repeats))
             print(f"{build.name:<28} {child:>8.3f} {inside:>13.3f} {child - inside:>11.3f}")

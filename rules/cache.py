@@ -23,6 +23,7 @@ from pathlib import Path
 
 from .errors import BuildError
 from .hashing import FileHashes
+from .layout import Layout
 from .manifest import CacheSpec
 from .publish import discard, publish, scratch_dir
 
@@ -148,9 +149,13 @@ class Workspace:
     cache_dir: Path
     cache_max_bytes: int | None
 
+    @property
+    def layout(self) -> Layout:
+        return Layout(self.artifacts)
+
     @functools.cached_property
     def hashes(self) -> FileHashes:
-        return FileHashes(self.artifacts / ".state")
+        return FileHashes(self.layout.state)
 
     @functools.cached_property
     def cache(self) -> ArtifactCache:
@@ -170,7 +175,8 @@ def cached_folder(label: str, fingerprint: str, workspace: Workspace, final: Pat
     neither the scratch folder nor an older `final` behind."""
     cache = workspace.cache
     with cache.lock(fingerprint):
-        scratch = scratch_dir(workspace.artifacts, label.replace(":", ".").replace("@", ".").replace("[", "."))
+        label_text = label.replace(":", ".").replace("@", ".").replace("[", ".")
+        scratch = scratch_dir(workspace.layout.scratch_root, label_text)
         try:
             found = cache.restore(fingerprint, scratch)
             restored = found is not None and (expected is None or found == expected)

@@ -1,7 +1,8 @@
-"""The execution-provider registry: aliases, devices, packages, option names, output file names.
+"""The execution-provider registry: aliases, devices, packages, option names, output file names, precision.
 
 Everything known about one EP lives in one `EpInfo` entry, so adding an EP or an option name is a one-place
-change. Nothing here imports onnxruntime: the registry is read at task-creation time.
+change (how an artifact is produced lives in `rules.compilers`). Nothing here imports onnxruntime: the registry is
+read at task-creation time.
 """
 
 from __future__ import annotations
@@ -32,9 +33,21 @@ class EpInfo:
     binary_suffix: str | None = None  # context binary: <stem><suffix>, None when the EP writes none
     can_share_contexts: bool = False
     shares_one_binary: bool = False  # in a shared context: one binary for all members (named after the first)
+    float_precision: str = "fp32"  # what float graphs compute in: "fp16" for the HTP
+    precision_option: str | None = None  # an option file whose text says the precision ("f16" in it: fp16)
+    quantize_flavour: str = "generic"  # which QDQ configuration a `quantized` target consumes
+    device_metadata: str | None = None  # EP-device metadata key naming the device (OpenVINO: ov_device)
+    no_device_hint: str = ""  # said when the EP registers but offers no device on this host
+    host_specific: bool = False  # artifacts depend on this host's CPU (OpenVINO embeds the ISA)
+    shared_context_unloadable: dict[str, str] = field(default_factory=dict)  # machine -> why a group cannot load
 
     def binary_name(self, stem: str) -> str | None:
         return f"{stem}{self.binary_suffix}" if self.binary_suffix else None
+
+    @property
+    def is_cpu(self) -> bool:
+        """The CPU EP: an optimized ONNX model, no EP context."""
+        return self.name == "CPUExecutionProvider"
 
 
 QNN_OPTIONS = frozenset(
@@ -74,6 +87,9 @@ REGISTRY: dict[str, EpInfo] = {
                                        "rpc_control_latency", "qnn_context_priority", "device_id",
                                        "profiling_level", "profiling_file_path"}),
             binary_suffix="_qnn.bin", can_share_contexts=True, shares_one_binary=True,
+            float_precision="fp16", quantize_flavour="qnn",
+            shared_context_unloadable={"x86_64": "loading a multi-graph QNN context crashes the process on x86_64 "
+                                                 "hosts (HTP simulator); run-validate on the device"},
         ),
         EpInfo(
             "openvino", "OpenVINOExecutionProvider", "cpu", ("cpu", "gpu", "npu"), "pypi",
@@ -81,6 +97,8 @@ REGISTRY: dict[str, EpInfo] = {
             known_options=OPENVINO_OPTIONS, ignored_options=OPENVINO_IGNORED,
             runtime_options=frozenset({"load_config"}),
             binary_suffix="_OpenVINOExecutionProvider.bin", can_share_contexts=True,
+            precision_option="load_config", device_metadata="ov_device",
+            no_device_hint="; the OpenVINO plugin lists Intel hardware only", host_specific=True,
         ),
         EpInfo("dml", "DmlExecutionProvider", "gpu", ("gpu",), "bundled", package="onnxruntime-directml",
                platform="win32"),
@@ -94,6 +112,9 @@ BY_NAME = {info.name: info for info in REGISTRY.values()}
 
 # Not an ONNX Runtime EP: targets with compiler = "qaic" compile to a QPC with Qualcomm's qaic-compile.
 QAIC = EpInfo("qaic", "qaic-compile", "npu", ("npu",), "sdk")
+
+# The EP a target gets from its device when it names none.
+DEFAULT_EP = {"npu": "qnn", "gpu": "dml" if sys.platform == "win32" else "openvino", "cpu": "cpu"}
 
 
 def lookup(ep: str) -> EpInfo | None:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -36,4 +37,22 @@ def closest(word: str, choices: Iterable[str]) -> str:
 
 class ModelError(Exception):
     """Raised inside a child when the model or its settings cannot be processed; the message is already a
-    sentence for the user (what is wrong and what to do), reported without an "internal error" label."""
+    sentence for the user (what is wrong and what to do), reported without an "internal error" label.
+
+    `key` is the manifest key the problem is about, relative to the model's entry (`inputs.x`); `located` puts
+    the file and the entry in front, so the user reads `models.toml: models.m.inputs.x: ...`."""
+
+    def __init__(self, message: str, key: str | None = None, file: str | None = None):
+        self.message, self.key, self.file = message, key, file
+        super().__init__(": ".join(part for part in (file, key, message) if part))
+
+
+@contextmanager
+def located(file: str | None, entry: str | None) -> Iterator[None]:
+    """Re-raise a ModelError about a manifest key with the manifest file and the model's entry in its key path."""
+    try:
+        yield
+    except ModelError as exc:
+        if exc.key and exc.file is None and file and entry:
+            raise ModelError(exc.message, f"{entry}.{exc.key}", file) from None
+        raise

@@ -16,17 +16,14 @@ import json
 import os
 import platform
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import RULES_FORMAT
+from .build import Build, Member, ResolvedTarget
+from .compilers import compiler
 from .hashing import FileHashes
-from .host import package_version, toolchain_versions
-from .manifest import ModelSpec
-from .targets import Build, GroupBuild, ResolvedTarget
-from .toolchains import toolchain_identity
-
-if TYPE_CHECKING:  # rules.stages uses these fingerprints
-    from .stages import Stage
+from .host import cpu_flags, package_version, toolchain_versions
+from .stages import Stage
 
 
 @functools.cache
@@ -34,120 +31,78 @@ def relative(path: Path, root: Path) -> str:
     return Path(os.path.relpath(path, root)).as_posix()
 
 
+def host_properties(target: ResolvedTarget) -> dict[str, str] | None:
+    """Only for host-specific artifacts: the EP embeds the CPU ISA (OpenVINO's compatibility string), or CPU
+    optimization level "all" adds layout transforms for this host's ISA."""
+    if target.ep.host_specific or target.optimization_level == "all":
+        return {"machine": platform.machine(), "cpu_flags": cpu_flags()}
+    return None
+
+
+def target_identity(target: ResolvedTarget, hashes: FileHashes | None = None) -> dict[str, Any]:
+    """Every target setting that shapes a compiled output. Option files enter by key for doit's config (their
+    bytes are file_deps) and, with `hashes`, by content for the cache fingerprint."""
+    options = dict(target.options)
+    if hashes is not None:
+        options.update({key: f"file sha256 {hashes.sha256(path)}" for key, path in target.option_files.items()})
+    return {"ep": target.ep.name, "ep_source": target.source, "device": target.device, "compiler": target.compiler,
+            "embed": target.embed, "options": options, "option_files": sorted(target.option_files),
+            "optimization_level": target.optimization_level, "min_offload": target.min_offload,
+            "versions": toolchain_versions(target.ep), "host": host_properties(target),
+            "qaic": dataclasses.asdict(target.qaic) if target.qaic else None,
+            "toolchain": compiler(target).identity(target)}
+
+
+def _shapes(member: Member) -> dict[str, list[int]]:
+    return {name: list(shape) for name, shape in sorted(member.model.inputs.items())}
+
+
 def compile_config(build: Build, root: Path) -> dict[str, Any]:
-    return {
-        "rules_format": RULES_FORMAT,
-        "model": relative(build.model.path, root),
-        "inputs": {name: list(shape) for name, shape in sorted(build.model.inputs.items())},
-        **target_config(build.target),
-    }
-
-
-def target_config(target: ResolvedTarget) -> dict[str, Any]:
-    """Every target setting that shapes a compiled output, option files by key (their bytes are file_deps)."""
-    return {
-        "ep": target.ep.name, "ep_source": target.source, "device": target.device,
-        "compiler": target.compiler, "embed": target.embed, "options": target.options,
-        "option_files": sorted(target.option_files), "optimization_level": target.optimization_level,
-        "min_offload": target.min_offload,
-        "versions": toolchain_versions(target.ep),
-        "qaic": dataclasses.asdict(target.qaic) if target.qaic else None,
-        "toolchain": toolchain_identity(target.compiler, target.sdk_root),
-    }
+    """For doit's config_changed: members in order (the order shapes a shared binary) with their shapes."""
+    return {"rules_format": RULES_FORMAT, "kind": build.kind,
+            "members": [[relative(m.model.path, root), _shapes(m)] for m in build.members],
+            **target_identity(build.target)}
 
 
 def validate_config(build: Build, root: Path) -> dict[str, Any]:
-    settings, target = build.validation, build.target
-    return {
-        "rules_format": RULES_FORMAT, "mode": settings.mode, "thresholds": dict(sorted(settings.thresholds.items())),
-        "inputs": relative(settings.inputs, root) if settings.inputs else None,
-        "reference": relative(settings.reference, root) if settings.reference else None,
-        "timeout_s": settings.timeout_s, "ep": target.ep.name, "device": target.device,
-        "versions": toolchain_versions(target.ep),
-    }
-
-
-def group_config(group: GroupBuild, root: Path) -> dict[str, Any]:
-    """Members in order (the order shapes the shared binary) with their shapes, plus the target's settings."""
-    return {
-        "rules_format": RULES_FORMAT,
-        "members": [[relative(m.path, root), {k: list(v) for k, v in sorted(m.inputs.items())}]
-                    for m in group.members],
-        **target_config(group.target),
-    }
-
-
-def group_validate_config(group: GroupBuild, root: Path) -> dict[str, Any]:
-    return {"rules_format": RULES_FORMAT, "group": group_config(group, root),
+    target = build.target
+    return {"rules_format": RULES_FORMAT, "ep": target.ep.name, "device": target.device,
+            "versions": toolchain_versions(target.ep), "precision": target.precision(),
             "members": [{"mode": v.mode, "thresholds": dict(sorted(v.thresholds.items())),
                          "inputs": relative(v.inputs, root) if v.inputs else None,
                          "reference": relative(v.reference, root) if v.reference else None,
-                         "timeout_s": v.timeout_s} for v in group.validations]}
-
-
-@functools.cache
-def _cpu_flags() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith(("flags", "Features")):
-                    return hashlib.sha256(" ".join(sorted(line.split(":", 1)[1].split())).encode()).hexdigest()
-    except OSError:
-        pass
-    return platform.processor()
-
-
-def host_properties(target: ResolvedTarget) -> dict[str, str] | None:
-    """Only for host-specific artifacts: OpenVINO embeds the CPU ISA in its compatibility string, and CPU
-    optimization level "all" adds layout transforms for this host's ISA."""
-    if target.ep.alias == "openvino" or target.optimization_level == "all":
-        return {"machine": platform.machine(), "cpu_flags": _cpu_flags()}
-    return None
+                         "timeout_s": v.timeout_s} for v in (m.validation for m in build.members)]}
 
 
 def _digest(payload: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
-def _model_identity(model: ModelSpec, external: tuple[Path, ...], hashes: FileHashes) -> dict[str, Any]:
+def _member_identity(member: Member, hashes: FileHashes) -> dict[str, Any]:
     """The output stem, the file name (ONNX Runtime hashes it into graph names), and every byte."""
+    model = member.model
     return {"name": model.name, "file": model.path.name, "sha256": hashes.sha256(model.path),
-            "external": {path.relative_to(model.path.parent).as_posix(): hashes.sha256(path) for path in external},
-            "inputs": {name: list(shape) for name, shape in sorted(model.inputs.items())}}
-
-
-def _target_identity(target: ResolvedTarget, hashes: FileHashes) -> dict[str, Any]:
-    options = {key: f"file sha256 {hashes.sha256(target.option_files[key])}" if key in target.option_files else value
-               for key, value in target.options.items()}
-    return {"ep": target.ep.name, "ep_source": target.source, "device": target.device, "compiler": target.compiler,
-            "embed": target.embed, "options": options, "optimization_level": target.optimization_level,
-            "min_offload": target.min_offload, "versions": toolchain_versions(target.ep),
-            "host": host_properties(target),
-            "qaic": dataclasses.asdict(target.qaic) if target.qaic else None,
-            "toolchain": toolchain_identity(target.compiler, target.sdk_root)}
+            "external": {path.relative_to(model.path.parent).as_posix(): hashes.sha256(path)
+                         for path in member.external},
+            "inputs": _shapes(member)}
 
 
 def compile_fingerprint(build: Build, hashes: FileHashes) -> str:
-    return _digest({"kind": "compile", "rules_format": RULES_FORMAT,
-                    "model": _model_identity(build.model, build.external, hashes),
-                    "target": _target_identity(build.target, hashes)})
-
-
-def group_fingerprint(group: GroupBuild, hashes: FileHashes) -> str:
-    return _digest({"kind": "group", "rules_format": RULES_FORMAT, "group": group.name,
-                    "members": [_model_identity(m, group.external[m.name], hashes) for m in group.members],
-                    "target": _target_identity(group.target, hashes)})
+    return _digest({"kind": build.kind, "rules_format": RULES_FORMAT, "name": build.name if build.shared else None,
+                    "members": [_member_identity(m, hashes) for m in build.members],
+                    "target": target_identity(build.target, hashes)})
 
 
 def validation_fingerprint(artifact_files: list[Path], config: dict[str, Any], extra_files: list[Path],
                            hashes: FileHashes) -> str:
     """The artifact's bytes, the validation settings, the reference and input files, and this host: a result
     says how the artifact ran here."""
+    settings = {**config, "members": [{k: v for k, v in m.items() if k not in ("inputs", "reference")}
+                                                        for m in config["members"]]}
     return _digest({"kind": "validate", "rules_format": RULES_FORMAT,
                     "artifact": {path.name: hashes.sha256(path) for path in artifact_files},
-                    "settings": {k: v for k, v in config.items() if k not in ("inputs", "reference")},
-                    "files": sorted(hashes.sha256(path) for path in extra_files),
-                    "host": {"machine": platform.machine(), "cpu_flags": _cpu_flags()}})
+                    "settings": settings, "files": sorted(hashes.sha256(path) for path in extra_files),
+                    "host": {"machine": platform.machine(), "cpu_flags": cpu_flags()}})
 
 
 def stage_config(stage: Stage) -> dict[str, Any]:

@@ -50,16 +50,18 @@ def dims(value: Any) -> list[int | str | None]:
 
 def check_input_names(graph: Any, names: list[str], key: str) -> None:
     """Every name is a true input; an initializer listed as an input gets its own explanation. `key` is the
-    manifest table the names come from (`inputs`, `freeze`: the message names `inputs.<name>`) or a file."""
+    manifest table the names come from (`inputs`, `freeze`: the error names `inputs.<name>`) or a file."""
     weights = initializer_names(graph)
     valid = [v.name for v in true_inputs(graph)]
     for name in names:
-        where = f"{key}.{name}" if key in ("inputs", "freeze") else key
+        table = key in ("inputs", "freeze")
+        where = {"key": f"{key}.{name}"} if table else {"key": None}
+        prefix = "" if table else f"{key}: "
         if name in weights:
-            raise ModelError(f"{where}: '{name}' is a weight (an initializer that an old exporter also lists in "
-                             f"graph.input), not a runtime input; the model's inputs: {', '.join(valid)}")
+            raise ModelError(f"{prefix}'{name}' is a weight (an initializer that an old exporter also lists in "
+                             f"graph.input), not a runtime input; the model's inputs: {', '.join(valid)}", **where)
         if name not in valid:
-            raise ModelError(f"{where}: the model has no input '{name}'; its inputs: {', '.join(valid)}")
+            raise ModelError(f"{prefix}the model has no input '{name}'; its inputs: {', '.join(valid)}", **where)
 
 
 def static_dims(model: Any, inputs: dict[str, list[int]], needs_static: bool) -> dict[str, int]:
@@ -67,7 +69,7 @@ def static_dims(model: Any, inputs: dict[str, list[int]], needs_static: bool) ->
 
     Dimensions stored as -1 or unnamed cannot be overridden by name: targets that need static shapes get them
     fixed in the file by the `shape` stage before the compile, so here they only fail when still present and the
-    EP needs static shapes. Raises ModelError naming `inputs.<name>`.
+    EP needs static shapes. Raises ModelError about the key `inputs.<name>`.
     """
     check_input_names(model.graph, list(inputs), "inputs")
     overrides: dict[str, int] = {}
@@ -75,27 +77,28 @@ def static_dims(model: Any, inputs: dict[str, list[int]], needs_static: bool) ->
         name, found = value.name, dims(value)
         wanted = inputs.get(name)
         if wanted is not None and len(wanted) != len(found):
-            raise ModelError(f"inputs.{name}: the model's input has rank {len(found)}, the manifest gives "
-                             f"{len(wanted)} dimensions {wanted}")
+            raise ModelError(f"the model's input has rank {len(found)}, the manifest gives {len(wanted)} "
+                             f"dimensions {wanted}", f"inputs.{name}")
         for index, dim in enumerate(found):
             if isinstance(dim, int):
                 if wanted is not None and wanted[index] != dim:
-                    raise ModelError(f"inputs.{name}: dimension {index} is fixed to {dim} in the model, the "
-                                     f"manifest gives {wanted[index]}")
+                    raise ModelError(f"dimension {index} is fixed to {dim} in the model, the manifest gives "
+                                     f"{wanted[index]}", f"inputs.{name}")
                 continue
             if wanted is None:
                 if needs_static:
                     raise ModelError(f"input '{name}' has symbolic dimension {index} ('{dim or '-1'}'); this EP "
-                                     f"needs static shapes: set inputs.{name} in the model's manifest entry")
+                                     f"needs static shapes: set inputs.{name} in the model's manifest entry",
+                                     f"inputs.{name}")
                 continue
             if dim is None:
                 if needs_static:
-                    raise ModelError(f"inputs.{name}: dimension {index} is stored as -1 or unnamed and was not fixed "
-                                     "in the file")
+                    raise ModelError(f"dimension {index} is stored as -1 or unnamed and was not fixed in the file",
+                                     f"inputs.{name}")
                 continue
             previous = overrides.setdefault(dim, wanted[index])
             if previous != wanted[index]:
-                raise ModelError(f"inputs.{name}: dimension '{dim}' is given both {previous} and {wanted[index]}")
+                raise ModelError(f"dimension '{dim}' is given both {previous} and {wanted[index]}", f"inputs.{name}")
     return overrides
 
 

@@ -9,9 +9,9 @@ and validation children.
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.metadata
 import json
-import os
 import platform
 import subprocess
 import sys
@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .eps import REGISTRY, EpInfo, platform_reason
+from .layout import write_json
 
 
 @functools.cache
@@ -37,22 +38,35 @@ def toolchain_versions(info: EpInfo) -> dict[str, str | None]:
     return versions
 
 
-def _cpu_model() -> str:
+def _cpuinfo(keys: tuple[str, ...]) -> str | None:
+    """The first /proc/cpuinfo line starting with one of `keys`, its value; None where there is none."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as handle:
             for line in handle:
-                if line.startswith("model name"):
+                if line.startswith(keys):
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor()
+    return None
+
+
+@functools.cache
+def cpu_model() -> str:
+    return _cpuinfo(("model name",)) or platform.processor()
+
+
+@functools.cache
+def cpu_flags() -> str:
+    """The CPU's instruction-set features as one digest: artifacts tied to this host's ISA are keyed by it."""
+    flags = _cpuinfo(("flags", "Features"))
+    return hashlib.sha256(" ".join(sorted(flags.split())).encode()).hexdigest() if flags else platform.processor()
 
 
 def probe_key() -> dict[str, Any]:
     """What the probe's answer depends on; a change re-probes."""
     packages = sorted({info.package for info in REGISTRY.values() if info.package})
     return {"python": [sys.prefix, sys.version], "platform": sys.platform, "machine": platform.machine(),
-            "node": platform.node(), "cpu": _cpu_model(), "packages": {p: package_version(p) for p in packages}}
+            "node": platform.node(), "cpu": cpu_model(), "packages": {p: package_version(p) for p in packages}}
 
 
 def capabilities(state_dir: Path) -> dict[str, Any]:
@@ -71,10 +85,7 @@ def capabilities(state_dir: Path) -> dict[str, Any]:
     else:
         result = json.loads(done.stdout)
     result["key"] = key
-    state_dir.mkdir(parents=True, exist_ok=True)
-    temporary = cache.with_suffix(f".{os.getpid()}.tmp")
-    temporary.write_text(json.dumps(result, indent=1))
-    os.replace(temporary, cache)
+    write_json(cache, result, indent=1)
     return result
 
 
@@ -93,12 +104,11 @@ def unavailable_reason(info: EpInfo, source: str, device: str, caps: dict[str, A
     if found.get("error"):
         return f"{info.name} failed to register: {found['error']}"
     if not found["devices"]:
-        return (f"{info.name} registered but offers no device on this host (CPU: {caps['key']['cpu']}); "
-                f"the OpenVINO plugin lists Intel hardware only" if info.alias == "openvino" else
-                f"{info.name} registered but offers no device on this host")
-    if info.alias == "openvino" and not any(d.get("ov_device", "").upper().startswith(device.upper())
-                                            for d in found["devices"]):
-        offered = ", ".join(d.get("ov_device", "?") for d in found["devices"])
+        return (f"{info.name} registered but offers no device on this host (CPU: {caps['key']['cpu']})"
+                f"{info.no_device_hint}")
+    key = info.device_metadata
+    if key and not any(d.get(key, "").upper().startswith(device.upper()) for d in found["devices"]):
+        offered = ", ".join(d.get(key, "?") for d in found["devices"])
         return f"{info.name} offers {offered} on this host, not {device}"
     return None
 
@@ -115,12 +125,14 @@ def register_plugin(ort: Any, info: EpInfo) -> None:
 
 def select_ep_device(ort: Any, info: EpInfo, device: str) -> Any:
     """The OrtEpDevice for an EP and device, matched by EP name: a build host without an NPU registers QNN on
-    the CPU device type, so the hardware type alone cannot pick it. OpenVINO says its device in metadata."""
+    the CPU device type, so the hardware type alone cannot pick it. Some EPs say the device in metadata
+    (OpenVINO: ov_device)."""
     candidates = [d for d in ort.get_ep_devices() if d.ep_name == info.name]
     if not candidates:
         raise RuntimeError(f"{info.name} offers no device on this host")
-    if info.alias == "openvino":
-        matching = [d for d in candidates if d.ep_metadata.get("ov_device", "").upper().startswith(device.upper())]
+    key = info.device_metadata
+    if key:
+        matching = [d for d in candidates if d.ep_metadata.get(key, "").upper().startswith(device.upper())]
         if not matching:
             raise RuntimeError(f"{info.name} offers no {device} device on this host")
         return matching[0]

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .eps import DEVICES
 from .errors import UserError, closest
+from .layout import GROUPS
+from .schema import THRESHOLDS, keys
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -21,20 +22,7 @@ else:  # pragma: no cover - exercised only on Python 3.10
     import tomli as tomllib
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
-TOP_KEYS = ("models", "targets", "groups", "cache", "toolchains")
-TOOLCHAIN_KEYS = ("qaic",)
-CACHE_KEYS = ("dir", "max_size_mb")
-GROUP_KEYS = ("target", "models")
-RESERVED_MODEL_NAMES = ("groups",)  # artifacts/<target>/groups/ holds shared-context groups
-MODEL_KEYS = ("path", "inputs", "targets", "validation", "optimize", "quantize", "squash", "freeze")
-TARGET_KEYS = ("ep", "device", "compiler", "embed", "options", "option_files", "extends", "optimization_level",
-               "validate", "validation", "quantized", "config", "qaic", "qnn_sdk_root", "timeout_s", "max_memory_gb",
-               "min_offload")
-COMPILERS = ("ort", "ort_session", "qaic", "qairt")
-QUANTIZE_KEYS = ("calibration", "activation_type", "weight_type", "per_channel")
-QUANT_TYPES = ("uint8", "int8", "uint16", "int16")
-THRESHOLDS = ("max_abs_error", "mean_abs_error", "max_rel_error", "min_cosine", "min_snr_db")
-VALIDATION_KEYS = ("inputs", "reference", "timeout_s", *THRESHOLDS)
+RESERVED_MODEL_NAMES = (GROUPS,)
 
 
 @dataclass(frozen=True)
@@ -116,7 +104,7 @@ class Manifest:
         return self.path.parent
 
 
-class _Reader:
+class TableReader:
     """Type-checked access to one TOML table, with the key path for error messages."""
 
     def __init__(self, file: Path, path: str, table: Any):
@@ -129,10 +117,30 @@ class _Reader:
         path = ".".join(part for part in (self.path, key) if part)
         raise UserError(self.file.name, path or None, message)
 
-    def only(self, allowed: tuple[str, ...]) -> None:
+    def only(self, allowed: tuple[str, ...] | dict[str, Any]) -> None:
         for key in self.table:
             if key not in allowed:
                 self.fail(f"unknown key{closest(key, allowed)}; valid keys: {', '.join(allowed)}", key)
+
+    def read(self, scope: str, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+        """Every key of `scope` (rules.schema): unknown keys refused, each value type-checked and checked, absent
+        ones at their default; keys in `skip` are only checked for being allowed (their reader handles them)."""
+        declared = keys(scope)
+        self.only(declared)
+        values = {}
+        for name, key in declared.items():
+            if name in skip:
+                continue
+            value = self.get(name, key.kind, key.default, key.required)
+            if name in self.table:
+                if key.choices is not None and value not in key.choices:
+                    self.fail(f"'{value}' is not valid{closest(value, key.choices)}; valid: "
+                              f"{', '.join(key.choices)}", name)
+                problem = key.check(value) if key.check else None
+                if problem:
+                    self.fail(problem, name)
+            values[name] = value
+        return values
 
     def get(self, key: str, kind: type | tuple[type, ...], default: Any = None, required: bool = False) -> Any:
         if key not in self.table:
@@ -140,18 +148,12 @@ class _Reader:
                 self.fail("is required", key)
             return default
         value = self.table[key]
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        if not isinstance(value, kind) or (isinstance(value, bool) and bool not in _kinds(kind)):
             self.fail(f"must be {_kind_name(kind)}, found {_type_name(value)} {value!r}", key)
         return value
 
-    def choice(self, key: str, choices: tuple[str, ...], default: str | None = None) -> str | None:
-        value = self.get(key, str, default)
-        if value is not None and value not in choices:
-            self.fail(f"'{value}' is not valid{closest(value, choices)}; valid: {', '.join(choices)}", key)
-        return value
-
-    def child(self, key: str) -> _Reader:
-        return _Reader(self.file, f"{self.path}.{key}" if self.path else key, self.table.get(key, {}))
+    def child(self, key: str) -> TableReader:
+        return TableReader(self.file, f"{self.path}.{key}" if self.path else key, self.table.get(key, {}))
 
 
 def _type_name(value: Any) -> str:
@@ -159,8 +161,14 @@ def _type_name(value: Any) -> str:
             float: "a float"}.get(type(value), type(value).__name__)
 
 
+def _kinds(kind: type | tuple[type, ...]) -> tuple[type, ...]:
+    return kind if isinstance(kind, tuple) else (kind,)
+
+
 def _kind_name(kind: type | tuple[type, ...]) -> str:
-    kinds = kind if isinstance(kind, tuple) else (kind,)
+    kinds = _kinds(kind)
+    if kinds == (int, float):
+        return "a number"
     names = {dict: "a table", list: "an array", str: "a string", bool: "a boolean", int: "an integer",
              float: "a number"}
     return " or ".join(names.get(k, k.__name__) for k in kinds)
@@ -192,8 +200,8 @@ def load(path: str | Path) -> Manifest:
 
 
 def parse(data: dict[str, Any], path: Path) -> Manifest:
-    top = _Reader(path, "", data)
-    top.only(TOP_KEYS)
+    top = TableReader(path, "", data)
+    top.read("top", skip=("models", "targets", "groups", "cache", "toolchains"))
     targets_table = top.child("targets")
     for name in targets_table.table:
         check_name(path, f"targets.{name}", name)
@@ -213,30 +221,21 @@ def parse(data: dict[str, Any], path: Path) -> Manifest:
     for name in groups_table.table:
         check_name(path, f"groups.{name}", name)
         groups[name] = _group(groups_table.child(name), name, models, targets)
-    cache_table = top.child("cache")
-    cache_table.only(CACHE_KEYS)
-    cache_dir = cache_table.get("dir", str)
-    max_size = cache_table.get("max_size_mb", (int, float))
-    if max_size is not None and max_size <= 0:
-        cache_table.fail(f"must be a positive number of megabytes, found {max_size!r}", "max_size_mb")
-    cache = CacheSpec(path.parent / cache_dir if cache_dir else None, max_size)
+    cache = top.child("cache").read("cache")
+    cache_spec = CacheSpec(path.parent / cache["dir"] if cache["dir"] else None, cache["max_size_mb"])
     toolchains_table = top.child("toolchains")
-    toolchains_table.only(TOOLCHAIN_KEYS)
-    toolchains = {}
-    for name in toolchains_table.table:
-        entry = toolchains_table.child(name)
-        entry.only(("root",))
-        toolchains[name] = path.parent / entry.get("root", str, required=True)
-    return Manifest(path, models, targets, groups, cache, toolchains)
+    toolchains_table.only(("qaic",))
+    toolchains = {name: path.parent / toolchains_table.child(name).read("toolchain")["root"]
+                  for name in toolchains_table.table}
+    return Manifest(path, models, targets, groups, cache_spec, toolchains)
 
 
-def _group(table: _Reader, name: str, models: dict[str, ModelSpec], targets: dict[str, TargetSpec]) -> GroupSpec:
-    table.only(GROUP_KEYS)
-    target = table.get("target", str, required=True)
+def _group(table: TableReader, name: str, models: dict[str, ModelSpec], targets: dict[str, TargetSpec]) -> GroupSpec:
+    values = table.read("group")
+    target, members = values["target"], values["models"]
     if target not in targets:
         table.fail(f"unknown target '{target}'{closest(target, targets)}; declared targets: "
                    f"{', '.join(targets) or 'none'}", "target")
-    members = table.get("models", list, required=True)
     for index, member in enumerate(members):
         if not isinstance(member, str) or member not in models:
             table.fail(f"unknown model {member!r}{closest(str(member), models)}; declared models: "
@@ -255,9 +254,9 @@ def _group(table: _Reader, name: str, models: dict[str, ModelSpec], targets: dic
     return GroupSpec(name, target, tuple(members))
 
 
-def _model(table: _Reader, name: str, targets: dict[str, TargetSpec]) -> ModelSpec:
-    table.only(MODEL_KEYS)
-    model_path = table.file.parent / table.get("path", str, required=True)
+def _model(table: TableReader, name: str, targets: dict[str, TargetSpec]) -> ModelSpec:
+    values = table.read("model", skip=("validation", "quantize", "freeze"))
+    model_path = table.file.parent / values["path"]
     if not model_path.is_file():
         table.fail(f"model file not found: {model_path}", "path")
     inputs: dict[str, tuple[int, ...]] = {}
@@ -267,7 +266,7 @@ def _model(table: _Reader, name: str, targets: dict[str, TargetSpec]) -> ModelSp
         if not shape or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape):
             inputs_table.fail(f"must be a list of positive integers, found {shape!r}", input_name)
         inputs[input_name] = tuple(shape)
-    wanted = table.get("targets", list)
+    wanted = values["targets"]
     if wanted is None:
         wanted = list(targets)
     for index, target in enumerate(wanted):
@@ -276,12 +275,11 @@ def _model(table: _Reader, name: str, targets: dict[str, TargetSpec]) -> ModelSp
             table.fail(f"unknown target {target!r}{closest(str(target), targets)}; declared targets: {valid}",
                        f"targets[{index}]")
     return ModelSpec(name, model_path, inputs, tuple(wanted), _validation(table.child("validation"), model=True),
-                     optimize=table.choice("optimize", ("basic", "extended")),
-                     quantize=_quantize(table) if "quantize" in table.table else None,
-                     squash=table.get("squash", bool, False), freeze=_freeze(table, inputs))
+                     optimize=values["optimize"], quantize=_quantize(table) if "quantize" in table.table else None,
+                     squash=values["squash"], freeze=_freeze(table, inputs))
 
 
-def _freeze(model: _Reader, inputs: dict[str, tuple[int, ...]]) -> dict[str, tuple[float, ...]] | None:
+def _freeze(model: TableReader, inputs: dict[str, tuple[int, ...]]) -> dict[str, tuple[float, ...]] | None:
     """`freeze = { sr = 16000 }`: inputs that select a configuration become constants (a number or a list)."""
     if "freeze" not in model.table:
         return None
@@ -299,11 +297,10 @@ def _freeze(model: _Reader, inputs: dict[str, tuple[int, ...]]) -> dict[str, tup
     return frozen
 
 
-
-def _quantize(model: _Reader) -> QuantizeSpec:
+def _quantize(model: TableReader) -> QuantizeSpec:
     table = model.child("quantize")
-    table.only(QUANTIZE_KEYS)
-    calibration = table.get("calibration", str, required=True)
+    values = table.read("quantize")
+    calibration = values["calibration"]
     files: tuple[Path, ...] | None = None
     if calibration != "random":
         folder = table.file.parent / calibration
@@ -313,32 +310,28 @@ def _quantize(model: _Reader) -> QuantizeSpec:
         files = tuple(sorted(p.resolve() for p in folder.glob("*.npz")))
         if not files:
             table.fail(f"calibration folder {folder} holds no .npz files", "calibration")
-    return QuantizeSpec(files, table.choice("activation_type", QUANT_TYPES, "uint8"),
-                        table.choice("weight_type", QUANT_TYPES, "uint8"), table.get("per_channel", bool, False))
+    return QuantizeSpec(files, values["activation_type"], values["weight_type"], values["per_channel"])
 
 
-def _validation(table: _Reader, model: bool) -> dict[str, Any]:
+def _validation(table: TableReader, model: bool) -> dict[str, Any]:
     """A `validation` table: input/reference files (checked to exist), thresholds, the child's timeout."""
-    table.only(VALIDATION_KEYS if model else tuple(k for k in VALIDATION_KEYS if k != "reference"))
+    if not model and "reference" in table.table:
+        table.only(tuple(k for k in keys("validation") if k != "reference"))
+    values = table.read("validation")
     settings: dict[str, Any] = {}
     for key in ("inputs", "reference"):
-        value = table.get(key, str)
-        if value is not None:
-            path = table.file.parent / value
+        if values[key] is not None:
+            path = table.file.parent / values[key]
             if not path.is_file():
                 table.fail(f"file {'is a folder' if path.is_dir() else 'not found'}: {path}", key)
             settings[key] = path.resolve()
     for key in (*THRESHOLDS, "timeout_s"):
-        value = table.get(key, (int, float))
-        if value is not None:
-            if isinstance(value, bool) or value < 0 or (key == "min_cosine" and value > 1):
-                table.fail(f"must be a non-negative number{' <= 1' if key == 'min_cosine' else ''}, "
-                           f"found {value!r}", key)
-            settings[key] = float(value)
+        if values[key] is not None:
+            settings[key] = float(values[key])
     return settings
 
 
-def _merged_target(targets: _Reader, name: str, chain: tuple[str, ...] = ()) -> dict[str, Any]:
+def _merged_target(targets: TableReader, name: str, chain: tuple[str, ...] = ()) -> dict[str, Any]:
     """The target's table with `extends` applied: own keys win, `options` merge per key."""
     if name in chain:
         cycle = " -> ".join([*chain, name])
@@ -360,54 +353,36 @@ def _merged_target(targets: _Reader, name: str, chain: tuple[str, ...] = ()) -> 
     return merged
 
 
-def _target(targets: _Reader, name: str) -> TargetSpec:
-    table = _Reader(targets.file, f"targets.{name}", targets.table[name])
-    table.only(TARGET_KEYS)
-    table = _Reader(targets.file, f"targets.{name}", _merged_target(targets, name))
-    options = table.get("options", dict, {})
-    option_files = table.get("option_files", list, [])
-    if "config" in table.table:
+def _target(targets: TableReader, name: str) -> TargetSpec:
+    table = TableReader(targets.file, f"targets.{name}", targets.table[name])
+    table.only(keys("target"))
+    table = TableReader(targets.file, f"targets.{name}", _merged_target(targets, name))
+    values = table.read("target", skip=("validation",))
+    options, option_files = values["options"], values["option_files"]
+    if values["config"] is not None:
         imported, imported_files = _winml_config(table)
         options = {**imported, **options}
         option_files = sorted({*imported_files, *option_files})
-    for index, key in enumerate(option_files):
-        if not isinstance(key, str):
-            table.fail(f"must name option keys (strings), found {key!r}", f"option_files[{index}]")
+    validate = values["validate"]
+    if isinstance(validate, str) and validate != "structural":
+        table.fail(f"must be true, false or \"structural\", found {validate!r}", "validate")
     return TargetSpec(
-        name=name,
-        ep=table.get("ep", str),
-        device=table.choice("device", DEVICES),
-        compiler=table.choice("compiler", COMPILERS, "ort"),
-        embed=table.get("embed", bool, False),
-        options=dict(options),
-        option_files=tuple(option_files),
-        optimization_level=table.choice("optimization_level", ("basic", "extended", "all")),
-        validate=_validate_mode(table),
-        validation=_validation(table.child("validation"), model=False),
-        quantized=table.get("quantized", bool, False),
-        qaic=table.get("qaic", dict),
-        qnn_sdk_root=table.file.parent / table.table["qnn_sdk_root"] if table.get("qnn_sdk_root", str) else None,
-        timeout_s=_positive(table, "timeout_s"),
-        max_memory_gb=_positive(table, "max_memory_gb"),
-        min_offload=_fraction(table, "min_offload"),
+        name=name, ep=values["ep"], device=values["device"], compiler=values["compiler"], embed=values["embed"],
+        options=dict(options), option_files=tuple(option_files), optimization_level=values["optimization_level"],
+        validate={True: "run", False: "off"}.get(validate, validate),
+        validation=_validation(table.child("validation"), model=False), quantized=values["quantized"],
+        qaic=values["qaic"],
+        qnn_sdk_root=table.file.parent / values["qnn_sdk_root"] if values["qnn_sdk_root"] else None,
+        timeout_s=_number(values["timeout_s"]), max_memory_gb=_number(values["max_memory_gb"]),
+        min_offload=_number(values["min_offload"]),
     )
 
 
-def _positive(table: _Reader, key: str) -> float | None:
-    value = table.get(key, (int, float))
-    if value is not None and value <= 0:
-        table.fail(f"must be a positive number, found {value!r}", key)
+def _number(value: float | None) -> float | None:
     return None if value is None else float(value)
 
 
-def _fraction(table: _Reader, key: str) -> float | None:
-    value = table.get(key, (int, float))
-    if value is not None and not 0 <= value <= 1:
-        table.fail(f"must be a fraction between 0 and 1 (e.g. 0.95), found {value!r}", key)
-    return None if value is None else float(value)
-
-
-def _winml_config(target: _Reader) -> tuple[dict[str, Any], list[str]]:
+def _winml_config(target: TableReader) -> tuple[dict[str, Any], list[str]]:
     """`config = "winml_build_config.json"`: its `compile.provider_options` and `provider_option_file_keys`.
 
     File-valued options are resolved relative to the config file and re-expressed relative to the manifest."""
@@ -421,7 +396,7 @@ def _winml_config(target: _Reader) -> tuple[dict[str, Any], list[str]]:
         target.fail(f"WinMLBuildConfig file not found: {config_path}", "config")
     except (OSError, ValueError) as exc:
         target.fail(f"{config_path.name} is not readable JSON: {exc}", "config")
-    config = _Reader(config_path, "", data)
+    config = TableReader(config_path, "", data)
     compile_table = config.child("compile")
     options = compile_table.get("provider_options", dict, {})
     file_keys = compile_table.get("provider_option_file_keys", list, [])
@@ -432,12 +407,3 @@ def _winml_config(target: _Reader) -> tuple[dict[str, Any], list[str]]:
         resolved = (config_path.parent / str(options[key])).resolve()
         options[key] = os.path.relpath(resolved, target.file.parent)
     return dict(options), list(file_keys)
-
-
-def _validate_mode(table: _Reader) -> str:
-    value = table.get("validate", (bool, str), True)
-    if value is True or value is False:
-        return "run" if value else "off"
-    if value != "structural":
-        table.fail(f"must be true, false or \"structural\", found {value!r}", "validate")
-    return value

@@ -11,11 +11,12 @@ from typing import Any
 
 from .cache import Workspace, cached_folder
 from .child import Limits, run_child, serve
-from .errors import ModelError
+from .errors import ModelError, located
 from .fingerprint import stage_fingerprint
 from .graph import check_input_names, dims, missing_files, true_inputs
+from .layout import STAGES
 from .publish import discard
-from .stages import PROTOBUF_LIMIT, STAGES, Stage
+from .stages import PROTOBUF_LIMIT, Stage
 
 RANDOM_SAMPLES, RANDOM_SEED = 8, 0
 STAGE_TIMEOUT_S = 3600
@@ -76,7 +77,7 @@ def fix_shapes(source: Path, output: Path, inputs: dict[str, list[int]], data_fi
         try:
             make_input_shape_fixed(model.graph, name, shape)
         except ValueError as exc:
-            raise ModelError(f"inputs.{name}: {exc}") from None
+            raise ModelError(str(exc), f"inputs.{name}") from None
     del model.graph.value_info[:]  # stale symbolic shapes would survive inference
     failed = []
     try:
@@ -109,8 +110,8 @@ def freeze(source: Path, output: Path, values: dict[str, list[float]], data_file
         shape = [d if isinstance(d, int) else 1 for d in dims(value)]
         count = int(np.prod(shape)) if shape else 1
         if len(given) not in (1, count):
-            raise ModelError(f"freeze.{name}: the input has shape {dims(value)}, so it takes 1 or {count} values, "
-                             f"the manifest gives {len(given)}")
+            raise ModelError(f"the input has shape {dims(value)}, so it takes 1 or {count} values, the "
+                             f"manifest gives {len(given)}", f"freeze.{name}")
         dtype = helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
         array = np.full(shape, given[0]) if len(given) == 1 else np.array(given).reshape(shape)
         model.graph.input.remove(value)
@@ -217,11 +218,13 @@ def _run_stage(request: dict[str, Any]) -> dict[str, Any]:
     os.chdir(source.parent)  # external data resolves next to the model, as in compiles
     kind, result = request["kind"], {}
     if kind == "freeze":
-        freeze(source, output, settings["values"], data_file)
+        with located(request["manifest"], request["entry"]):
+            freeze(source, output, settings["values"], data_file)
         if data_file:
             always_written(output.with_name(data_file))
     elif kind == "shape":
-        result["dynamic"] = fix_shapes(source, output, settings["inputs"], data_file)
+        with located(request["manifest"], request["entry"]):
+            result["dynamic"] = fix_shapes(source, output, settings["inputs"], data_file)
     elif kind == "optimize":
         options = ort.SessionOptions()
         options.graph_optimization_level = {"basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
@@ -248,6 +251,7 @@ def _run_stage(request: dict[str, Any]) -> dict[str, Any]:
 
 def stage_request(stage: Stage, output: Path) -> dict[str, Any]:
     return {"kind": stage.kind, "task": stage.task, "flavour": stage.flavour, "input": str(stage.input),
+            "manifest": stage.manifest, "entry": f"models.{stage.model}",
             "output": str(output), "settings": stage.settings, "calibration": [str(p) for p in stage.calibration],
             "data_file": stage.output_data.name if stage.output_data else None}
 
@@ -259,9 +263,9 @@ def run_stage(stage: Stage, workspace: Workspace) -> tuple[bool, float, list[str
     answer: dict[str, Any] = {}
 
     def produce(scratch: Path) -> None:
-        workdir = workspace.artifacts / ".scratch" / f"{scratch.name}.child"
+        workdir = workspace.layout.scratch(f"{scratch.name}.child")
         try:
-            log = workspace.artifacts / ".logs" / STAGES / f"{stage.task.replace(':', '.')}.log"
+            log = workspace.layout.log(STAGES, stage.task.replace(":", "."))
             answer.update(run_child("rules.preprocess", stage_request(stage, scratch / stage.output.name), workdir,
                                     Limits(STAGE_TIMEOUT_S), stage.task, log))
         finally:

@@ -11,12 +11,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
-SCRATCH = ".scratch"
 
-
-def scratch_dir(artifacts: Path, label: str) -> Path:
-    """A fresh private folder on the artifacts filesystem, so the final rename cannot cross filesystems."""
-    parent = artifacts / SCRATCH
+def scratch_dir(parent: Path, label: str) -> Path:
+    """A fresh private folder under `parent` (the artifacts' scratch folder), so the final rename cannot cross
+    filesystems."""
     parent.mkdir(parents=True, exist_ok=True)
     folder = Path(tempfile.mkdtemp(prefix=f"{label}.", dir=parent))
     folder.chmod(0o755)  # mkdtemp makes it private; a published artifact folder is read by others

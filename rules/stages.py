@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .layout import Layout
 from .manifest import ModelSpec
 
-STAGES = ".stages"
 PROTOBUF_LIMIT = 2**31 - 1  # a single-file ONNX model must serialize below 2 GiB
 
 
@@ -38,6 +38,7 @@ class Stage:
     calibration: tuple[Path, ...] = ()
     input_external: tuple[Path, ...] = ()  # the input's external-data files
     output_data: Path | None = None  # the output's own external-data file
+    manifest: str = "models.toml"  # the manifest's file name, for errors about the model's keys
 
     @property
     def outputs(self) -> list[Path]:
@@ -59,8 +60,8 @@ class Chain:
     float_model: Path | None
 
 
-def stage_chain(model: ModelSpec, artifacts: Path, external: tuple[Path, ...], flavour: str | None,
-                static_shapes: bool = False, single_file: bool = False) -> Chain:
+def stage_chain(model: ModelSpec, layout: Layout, external: tuple[Path, ...], flavour: str | None,
+                static_shapes: bool = False, single_file: bool = False, manifest: str = "models.toml") -> Chain:
     """The stages a model goes through for one target. `static_shapes`: the target's EP needs every shape static
     (NPU EPs), so `inputs` are fixed in the file; `single_file`: the compiler wants one ONNX file (qaic-compile),
     so the chain ends with a squash."""
@@ -72,9 +73,10 @@ def stage_chain(model: ModelSpec, artifacts: Path, external: tuple[Path, ...], f
             calibration: tuple[Path, ...] = ()) -> None:
         nonlocal path, external
         folder = f"{kind}-{stage_flavour}" if stage_flavour else kind
-        output = artifacts / STAGES / model.name / folder / f"{model.name}.onnx"
+        output = layout.stage_output(model.name, folder)
         data = output.with_name(f"{model.name}.onnx.data") if external and kind != "squash" else None
-        stages.append(Stage(kind, model.name, stage_flavour, path, output, settings, calibration, external, data))
+        stages.append(Stage(kind, model.name, stage_flavour, path, output, settings, calibration, external, data,
+                            manifest))
         path, external = output, ((data,) if data else ())
 
     if model.freeze:

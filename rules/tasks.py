@@ -1,7 +1,9 @@
 """doit task generators: the only module that knows doit.
 
 Task creation reads the manifest, a cached host probe and a cached external-data index; it never imports
-onnxruntime or parses an unchanged model, so `doit list` and a no-op `doit` stay near doit's own cost.
+onnxruntime or parses an unchanged model, so `doit list` and a no-op `doit` stay near doit's own cost. Actions are
+thin: they call plain functions (`rules.compile`, `rules.validate`, `rules.preprocess`, `rules.toolchains`), print
+one line and return the values the build report keeps.
 """
 
 from __future__ import annotations
@@ -11,8 +13,7 @@ import json
 import os
 import sys
 import time
-from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,31 +22,27 @@ from doit.exceptions import TaskFailed
 from doit.reporter import ConsoleReporter
 from doit.tools import config_changed
 
-from . import RULES_FORMAT
+from .build import Build
 from .cache import Workspace, cache_location
-from .compile import Compiled, compile_build, file_records
+from .compile import compile_build, file_records
+from .compilers import COMPILERS, compiler
 from .errors import BuildError, UserError
 from .external_data import ExternalDataIndex
-from .fingerprint import (
-    compile_config,
-    group_config,
-    group_validate_config,
-    stage_config,
-    validate_config,
-    validation_fingerprint,
-)
-from .groups import compile_group, validate_group
-from .hashing import FileHashes, stat_key
-from .host import capabilities, unavailable_reason
+from .fingerprint import compile_config, stage_config, validate_config, validation_fingerprint
+from .hashing import FileHashes
+from .host import capabilities
+from .layout import Layout, stat_key
 from .manifest import load
 from .preprocess import run_stage
 from .publish import discard
+from .report import BuildReport, usage_text
 from .stages import Stage
-from .targets import Build, GroupBuild, ResolvedTarget, plan, plan_groups
-from .toolchains import Toolchain, find_qaic, find_qairt, supported_operators, toolchain_identity
-from .validate import REPORT, cached_validation, summary, validate_build
+from .targets import plan
+from .toolchains import Toolchain, check_operators, find_qaic, find_qairt
+from .validate import REPORT, cached_validation, summary, validate
 
 Task = dict[str, Any]
+FAILURES = (BuildError, UserError, OSError)
 
 
 def _digest(config: dict[str, Any]) -> str:
@@ -72,9 +69,6 @@ class _Relative:
         return inside if self.prefix == "." else os.path.join(self.prefix, inside)
 
 
-FAILURES = (BuildError, UserError, OSError)
-
-
 def failure(exc: Exception, prefix: str = "") -> TaskFailed:
     """A task failure with one readable message; an OSError (a full disk, a permission) names the file."""
     if isinstance(exc, OSError) and not isinstance(exc, BuildError):
@@ -82,54 +76,23 @@ def failure(exc: Exception, prefix: str = "") -> TaskFailed:
     return TaskFailed(f"{prefix}{exc}")
 
 
-def _usage(usage: dict[str, float] | None) -> str:
-    return f", peak {usage['peak_mb']:.0f} MB" if usage else ""
-
-
-def _compiled(done: Compiled, detail: str) -> dict[str, Any]:
-    print(f"{done.status} {done.build}: {detail}, {done.seconds:.1f} s{_usage(done.usage)} -> "
-          f"{os.path.relpath(done.out_dir)}/")
-    return {"status": done.status, "fingerprint": done.fingerprint, "files": done.files,
-            "seconds": round(done.seconds, 3), **({"child": done.usage} if done.usage else {}),
-            **({"nodes": done.nodes} if "in_ep" in done.nodes else {})}
-
-
-def placement_line(nodes: dict[str, Any]) -> str:
-    """How much of the model the EP took, what stayed on CPU, and constant subgraphs that folding would remove."""
-    line = (f"{nodes['in_ep']}/{nodes['source']} source nodes ({nodes.get('offload', 1):.0%}) in "
-            f"{nodes['ep_context']} EPContext node(s), {nodes['cpu']} on CPU")
-    if nodes.get("cpu_op_types"):
-        line += f" ({', '.join(f'{op} x{n}' for op, n in nodes['cpu_op_types'].items())})"
-    foldable = nodes.get("foldable_on_cpu")
-    if foldable:
-        line += (f"; {sum(foldable.values())} of them compute constants ({', '.join(foldable)}): set "
-                 "optimize = \"basic\" on the model to fold them before the compile")
-    return line
-
-
 def run_compile(build: Build, workspace: Workspace) -> TaskFailed | dict[str, Any]:
+    """Compile or restore one build; print where its nodes went."""
     try:
         done = compile_build(build, workspace)
     except FAILURES as exc:
         return failure(exc)
     nodes = done.nodes
-    if build.target.compiler == "qaic":
-        taken = f"QPC from {nodes['source']} source nodes"
-    elif "in_ep" in nodes:
-        taken = placement_line(nodes)
+    if build.shared:
+        names = ", ".join(f["name"] for f in done.files)
+        detail = f"{len(build.members)} members, {nodes['ep_context']} EPContext node(s) (keep together: {names})"
     else:
-        taken = f"{nodes['cpu']} nodes after optimization"
-    return _compiled(done, taken)
-
-
-def run_group(group: GroupBuild, workspace: Workspace) -> TaskFailed | dict:
-    try:
-        done = compile_group(group, workspace)
-    except FAILURES as exc:
-        return failure(exc)
-    names = ", ".join(f["name"] for f in done.files)
-    return _compiled(done, f"{len(group.members)} members, {done.nodes['ep_context']} EPContext node(s) "
-                           f"(keep together: {names})")
+        detail = compiler(build.target).describe(nodes)
+    print(f"{done.status} {done.build}: {detail}, {done.seconds:.1f} s{usage_text(done.usage)} -> "
+          f"{os.path.relpath(done.out_dir)}/")
+    return {"status": done.status, "fingerprint": done.fingerprint, "files": done.files,
+            "seconds": round(done.seconds, 3), **({"child": done.usage} if done.usage else {}),
+            **({"nodes": nodes} if "in_ep" in nodes else {})}
 
 
 def run_stage_task(stage: Stage, workspace: Workspace) -> TaskFailed | dict[str, Any]:
@@ -149,15 +112,14 @@ def run_stage_task(stage: Stage, workspace: Workspace) -> TaskFailed | dict[str,
             "files": file_records(stage.output.parent, [p.name for p in stage.outputs], workspace)}
 
 
-def run_validate(build: Build | GroupBuild, workspace: Workspace, config: dict[str, Any],
-                 extra: list[Path]) -> TaskFailed | dict:
-    """Validate a build's or a group's artifact, or restore a passed report for the same bytes from the cache."""
-    validator = validate_group if isinstance(build, GroupBuild) else validate_build
-    folder = build.out_dir(workspace.artifacts)
-    fingerprint = validation_fingerprint([folder / n for n in build.output_names], config, extra, workspace.hashes)
+def run_validate(build: Build, workspace: Workspace, config: dict[str, Any]) -> TaskFailed | dict:
+    """Validate a build's artifact, or restore a passed report for the same bytes from the cache."""
+    layout = workspace.layout
+    folder = build.out_dir(layout)
+    fingerprint = validation_fingerprint([folder / n for n in build.outputs or ()], config,
+                                         [*build.sources, *build.validation_files], workspace.hashes)
     try:
-        report, restored = cached_validation(fingerprint, workspace, folder,
-                                             lambda: validator(build, workspace.artifacts))
+        report, restored = cached_validation(fingerprint, workspace, folder, lambda: validate(build, layout))
     except OSError as exc:
         return failure(exc, f"validate:{build.name}: ")
     line = f"{report['status']} validate:{build.name}: {summary(report)}"
@@ -168,16 +130,23 @@ def run_validate(build: Build | GroupBuild, workspace: Workspace, config: dict[s
     return {"status": status, "fingerprint": fingerprint, "validation": line, "seconds": report["seconds"]}
 
 
-def _unavailable(basename: str, name: str, doc: str, reason: str) -> Task:
-    """The task of a target this host cannot build: listed with the reason, refused by name."""
-    return {"basename": basename, "name": name, "doc": f"{doc} [unavailable here: {reason}]",
-            "actions": [(refuse_unavailable, [f"{basename}:{name}", reason])], "uptodate": [False]}
+def run_ops(build: Build, workspace: Workspace, report: Path) -> TaskFailed | None:
+    """The operator check of a qaic build, before its compile."""
+    found = find_qaic(build.target.sdk_root)
+    if isinstance(found, str):
+        return TaskFailed(f"ops:{build.name}: {found}")
+    try:
+        print(f"ops:{build.name}: " + check_operators(found, build.members[0].model.path,
+                                                      build.log(workspace.layout, "ops"), report))
+    except BuildError as exc:
+        return TaskFailed(f"ops:{build.name}: {exc}")
+    return None
 
 
-def refuse_unavailable(task: str, reason: str) -> TaskFailed | dict[str, str]:
-    """Asked for by name, a task this host cannot build fails; reached through `doit compile` or `doit validate`
-    it is skipped with its reason, like in the default run."""
-    if task in sys.argv[1:]:
+def refuse_unavailable(task: str, reason: str, named: bool) -> TaskFailed | dict[str, str]:
+    """Asked for by name (`named`), a task this host cannot build fails; reached through `doit compile` or
+    `doit validate` it is skipped with its reason, like in the default run."""
+    if named:
         return TaskFailed(f"{task} cannot be built on this host: {reason}")
     print(f"skipped {task}: {reason}")
     return {"status": "skipped", "reason": reason}
@@ -190,42 +159,9 @@ def report_unavailable(reasons: dict[str, str]) -> None:
         print("this host can build every task")
 
 
-def target_reason(target: ResolvedTarget, caps: dict[str, Any]) -> str | None:
-    """Why this host cannot build the target (EP, package, device or external toolchain), or None."""
-    if target.compiler in ("qaic", "qairt"):
-        found = find_qaic(target.sdk_root) if target.compiler == "qaic" else find_qairt(target.sdk_root)
-        return found if isinstance(found, str) else None
-    return unavailable_reason(target.ep, target.source, target.device, caps)
-
-
-def run_ops(build: Build, workspace: Workspace, report: Path) -> TaskFailed | None:
-    """Compare the model's operators with what qaic-compile supports, before a long compile fails on them."""
-    import onnx
-
-    found = find_qaic(build.target.sdk_root)
-    if isinstance(found, str):
-        return TaskFailed(f"ops:{build.name}: {found}")
-    log = workspace.artifacts / ".logs" / build.target.name / f"{build.model.name}.ops.log"
-    try:
-        supported = supported_operators(found, log)
-    except BuildError as exc:
-        return TaskFailed(str(exc))
-    model = onnx.load(str(build.model.path), load_external_data=False)
-    used = sorted({n.op_type for n in model.graph.node if n.domain in ("", "ai.onnx")})
-    unsupported = [op for op in used if op not in supported]
-    report.parent.mkdir(parents=True, exist_ok=True)
-    report.write_text(json.dumps({"operators": used, "unsupported": unsupported}, indent=1) + "\n")
-    if unsupported:
-        report.unlink()
-        return TaskFailed(f"ops:{build.name}: qaic-compile does not support {', '.join(unsupported)} "
-                          f"(used by {build.model.path.name})")
-    print(f"ops:{build.name}: all {len(used)} operators are supported by qaic-compile {found.version}")
-    return None
-
-
 def show_backends(project: Project, json_output: bool) -> None:
     """What this host can build: EPs, compiler backends and toolchains, and each manifest target."""
-    caps = project.caps or capabilities(project.artifacts / ".state")
+    caps = project.caps or capabilities(project.layout.state)
     eps = {name: {"devices": entry["devices"], "error": entry.get("error")}
            for name, entry in caps.get("eps", {}).items()}
     toolchains = {}
@@ -234,16 +170,17 @@ def show_backends(project: Project, json_output: bool) -> None:
                              "executables": {k: str(v) for k, v in found.executables.items()}}
                             if isinstance(found, Toolchain) else {"found": False, "reason": found})
     targets = {}
-    for target in {t.name: t for t in [b.target for b in [*project.builds, *project.groups]]}.values():
-        reason = None if target.is_cpu else target_reason(target, caps)
+    for target in {b.target.name: b.target for b in project.builds}.values():
+        reason = compiler(target).unavailable(target, caps)
         targets[target.name] = {"ep": target.ep.name, "device": target.device, "compiler": target.compiler,
                                 "buildable": reason is None, **({"reason": reason} if reason else {})}
-    data = {"onnxruntime": caps.get("onnxruntime"), "compilers": {"ort": True, "ort_session": True},
+    in_onnxruntime = [name for name, backend in COMPILERS.items() if backend.in_onnxruntime]
+    data = {"onnxruntime": caps.get("onnxruntime"), "compilers": dict.fromkeys(in_onnxruntime, True),
             "execution_providers": eps, "toolchains": toolchains, "targets": targets}
     if json_output:
         print(json.dumps(data, indent=2))
         return
-    print(f"onnxruntime {data['onnxruntime']}; compiler backends: ort, ort_session"
+    print(f"onnxruntime {data['onnxruntime']}; compiler backends: {', '.join(in_onnxruntime)}"
           f"{''.join(f', {n}' for n, t in toolchains.items() if t['found'])}")
     for name, entry in eps.items():
         devices = ", ".join(f"{d['type']} ({d.get('ov_device') or d['vendor']})" for d in entry["devices"]) or "none"
@@ -285,11 +222,7 @@ class BuildReporter(ConsoleReporter):
 
     def initialize(self, tasks, selected_tasks):
         super().initialize(tasks, selected_tasks)
-        self.path = self.project.artifacts / "build-report.json"
-        try:
-            self.entries: dict[str, dict[str, Any]] = json.loads(self.path.read_text())["tasks"]
-        except (OSError, ValueError, KeyError):
-            self.entries = {}
+        self.report = BuildReport(self.project.layout.build_report)
         self.started: dict[str, float] = {}
         self.uptodate: set[str] = set()
 
@@ -301,58 +234,49 @@ class BuildReporter(ConsoleReporter):
     def add_success(self, task):
         super().add_success(task)
         if ":" in task.name and task.values.get("status"):
-            self.entries[task.name] = {k: v for k, v in task.values.items() if not k.startswith("_")}
+            self.report.succeeded(task.name, task.values)
 
     def add_failure(self, task, fail):
         super().add_failure(task, fail)
         if ":" in task.name:
             seconds = time.monotonic() - self.started.get(task.name, time.monotonic())
-            self.entries[task.name] = {"status": "failed", "reason": fail.get_msg().strip(),
-                                       "seconds": round(seconds, 3)}
+            self.report.failed(task.name, fail.get_msg().strip(), seconds)
 
     def skip_uptodate(self, task):
         super().skip_uptodate(task)
         self.uptodate.add(task.name)
         if ":" in task.name:
-            self.entries[task.name] = {**self.entries.get(task.name, {}), "status": "up-to-date"}
+            self.report.up_to_date(task.name)
 
     def complete_run(self):
         seen = set(self.started) | self.uptodate
         if "unavailable" in seen:  # the default run: tasks this host cannot build were skipped
             for name, reason in self.project.skipped().items():
-                self.entries[name] = {"status": "skipped", "reason": reason}
+                self.report.skipped(name, reason)
                 seen.add(name)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = self.path.with_name(f".build-report.{os.getpid()}.tmp")
-        lines = ",\n".join(f"  {json.dumps(name)}: {json.dumps(entry)}" for name, entry in sorted(self.entries.items()))
-        temporary.write_text(f'{{"format": {RULES_FORMAT}, "tasks": {{\n{lines}\n}}}}\n')  # one line per task
-        os.replace(temporary, self.path)
-        counts = Counter(entry["status"] for name, entry in self.entries.items() if name in seen)
-        ran = sorted((e["seconds"], n) for n, e in self.entries.items()
-                     if n in self.started and e.get("seconds") and e["status"] != "skipped")[::-1][:3]
-        slowest = ", ".join(f"{name} {seconds:.1f} s{_usage(self.entries[name].get('child'))}"
-                            for seconds, name in ran)
-        if counts:
-            self.write(f"summary: {', '.join(f'{n} {s}' for s, n in sorted(counts.items()))}"
-                       f"{f'; slowest: {slowest}' if slowest else ''}\n")
+        self.report.write()
+        line = self.report.summary(seen, set(self.started))
+        if line:
+            self.write(line + "\n")
         super().complete_run()
 
 
 class Project:
-    """A loaded manifest with everything task creation needs, computed once."""
+    """A loaded manifest with everything task creation needs, computed once. `requested` are the task names
+    given on doit's command line: a task this host cannot build fails when named, and is skipped otherwise."""
 
-    def __init__(self, manifest_path: Path):
+    def __init__(self, manifest_path: Path, requested: Iterable[str] = ()):
         self.manifest = load(manifest_path)
         self.root = self.manifest.root
+        self.requested = frozenset(requested)
         self.rel = _Relative(Path.cwd())
-        self.artifacts = self.root / "artifacts"
-        if self.artifacts.is_symlink():
-            raise UserError(self.manifest.path.name, None, f"{self.artifacts} is a symbolic link (to "
-                            f"{os.readlink(self.artifacts)}); outputs are written only inside the project: "
+        self.layout = Layout(self.root / "artifacts")
+        if self.layout.root.is_symlink():
+            raise UserError(self.manifest.path.name, None, f"{self.layout.root} is a symbolic link (to "
+                            f"{os.readlink(self.layout.root)}); outputs are written only inside the project: "
                             "make artifacts/ a plain folder")
-        self.workspace = Workspace(self.artifacts, *cache_location(self.manifest.cache))
-        state = self.artifacts / ".state"
-        index = ExternalDataIndex(state)
+        self.workspace = Workspace(self.layout.root, *cache_location(self.manifest.cache))
+        index = ExternalDataIndex(self.layout.state)
         external = {}
         for name, model in self.manifest.models.items():
             try:
@@ -361,99 +285,103 @@ class Project:
                 raise UserError(self.manifest.path.name, f"models.{name}.path", f"{exc.file}: {exc.message}") from None
         index.save()
         self.builds = plan(self.manifest, external)
-        self.groups = plan_groups(self.manifest, external)
-        used = {b.target.name: b.target for b in [*self.builds, *self.groups] if not b.target.is_cpu}
-        caps = capabilities(state) if any(t.compiler in ("ort", "ort_session") for t in used.values()) else {}
+        used = {b.target.name: b.target for b in self.builds if not b.target.is_cpu}
+        needs_probe = any(compiler(t).in_onnxruntime for t in used.values())
+        self.caps = capabilities(self.layout.state) if needs_probe else {}
         self.unavailable: dict[str, str] = {}
-        self.caps = caps
         for name, target in used.items():
-            reason = target_reason(target, caps)
+            reason = compiler(target).unavailable(target, self.caps)
             if reason:
                 self.unavailable[name] = reason
-        self.stages = {stage.task: stage for b in [*self.builds, *self.groups] for stage in b.stages}
-        self.outputs = {}  # build name -> (artifact folder, its spelling for doit)
-        for build in self.builds:
-            out_dir = build.out_dir(self.artifacts)
-            self.outputs[build.name] = (out_dir, self.rel(out_dir))
+        self.stages = {stage.task: stage for b in self.builds for stage in b.stages}
 
     @staticmethod
-    def task_names(build: Build | GroupBuild) -> list[str]:
-        if isinstance(build, GroupBuild):
-            return [f"group:{build.name}", *([f"validate:{build.name}"] if build.validations[0].mode != "off" else [])]
-        return [f"compile:{build.name}", *([f"validate:{build.name}"] if build.validation.mode != "off" else [])]
+    def task_names(build: Build) -> list[str]:
+        return [build.task, *([f"validate:{build.name}"] if build.validates else [])]
 
     def skipped(self) -> dict[str, str]:
-        return {name: self.unavailable[b.target.name] for b in [*self.builds, *self.groups]
+        return {name: self.unavailable[b.target.name] for b in self.builds
                 if b.target.name in self.unavailable for name in self.task_names(b)}
 
     def doit_config(self) -> dict[str, Any]:
-        default = [name for b in [*self.builds, *self.groups] if b.target.name not in self.unavailable
-                   for name in self.task_names(b)]
+        default = [name for b in self.builds if b.target.name not in self.unavailable for name in self.task_names(b)]
         if self.unavailable:
             default.append("unavailable")
-        checker = type("ProjectHashChecker", (HashChecker,), {"hashes": FileHashes(self.artifacts / ".state")})
+        checker = type("ProjectHashChecker", (HashChecker,), {"hashes": FileHashes(self.layout.state)})
         reporter = type("ProjectBuildReporter", (BuildReporter,), {"project": self})
         return {"backend": "sqlite3", "dep_file": ".doit.db", "verbosity": 2, "subtasks": True,
                 "default_tasks": default, "check_file_uptodate": checker, "reporter": reporter}
 
-    def compile_tasks(self) -> Iterator[Task]:
-        yield {"basename": "compile", "name": None, "doc": "compile every model for each of its targets"}
-        rel = self.rel
+    def _task(self, basename: str, name: str, doc: str, action: Any, args: list[Any], file_dep: Iterable[Path] = (),
+              targets: Iterable[Path] = (), config: dict[str, Any] | None = None, **extra: Any) -> Task:
+        """One doit task: files spelled relative to doit's folder, settings tracked by digest."""
+        return {"basename": basename, "name": name, "doc": doc, "actions": [(action, args)],
+                "file_dep": [self.rel(p) for p in file_dep], "targets": [self.rel(p) for p in targets],
+                "uptodate": [config_changed(_digest(config)) if config is not None else False], **extra}
+
+    def _unavailable(self, basename: str, build: Build, doc: str) -> Task | None:
+        """The task of a target this host cannot build: listed with the reason, refused by name; None if it can."""
+        reason = self.unavailable.get(build.target.name)
+        if reason is None:
+            return None
+        task = f"{basename}:{build.name}"
+        return self._task(basename, build.name, f"{doc} [unavailable here: {reason}]", refuse_unavailable,
+                          [task, reason, task in self.requested])
+
+    def build_tasks(self, kind: str) -> Iterator[Task]:
+        """compile:MODEL@TARGET (kind "compile") or group:NAME (kind "group") tasks."""
+        yield {"basename": kind, "name": None, "doc": "compile every model for each of its targets" if kind ==
+               "compile" else "compile every shared-context group"}
         for build in self.builds:
-            target, (out_dir, out) = build.target, self.outputs[build.name]
-            doc = f"{build.model.name} for {target.name} ({target.ep.name}, {target.device})"
-            reason = self.unavailable.get(target.name)
-            if reason:
-                yield _unavailable("compile", build.name, doc, reason)
+            if build.kind != kind:
                 continue
-            inputs = [build.model.path, *build.external, *target.option_files.values()]
-            checks = [f"ops:{build.name}"] if target.compiler == "qaic" else []
-            yield {
-                "basename": "compile", "name": build.name, "doc": f"{doc} -> {out}/",
-                "actions": [(run_compile, [build, self.workspace])],
-                "file_dep": [rel(path) for path in inputs],
-                "targets": [f"{out}/{name}" for name in build.output_names],
-                "uptodate": [config_changed(_digest(compile_config(build, self.root)))],
-                "clean": [(discard, [out_dir])],
-                "task_dep": checks,
-            }
+            target, out_dir = build.target, build.out_dir(self.layout)
+            if build.shared:
+                doc = (f"{', '.join(m.name for m in build.members)} into one shared context for {target.name} "
+                       f"({target.ep.name})")
+            else:
+                doc = f"{build.members[0].name} for {target.name} ({target.ep.name}, {target.device})"
+            refused = self._unavailable(kind, build, doc)
+            if refused:
+                yield refused
+                continue
+            checks = [f"ops:{build.name}"] if compiler(target).operator_check else []
+            yield self._task(kind, build.name, f"{doc} -> {self.rel(out_dir)}/", run_compile, [build, self.workspace],
+                             build.inputs, [out_dir / name for name in build.outputs or ()],
+                             compile_config(build, self.root), clean=[(discard, [out_dir])], task_dep=checks)
 
     def validate_tasks(self) -> Iterator[Task]:
         yield {"basename": "validate", "name": None, "doc": "run every compiled artifact and compare with its source"}
         for build in self.builds:
-            settings, target = build.validation, build.target
-            if settings.mode == "off":
+            if not build.validates:
                 continue
-            rel, out = self.rel, self.outputs[build.name][1]
-            what = "structural checks" if settings.mode == "structural" else "run, compare with the source on CPU"
-            doc = f"{build.model.name} on {target.name}: {what}"
-            reason = self.unavailable.get(target.name)
-            if reason:
-                yield _unavailable("validate", build.name, doc, reason)
+            if build.shared:
+                doc = f"group {build.name}: structural checks, and each member run where this host loads the context"
+            else:
+                what = ("structural checks" if build.members[0].validation.mode == "structural"
+                        else "run, compare with the source on CPU")
+                doc = f"{build.members[0].name} on {build.target.name}: {what}"
+            refused = self._unavailable("validate", build, doc)
+            if refused:
+                yield refused
                 continue
-            extra = [p for p in (settings.inputs, settings.reference, build.float_model) if p]
-            sources = [build.model.path, *build.external, *extra]
-            config = validate_config(build, self.root)
-            yield {
-                "basename": "validate", "name": build.name, "doc": doc,
-                "actions": [(run_validate, [build, self.workspace, config, [build.model.path, *extra]])],
-                "file_dep": [*(f"{out}/{name}" for name in build.output_names), *map(rel, sources)],
-                "targets": [f"{out}/{REPORT}"],
-                "uptodate": [config_changed(_digest(config))],
-            }
-        yield from self.group_validate_tasks()
+            out_dir, config = build.out_dir(self.layout), validate_config(build, self.root)
+            external = [p for m in build.members for p in m.external]
+            inputs = [*(out_dir / name for name in build.outputs or ()), *build.sources, *external,
+                      *build.validation_files]
+            yield self._task("validate", build.name, doc, run_validate, [build, self.workspace, config], inputs,
+                             [out_dir / REPORT], config)
 
     def ops_tasks(self) -> Iterator[Task]:
         yield {"basename": "ops", "name": None, "doc": "check every qaic model's operators against qaic-compile"}
         for build in self.builds:
-            if build.target.compiler != "qaic" or build.target.name in self.unavailable:
+            backend = compiler(build.target)
+            if not backend.operator_check or build.target.name in self.unavailable:
                 continue
-            report = self.artifacts / ".state" / "ops" / build.target.name / f"{build.model.name}.json"
-            yield {"basename": "ops", "name": build.name,
-                   "doc": f"operators of {build.model.name} supported by qaic-compile?",
-                   "actions": [(run_ops, [build, self.workspace, report])],
-                   "file_dep": [self.rel(build.model.path)], "targets": [self.rel(report)],
-                   "uptodate": [config_changed({"toolchain": toolchain_identity("qaic", build.target.sdk_root)})]}
+            report = self.layout.ops_report(build.target.name, build.members[0].name)
+            yield self._task("ops", build.name, f"operators of {build.members[0].name} supported by qaic-compile?",
+                             run_ops, [build, self.workspace, report], [build.members[0].model.path], [report],
+                             {"toolchain": backend.identity(build.target)})
 
     def backends_task(self) -> Iterator[Task]:
         yield {"basename": "backends", "doc": "what this host can build: EPs, compilers, toolchains, targets",
@@ -463,75 +391,27 @@ class Project:
 
     def stage_tasks(self) -> Iterator[Task]:
         """shape:, optimize:, quantize:<model>[flavour] and squash: tasks, each feeding the next by file."""
-        rel = self.rel
         docs = {"freeze": "configuration inputs to constants, folded", "shape": "static shapes from `inputs`",
                 "optimize": "ORT graph optimization",
                 "quantize": "QDQ quantization with calibration data", "squash": "inline external data"}
         for kind in dict.fromkeys(stage.kind for stage in self.stages.values()):
             yield {"basename": kind, "name": None, "doc": docs[kind]}
         for stage in self.stages.values():
-            yield {
-                "basename": stage.kind, "name": stage.task.split(":", 1)[1],
-                "doc": f"{stage.kind} {stage.model}{f' for {stage.flavour} targets' if stage.flavour else ''} -> "
-                       f"{rel(stage.output)}",
-                "actions": [(run_stage_task, [stage, self.workspace])],
-                "file_dep": [rel(p) for p in (stage.input, *stage.input_external, *stage.calibration)],
-                "targets": [rel(p) for p in stage.outputs],
-                "uptodate": [config_changed(_digest(stage_config(stage)))],
-                "clean": [(discard, [stage.output.parent])],
-            }
-
-    def group_tasks(self) -> Iterator[Task]:
-        yield {"basename": "group", "name": None, "doc": "compile every shared-context group"}
-        for group in self.groups:
-            target, out_dir, rel = group.target, group.out_dir(self.artifacts), self.rel
-            doc = (f"{', '.join(m.name for m in group.members)} into one shared context for {target.name} "
-                   f"({target.ep.name})")
-            reason = self.unavailable.get(target.name)
-            if reason:
-                yield _unavailable("group", group.name, doc, reason)
-                continue
-            inputs = [p for m in group.members for p in (m.path, *group.external[m.name])]
-            yield {
-                "basename": "group", "name": group.name, "doc": f"{doc} -> {rel(out_dir)}/",
-                "actions": [(run_group, [group, self.workspace])],
-                "file_dep": [rel(path) for path in [*inputs, *target.option_files.values()]],
-                "targets": [rel(out_dir / name) for name in group.output_names],
-                "uptodate": [config_changed(_digest(group_config(group, self.root)))],
-                "clean": [(discard, [out_dir])],
-            }
-
-    def group_validate_tasks(self) -> Iterator[Task]:
-        for group in self.groups:
-            if group.validations[0].mode == "off":
-                continue
-            rel, out_dir = self.rel, group.out_dir(self.artifacts)
-            doc = f"group {group.name}: structural checks, and each member run where this host loads the context"
-            reason = self.unavailable.get(group.target.name)
-            if reason:
-                yield _unavailable("validate", group.name, doc, reason)
-                continue
-            extra = [p for v in group.validations for p in (v.inputs, v.reference) if p]
-            inputs = [*(out_dir / name for name in group.output_names), *(m.path for m in group.members), *extra]
-            config = group_validate_config(group, self.root)
-            sources = [m.path for m in group.members]
-            yield {
-                "basename": "validate", "name": group.name, "doc": doc,
-                "actions": [(run_validate, [group, self.workspace, config, [*sources, *extra]])],
-                "file_dep": [rel(path) for path in inputs],
-                "targets": [rel(out_dir / REPORT)],
-                "uptodate": [config_changed(_digest(config))],
-            }
+            doc = (f"{stage.kind} {stage.model}{f' for {stage.flavour} targets' if stage.flavour else ''} -> "
+                   f"{self.rel(stage.output)}")
+            yield self._task(stage.kind, stage.task.split(":", 1)[1], doc, run_stage_task, [stage, self.workspace],
+                             [stage.input, *stage.input_external, *stage.calibration], stage.outputs,
+                             stage_config(stage), clean=[(discard, [stage.output.parent])])
 
     def unavailable_task(self) -> Iterator[Task]:
         yield {"basename": "unavailable", "doc": "list the tasks this host cannot build, and why",
                "actions": [(report_unavailable, [self.skipped()])], "uptodate": [False]}
 
 
-def load_project(manifest_path: str | Path) -> Project:
+def load_project(manifest_path: str | Path, requested: Iterable[str] = ()) -> Project:
     """Load for dodo.py: a user error prints one line and exits 2, without a traceback."""
     try:
-        return Project(Path(manifest_path))
+        return Project(Path(manifest_path), requested)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -16,20 +16,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import BuildError, closest
+from .errors import BuildError
 from .hashing import sha256_file
+from .layout import write_json
+from .manifest import TableReader
 
 QAIC_DEFAULT_ROOT = Path("/opt/qti-aic")
-PMU_RECIPES = ("AxiRd", "AxiWr", "AxiRdWr", "KernelUtil", "HmxMacs")
-QAIC_KEYS = ("num_cores", "convert_to_fp16", "stats_level", "stats_batchsize", "ddr_stats", "pmu_recipe",
-             "pmu_events", "perf_warnings", "perf_metrics", "aic_hw", "extra_args")
 STATS_LEVEL_DEFAULT = 40  # 50: I/O doorbell waits, 70: per-operator cycles (needed by qaic-opstats), 100: extended PMU
 LOG_TAIL_LINES = 20
 
 
 @dataclass(frozen=True)
 class QaicOptions:
-    """The `qaic = {...}` table of a target, checked against the seed's rules."""
+    """The `qaic = {...}` table of a target, checked against the seed's rules (keys: `rules.schema`)."""
 
     num_cores: int | None = None
     convert_to_fp16: bool = False
@@ -44,38 +43,17 @@ class QaicOptions:
     extra_args: tuple[str, ...] = ()
 
 
-def check_qaic(options: dict[str, Any]) -> tuple[QaicOptions | None, str | None, str | None]:
-    """(options, None, None), or (None, key, message) for the first rule broken."""
-    kinds = {"num_cores": int, "stats_level": int, "stats_batchsize": int, "convert_to_fp16": bool,
-             "ddr_stats": bool, "perf_warnings": bool, "perf_metrics": bool, "aic_hw": bool, "pmu_recipe": str,
-             "pmu_events": list, "extra_args": list}
-    for key, value in options.items():
-        if key not in kinds:
-            return None, key, f"unknown key{closest(key, QAIC_KEYS)}; valid keys: {', '.join(QAIC_KEYS)}"
-        kind = kinds[key]
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            return None, key, f"must be {kind.__name__}, found {value!r}"
-    for key in ("num_cores", "stats_level", "stats_batchsize"):
-        if key in options and options[key] <= 0:
-            return None, key, f"must be a positive integer, found {options[key]}"
-    level = options.get("stats_level", STATS_LEVEL_DEFAULT)
-    if options.get("ddr_stats") and level < 40:
-        return None, "ddr_stats", f"needs stats_level >= 40, found {level}"
-    recipe, events = options.get("pmu_recipe"), options.get("pmu_events", [])
-    if recipe is not None and recipe not in PMU_RECIPES:
-        return None, "pmu_recipe", f"'{recipe}' is not a recipe; valid: {', '.join(PMU_RECIPES)}"
-    if recipe is not None and events:
-        return None, "pmu_events", "pmu_recipe and pmu_events are mutually exclusive: give one"
-    if len(events) > 8:
-        return None, "pmu_events", f"at most 8 events, found {len(events)}"
-    for index, event in enumerate(events):
-        if not isinstance(event, str) or not re.fullmatch(r"(0x)?[0-9A-Fa-f]+", event):
-            return None, f"pmu_events[{index}]", f"must be a hex event id such as \"3F\", found {event!r}"
-    if not all(isinstance(arg, str) for arg in options.get("extra_args", [])):
-        return None, "extra_args", "must be a list of strings"
-    fields = {**options, "pmu_events": tuple(e.removeprefix("0x") for e in events),
-              "extra_args": tuple(options.get("extra_args", []))}
-    return QaicOptions(**fields), None, None
+def check_qaic(table: TableReader) -> QaicOptions:
+    """The `qaic` table of a target: each key as `rules.schema` declares it, then the rules between keys (as the
+    seed documents them); raises UserError naming `targets.NAME.qaic.KEY`."""
+    values = table.read("qaic")
+    level = values["stats_level"] or STATS_LEVEL_DEFAULT
+    if values["ddr_stats"] and level < 40:
+        table.fail(f"needs stats_level >= 40, found {level}", "ddr_stats")
+    if values["pmu_recipe"] is not None and values["pmu_events"]:
+        table.fail("pmu_recipe and pmu_events are mutually exclusive: give one", "pmu_events")
+    return QaicOptions(**{**values, "pmu_events": tuple(e.removeprefix("0x") for e in values["pmu_events"]),
+                          "extra_args": tuple(values["extra_args"])})
 
 
 def qaic_command(executable: Path, model: Path, binary_dir: Path, options: QaicOptions,
@@ -174,14 +152,6 @@ def cloud_ai_devices() -> list[str]:
     return sorted(glob.glob("/dev/accel/accel*") + glob.glob("/dev/qaic_*"))
 
 
-def toolchain_identity(compiler: str, sdk_root: Path | None) -> dict[str, str] | None:
-    """For config and fingerprints: which external toolchain (and version) builds a target, None for ORT."""
-    if compiler not in ("qaic", "qairt"):
-        return None
-    found = find_qaic(sdk_root) if compiler == "qaic" else find_qairt(sdk_root)
-    return {"name": compiler, "version": found.version if isinstance(found, Toolchain) else "absent"}
-
-
 def supported_operators(toolchain: Toolchain, log: Path) -> set[str]:
     """`qaic-compile -operators-supported=onnx`: the ONNX operator names this compiler supports."""
     output = run_tool([str(toolchain.executables["qaic-compile"]), "-operators-supported=onnx"], log,
@@ -206,3 +176,19 @@ def ep_context_model(source: Any, binary: str, graph_name: str, output: Path) ->
     model = helper.make_model(graph, opset_imports=opsets, producer_name="epbuild-qairt")
     model.ir_version = source.ir_version
     onnx.save(model, str(output))
+
+
+def check_operators(toolchain: Toolchain, model_path: Path, log: Path, report: Path) -> str:
+    """Compare the model's operators with what qaic-compile supports, before a long compile fails on them; write
+    the operator report, or raise BuildError naming the unsupported ones."""
+    import onnx
+
+    supported = supported_operators(toolchain, log)
+    model = onnx.load(str(model_path), load_external_data=False)
+    used = sorted({n.op_type for n in model.graph.node if n.domain in ("", "ai.onnx")})
+    unsupported = [op for op in used if op not in supported]
+    if unsupported:
+        report.unlink(missing_ok=True)
+        raise BuildError(f"qaic-compile does not support {', '.join(unsupported)} (used by {model_path.name})")
+    write_json(report, {"operators": used, "unsupported": unsupported}, indent=1)
+    return f"all {len(used)} operators are supported by qaic-compile {toolchain.version}"

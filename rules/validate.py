@@ -10,22 +10,24 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from . import RULES_FORMAT
+from .build import SIDECAR, Build, Member
 from .cache import Workspace
 from .child import run_child, serve
-from .eps import lookup
-from .errors import BuildError, ModelError
+from .compilers import compiler
+from .eps import EpInfo, lookup
+from .errors import BuildError, ModelError, located
 from .graph import EP_CONTEXT, check_input_names, index_bound, known_shapes, static_dims
 from .graph import attributes as node_attributes
-from .manifest import ModelSpec
+from .layout import Layout, write_json
 from .publish import discard
-from .targets import QPC_PROGRAM, SIDECAR, Build, ResolvedTarget, ValidationSettings
-from .toolchains import cloud_ai_devices, find_qaic, run_tool
+from .requests import MemberValidation, ValidationReport, ValidationRequest
 
 REPORT = "validation.json"
 SEED = 0
@@ -39,101 +41,64 @@ DEFAULT_THRESHOLDS = {
 SNR_CAP_DB = 200.0  # identical outputs; JSON has no infinity
 
 
-def precision(target: ResolvedTarget) -> str:
-    """The float precision the target computes in (QDQ models are recognised in the child)."""
-    if target.ep.alias == "qnn":
-        return "fp16"  # the HTP computes float graphs in fp16
-    if target.ep.alias == "openvino" and "load_config" in target.option_files:
-        text = target.option_files["load_config"].read_text().lower()
-        return "fp16" if "f16" in text else "fp32"
-    return "fp32"
-
-
-def validate_qpc(build: Build, folder: Path, artifacts: Path) -> dict[str, Any]:
-    """`qaic-qpc validate` checks a QPC against the Cloud AI hardware installed here; without it, skipped."""
-    program = folder / QPC_PROGRAM
-    if not program.is_file():
-        return {"status": "failed", "reason": f"{QPC_PROGRAM} is missing"}
-    if build.validation.mode == "structural":
-        return {"status": "passed"}
-    found = find_qaic(build.target.sdk_root)
-    if isinstance(found, str):
-        return {"status": "skipped", "reason": found}
-    if not cloud_ai_devices():
-        return {"status": "skipped", "reason": "no Cloud AI device on this host (/dev/accel/accel* or /dev/qaic_*): "
-                                               "qaic-qpc validate needs the hardware"}
-    log = artifacts / ".logs" / build.target.name / f"{build.model.name}.validate.log"
-    try:
-        run_tool([str(found.executables["qaic-qpc"]), "validate", "-i", str(folder / "qpc")], log,
-                 f"validate {build.name} (qaic-qpc)", build.validation.timeout_s)
-    except BuildError as exc:
-        return {"status": "failed", "reason": str(exc)}
-    return {"status": "passed", "ran_on": {"qaic-qpc validate": cloud_ai_devices()}}
-
-
-def validation_request(build: Build, artifacts: Path) -> dict[str, Any]:
-    """What the validating child needs: the artifact, what its sidecar recorded, the reference and settings."""
-    folder = build.out_dir(artifacts)
-    recorded = json.loads((folder / SIDECAR).read_text())
-    return member_request(build.model, build.target, build.validation, folder, recorded["files"], recorded,
-                          build.float_model, build.frozen)
-
-
-def member_request(model: ModelSpec, target: ResolvedTarget, settings: ValidationSettings, folder: Path,
-                   files: list[str], recorded: dict[str, Any], float_model: Path | None = None,
-                   frozen: dict[str, tuple[float, ...]] | None = None) -> dict[str, Any]:
-    """One artifact's request; `recorded` is its sidecar entry (runtime options, nodes, SDK version);
-    `float_model`, for a quantized artifact, is compared too, for information; `frozen` inputs are fed to the
-    reference with the values the artifact was built with."""
+def member_request(build: Build, member: Member, folder: Path, files: list[str],
+                   recorded: dict[str, Any]) -> MemberValidation:
+    """One artifact's request; `recorded` is its sidecar entry (runtime options, nodes, SDK version). A quantized
+    artifact is compared with its float model too, for information; frozen inputs are fed to the reference with
+    the values the artifact was built with."""
+    target, settings = build.target, member.validation
     runtime_files = target.runtime_files()
     return {
-        "float_reference": str(float_model) if float_model else None,
-        "artifact": str(folder / f"{model.name}.onnx"), "files": [str(folder / name) for name in files],
+        "float_reference": str(member.float_model) if member.float_model else None,
+        "artifact": str(folder / member.model_file), "files": [str(folder / name) for name in files],
         "ep_sdk_version": recorded.get("ep_sdk_version"), "cpu_nodes": recorded["nodes"]["cpu"],
-        "source": str(model.path), "reference": str(settings.reference or model.path),
+        "source": str(member.model.path), "reference": str(settings.reference or member.model.path),
         "ep": target.ep.alias, "device": target.device, "embed": target.embed, "mode": settings.mode,
         "options": {key: str(folder / value) if key in runtime_files else value
                     for key, value in recorded["runtime_options"].items()},
-        "inputs": {name: list(shape) for name, shape in model.inputs.items()},
+        "inputs": {name: list(shape) for name, shape in member.model.inputs.items()},
         "inputs_file": str(settings.inputs) if settings.inputs else None,
-        "precision": precision(target), "thresholds": settings.thresholds,
-        "frozen": {name: list(values) for name, values in (frozen or {}).items()},
+        "precision": target.precision(), "thresholds": settings.thresholds,
+        "frozen": {name: list(values) for name, values in (member.frozen or {}).items()},
+        "entry": f"models.{member.name}", "manifest": build.manifest,
     }
 
 
-def write_report(folder: Path, report: dict[str, Any]) -> None:
-    temporary = folder / f".{REPORT}.{os.getpid()}.tmp"
-    temporary.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
-    os.replace(temporary, folder / REPORT)
+def validation_request(build: Build, folder: Path) -> ValidationRequest:
+    """What the validating child needs: each member's artifact, what the sidecar recorded, reference, settings."""
+    recorded = json.loads((folder / SIDECAR).read_text())
+    entries = recorded["members"] if build.shared else {build.members[0].name: recorded}
+    members = {m.name: member_request(build, m, folder, recorded["files"],
+                                      {**entries[m.name], "runtime_options": recorded["runtime_options"]})
+               for m in build.members}
+    machine = platform.machine().lower().replace("amd64", "x86_64")
+    return {"members": members, "shared": build.shared, "one_binary": build.target.ep.shares_one_binary,
+            "run_blocked": build.target.ep.shared_context_unloadable.get(machine) if build.shared else None}
 
 
-def validate_build(build: Build, artifacts: Path) -> dict[str, Any]:
+def validate(build: Build, layout: Layout) -> ValidationReport:
     """Validate the published artifact of `build`; write `validation.json` atomically and return the report.
 
     A crash or timeout of the child becomes a `failed` report naming the signal or timeout."""
     started = time.monotonic()
-    folder = build.out_dir(artifacts)
-    target, settings = build.target, build.validation
-    if target.compiler == "qaic":
-        report = {"format": RULES_FORMAT, "model": build.model.name, "target": target.name, "ep": target.ep.name,
-                  "mode": settings.mode, **validate_qpc(build, folder, artifacts),
-                  "seconds": round(time.monotonic() - started, 3)}
-        write_report(folder, report)
-        return report
-    request = validation_request(build, artifacts)
-    scratch = artifacts / ".scratch" / f"validate.{target.name}.{build.model.name}.{os.getpid()}"
-    log = artifacts / ".logs" / target.name / f"{build.model.name}.validate.log"
-    try:
-        report = run_child("rules.validate", request, scratch, target.limits(settings.timeout_s),
-                           f"validate {build.name} ({target.ep.name})", log)
-    except BuildError as exc:
-        report = {"status": "failed", "reason": str(exc)}
-    finally:
-        if scratch.exists():
-            scratch.rmdir()
-    report = {"format": RULES_FORMAT, "model": build.model.name, "target": target.name, "ep": target.ep.name,
-              "mode": settings.mode, "seconds": round(time.monotonic() - started, 3), **report}
-    write_report(folder, report)
+    folder, target = build.out_dir(layout), build.target
+    report = compiler(target).validate(build, layout)
+    if report is None:
+        scratch = layout.scratch(f"validate.{build.kind}.{target.name}.{build.folder_name}.{os.getpid()}")
+        timeout = sum(m.validation.timeout_s for m in build.members)
+        try:
+            report = run_child("rules.validate", validation_request(build, folder), scratch, target.limits(timeout),
+                               f"validate {'group ' if build.shared else ''}{build.name} ({target.ep.name})",
+                               build.log(layout, "validate"))
+        except BuildError as exc:
+            report = {"status": "failed", "reason": str(exc)}
+        finally:
+            discard(scratch)
+    who = {"group": build.name} if build.shared else {"model": build.members[0].name}
+    mode = "group" if build.shared else build.members[0].validation.mode
+    report = {"format": RULES_FORMAT, **who, "target": target.name, "ep": target.ep.name, "mode": mode,
+              "seconds": round(time.monotonic() - started, 3), **report}
+    write_json(folder / REPORT, report)
     return report
 
 
@@ -143,17 +108,17 @@ def cached_validation(fingerprint: str, workspace: Workspace, folder: Path,
     returns (report, restored). Only passed reports are stored: a failure or a skip is worth re-checking."""
     cache = workspace.cache
     with cache.lock(fingerprint):
-        scratch = workspace.artifacts / ".scratch" / f"validation.{fingerprint[:16]}.{os.getpid()}"
+        scratch = workspace.layout.scratch(f"validation.{fingerprint[:16]}.{os.getpid()}")
         try:
             if cache.restore(fingerprint, scratch) == [REPORT]:
                 report = {**json.loads((scratch / REPORT).read_text()), "restored_from_cache": True}
-                write_report(folder, report)
+                write_json(folder / REPORT, report)
                 return report, True
             discard(scratch)
             report = produce()
             if report["status"] == "passed":
                 scratch.mkdir(parents=True)
-                write_report(scratch, report)
+                write_json(scratch / REPORT, report)
                 cache.store(fingerprint, scratch, [REPORT])
             return report, False
         finally:
@@ -333,7 +298,7 @@ def structural_problems(request: dict[str, Any]) -> list[str]:
         for entry in tensor.external_data:
             if entry.key == "location" and not (artifact.parent / entry.value).is_file():
                 problems.append(f"initializer {tensor.name} references missing file {entry.value}")
-    if info.alias == "cpu":
+    if info.is_cpu:
         return problems
     contexts = [n for n in model.graph.node if n.op_type == EP_CONTEXT]
     if not contexts:
@@ -366,7 +331,7 @@ def context_binaries(artifact: str) -> set[str]:
             for a in n.attribute if a.name == "ep_cache_context"}
 
 
-def _validate_group_in_child(request: dict[str, Any]) -> dict[str, Any]:
+def _validate_group(request: ValidationRequest) -> ValidationReport:
     """Structural checks of every member (and, for EPs writing one binary, that all reference the same one),
     then each member run against its source where this host can load the shared context."""
     reports: dict[str, dict[str, Any]] = {}
@@ -384,7 +349,7 @@ def _validate_group_in_child(request: dict[str, Any]) -> dict[str, Any]:
         return {"status": "skipped", "structural": "passed", "reason": request["run_blocked"], "members": reports}
     for name, member in request["members"].items():
         if member["mode"] == "run":
-            reports[name] = _validate_in_child(member)
+            reports[name] = validate_member(member)
     statuses = {r["status"] for r in reports.values()}
     status = "failed" if "failed" in statuses else "skipped" if "skipped" in statuses else "passed"
     report: dict[str, Any] = {"status": status, "members": reports}
@@ -409,72 +374,57 @@ def run_on_cpu(ort: Any, path: str, request: dict[str, Any], feeds: dict[str, An
     return dict(zip([o.name for o in session.get_outputs()], session.run(None, chosen), strict=True))
 
 
-def _validate_in_child(request: dict[str, Any]) -> dict[str, Any]:
-    if "members" in request:
-        return _validate_group_in_child(request)
-    problems = structural_problems(request)
-    if problems:
-        return {"status": "failed", "reason": "; ".join(problems)}
-    if request["mode"] == "structural":
-        return {"status": "passed"}
-
-    import numpy as np
-    import onnx
-    import onnxruntime as ort
-
+def _open_session(ort: Any, info: EpInfo, request: MemberValidation) -> tuple[Any, ValidationReport | None]:
+    """The artifact's session on its EP with CPU fallback disabled where the compile left nothing on CPU; or a
+    report: skipped when this host cannot run the EP, failed when the EP cannot load the artifact."""
     from .host import register_plugin, select_ep_device
 
-    info = lookup(request["ep"])
     options = ort.SessionOptions()
     options.log_severity_level = 3
     options.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
-    if info.alias != "cpu":
+    if not info.is_cpu:
         try:
             register_plugin(ort, info)
             device = select_ep_device(ort, info, request["device"])
         except (ImportError, OSError, RuntimeError) as exc:
-            return {"status": "skipped", "reason": f"this host cannot run {info.name}: {exc}"}
+            return None, {"status": "skipped", "reason": f"this host cannot run {info.name}: {exc}"}
         options.add_provider_for_devices([device], request["options"])
         if request["cpu_nodes"] == 0:
             options.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
     try:
         session = ort.InferenceSession(request["artifact"], options,
-                                       providers=["CPUExecutionProvider"] if info.alias == "cpu" else None)
+                                       providers=["CPUExecutionProvider"] if info.is_cpu else None)
         session.disable_fallback()  # no silent retry on CPU after an EP failure
     except Exception as exc:  # noqa: BLE001 - the EP's own error is the report
-        return {"status": "failed", "reason": f"{info.name} could not load the artifact: {str(exc).strip()}"}
-    source = onnx.load(request["source"], load_external_data=False)
-    feeds, generated = make_inputs(session, source, request)
-    del source
-    hint = ("; generated integer inputs " + ", ".join(f"{k}: {v}" for k, v in generated.items())
-            if any("give validation.inputs" in v for v in generated.values()) else "")
-    try:
-        outputs = session.run(None, feeds)
-    except Exception as exc:  # noqa: BLE001 - the EP's own error is the report
-        return {"status": "failed", "reason": f"{info.name} could not run the artifact: {str(exc).strip()}{hint}"}
+        return None, {"status": "failed", "reason": f"{info.name} could not load the artifact: {str(exc).strip()}"}
+    return session, None
 
+
+def _placement_failures(session: Any, info: EpInfo, cpu_nodes: int) -> tuple[dict[str, list[str]], list[str]]:
+    """Which EP ran which op types, and failures when the EPContext nodes or more nodes than the compile left
+    there ran on CPU (a fallback)."""
+    assignment = session.get_provider_graph_assignment_info() or []
     ran_on: dict[str, list[str]] = {}
-    for subgraph in session.get_provider_graph_assignment_info() or []:
+    for subgraph in assignment:
         ops = ran_on.setdefault(subgraph.ep_name, [])
         ops.extend(node.op_type for node in subgraph.get_nodes() if node.op_type not in ops)
+    if info.is_cpu:
+        return ran_on, []
     failures = []
-    if info.alias != "cpu":
-        if "EPContext" in ran_on.get("CPUExecutionProvider", []) or "EPContext" not in ran_on.get(info.name, []):
-            failures.append(f"the EPContext nodes did not run on {info.name} (assignment: {ran_on})")
-        expected_cpu = request["cpu_nodes"]
-        cpu_count = sum(len(sg.get_nodes()) for sg in session.get_provider_graph_assignment_info() or []
-                        if sg.ep_name == "CPUExecutionProvider")
-        if cpu_count > expected_cpu:
-            failures.append(f"{cpu_count} nodes fell back to CPU, the compiled model left {expected_cpu} there")
+    if "EPContext" in ran_on.get("CPUExecutionProvider", []) or "EPContext" not in ran_on.get(info.name, []):
+        failures.append(f"the EPContext nodes did not run on {info.name} (assignment: {ran_on})")
+    on_cpu = sum(len(sg.get_nodes()) for sg in assignment if sg.ep_name == "CPUExecutionProvider")
+    if on_cpu > cpu_nodes:
+        failures.append(f"{on_cpu} nodes fell back to CPU, the compiled model left {cpu_nodes} there")
+    return ran_on, failures
 
-    reference_model = onnx.load(request["reference"], load_external_data=False)
-    qdq = any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in reference_model.graph.node)
-    del reference_model
-    expected = run_on_cpu(ort, request["reference"], request, feeds, "reference model")
 
-    kind = "qdq" if qdq else request["precision"]
-    thresholds = {**DEFAULT_THRESHOLDS[kind], **request["thresholds"]}
-    metrics = {}
+def _compare_outputs(session: Any, outputs: list[Any], expected: dict[str, Any],
+                     thresholds: dict[str, float]) -> tuple[dict[str, Any], list[str]]:
+    """Metrics per output against the reference, and a failure per threshold missed."""
+    import numpy as np
+
+    metrics, failures = {}, []
     for output, got in zip(session.get_outputs(), outputs, strict=True):
         name, want = output.name, expected.get(output.name)
         if want is None:
@@ -483,25 +433,74 @@ def _validate_in_child(request: dict[str, Any]) -> dict[str, Any]:
         metrics[name] = compare(got, want)
         reference_nonfinite = int((~np.isfinite(want)).sum()) if want.dtype.kind == "f" else 0
         failures.extend(check(name, metrics[name], reference_nonfinite, thresholds))
+    return metrics, failures
+
+
+def _is_qdq(path: str) -> bool:
+    import onnx
+
+    model = onnx.load(path, load_external_data=False)
+    return any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node)
+
+
+def validate_member(request: MemberValidation) -> ValidationReport:
+    """Structural checks; then run the artifact on its EP, check where it ran, and compare every output with the
+    reference model on CPU, fed the same inputs."""
+    problems = structural_problems(request)
+    if problems:
+        return {"status": "failed", "reason": "; ".join(problems)}
+    if request["mode"] == "structural":
+        return {"status": "passed"}
+
+    import onnx
+    import onnxruntime as ort
+
+    info = lookup(request["ep"])
+    session, refused = _open_session(ort, info, request)
+    if refused:
+        return refused
+    source = onnx.load(request["source"], load_external_data=False)
+    with located(request["manifest"], request["entry"]):
+        feeds, generated = make_inputs(session, source, request)
+    del source
+    hint = ("; generated integer inputs " + ", ".join(f"{k}: {v}" for k, v in generated.items())
+            if any("give validation.inputs" in v for v in generated.values()) else "")
+    try:
+        outputs = session.run(None, feeds)
+    except Exception as exc:  # noqa: BLE001 - the EP's own error is the report
+        return {"status": "failed", "reason": f"{info.name} could not run the artifact: {str(exc).strip()}{hint}"}
+    ran_on, failures = _placement_failures(session, info, request["cpu_nodes"])
+
+    kind = "qdq" if _is_qdq(request["reference"]) else request["precision"]
+    thresholds = {**DEFAULT_THRESHOLDS[kind], **request["thresholds"]}
+    with located(request["manifest"], request["entry"]):
+        expected = run_on_cpu(ort, request["reference"], request, feeds, "reference model")
+    metrics, missed = _compare_outputs(session, outputs, expected, thresholds)
+    failures += missed
     if failures and hint:
         failures[-1] += hint
-    float_comparison = {}
+    report: ValidationReport = {
+        "status": "failed" if failures else "passed", "precision": kind, "thresholds": thresholds,
+        "ran_on": ran_on, "outputs": metrics,
+        "inputs": {"from": request["inputs_file"] or f"generated, seed {SEED}",
+                   "shapes": {k: list(v.shape) for k, v in feeds.items()},
+                   **({"generated": generated} if generated else {}),
+                   **({"frozen": request["frozen"]} if request["frozen"] else {})}}
     if request["float_reference"]:  # a quantized artifact: its error against the float model, for information
         float_outputs = run_on_cpu(ort, request["float_reference"], request, feeds, "float model")
-        float_comparison = {output.name: compare(got, float_outputs[output.name])
-                            for output, got in zip(session.get_outputs(), outputs, strict=True)
-                            if output.name in float_outputs}
-    report = {"status": "failed" if failures else "passed", "precision": kind, "thresholds": thresholds,
-              "ran_on": ran_on, "outputs": metrics,
-              "inputs": {"from": request["inputs_file"] or f"generated, seed {SEED}",
-                         "shapes": {k: list(v.shape) for k, v in feeds.items()},
-                         **({"generated": generated} if generated else {}),
-                         **({"frozen": request["frozen"]} if request["frozen"] else {})}}
-    if float_comparison:
-        report["against_float_model"] = float_comparison
+        report["against_float_model"] = {output.name: compare(got, float_outputs[output.name])
+                                         for output, got in zip(session.get_outputs(), outputs, strict=True)
+                                         if output.name in float_outputs}
     if failures:
         report["reason"] = "; ".join(failures)
     return report
+
+
+def _validate_in_child(request: ValidationRequest) -> ValidationReport:
+    if request["shared"]:
+        return _validate_group(request)
+    (member,) = request["members"].values()
+    return validate_member(member)
 
 
 if __name__ == "__main__":

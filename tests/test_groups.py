@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
@@ -9,10 +10,11 @@ import pytest
 
 from conftest import REPO, ran
 from helpers import ep_context_nodes, perturb_weights
-from rules import groups
 from rules.errors import UserError
+from rules.layout import Layout
 from rules.manifest import load
-from rules.targets import plan_groups
+from rules.targets import plan
+from rules.validate import validate
 
 MEMBERS = """
 [models.tinycnn]
@@ -80,9 +82,10 @@ def test_a_crash_while_loading_the_shared_context_is_contained(project, monkeypa
     report names the signal, the test process (standing in for doit) lives on."""
     project.manifest(TRIO)
     project.doit("group:trio")
-    (group,) = plan_groups(load(project.root / "models.toml"))
-    monkeypatch.setattr(groups, "SHARED_CONTEXT_UNLOADABLE", {})
-    report = groups.validate_group(group, project.artifacts)
+    (group,) = [b for b in plan(load(project.root / "models.toml")) if b.shared]
+    loadable = dataclasses.replace(group.target.ep, shared_context_unloadable={})
+    group = dataclasses.replace(group, target=dataclasses.replace(group.target, ep=loadable))
+    report = validate(group, Layout(project.artifacts))
     assert report["status"] == "failed" and "killed by SIGSEGV" in report["reason"]
 
 
@@ -124,7 +127,7 @@ def test_group_errors_stop_before_any_build(project, group, message):
             '[models.copy]\npath = "models/copies/tinycnn.onnx"\ntargets = []\n' + f"[groups.g]\n{group}\n")
     project.manifest(text)
     with pytest.raises(UserError) as raised:
-        plan_groups(load(project.root / "models.toml"))
+        plan(load(project.root / "models.toml"))
     assert str(raised.value).startswith(f"models.toml: {message}"), str(raised.value)
     done = project.doit(check=False)
     assert done.returncode == 2 and message in done.stderr and not (project.artifacts / "qnn-htp").exists()

@@ -13,7 +13,7 @@ import pytest
 from conftest import REPO, ran
 from helpers import ep_context_nodes
 from rules.errors import UserError
-from rules.manifest import load
+from rules.manifest import TableReader, load
 from rules.targets import plan
 from rules.toolchains import QaicOptions, check_qaic, qaic_command
 
@@ -61,8 +61,7 @@ qaic = {qaic}
      ["-mxfp6-matmul", "-retained-state=true"]),
 ])
 def test_qaic_command_line_for_each_flag(tmp_path, options, flags):
-    checked, key, message = check_qaic(options)
-    assert checked is not None, (key, message)
+    checked = check_qaic(TableReader(tmp_path / "models.toml", "targets.t.qaic", options))
     command = qaic_command(tmp_path / "qaic-compile", tmp_path / "m.onnx", tmp_path / "qpc", checked, {"batch": 1})
     assert command[:3] == [str(tmp_path / "qaic-compile"), f"-model={tmp_path / 'm.onnx'}",
                            f"-aic-binary-dir={tmp_path / 'qpc'}"]
@@ -75,14 +74,15 @@ def test_qaic_command_line_for_each_flag(tmp_path, options, flags):
 
 @pytest.mark.parametrize("qaic, key, message", [
     ("{ ddr_stats = true, stats_level = 30 }", "ddr_stats", "needs stats_level >= 40, found 30"),
-    ("{ pmu_recipe = \"KernelUtill\" }", "pmu_recipe", "'KernelUtill' is not a recipe; valid: AxiRd, AxiWr"),
+    ("{ pmu_recipe = \"KernelUtill\" }", "pmu_recipe",
+     "'KernelUtill' is not valid (did you mean 'KernelUtil'?); valid: AxiRd, AxiWr"),
     ("{ pmu_recipe = \"AxiRd\", pmu_events = [\"3F\"] }", "pmu_events",
      "pmu_recipe and pmu_events are mutually exclusive"),
     ("{ pmu_events = [\"1\", \"2\", \"3\", \"4\", \"5\", \"6\", \"7\", \"8\", \"9\"] }", "pmu_events",
      "at most 8 events, found 9"),
-    ("{ pmu_events = [\"3G\"] }", "pmu_events[0]", "must be a hex event id"),
+    ("{ pmu_events = [\"3G\"] }", "pmu_events", "must be hex event ids such as \"3F\", found '3G'"),
     ("{ stats_level = 0 }", "stats_level", "must be a positive integer, found 0"),
-    ("{ num_cores = \"14\" }", "num_cores", "must be int, found '14'"),
+    ("{ num_cores = \"14\" }", "num_cores", "must be an integer, found a string '14'"),
     ("{ num_core = 14 }", "num_core", "unknown key (did you mean 'num_cores'?)"),
 ])
 def test_qaic_flag_errors_name_the_key(project, qaic_root, qaic, key, message):
@@ -230,4 +230,4 @@ def test_winml_build_config_errors(project):
 
 
 def test_qaic_options_dataclass_defaults():
-    assert check_qaic({})[0] == QaicOptions()
+    assert check_qaic(TableReader(REPO / "models.toml", "targets.t.qaic", {})) == QaicOptions()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -11,9 +12,10 @@ import pytest
 from conftest import REPO, ran
 from rules.child import Limits, run_child
 from rules.errors import BuildError
+from rules.layout import Layout
 from rules.manifest import load
 from rules.targets import plan
-from rules.validate import validate_build
+from rules.validate import validate
 
 QNN = """
 [models.tinycnn]
@@ -151,8 +153,8 @@ def test_structural_mode_catches_a_missing_binary(project):
     done = project.doit()
     assert "passed validate:tinycnn@qnn-htp: structural" in done.stdout
     (project.artifacts / "qnn-htp" / "tinycnn" / "tinycnn_qnn.bin").unlink()
-    build = next(b for b in plan(load(project.root / "models.toml")) if b.model.name == "tinycnn")
-    result = validate_build(build, project.artifacts)
+    build = next(b for b in plan(load(project.root / "models.toml")) if b.members[0].name == "tinycnn")
+    result = validate(build, Layout(project.artifacts))
     assert result["status"] == "failed" and "tinycnn_qnn.bin listed in artifact.json is missing" in result["reason"]
 
 
@@ -160,9 +162,9 @@ def test_structural_mode_catches_an_embed_mismatch(project):
     project.manifest(QNN.replace('options = { soc_model = 60 }', 'options = { soc_model = 60 }\n'
                                  'validate = "structural"'))
     project.doit()
-    build = next(b for b in plan(load(project.root / "models.toml")) if b.model.name == "tinycnn")
-    embedded = type(build.target)(**{**build.target.__dict__, "embed": True})
-    result = validate_build(type(build)(build.model, embedded, build.validation), project.artifacts)
+    build = next(b for b in plan(load(project.root / "models.toml")) if b.members[0].name == "tinycnn")
+    embedded = dataclasses.replace(build.target, embed=True)
+    result = validate(dataclasses.replace(build, target=embedded), Layout(project.artifacts))
     assert result["status"] == "failed" and "has embed_mode 0, the target says embed = true" in result["reason"]
 
 

@@ -1,0 +1,79 @@
+"""The artifacts folder: every path under `artifacts/` is spelled here, and the small file helpers every writer
+shares (atomic writes, a file's identity).
+
+    artifacts/<target>/<model>/           a published artifact (one compile)
+    artifacts/<target>/groups/<group>/    a published shared-context group
+    artifacts/build-report.json           what the last runs did, one line per task
+    artifacts/.stages/<model>/<stage>/    stage outputs (shape, optimize, quantize, squash, freeze)
+    artifacts/.logs/<target>/             child and tool output, one file per task
+    artifacts/.scratch/                   private work folders, renamed into place or deleted
+    artifacts/.state/                     host probe, hash memory, external-data index, operator checks
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+GROUPS = "groups"  # artifacts/<target>/groups/ holds shared-context groups: no model may be named so
+STAGES = ".stages"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Paths inside one project's artifacts folder."""
+
+    root: Path
+
+    @property
+    def state(self) -> Path:
+        return self.root / ".state"
+
+    @property
+    def scratch_root(self) -> Path:
+        return self.root / ".scratch"
+
+    @property
+    def build_report(self) -> Path:
+        return self.root / "build-report.json"
+
+    def build_dir(self, target: str, name: str, shared: bool) -> Path:
+        """A published compile (`shared`: a shared-context group)."""
+        return self.root / target / GROUPS / name if shared else self.root / target / name
+
+    def stage_output(self, model: str, folder: str) -> Path:
+        return self.root / STAGES / model / folder / f"{model}.onnx"
+
+    def log(self, folder: str, stem: str) -> Path:
+        """A task's log: `folder` is the target (or `.stages`), `stem` says the task (`tinycnn.compile`)."""
+        return self.root / ".logs" / folder / f"{stem}.log"
+
+    def scratch(self, label: str) -> Path:
+        return self.scratch_root / label
+
+    def ops_report(self, target: str, model: str) -> Path:
+        return self.state / "ops" / target / f"{model}.json"
+
+
+def stat_key(stat: os.stat_result) -> list[int]:
+    """A file's identity without reading it: size, mtime and inode. Equal keys mean unchanged bytes."""
+    return [stat.st_size, stat.st_mtime_ns, stat.st_ino]
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write beside `path` under a private name and rename: readers see the old file or the new one, whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        temporary.write_text(text)
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def write_json(path: Path, data: Any, indent: int | None = 2) -> None:
+    """JSON written atomically, keys sorted so equal data gives equal bytes."""
+    write_atomic(path, json.dumps(data, indent=indent, sort_keys=True) + "\n")

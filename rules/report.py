@@ -1,0 +1,59 @@
+"""`artifacts/build-report.json` and the summary line: what every task did in the runs so far.
+
+One entry per task (status, fingerprint, files with sha256, seconds, child usage, node placement, reason), kept
+across runs: a no-op run marks entries up to date instead of forgetting them. Written atomically, one line per task
+so that diffs between CI runs stay readable.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from . import RULES_FORMAT
+from .layout import write_atomic
+
+
+def usage_text(usage: dict[str, float] | None) -> str:
+    return f", peak {usage['peak_mb']:.0f} MB" if usage else ""
+
+
+class BuildReport:
+    """The report's entries, read from the last run and updated task by task."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        try:
+            self.entries: dict[str, dict[str, Any]] = json.loads(path.read_text())["tasks"]
+        except (OSError, ValueError, KeyError):
+            self.entries = {}
+
+    def succeeded(self, task: str, values: dict[str, Any]) -> None:
+        self.entries[task] = {k: v for k, v in values.items() if not k.startswith("_")}
+
+    def failed(self, task: str, reason: str, seconds: float) -> None:
+        self.entries[task] = {"status": "failed", "reason": reason, "seconds": round(seconds, 3)}
+
+    def up_to_date(self, task: str) -> None:
+        self.entries[task] = {**self.entries.get(task, {}), "status": "up-to-date"}
+
+    def skipped(self, task: str, reason: str) -> None:
+        self.entries[task] = {"status": "skipped", "reason": reason}
+
+    def write(self) -> None:
+        lines = ",\n".join(f"  {json.dumps(name)}: {json.dumps(entry)}" for name, entry in sorted(self.entries.items()))
+        write_atomic(self.path, f'{{"format": {RULES_FORMAT}, "tasks": {{\n{lines}\n}}}}\n')
+
+    def summary(self, seen: set[str], ran: set[str]) -> str | None:
+        """Counts by status over the tasks this run saw, and the three slowest it ran; None when it saw none."""
+        counts = Counter(entry["status"] for name, entry in self.entries.items() if name in seen)
+        if not counts:
+            return None
+        slowest = sorted((e["seconds"], n) for n, e in self.entries.items()
+                         if n in ran and e.get("seconds") and e["status"] != "skipped")[::-1][:3]
+        text = ", ".join(f"{name} {seconds:.1f} s{usage_text(self.entries[name].get('child'))}"
+                         for seconds, name in slowest)
+        return (f"summary: {', '.join(f'{n} {s}' for s, n in sorted(counts.items()))}"
+                f"{f'; slowest: {text}' if text else ''}")
