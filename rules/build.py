@@ -119,12 +119,12 @@ class Member:
 class Build:
     """Members compiled for one target: one member is a compile, several sharing one EP context a group.
 
-    `outputs` lists every file the compile publishes, known before it runs (None: the tool decides, qaic)."""
+    `outputs` lists the files the compile publishes, known before it runs (the compiler may add more: qaic)."""
 
     name: str  # MODEL@TARGET, or the group's name
     target: ResolvedTarget
     members: tuple[Member, ...]
-    outputs: tuple[str, ...] | None
+    outputs: tuple[str, ...]
     stages: tuple[Stage, ...] = ()
     shared: bool = False
     manifest: str = "models.toml"  # the manifest's file name, for errors about a member's keys

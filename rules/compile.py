@@ -59,7 +59,7 @@ def compile_build(build: Build, workspace: Workspace) -> Compiled:
     def produce(scratch: Path) -> None:
         usage.update(compiler(build.target).produce(build, workspace, scratch) or {})
 
-    expected = list(build.outputs) if build.outputs is not None else None
+    expected = list(build.outputs) if compiler(build.target).exact_outputs else None
     restored = cached_folder(build.task, fingerprint, workspace, final, expected, produce)
     recorded = json.loads((final / SIDECAR).read_text())
     if "nodes" in recorded:

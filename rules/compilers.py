@@ -50,6 +50,7 @@ class Compiler:
     in_onnxruntime = True  # the EP compiles inside ONNX Runtime: static-shape stage, shared contexts
     single_file = False  # needs a single-file model (a squash stage before the compile)
     operator_check = False  # an `ops:` task checks the model's operators against the tool first
+    exact_outputs = True  # `output_names` is the exact file set; else the files doit tracks, the tool adds more
     foreign_keys: tuple[str, ...] = ("qaic", "qnn_sdk_root")  # target keys for other backends
 
     def check(self, spec: TargetSpec, file: str) -> None:
@@ -69,8 +70,8 @@ class Compiler:
             return None
         return unavailable_reason(target.ep, target.source, target.device, caps)
 
-    def output_names(self, target: ResolvedTarget, members: list[Any], shared: bool) -> tuple[str, ...] | None:
-        """Every file a build publishes, before it runs; `members` are `rules.build.Member`s."""
+    def output_names(self, target: ResolvedTarget, members: list[Any], shared: bool) -> tuple[str, ...]:
+        """The files a build publishes, known before it runs; `members` are `rules.build.Member`s."""
         ep = target.ep
         names = [SIDECAR, *target.runtime_files().values(), *(m.model_file for m in members)]
         if target.is_cpu:
@@ -161,7 +162,7 @@ class QairtCompiler(Compiler):
         shutil.rmtree(work)
         ep_context_model(source, binary, member.name, scratch / member.model_file)
         nodes = len(source.graph.node)
-        data = external_sidecar(build, toolchain, nodes, list(build.outputs or ()))
+        data = external_sidecar(build, toolchain, nodes, list(build.outputs))
         data.update({"ep": target.ep.name, "embed": False, "runtime_options": {
             k: v for k, v in target.options.items() if k in target.ep.runtime_options}})
         data["nodes"] = {"source": nodes, "ep_context": 1, "cpu": 0, "in_ep": nodes}
@@ -175,6 +176,7 @@ class QaicCompiler(QairtCompiler):
     name = "qaic"
     single_file = True
     operator_check = True
+    exact_outputs = False  # qaic-compile decides the QPC's files
     foreign_keys = ("qnn_sdk_root",)
 
     def check(self, spec: TargetSpec, file: str) -> None:
@@ -188,8 +190,8 @@ class QaicCompiler(QairtCompiler):
     def toolchain(self, target: ResolvedTarget) -> Toolchain | str:
         return find_qaic(target.sdk_root)
 
-    def output_names(self, target: ResolvedTarget, members: list[Any], shared: bool) -> tuple[str, ...] | None:
-        return None  # qaic-compile decides the QPC's files
+    def output_names(self, target: ResolvedTarget, members: list[Any], shared: bool) -> tuple[str, ...]:
+        return (SIDECAR, "compile.log", QPC_PROGRAM)
 
     def produce(self, build: Build, workspace: Workspace, scratch: Path) -> None:
         """qaic-compile the single-file model into scratch/qpc; its output is kept in compile.log next to it."""
@@ -281,7 +283,7 @@ def sidecar(build: Build, results: list[MemberResult]) -> dict[str, Any]:
     model the EP took."""
     target = build.target
     common = {"format": RULES_FORMAT, "target": target.name, "ep": target.ep.name, "ep_source": target.source,
-              "device": target.device, "compiler": target.compiler, "files": list(build.outputs or ()),
+              "device": target.device, "compiler": target.compiler, "files": list(build.outputs),
               "runtime_options": target.runtime_options(), "versions": toolchain_versions(target.ep)}
     if build.shared:
         return {**common, "group": build.name, "embed": False, "order": [m.name for m in build.members],

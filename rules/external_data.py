@@ -8,16 +8,11 @@ model's folder are refused before any of them is read.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from .errors import UserError
-
-
-def _stat_key(path: Path) -> list[int]:
-    stat = path.stat()
-    return [stat.st_size, stat.st_mtime_ns, stat.st_ino]
+from .layout import stat_key, write_json
 
 
 def _locations(model_path: Path) -> set[str]:
@@ -83,7 +78,7 @@ class ExternalDataIndex:
 
     def files(self, model_path: Path) -> list[Path]:
         key = str(model_path)
-        stat = _stat_key(model_path)
+        stat = stat_key(model_path.stat())
         entry = self.entries.get(key)
         if entry is None or entry["stat"] != stat:
             entry = {"stat": stat, "locations": sorted(_locations(model_path))}
@@ -95,7 +90,5 @@ class ExternalDataIndex:
         if not self.changed:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = self.path.with_suffix(f".{os.getpid()}.tmp")
-        temporary.write_text(json.dumps(self.entries))
-        os.replace(temporary, self.path)
+        write_json(self.path, self.entries, indent=None)
         self.changed = False

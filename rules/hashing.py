@@ -11,6 +11,8 @@ import hashlib
 import os
 from pathlib import Path
 
+from .layout import stat_key
+
 CHUNK = 1 << 20
 
 
@@ -25,18 +27,13 @@ def sha256_file(path: str | Path) -> str:
     return digest.hexdigest()
 
 
-def stat_key(stat: os.stat_result) -> list[int]:
-    return [stat.st_size, stat.st_mtime_ns, stat.st_ino]
-
-
 class FileHashes:
-    """sha256 by file identity; `hashed` counts the files actually read in this process. The memory is read on
-    first use, so a no-op run, whose file checks all match by identity, never loads it."""
+    """sha256 by file identity. The memory is read on first use, so a no-op run, whose file checks all match by
+    identity, never loads it."""
 
     def __init__(self, state_dir: Path):
         self.log = state_dir / "hashes.tsv"
         self._known: dict[str, tuple[list[int], str]] | None = None
-        self.hashed = 0
 
     @property
     def known(self) -> dict[str, tuple[list[int], str]]:
@@ -59,7 +56,6 @@ class FileHashes:
         if remembered and remembered[0] == key:
             return remembered[1]
         digest = sha256_file(absolute)
-        self.hashed += 1
         self.known[absolute] = (key, digest)
         if "\t" not in absolute and "\n" not in absolute:
             self.log.parent.mkdir(parents=True, exist_ok=True)

@@ -85,6 +85,7 @@ def capabilities(state_dir: Path) -> dict[str, Any]:
     else:
         result = json.loads(done.stdout)
     result["key"] = key
+    state_dir.mkdir(parents=True, exist_ok=True)
     write_json(cache, result, indent=1)
     return result
 

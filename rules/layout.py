@@ -64,8 +64,8 @@ def stat_key(stat: os.stat_result) -> list[int]:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write beside `path` under a private name and rename: readers see the old file or the new one, whole."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write beside `path` under a private name and rename: readers see the old file or the new one, whole.
+    The folder must exist: a writer never creates a folder that looks like an artifact."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         temporary.write_text(text)

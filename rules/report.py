@@ -44,6 +44,7 @@ class BuildReport:
 
     def write(self) -> None:
         lines = ",\n".join(f"  {json.dumps(name)}: {json.dumps(entry)}" for name, entry in sorted(self.entries.items()))
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(self.path, f'{{"format": {RULES_FORMAT}, "tasks": {{\n{lines}\n}}}}\n')
 
     def summary(self, seen: set[str], ran: set[str]) -> str | None:

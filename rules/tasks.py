@@ -116,7 +116,7 @@ def run_validate(build: Build, workspace: Workspace, config: dict[str, Any]) -> 
     """Validate a build's artifact, or restore a passed report for the same bytes from the cache."""
     layout = workspace.layout
     folder = build.out_dir(layout)
-    fingerprint = validation_fingerprint([folder / n for n in build.outputs or ()], config,
+    fingerprint = validation_fingerprint([folder / n for n in build.outputs], config,
                                          [*build.sources, *build.validation_files], workspace.hashes)
     try:
         report, restored = cached_validation(fingerprint, workspace, folder, lambda: validate(build, layout))
@@ -347,7 +347,7 @@ class Project:
                 continue
             checks = [f"ops:{build.name}"] if compiler(target).operator_check else []
             yield self._task(kind, build.name, f"{doc} -> {self.rel(out_dir)}/", run_compile, [build, self.workspace],
-                             build.inputs, [out_dir / name for name in build.outputs or ()],
+                             build.inputs, [out_dir / name for name in build.outputs],
                              compile_config(build, self.root), clean=[(discard, [out_dir])], task_dep=checks)
 
     def validate_tasks(self) -> Iterator[Task]:
@@ -367,7 +367,7 @@ class Project:
                 continue
             out_dir, config = build.out_dir(self.layout), validate_config(build, self.root)
             external = [p for m in build.members for p in m.external]
-            inputs = [*(out_dir / name for name in build.outputs or ()), *build.sources, *external,
+            inputs = [*(out_dir / name for name in build.outputs), *build.sources, *external,
                       *build.validation_files]
             yield self._task("validate", build.name, doc, run_validate, [build, self.workspace, config], inputs,
                              [out_dir / REPORT], config)

@@ -190,5 +190,6 @@ def check_operators(toolchain: Toolchain, model_path: Path, log: Path, report: P
     if unsupported:
         report.unlink(missing_ok=True)
         raise BuildError(f"qaic-compile does not support {', '.join(unsupported)} (used by {model_path.name})")
+    report.parent.mkdir(parents=True, exist_ok=True)
     write_json(report, {"operators": used, "unsupported": unsupported}, indent=1)
     return f"all {len(used)} operators are supported by qaic-compile {toolchain.version}"

@@ -173,13 +173,16 @@ def test_symbolic_input_without_inputs_fails_for_npu_but_builds_for_cpu(project)
     project.manifest('[models.dynbatch]\npath = "models/dynbatch.onnx"\n' + QNN_TARGETS)
     done = project.doit("--continue", check=False)
     assert "compile:dynbatch@cpu" in ran(done, "compile:")
-    assert "input 'x' has symbolic dimension 0 ('batch'); this EP needs static shapes: set inputs.x" in done.stdout
+    assert ("models.toml: models.dynbatch.inputs.x: input 'x' has symbolic dimension 0 ('batch'); this EP needs "
+            "static shapes: set inputs.x") in done.stdout
 
 
 @pytest.mark.parametrize("inputs, message", [
-    ("{ y = [1, 3, 32, 32] }", "inputs.y: the model has no input 'y'; its inputs: x"),
-    ("{ x = [1, 3, 32] }", "inputs.x: the model's input has rank 4, the manifest gives 3 dimensions"),
-    ("{ x = [1, 3, 32, 31] }", "inputs.x: dimension 3 is fixed to 32 in the model, the manifest gives 31"),
+    ("{ y = [1, 3, 32, 32] }", "models.toml: models.dynbatch.inputs.y: the model has no input 'y'; its inputs: x"),
+    ("{ x = [1, 3, 32] }",
+     "models.toml: models.dynbatch.inputs.x: the model's input has rank 4, the manifest gives 3 dimensions"),
+    ("{ x = [1, 3, 32, 31] }",
+     "models.toml: models.dynbatch.inputs.x: dimension 3 is fixed to 32 in the model, the manifest gives 31"),
 ])
 def test_inputs_that_do_not_fit_the_model(project, inputs, message):
     project.manifest(f'[models.dynbatch]\npath = "models/dynbatch.onnx"\ninputs = {inputs}\n'

@@ -1,0 +1,44 @@
+"""The declared manifest schema: the README's key table is generated from it, and the parser refuses what it
+does not declare."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import REPO
+from rules.errors import UserError
+from rules.manifest import TableReader
+from rules.schema import KEYS, SCOPES, keys, readme_table
+
+
+def test_readme_key_table_is_the_schema():
+    text = (REPO / "README.md").read_text()
+    start, end = text.index("<!-- keys:start -->\n"), text.index("<!-- keys:end -->")
+    assert text[start + len("<!-- keys:start -->\n"):end].strip() == readme_table(), (
+        "README key table differs from rules/schema.py: paste `python -m rules.schema` between the markers")
+
+
+def test_every_key_has_a_known_scope_and_a_doc():
+    for key in KEYS:
+        assert key.doc and set(key.scopes) <= set(SCOPES), key.name
+
+
+@pytest.mark.parametrize("table, message", [
+    ({"embedd": True}, "targets.t.embedd: unknown key (did you mean 'embed'?)"),
+    ({"compiler": "ortt"}, "targets.t.compiler: 'ortt' is not valid (did you mean 'ort'?); valid: ort, ort_session"),
+    ({"timeout_s": 0}, "targets.t.timeout_s: must be a positive number, found 0"),
+    ({"min_offload": 1.5}, "targets.t.min_offload: must be a fraction between 0 and 1"),
+    ({"embed": "yes"}, "targets.t.embed: must be a boolean, found a string 'yes'"),
+    ({"timeout_s": True}, "targets.t.timeout_s: must be a number, found a boolean True"),
+])
+def test_reader_checks_each_key_as_declared(table, message):
+    with pytest.raises(UserError) as raised:
+        TableReader(REPO / "models.toml", "targets.t", table).read("target")
+    assert f"models.toml: {message}" in str(raised.value)
+
+
+def test_defaults_come_from_the_schema():
+    values = TableReader(REPO / "models.toml", "targets.t", {}).read("target")
+    assert {name: values[name] for name in ("compiler", "embed", "validate", "options")} == {
+        name: keys("target")[name].default for name in ("compiler", "embed", "validate", "options")}
+    assert values["compiler"] == "ort" and values["validate"] is True
