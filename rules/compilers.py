@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from . import RULES_FORMAT
+from . import RULES_FORMAT, vendor_shim
 from .build import QPC_PROGRAM, SIDECAR, Build, ResolvedTarget
 from .cache import Workspace
 from .child import run_child
@@ -284,7 +284,8 @@ def sidecar(build: Build, results: list[MemberResult]) -> dict[str, Any]:
     target = build.target
     common = {"format": RULES_FORMAT, "target": target.name, "ep": target.ep.name, "ep_source": target.source,
               "device": target.device, "compiler": target.compiler, "files": list(build.outputs),
-              "runtime_options": target.runtime_options(), "versions": toolchain_versions(target.ep)}
+              "runtime_options": target.runtime_options(), "versions": toolchain_versions(target.ep),
+              **({"vendor_shim": vendor_shim.identity()} if target.ep.vendor_shim and vendor_shim.active() else {})}
     if build.shared:
         return {**common, "group": build.name, "embed": False, "order": [m.name for m in build.members],
                 "members": {m.name: {"model_file": m.model_file, "binaries": r["binaries"], "nodes": r["nodes"],

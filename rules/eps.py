@@ -40,6 +40,7 @@ class EpInfo:
     no_device_hint: str = ""  # said when the EP registers but offers no device on this host
     host_specific: bool = False  # artifacts depend on this host's CPU (OpenVINO embeds the ISA)
     shared_context_unloadable: dict[str, str] = field(default_factory=dict)  # machine -> why a group cannot load
+    vendor_shim: bool = False  # loaded through rules.vendor_shim on non-Intel x86-64 hosts
 
     def binary_name(self, stem: str) -> str | None:
         return f"{stem}{self.binary_suffix}" if self.binary_suffix else None
@@ -98,7 +99,9 @@ REGISTRY: dict[str, EpInfo] = {
             runtime_options=frozenset({"load_config"}),
             binary_suffix="_OpenVINOExecutionProvider.bin", can_share_contexts=True,
             precision_option="load_config", device_metadata="ov_device",
-            no_device_hint="; the OpenVINO plugin lists Intel hardware only", host_specific=True,
+            no_device_hint="; the OpenVINO plugin lists Intel hardware only (on other x86-64 CPUs epbuild loads it "
+                           "through its vendor-id shim unless EPBUILD_OPENVINO_VENDOR_SHIM=0)",
+            host_specific=True, vendor_shim=True,
         ),
         EpInfo("dml", "DmlExecutionProvider", "gpu", ("gpu",), "bundled", package="onnxruntime-directml",
                platform="win32"),

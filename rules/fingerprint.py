@@ -18,7 +18,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from . import RULES_FORMAT
+from . import RULES_FORMAT, vendor_shim
 from .build import Build, Member, ResolvedTarget
 from .compilers import compiler
 from .hashing import FileHashes
@@ -50,7 +50,8 @@ def target_identity(target: ResolvedTarget, hashes: FileHashes | None = None) ->
             "optimization_level": target.optimization_level, "min_offload": target.min_offload,
             "versions": toolchain_versions(target.ep), "host": host_properties(target),
             "qaic": dataclasses.asdict(target.qaic) if target.qaic else None,
-            "toolchain": compiler(target).identity(target)}
+            "toolchain": compiler(target).identity(target),
+            **({"vendor_shim": vendor_shim.identity()} if target.ep.vendor_shim and vendor_shim.active() else {})}
 
 
 def _shapes(member: Member) -> dict[str, list[int]]:

@@ -12,6 +12,7 @@ import functools
 import hashlib
 import importlib.metadata
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -20,6 +21,9 @@ from typing import Any
 
 from .eps import REGISTRY, EpInfo, platform_reason
 from .layout import write_json
+
+SHIM_LIBRARY = "EPBUILD_OPENVINO_SHIM"  # the built vendor-id shim (rules.vendor_shim), for children
+SHIM_PLUGIN = "EPBUILD_OPENVINO_PLUGIN"  # the real plugin library the shim loads
 
 
 @functools.cache
@@ -56,6 +60,11 @@ def cpu_model() -> str:
 
 
 @functools.cache
+def cpu_vendor() -> str:
+    return _cpuinfo(("vendor_id",)) or ""
+
+
+@functools.cache
 def cpu_flags() -> str:
     """The CPU's instruction-set features as one digest: artifacts tied to this host's ISA are keyed by it."""
     flags = _cpuinfo(("flags", "Features"))
@@ -66,7 +75,8 @@ def probe_key() -> dict[str, Any]:
     """What the probe's answer depends on; a change re-probes."""
     packages = sorted({info.package for info in REGISTRY.values() if info.package})
     return {"python": [sys.prefix, sys.version], "platform": sys.platform, "machine": platform.machine(),
-            "node": platform.node(), "cpu": cpu_model(), "packages": {p: package_version(p) for p in packages}}
+            "node": platform.node(), "cpu": cpu_model(), "packages": {p: package_version(p) for p in packages},
+            "vendor_shim": Path(os.environ[SHIM_LIBRARY]).parent.name if os.environ.get(SHIM_LIBRARY) else None}
 
 
 def capabilities(state_dir: Path) -> dict[str, Any]:
@@ -104,6 +114,10 @@ def unavailable_reason(info: EpInfo, source: str, device: str, caps: dict[str, A
         return f"{info.name} is not offered by this onnxruntime build ({caps.get('error', 'not registered')})"
     if found.get("error"):
         return f"{info.name} failed to register: {found['error']}"
+    shim = caps.get("vendor_shim", {})
+    if info.vendor_shim and shim.get("reason") and not found["devices"]:
+        return (f"{info.name} offers no device on this {caps['key']['cpu']} CPU without its vendor-id shim: "
+                f"{shim['reason']}")
     if not found["devices"]:
         return (f"{info.name} registered but offers no device on this host (CPU: {caps['key']['cpu']})"
                 f"{info.no_device_hint}")
@@ -120,8 +134,11 @@ def register_plugin(ort: Any, info: EpInfo) -> None:
     """Register a PyPI plugin EP library with this process's onnxruntime (no-op for built-in EPs)."""
     if info.module is None or any(d.ep_name == info.name for d in ort.get_ep_devices()):
         return
-    module = __import__(info.module)
-    ort.register_execution_provider_library(info.name, module.get_library_path())
+    library = __import__(info.module).get_library_path()
+    if info.vendor_shim and os.environ.get(SHIM_LIBRARY):  # the shim loads the plugin from SHIM_PLUGIN
+        os.environ[SHIM_PLUGIN] = library
+        library = os.environ[SHIM_LIBRARY]
+    ort.register_execution_provider_library(info.name, library)
 
 
 def select_ep_device(ort: Any, info: EpInfo, device: str) -> Any:

@@ -22,6 +22,7 @@ from doit.exceptions import TaskFailed
 from doit.reporter import ConsoleReporter
 from doit.tools import config_changed
 
+from . import vendor_shim
 from .build import Build
 from .cache import Workspace, cache_location
 from .compile import compile_build, file_records
@@ -176,7 +177,8 @@ def show_backends(project: Project, json_output: bool) -> None:
                                 "buildable": reason is None, **({"reason": reason} if reason else {})}
     in_onnxruntime = [name for name, backend in COMPILERS.items() if backend.in_onnxruntime]
     data = {"onnxruntime": caps.get("onnxruntime"), "compilers": dict.fromkeys(in_onnxruntime, True),
-            "execution_providers": eps, "toolchains": toolchains, "targets": targets}
+            "execution_providers": eps, "toolchains": toolchains, "targets": targets,
+            "openvino_vendor_shim": caps.get("vendor_shim", {})}
     if json_output:
         print(json.dumps(data, indent=2))
         return
@@ -186,6 +188,10 @@ def show_backends(project: Project, json_output: bool) -> None:
         devices = ", ".join(f"{d['type']} ({d.get('ov_device') or d['vendor']})" for d in entry["devices"]) or "none"
         error = f"; error: {entry['error']}" if entry["error"] else ""
         print(f"  EP {name}: devices {devices}{error}")
+    shim = data["openvino_vendor_shim"]
+    if shim:
+        print(f"  OpenVINO runs through epbuild's vendor-id shim on this {caps.get('key', {}).get('cpu')} CPU: "
+              f"{shim.get('library') or 'unavailable: ' + shim['reason']}")
     for name, entry in toolchains.items():
         print(f"  toolchain {name}: " + (f"{entry['root']} (version {entry['version']})" if entry["found"]
                                          else f"absent: {entry['reason']}"))
@@ -287,7 +293,8 @@ class Project:
         self.builds = plan(self.manifest, external)
         used = {b.target.name: b.target for b in self.builds if not b.target.is_cpu}
         needs_probe = any(compiler(t).in_onnxruntime for t in used.values())
-        self.caps = capabilities(self.layout.state) if needs_probe else {}
+        shim = vendor_shim.prepare(self.workspace.cache_dir) if any(t.ep.vendor_shim for t in used.values()) else {}
+        self.caps = {**capabilities(self.layout.state), "vendor_shim": shim} if needs_probe else {}
         self.unavailable: dict[str, str] = {}
         for name, target in used.items():
             reason = compiler(target).unavailable(target, self.caps)

@@ -53,9 +53,11 @@ def ran(done: subprocess.CompletedProcess, prefix: str = "") -> set[str]:
 @pytest.fixture(scope="session")
 def host_cache(tmp_path_factory) -> Path:
     """Probe the host once per test session; every project starts with the result."""
+    from rules import vendor_shim
     from rules.host import capabilities
 
     state = tmp_path_factory.mktemp("host")
+    vendor_shim.prepare(tmp_path_factory.mktemp("cache"))  # as doit does on non-Intel hosts
     capabilities(state)
     return state / "host.json"
 
