@@ -61,3 +61,16 @@ def test_without_a_c_compiler_openvino_says_what_to_install(project, tmp_path):
     assert done.returncode != 0
     assert "no C compiler" in done.stdout + done.stderr and "apt install gcc" in done.stdout + done.stderr
     assert not (project.artifacts / "ov").exists()
+
+
+@needs_shim
+def test_openvino_embedded_context_compiles_and_validates(project):
+    project.manifest(OPENVINO + "embed = true\n")
+    project.doit()
+    folder = project.artifacts / "ov" / "tinycnn"
+    assert sorted(p.name for p in folder.iterdir()) == ["artifact.json", "load_config.json", "tinycnn.onnx",
+                                                        "validation.json"]
+    (node,) = ep_context_nodes(folder / "tinycnn.onnx")
+    assert node["embed_mode"] == 1 and node["ep_cache_context"]  # the compiled blob inside the model
+    report = json.loads((folder / "validation.json").read_text())
+    assert report["status"] == "passed" and min(o["snr_db"] for o in report["outputs"].values()) >= 60
