@@ -167,7 +167,6 @@ class QairtCompiler(Compiler):
             k: v for k, v in target.options.items() if k in target.ep.runtime_options}})
         data["nodes"] = {"source": nodes, "ep_context": 1, "cpu": 0, "in_ep": nodes}
         write_json(scratch / SIDECAR, data)
-        return None
 
 
 class QaicCompiler(QairtCompiler):
@@ -216,7 +215,6 @@ class QaicCompiler(QairtCompiler):
             raise BuildError(f"compile {build.name}: qaic-compile exited 0 but wrote no {QPC_PROGRAM}")
         files = sorted([SIDECAR, *(p.relative_to(scratch).as_posix() for p in scratch.rglob("*") if p.is_file())])
         write_json(scratch / SIDECAR, external_sidecar(build, toolchain, len(source.graph.node), files))
-        return None
 
     def validate(self, build: Build, layout: Layout) -> dict[str, Any] | None:
         """`qaic-qpc validate` checks a QPC against the Cloud AI hardware installed here; without it, skipped."""

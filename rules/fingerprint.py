@@ -68,7 +68,7 @@ def compile_config(build: Build, root: Path) -> dict[str, Any]:
 def validate_config(build: Build, root: Path) -> dict[str, Any]:
     target = build.target
     return {"rules_format": RULES_FORMAT, "ep": target.ep.name, "device": target.device,
-            "versions": toolchain_versions(target.ep), "precision": target.precision(),
+            "versions": toolchain_versions(target.ep),
             "members": [{"mode": v.mode, "thresholds": dict(sorted(v.thresholds.items())),
                          "inputs": relative(v.inputs, root) if v.inputs else None,
                          "reference": relative(v.reference, root) if v.reference else None,
