@@ -38,5 +38,9 @@ def task_backends():
     yield from project.backends_task()
 
 
+def task_cache():
+    yield from project.cache_task()
+
+
 def task_unavailable():
     yield from project.unavailable_task()

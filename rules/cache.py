@@ -5,6 +5,10 @@ recording every file's sha256. Entries are written under a temporary name and re
 `filelock` per fingerprint makes concurrent builders (doit -n, several CI jobs) wait for each other instead of
 compiling the same fingerprint twice. A restore verifies every file; a corrupted or tampered entry is evicted
 with a warning and the caller rebuilds. With a size cap, least-recently-used entries are evicted.
+
+With a remote (`[cache] remote`, `rules.remote_cache`) the local cache is the first level: a local miss looks
+there, a remote hit is downloaded into the local cache, verified, and restored from it; what is produced is
+stored locally and uploaded.
 """
 
 from __future__ import annotations
@@ -20,12 +24,17 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from .errors import BuildError
+from .errors import BuildError, UserError
 from .hashing import FileHashes
 from .layout import Layout
 from .manifest import CacheSpec
 from .publish import discard, publish, scratch_dir
+from .schema import s3_url
+
+if TYPE_CHECKING:
+    from .remote_cache import RemoteCache
 
 ENTRY = "entry.json"
 
@@ -41,6 +50,17 @@ def cache_location(spec: CacheSpec) -> tuple[Path, int | None]:
     folder = os.environ.get("EPBUILD_CACHE_DIR") or spec.dir or default_dir()
     cap = int(spec.max_size_mb * 1024 * 1024) if spec.max_size_mb else None
     return Path(folder).absolute(), cap
+
+
+def remote_location(spec: CacheSpec) -> str | None:
+    """EPBUILD_CACHE_REMOTE when set (empty: no remote), else `[cache] remote`."""
+    url = os.environ.get("EPBUILD_CACHE_REMOTE")
+    if url is None:
+        return spec.remote
+    problem = s3_url(url) if url else None
+    if problem:
+        raise UserError("EPBUILD_CACHE_REMOTE", None, problem)
+    return url or None
 
 
 class ArtifactCache:
@@ -91,21 +111,38 @@ class ArtifactCache:
         os.utime(entry)  # recency for least-recently-used eviction
         return sorted(recorded)
 
-    def store(self, fingerprint: str, source: Path, names: list[str]) -> None:
-        """Copy `names` from `source` into a new entry, atomically; an existing entry is kept."""
-        entry = self._entry(fingerprint)
-        if entry.exists():
-            return
+    def staging(self, fingerprint: str) -> Path:
+        """A private folder inside the cache (so entries are renamed into place, never copied across disks)."""
         staging_root = self.folder / "tmp"
         staging_root.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f"{fingerprint[:16]}.", dir=staging_root))
+        return Path(tempfile.mkdtemp(prefix=f"{fingerprint[:16]}.", dir=staging_root))
+
+    @staticmethod
+    def discard_staging(staging: Path) -> None:
+        shutil.rmtree(staging, ignore_errors=True)
+
+    def store(self, fingerprint: str, source: Path, names: list[str],
+              verified: dict[str, str] | None = None) -> dict[str, str]:
+        """Copy `names` from `source` into a new entry, atomically, and return their sha256s; an existing entry
+        is kept. With `verified` (their sha256s, checked while downloading) the files are moved, not copied."""
+        entry = self._entry(fingerprint)
+        if entry.exists():
+            try:
+                return json.loads((entry / ENTRY).read_text())["files"]
+            except (OSError, ValueError, KeyError):
+                return {name: self.hashes.sha256(source / name) for name in names}
+        staging = self.staging(fingerprint)
         try:
             (staging / "files").mkdir()
             files = {}
             for name in names:
                 (staging / "files" / name).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(source / name, staging / "files" / name)
-                files[name] = self.hashes.sha256(staging / "files" / name)
+                if verified is not None:
+                    os.replace(source / name, staging / "files" / name)
+                    files[name] = verified[name]
+                else:
+                    shutil.copy2(source / name, staging / "files" / name)
+                    files[name] = self.hashes.sha256(staging / "files" / name)
             (staging / ENTRY).write_text(json.dumps({"files": files, "stored": time.time()}, indent=1))
             entry.parent.mkdir(parents=True, exist_ok=True)
             os.replace(staging, entry)
@@ -114,6 +151,12 @@ class ArtifactCache:
             if not entry.exists():
                 raise
         self._enforce_cap()
+        return files
+
+    def usage(self) -> tuple[int, int]:
+        """(entries, bytes) held now."""
+        entries = list((self.folder / "entries").glob("*/*"))
+        return len(entries), sum(p.stat().st_size for entry in entries for p in entry.rglob("*") if p.is_file())
 
     def _evict(self, entry: Path, why: str) -> None:
         print(f"warning: cache entry {entry.name[:16]} evicted: {why}; rebuilding", file=sys.stderr)
@@ -148,6 +191,7 @@ class Workspace:
     artifacts: Path
     cache_dir: Path
     cache_max_bytes: int | None
+    remote_url: str | None = None
 
     @property
     def layout(self) -> Layout:
@@ -161,35 +205,84 @@ class Workspace:
     def cache(self) -> ArtifactCache:
         return ArtifactCache(self.cache_dir, self.hashes, self.cache_max_bytes)
 
+    @property
+    def remote(self) -> RemoteCache | None:
+        """The process's connection to the remote, if one is configured (boto3 is imported on first request)."""
+        if self.remote_url is None:
+            return None
+        from .remote_cache import connect
+
+        return connect(self.remote_url)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """Where an output came from, for the printed line and the build report."""
+
+    origin: str | None  # "local" or "remote" when restored, None when produced
+    downloaded: int = 0  # bytes from the remote
+    uploaded: int = 0  # bytes to the remote
+
+    @property
+    def restored(self) -> bool:
+        return self.origin is not None
+
+    def report(self) -> dict[str, Any]:
+        """The build report's fields: `from` when restored, `remote_bytes` when anything moved."""
+        moved = {"remote_bytes": {"down": self.downloaded, "up": self.uploaded}} if (
+            self.downloaded or self.uploaded) else {}
+        return {**({"from": self.origin} if self.origin else {}), **moved}
+
 
 def produced_files(folder: Path) -> list[str]:
     """Every file under `folder`, as sorted relative paths."""
     return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
 
 
+def restore(label: str, fingerprint: str, workspace: Workspace, scratch: Path) -> tuple[list[str] | None, Outcome]:
+    """The entry's files into `scratch` from the local cache, else from the remote through the local cache."""
+    found = workspace.cache.restore(fingerprint, scratch)
+    if found is not None:
+        return found, Outcome("local")
+    remote = workspace.remote
+    downloaded = remote.fetch(fingerprint, workspace.cache, label) if remote else None
+    if downloaded is None:
+        return None, Outcome(None)
+    found = workspace.cache.restore(fingerprint, scratch)
+    return found, Outcome("remote" if found is not None else None, downloaded)
+
+
+def store(label: str, fingerprint: str, workspace: Workspace, folder: Path, names: list[str],
+          identity: dict[str, Any]) -> int:
+    """Keep what was produced in the local cache and upload it to the remote; bytes uploaded."""
+    digests = workspace.cache.store(fingerprint, folder, names)
+    remote = workspace.remote
+    return remote.upload(fingerprint, folder, digests, identity, label) if remote else 0
+
+
 def cached_folder(label: str, fingerprint: str, workspace: Workspace, final: Path, expected: list[str] | None,
-                  produce: Callable[[Path], None]) -> bool:
-    """Restore `fingerprint` from the cache, or run `produce(scratch)` and store what it wrote (exactly
-    `expected`, or whatever the tool decides when None); then publish the folder atomically; True when restored.
-    The fingerprint's lock is held throughout, so two builders never produce it twice, and a failure leaves
-    neither the scratch folder nor an older `final` behind."""
-    cache = workspace.cache
-    with cache.lock(fingerprint):
+                  produce: Callable[[Path], None], identity: dict[str, Any]) -> Outcome:
+    """Restore `fingerprint` from the caches, or run `produce(scratch)` and store what it wrote (exactly
+    `expected`, or whatever the tool decides when None); then publish the folder atomically. `identity` (tool
+    versions, host) goes into the remote's manifest for people reading it. The fingerprint's lock is held
+    throughout, so two builders never produce it twice, and a failure leaves neither the scratch folder nor an
+    older `final` behind."""
+    with workspace.cache.lock(fingerprint):
         label_text = label.replace(":", ".").replace("@", ".").replace("[", ".")
         scratch = scratch_dir(workspace.layout.scratch_root, label_text)
         try:
-            found = cache.restore(fingerprint, scratch)
-            restored = found is not None and (expected is None or found == expected)
-            if not restored:
+            found, outcome = restore(label, fingerprint, workspace, scratch)
+            if found is None or (expected is not None and found != expected):
                 discard(scratch)
                 scratch.mkdir()
                 produce(scratch)
                 produced = produced_files(scratch)
                 if expected is not None and produced != expected:
                     raise BuildError(f"{label}: wrote {produced}, expected {expected}")
-                cache.store(fingerprint, scratch, produced)
+                uploaded = store(label, fingerprint, workspace, scratch, produced, identity)
+                outcome = Outcome(None, outcome.downloaded, uploaded)
             publish(scratch, final)
         except BaseException:
             discard(scratch, final)
             raise
-    return restored
+    return outcome

@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from .build import SIDECAR, Build
-from .cache import Workspace, cached_folder
+from .cache import Outcome, Workspace, cached_folder
 from .child import serve
 from .compilers import compiler
 from .eps import lookup
 from .errors import ModelError, located
-from .fingerprint import compile_fingerprint
+from .fingerprint import compile_fingerprint, target_identity
 from .graph import check_ep_contexts, missing_files, placement, static_dims
 from .preprocess import always_written, external_output
 from .requests import CompileMember, CompileRequest, CompileResult, MemberResult
@@ -41,6 +41,7 @@ class Compiled:
     seconds: float
     nodes: dict[str, Any]  # a single model's placement; for groups the counts summed over members
     usage: dict[str, float] | None  # the child's wall time and peak memory; None when restored
+    outcome: Outcome  # restored from which cache, bytes moved to or from the remote
 
 
 def file_records(folder: Path, names: list[str], workspace: Workspace) -> list[dict[str, Any]]:
@@ -60,7 +61,9 @@ def compile_build(build: Build, workspace: Workspace) -> Compiled:
         usage.update(compiler(build.target).produce(build, workspace, scratch) or {})
 
     expected = list(build.outputs) if compiler(build.target).exact_outputs else None
-    restored = cached_folder(build.task, fingerprint, workspace, final, expected, produce)
+    outcome = cached_folder(build.task, fingerprint, workspace, final, expected, produce,
+                            {"kind": build.kind, "members": [m.name for m in build.members],
+                             "target": target_identity(build.target)})
     recorded = json.loads((final / SIDECAR).read_text())
     if "nodes" in recorded:
         nodes = recorded["nodes"]
@@ -68,9 +71,9 @@ def compile_build(build: Build, workspace: Workspace) -> Compiled:
         per_model = [m["nodes"] for m in recorded["members"].values()]
         nodes = {key: sum(n[key] for n in per_model) for key in ("source", "ep_context", "cpu", "in_ep")
                  if key in per_model[0]}
-    return Compiled(build.task, "restored" if restored else "compiled", fingerprint, final,
+    return Compiled(build.task, "restored" if outcome.restored else "compiled", fingerprint, final,
                     file_records(final, expected or recorded["files"], workspace), time.monotonic() - started, nodes,
-                    usage or None)
+                    usage or None, outcome)
 
 
 # ---- child process ----

@@ -84,10 +84,12 @@ class GroupSpec:
 
 @dataclass(frozen=True)
 class CacheSpec:
-    """`[cache]`: where the artifact cache lives (EPBUILD_CACHE_DIR overrides `dir`) and an optional size cap."""
+    """`[cache]`: where the artifact cache lives (EPBUILD_CACHE_DIR overrides `dir`), an optional size cap and an
+    optional shared remote (EPBUILD_CACHE_REMOTE overrides `remote`)."""
 
     dir: Path | None
     max_size_mb: float | None
+    remote: str | None
 
 
 @dataclass(frozen=True)
@@ -222,7 +224,8 @@ def parse(data: dict[str, Any], path: Path) -> Manifest:
         check_name(path, f"groups.{name}", name)
         groups[name] = _group(groups_table.child(name), name, models, targets)
     cache = top.child("cache").read("cache")
-    cache_spec = CacheSpec(path.parent / cache["dir"] if cache["dir"] else None, cache["max_size_mb"])
+    cache_spec = CacheSpec(path.parent / cache["dir"] if cache["dir"] else None, cache["max_size_mb"],
+                           cache["remote"])
     toolchains_table = top.child("toolchains")
     toolchains_table.only(("qaic",))
     toolchains = {name: path.parent / toolchains_table.child(name).read("toolchain")["root"]

@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .cache import Workspace, cached_folder
+from .cache import Outcome, Workspace, cached_folder
 from .child import Limits, run_child, serve
 from .errors import ModelError, located
-from .fingerprint import stage_fingerprint
+from .fingerprint import stage_config, stage_fingerprint
 from .graph import check_input_names, dims, missing_files, true_inputs
 from .layout import STAGES
 from .publish import discard
@@ -256,8 +256,8 @@ def stage_request(stage: Stage, output: Path) -> dict[str, Any]:
             "data_file": stage.output_data.name if stage.output_data else None}
 
 
-def run_stage(stage: Stage, workspace: Workspace) -> tuple[bool, float, list[str]]:
-    """Produce (or restore) the stage's output, atomically; (restored, seconds, tensors left dynamic)."""
+def run_stage(stage: Stage, workspace: Workspace) -> tuple[Outcome, float, list[str]]:
+    """Produce (or restore) the stage's output, atomically; (where from, seconds, tensors left dynamic)."""
     started = time.monotonic()
     fingerprint = stage_fingerprint(stage, workspace.hashes)
     answer: dict[str, Any] = {}
@@ -271,9 +271,9 @@ def run_stage(stage: Stage, workspace: Workspace) -> tuple[bool, float, list[str
         finally:
             discard(workdir)
 
-    restored = cached_folder(stage.task, fingerprint, workspace, stage.output.parent,
-                             sorted(p.name for p in stage.outputs), produce)
-    return restored, time.monotonic() - started, answer.get("dynamic", [])
+    outcome = cached_folder(stage.task, fingerprint, workspace, stage.output.parent,
+                            sorted(p.name for p in stage.outputs), produce, stage_config(stage))
+    return outcome, time.monotonic() - started, answer.get("dynamic", [])
 
 
 if __name__ == "__main__":

@@ -51,6 +51,12 @@ def strings(value: Any) -> str | None:
     return None if all(isinstance(v, str) for v in value) else "must be a list of strings"
 
 
+def s3_url(value: Any) -> str | None:
+    if re.fullmatch(r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^\s]*)?", value):
+        return None
+    return f"must be an S3 URL such as \"s3://models-cache/epbuild\" (s3://BUCKET/PREFIX), found {value!r}"
+
+
 def hex_events(value: Any) -> str | None:
     if len(value) > 8:
         return f"at most 8 events, found {len(value)}"
@@ -165,6 +171,8 @@ KEYS: tuple[Key, ...] = (
     Key("models", ("group",), list, "two or more models, compiled in this order", required=True),
     Key("dir", ("cache",), str, "the cache folder (EPBUILD_CACHE_DIR wins; default ~/.cache/epbuild)"),
     Key("max_size_mb", ("cache",), NUMBER, "size cap; least-recently-used entries are evicted", check=positive),
+    Key("remote", ("cache",), str, "a shared S3-API cache, `s3://BUCKET/PREFIX` (EPBUILD_CACHE_REMOTE wins; "
+        "endpoint and credentials from the standard AWS settings)", check=s3_url),
     Key("root", ("toolchain",), str, "the toolchain's root (qaic: the Cloud AI Apps SDK, else `QAIC_ROOT`, else "
         "`/opt/qti-aic`)", required=True),
 )

@@ -24,7 +24,7 @@ from doit.tools import config_changed
 
 from . import vendor_shim
 from .build import Build
-from .cache import Workspace, cache_location
+from .cache import Outcome, Workspace, cache_location, remote_location
 from .compile import compile_build, file_records
 from .compilers import COMPILERS, compiler
 from .errors import BuildError, UserError
@@ -77,6 +77,13 @@ def failure(exc: Exception, prefix: str = "") -> TaskFailed:
     return TaskFailed(f"{prefix}{exc}")
 
 
+def _origin(outcome: Outcome) -> str:
+    """' (from the remote cache, 1.2 MB)' for a remote hit, '' otherwise."""
+    if outcome.origin != "remote":
+        return ""
+    return f" (from the remote cache, {outcome.downloaded / 1e6:.1f} MB)"
+
+
 def run_compile(build: Build, workspace: Workspace) -> TaskFailed | dict[str, Any]:
     """Compile or restore one build; print where its nodes went."""
     try:
@@ -90,15 +97,15 @@ def run_compile(build: Build, workspace: Workspace) -> TaskFailed | dict[str, An
     else:
         detail = compiler(build.target).describe(nodes)
     print(f"{done.status} {done.build}: {detail}, {done.seconds:.1f} s{usage_text(done.usage)} -> "
-          f"{os.path.relpath(done.out_dir)}/")
-    return {"status": done.status, "fingerprint": done.fingerprint, "files": done.files,
+          f"{os.path.relpath(done.out_dir)}/{_origin(done.outcome)}")
+    return {"status": done.status, **done.outcome.report(), "fingerprint": done.fingerprint, "files": done.files,
             "seconds": round(done.seconds, 3), **({"child": done.usage} if done.usage else {}),
             **({"nodes": nodes} if "in_ep" in nodes else {})}
 
 
 def run_stage_task(stage: Stage, workspace: Workspace) -> TaskFailed | dict[str, Any]:
     try:
-        restored, seconds, dynamic = run_stage(stage, workspace)
+        outcome, seconds, dynamic = run_stage(stage, workspace)
     except FAILURES as exc:
         return failure(exc)
     if dynamic:
@@ -107,28 +114,32 @@ def run_stage_task(stage: Stage, workspace: Workspace) -> TaskFailed | dict[str,
     if stage.kind == "quantize" and stage.settings["random"]:
         print(f"warning: {stage.task} calibrated on fixed-seed random data: for smoke tests only, the "
               "quantization ranges do not reflect real inputs")
-    status = "restored" if restored else "compiled"
-    print(f"{status} {stage.task}: {seconds:.1f} s -> {os.path.relpath(stage.output)}")
-    return {"status": status, "seconds": round(seconds, 3),
+    status = "restored" if outcome.restored else "compiled"
+    print(f"{status} {stage.task}: {seconds:.1f} s -> {os.path.relpath(stage.output)}{_origin(outcome)}")
+    return {"status": status, **outcome.report(), "seconds": round(seconds, 3),
             "files": file_records(stage.output.parent, [p.name for p in stage.outputs], workspace)}
 
 
 def run_validate(build: Build, workspace: Workspace, config: dict[str, Any]) -> TaskFailed | dict:
     """Validate a build's artifact, or restore a passed report for the same bytes from the cache."""
+    started = time.monotonic()
     layout = workspace.layout
     folder = build.out_dir(layout)
     fingerprint = validation_fingerprint([folder / n for n in build.outputs], config,
                                          [*build.sources, *build.validation_files], workspace.hashes)
     try:
-        report, restored = cached_validation(fingerprint, workspace, folder, lambda: validate(build, layout))
+        report, outcome = cached_validation(f"validate:{build.name}", fingerprint, workspace, folder,
+                                            lambda: validate(build, layout), config)
     except OSError as exc:
         return failure(exc, f"validate:{build.name}: ")
     line = f"{report['status']} validate:{build.name}: {summary(report)}"
     if report["status"] == "failed":
         return TaskFailed(line)
-    print(line + (" (restored from the cache)" if restored else ""))
-    status = "restored" if restored else "skipped" if report["status"] == "skipped" else "validated"
-    return {"status": status, "fingerprint": fingerprint, "validation": line, "seconds": report["seconds"]}
+    print(line + (f" (restored from the {outcome.origin} cache)" if outcome.restored else ""))
+    status = "restored" if outcome.restored else "skipped" if report["status"] == "skipped" else "validated"
+    seconds = time.monotonic() - started if outcome.restored else report["seconds"]
+    return {"status": status, **outcome.report(), "fingerprint": fingerprint, "validation": line,
+            "seconds": round(seconds, 3)}
 
 
 def run_ops(build: Build, workspace: Workspace, report: Path) -> TaskFailed | None:
@@ -198,6 +209,25 @@ def show_backends(project: Project, json_output: bool) -> None:
     for name, entry in targets.items():
         state = "buildable" if entry["buildable"] else f"not buildable: {entry['reason']}"
         print(f"  target {name} ({entry['ep']}, {entry['device']}, {entry['compiler']}): {state}")
+
+
+def show_cache(workspace: Workspace) -> None:
+    """The local cache's folder, size and cap; the remote's location, mode and signing, probed once."""
+    entries, size = workspace.cache.usage()
+    cap = (f"cap {workspace.cache_max_bytes / 1e6:.0f} MB, least-recently-used entries evicted beyond it"
+           if workspace.cache_max_bytes else "no size cap (`[cache] max_size_mb`)")
+    count = f"{entries} entr{'y' if entries == 1 else 'ies'}"
+    print(f"local cache: {workspace.cache_dir}: {count}, {size / 1e6:.1f} MB; {cap}")
+    remote = workspace.remote
+    if remote is None:
+        print('remote cache: none (`[cache] remote` or EPBUILD_CACHE_REMOTE = "s3://BUCKET/PREFIX")')
+        return
+    settings = remote.settings()
+    mode = "read-only (EPBUILD_CACHE_READONLY)" if settings["readonly"] else "read-write"
+    signing = ("entries signed and checked with EPBUILD_CACHE_SIGNING_KEY" if settings["signed"] else
+               "entries unsigned (EPBUILD_CACHE_SIGNING_KEY signs them and refuses unsigned ones)")
+    reachable = "reachable" if settings["reachable"] is True else f"unreachable: {settings['reachable']}"
+    print(f"remote cache: {settings['url']} at {settings['endpoint']}: {reachable}; {mode}; {signing}")
 
 
 class HashChecker(FileChangedChecker):
@@ -281,7 +311,8 @@ class Project:
             raise UserError(self.manifest.path.name, None, f"{self.layout.root} is a symbolic link (to "
                             f"{os.readlink(self.layout.root)}); outputs are written only inside the project: "
                             "make artifacts/ a plain folder")
-        self.workspace = Workspace(self.layout.root, *cache_location(self.manifest.cache))
+        self.workspace = Workspace(self.layout.root, *cache_location(self.manifest.cache),
+                                   remote_location(self.manifest.cache))
         index = ExternalDataIndex(self.layout.state)
         external = {}
         for name, model in self.manifest.models.items():
@@ -395,6 +426,10 @@ class Project:
                "actions": [(show_backends, [self])], "uptodate": [False], "verbosity": 2,
                "params": [{"name": "json_output", "long": "json", "type": bool, "default": False,
                            "help": "print JSON for machines"}]}
+
+    def cache_task(self) -> Iterator[Task]:
+        yield {"basename": "cache", "doc": "the local cache's size and the remote cache's settings",
+               "actions": [(show_cache, [self.workspace])], "uptodate": [False], "verbosity": 2}
 
     def stage_tasks(self) -> Iterator[Task]:
         """shape:, optimize:, quantize:<model>[flavour] and squash: tasks, each feeding the next by file."""

@@ -18,7 +18,7 @@ from typing import Any
 
 from . import RULES_FORMAT
 from .build import SIDECAR, Build, Member
-from .cache import Workspace
+from .cache import Outcome, Workspace, restore, store
 from .child import run_child, serve
 from .compilers import compiler
 from .eps import EpInfo, lookup
@@ -102,25 +102,27 @@ def validate(build: Build, layout: Layout) -> ValidationReport:
     return report
 
 
-def cached_validation(fingerprint: str, workspace: Workspace, folder: Path,
-                      produce: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any], bool]:
-    """A passed report for this exact artifact, settings and host restored from the cache, or `produce()`;
-    returns (report, restored). Only passed reports are stored: a failure or a skip is worth re-checking."""
-    cache = workspace.cache
-    with cache.lock(fingerprint):
+def cached_validation(label: str, fingerprint: str, workspace: Workspace, folder: Path,
+                      produce: Callable[[], dict[str, Any]],
+                      identity: dict[str, Any]) -> tuple[dict[str, Any], Outcome]:
+    """A passed report for this exact artifact, settings and host restored from the caches, or `produce()`.
+    Only passed reports are stored: a failure or a skip is worth re-checking."""
+    with workspace.cache.lock(fingerprint):
         scratch = workspace.layout.scratch(f"validation.{fingerprint[:16]}.{os.getpid()}")
         try:
-            if cache.restore(fingerprint, scratch) == [REPORT]:
-                report = {**json.loads((scratch / REPORT).read_text()), "restored_from_cache": True}
+            found, outcome = restore(label, fingerprint, workspace, scratch)
+            if found == [REPORT]:
+                report = {**json.loads((scratch / REPORT).read_text()), "restored_from_cache": outcome.origin}
                 write_json(folder / REPORT, report)
-                return report, True
+                return report, outcome
             discard(scratch)
             report = produce()
+            uploaded = 0
             if report["status"] == "passed":
                 scratch.mkdir(parents=True)
                 write_json(scratch / REPORT, report)
-                cache.store(fingerprint, scratch, [REPORT])
-            return report, False
+                uploaded = store(label, fingerprint, workspace, scratch, [REPORT], identity)
+            return report, Outcome(None, outcome.downloaded, uploaded)
         finally:
             discard(scratch)
 
