@@ -257,7 +257,9 @@ def store(label: str, fingerprint: str, workspace: Workspace, folder: Path, name
     """Keep what was produced in the local cache and upload it to the remote; bytes uploaded."""
     digests = workspace.cache.store(fingerprint, folder, names)
     remote = workspace.remote
-    return remote.upload(fingerprint, folder, digests, identity, label) if remote else 0
+    if remote is None or sorted(digests) != sorted(names):  # an older local entry holds other files: keep it local
+        return 0
+    return remote.upload(fingerprint, folder, digests, identity, label)
 
 
 def cached_folder(label: str, fingerprint: str, workspace: Workspace, final: Path, expected: list[str] | None,
