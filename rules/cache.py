@@ -34,6 +34,7 @@ from .publish import discard, publish, scratch_dir
 from .schema import s3_url
 
 if TYPE_CHECKING:
+    from .executor import ExecutorSettings
     from .remote_cache import RemoteCache
 
 ENTRY = "entry.json"
@@ -192,6 +193,11 @@ class Workspace:
     cache_dir: Path
     cache_max_bytes: int | None
     remote_url: str | None = None
+    executor: ExecutorSettings | None = None  # a Dask cluster that produces what the caches miss
+
+    @property
+    def project_root(self) -> Path:
+        return self.artifacts.parent
 
     @property
     def layout(self) -> Layout:

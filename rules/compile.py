@@ -21,6 +21,7 @@ from .child import serve
 from .compilers import compiler
 from .eps import lookup
 from .errors import ModelError, located
+from .executor import run_build
 from .fingerprint import compile_fingerprint, target_identity
 from .graph import check_ep_contexts, missing_files, placement, static_dims
 from .preprocess import always_written, external_output
@@ -42,6 +43,7 @@ class Compiled:
     nodes: dict[str, Any]  # a single model's placement; for groups the counts summed over members
     usage: dict[str, float] | None  # the child's wall time and peak memory; None when restored
     outcome: Outcome  # restored from which cache, bytes moved to or from the remote
+    worker: str | None  # the Dask worker that compiled it
 
 
 def file_records(folder: Path, names: list[str], workspace: Workspace) -> list[dict[str, Any]]:
@@ -56,14 +58,19 @@ def compile_build(build: Build, workspace: Workspace) -> Compiled:
     fingerprint = compile_fingerprint(build, workspace.hashes)
     final = build.out_dir(workspace.layout)
     usage: dict[str, float] = {}
+    worker: list[str] = []
+    identity = {"kind": build.kind, "members": [m.name for m in build.members], "target": target_identity(build.target)}
 
     def produce(scratch: Path) -> None:
-        usage.update(compiler(build.target).produce(build, workspace, scratch) or {})
+        if workspace.executor:
+            child, name = run_build(build, workspace, scratch, fingerprint, identity)
+            usage.update(child)
+            worker.append(name)
+        else:
+            usage.update(compiler(build.target).produce(build, workspace, scratch) or {})
 
     expected = list(build.outputs) if compiler(build.target).exact_outputs else None
-    outcome = cached_folder(build.task, fingerprint, workspace, final, expected, produce,
-                            {"kind": build.kind, "members": [m.name for m in build.members],
-                             "target": target_identity(build.target)})
+    outcome = cached_folder(build.task, fingerprint, workspace, final, expected, produce, identity)
     recorded = json.loads((final / SIDECAR).read_text())
     if "nodes" in recorded:
         nodes = recorded["nodes"]
@@ -73,7 +80,7 @@ def compile_build(build: Build, workspace: Workspace) -> Compiled:
                  if key in per_model[0]}
     return Compiled(build.task, "restored" if outcome.restored else "compiled", fingerprint, final,
                     file_records(final, expected or recorded["files"], workspace), time.monotonic() - started, nodes,
-                    usage or None, outcome)
+                    usage or None, outcome, worker[0] if worker else None)
 
 
 # ---- child process ----

@@ -93,6 +93,14 @@ class CacheSpec:
 
 
 @dataclass(frozen=True)
+class ExecutorSpec:
+    """`[executor]`: a Dask scheduler to run builds on (EPBUILD_EXECUTOR overrides `scheduler`)."""
+
+    scheduler: str | None
+    wait_s: float
+
+
+@dataclass(frozen=True)
 class Manifest:
     path: Path
     models: dict[str, ModelSpec]
@@ -100,6 +108,7 @@ class Manifest:
     groups: dict[str, GroupSpec]
     cache: CacheSpec
     toolchains: dict[str, Path]  # [toolchains.NAME] root
+    executor: ExecutorSpec
 
     @property
     def root(self) -> Path:
@@ -203,7 +212,7 @@ def load(path: str | Path) -> Manifest:
 
 def parse(data: dict[str, Any], path: Path) -> Manifest:
     top = TableReader(path, "", data)
-    top.read("top", skip=("models", "targets", "groups", "cache", "toolchains"))
+    top.read("top", skip=("models", "targets", "groups", "cache", "toolchains", "executor"))
     targets_table = top.child("targets")
     for name in targets_table.table:
         check_name(path, f"targets.{name}", name)
@@ -230,7 +239,9 @@ def parse(data: dict[str, Any], path: Path) -> Manifest:
     toolchains_table.only(("qaic",))
     toolchains = {name: path.parent / toolchains_table.child(name).read("toolchain")["root"]
                   for name in toolchains_table.table}
-    return Manifest(path, models, targets, groups, cache_spec, toolchains)
+    executor = top.child("executor").read("executor")
+    return Manifest(path, models, targets, groups, cache_spec, toolchains,
+                    ExecutorSpec(executor["scheduler"], executor["wait_s"]))
 
 
 def _group(table: TableReader, name: str, models: dict[str, ModelSpec], targets: dict[str, TargetSpec]) -> GroupSpec:

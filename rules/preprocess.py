@@ -12,6 +12,7 @@ from typing import Any
 from .cache import Outcome, Workspace, cached_folder
 from .child import Limits, run_child, serve
 from .errors import ModelError, located
+from .executor import run_stage as run_stage_remotely
 from .fingerprint import stage_config, stage_fingerprint
 from .graph import check_input_names, dims, missing_files, true_inputs
 from .layout import STAGES
@@ -256,24 +257,34 @@ def stage_request(stage: Stage, output: Path) -> dict[str, Any]:
             "data_file": stage.output_data.name if stage.output_data else None}
 
 
-def run_stage(stage: Stage, workspace: Workspace) -> tuple[Outcome, float, list[str]]:
-    """Produce (or restore) the stage's output, atomically; (where from, seconds, tensors left dynamic)."""
+def produce_stage(stage: Stage, workspace: Workspace, scratch: Path) -> dict[str, Any]:
+    """Run the stage's child, writing its output into `scratch`; the child's answer."""
+    workdir = workspace.layout.scratch(f"{scratch.name}.child")
+    try:
+        log = workspace.layout.log(STAGES, stage.task.replace(":", "."))
+        return run_child("rules.preprocess", stage_request(stage, scratch / stage.output.name), workdir,
+                         Limits(STAGE_TIMEOUT_S), stage.task, log)
+    finally:
+        discard(workdir)
+
+
+def run_stage(stage: Stage, workspace: Workspace) -> tuple[Outcome, float, list[str], str | None]:
+    """Produce (or restore) the stage's output, atomically; (where from, seconds, tensors left dynamic, the Dask
+    worker that produced it)."""
     started = time.monotonic()
     fingerprint = stage_fingerprint(stage, workspace.hashes)
     answer: dict[str, Any] = {}
 
     def produce(scratch: Path) -> None:
-        workdir = workspace.layout.scratch(f"{scratch.name}.child")
-        try:
-            log = workspace.layout.log(STAGES, stage.task.replace(":", "."))
-            answer.update(run_child("rules.preprocess", stage_request(stage, scratch / stage.output.name), workdir,
-                                    Limits(STAGE_TIMEOUT_S), stage.task, log))
-        finally:
-            discard(workdir)
+        if workspace.executor:
+            answer["answer"], answer["worker"] = run_stage_remotely(stage, workspace, scratch, fingerprint,
+                                                                    stage_config(stage))
+        else:
+            answer["answer"] = produce_stage(stage, workspace, scratch)
 
     outcome = cached_folder(stage.task, fingerprint, workspace, stage.output.parent,
                             sorted(p.name for p in stage.outputs), produce, stage_config(stage))
-    return outcome, time.monotonic() - started, answer.get("dynamic", [])
+    return outcome, time.monotonic() - started, answer.get("answer", {}).get("dynamic", []), answer.get("worker")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,8 @@ NUMBER = (int, float)
 SCOPES = {
     "top": "top level", "model": "`[models.NAME]`", "quantize": "`[models.NAME] quantize`",
     "target": "`[targets.NAME]`", "validation": "`validation` (model or target)", "qaic": "`[targets.NAME] qaic`",
-    "group": "`[groups.NAME]`", "cache": "`[cache]`", "toolchain": "`[toolchains.NAME]`",
+    "group": "`[groups.NAME]`", "cache": "`[cache]`", "executor": "`[executor]`",
+    "toolchain": "`[toolchains.NAME]`",
 }
 
 
@@ -173,6 +174,11 @@ KEYS: tuple[Key, ...] = (
     Key("max_size_mb", ("cache",), NUMBER, "size cap; least-recently-used entries are evicted", check=positive),
     Key("remote", ("cache",), str, "a shared S3-API cache, `s3://BUCKET/PREFIX` (EPBUILD_CACHE_REMOTE wins; "
         "endpoint and credentials from the standard AWS settings)", check=s3_url),
+    Key("executor", ("top",), dict, "run builds on a Dask cluster"),
+    Key("scheduler", ("executor",), str, "the Dask scheduler, `tcp://HOST:PORT` (EPBUILD_EXECUTOR wins; empty: run "
+        "locally)"),
+    Key("wait_s", ("executor",), NUMBER, "how long a job waits for a worker that can run it before failing with "
+        "what is missing", 60, check=positive),
     Key("root", ("toolchain",), str, "the toolchain's root (qaic: the Cloud AI Apps SDK, else `QAIC_ROOT`, else "
         "`/opt/qti-aic`)", required=True),
 )

@@ -28,6 +28,7 @@ from .cache import Outcome, Workspace, cache_location, remote_location
 from .compile import compile_build, file_records
 from .compilers import COMPILERS, compiler
 from .errors import BuildError, UserError
+from .executor import executor_settings, run_validation, unreachable
 from .external_data import ExternalDataIndex
 from .fingerprint import compile_config, stage_config, validate_config, validation_fingerprint
 from .hashing import FileHashes
@@ -43,6 +44,8 @@ from .toolchains import Toolchain, check_operators, find_qaic, find_qairt
 from .validate import REPORT, cached_validation, summary, validate
 
 Task = dict[str, Any]
+INSPECTING = {"list", "info", "help", "clean", "forget", "ignore", "dumpdb", "strace", "tabcompletion", "reset-dep",
+              "backends", "cache", "unavailable"}  # doit commands and tasks that build nothing
 FAILURES = (BuildError, UserError, OSError)
 
 
@@ -98,14 +101,15 @@ def run_compile(build: Build, workspace: Workspace) -> TaskFailed | dict[str, An
         detail = compiler(build.target).describe(nodes)
     print(f"{done.status} {done.build}: {detail}, {done.seconds:.1f} s{usage_text(done.usage)} -> "
           f"{os.path.relpath(done.out_dir)}/{_origin(done.outcome)}")
-    return {"status": done.status, **done.outcome.report(), "fingerprint": done.fingerprint, "files": done.files,
+    return {"status": done.status, **done.outcome.report(), **({"worker": done.worker} if done.worker else {}),
+            "fingerprint": done.fingerprint, "files": done.files,
             "seconds": round(done.seconds, 3), **({"child": done.usage} if done.usage else {}),
             **({"nodes": nodes} if "in_ep" in nodes else {})}
 
 
 def run_stage_task(stage: Stage, workspace: Workspace) -> TaskFailed | dict[str, Any]:
     try:
-        outcome, seconds, dynamic = run_stage(stage, workspace)
+        outcome, seconds, dynamic, worker = run_stage(stage, workspace)
     except FAILURES as exc:
         return failure(exc)
     if dynamic:
@@ -116,7 +120,8 @@ def run_stage_task(stage: Stage, workspace: Workspace) -> TaskFailed | dict[str,
               "quantization ranges do not reflect real inputs")
     status = "restored" if outcome.restored else "compiled"
     print(f"{status} {stage.task}: {seconds:.1f} s -> {os.path.relpath(stage.output)}{_origin(outcome)}")
-    return {"status": status, **outcome.report(), "seconds": round(seconds, 3),
+    return {"status": status, **outcome.report(), **({"worker": worker} if worker else {}),
+            "seconds": round(seconds, 3),
             "files": file_records(stage.output.parent, [p.name for p in stage.outputs], workspace)}
 
 
@@ -128,9 +133,10 @@ def run_validate(build: Build, workspace: Workspace, config: dict[str, Any]) -> 
     fingerprint = validation_fingerprint([folder / n for n in build.outputs], config,
                                          [*build.sources, *build.validation_files], workspace.hashes)
     try:
-        report, outcome = cached_validation(f"validate:{build.name}", fingerprint, workspace, folder,
-                                            lambda: validate(build, layout), config)
-    except OSError as exc:
+        produce = (lambda: run_validation(build, workspace)) if workspace.executor else (
+            lambda: validate(build, layout))
+        report, outcome = cached_validation(f"validate:{build.name}", fingerprint, workspace, folder, produce, config)
+    except (OSError, BuildError) as exc:
         return failure(exc, f"validate:{build.name}: ")
     line = f"{report['status']} validate:{build.name}: {summary(report)}"
     if report["status"] == "failed":
@@ -138,7 +144,8 @@ def run_validate(build: Build, workspace: Workspace, config: dict[str, Any]) -> 
     print(line + (f" (restored from the {outcome.origin} cache)" if outcome.restored else ""))
     status = "restored" if outcome.restored else "skipped" if report["status"] == "skipped" else "validated"
     seconds = time.monotonic() - started if outcome.restored else report["seconds"]
-    return {"status": status, **outcome.report(), "fingerprint": fingerprint, "validation": line,
+    return {"status": status, **outcome.report(), **({"worker": report["worker"]} if "worker" in report else {}),
+            "fingerprint": fingerprint, "validation": line,
             "seconds": round(seconds, 3)}
 
 
@@ -302,6 +309,8 @@ class Project:
     given on doit's command line: a task this host cannot build fails when named, and is skipped otherwise."""
 
     def __init__(self, manifest_path: Path, requested: Iterable[str] = ()):
+        requested = list(requested)
+        command = requested[0] if requested else None
         self.manifest = load(manifest_path)
         self.root = self.manifest.root
         self.requested = frozenset(requested)
@@ -311,8 +320,14 @@ class Project:
             raise UserError(self.manifest.path.name, None, f"{self.layout.root} is a symbolic link (to "
                             f"{os.readlink(self.layout.root)}); outputs are written only inside the project: "
                             "make artifacts/ a plain folder")
+        executor = executor_settings(self.manifest.executor.scheduler, self.manifest.executor.wait_s)
+        if executor and command in INSPECTING:
+            executor = None  # listing or inspecting needs no cluster
+        elif executor and (reason := unreachable(executor)):
+            raise UserError("EPBUILD_EXECUTOR" if os.environ.get("EPBUILD_EXECUTOR") else self.manifest.path.name,
+                            None if os.environ.get("EPBUILD_EXECUTOR") else "executor.scheduler", reason)
         self.workspace = Workspace(self.layout.root, *cache_location(self.manifest.cache),
-                                   remote_location(self.manifest.cache))
+                                   remote_location(self.manifest.cache), executor)
         index = ExternalDataIndex(self.layout.state)
         external = {}
         for name, model in self.manifest.models.items():
@@ -342,7 +357,9 @@ class Project:
                 if b.target.name in self.unavailable for name in self.task_names(b)}
 
     def doit_config(self) -> dict[str, Any]:
-        default = [name for b in self.builds if b.target.name not in self.unavailable for name in self.task_names(b)]
+        shard = shard_of(os.environ.get("EPBUILD_SHARD"))
+        default = [name for b in self.builds if b.target.name not in self.unavailable and in_shard(b, shard)
+                   for name in self.task_names(b)]
         if self.unavailable:
             default.append("unavailable")
         checker = type("ProjectHashChecker", (HashChecker,), {"hashes": FileHashes(self.layout.state)})
@@ -448,6 +465,24 @@ class Project:
     def unavailable_task(self) -> Iterator[Task]:
         yield {"basename": "unavailable", "doc": "list the tasks this host cannot build, and why",
                "actions": [(report_unavailable, [self.skipped()])], "uptodate": [False]}
+
+
+def shard_of(text: str | None) -> tuple[int, int] | None:
+    """EPBUILD_SHARD=I/N: this job builds shard I of N (1-based)."""
+    if not text:
+        return None
+    index, _, count = text.partition("/")
+    if not (index.isdigit() and count.isdigit() and 1 <= int(index) <= int(count)):
+        raise UserError("EPBUILD_SHARD", None, f"must be I/N with 1 <= I <= N, such as 2/4, found {text!r}")
+    return int(index), int(count)
+
+
+def in_shard(build: Build, shard: tuple[int, int] | None) -> bool:
+    """A stable hash partition by model (a compile) or group name, so a model's stages stay in one shard."""
+    if shard is None:
+        return True
+    key = build.name if build.shared else build.members[0].name
+    return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % shard[1] == shard[0] - 1
 
 
 def load_project(manifest_path: str | Path, requested: Iterable[str] = ()) -> Project:

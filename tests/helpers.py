@@ -42,3 +42,16 @@ def perturb_weights(path: Path, seed: int) -> None:
     array += np.random.default_rng(seed).standard_normal(array.shape).astype(array.dtype) * 0.01
     first.CopyFrom(onnx.numpy_helper.from_array(array, first.name))
     onnx.save(model, str(path))
+
+
+def slow_model(path: Path, nodes: int = 60000) -> Path:
+    """A valid model whose CPU compile (ORT graph optimization) takes seconds: a chain of `nodes` Adds."""
+    one = onnx.numpy_helper.from_array(np.full((1, 4), 1e-6, np.float32), "one")
+    chain = [helper.make_node("Add", ["x" if i == 0 else f"h{i - 1}", "one"], ["y" if i == nodes - 1 else f"h{i}"])
+             for i in range(nodes)]
+    graph = helper.make_graph(chain, "slow", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], [one])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path

@@ -1,0 +1,216 @@
+"""Builds on a real Dask cluster on loopback: a scheduler and `python -m rules.worker` processes, each with its own
+working folder and its own resources; and CI shards."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, Project, ran
+from helpers import tree_bytes
+from rules.errors import BuildError
+from rules.worker import _check_versions, relocate
+
+MANIFEST = """
+[models.tinycnn]
+path = "models/tinycnn.onnx"
+
+[models.encoder]
+path = "models/encoder.onnx"
+
+[targets.cpu]
+ep = "cpu"
+
+[targets.qnn-htp]
+ep = "qnn"
+options = { soc_model = 60 }
+
+[executor]
+wait_s = 4
+"""
+TASKS = {f"{kind}:{m}@{t}" for kind in ("compile", "validate") for m in ("tinycnn", "encoder")
+         for t in ("cpu", "qnn-htp")}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class Cluster:
+    """A Dask scheduler and workers started by this test, each in its own process group, all stopped at the end."""
+
+    def __init__(self, tmp_path: Path):
+        self.tmp_path = tmp_path
+        self.address = f"tcp://127.0.0.1:{free_port()}"
+        self.processes: dict[str, subprocess.Popen] = {}
+        self._start("scheduler", [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
+                                  "--port", self.address.rsplit(":", 1)[1], "--no-dashboard"], os.environ.copy())
+
+    def _start(self, name: str, command: list[str], env: dict[str, str]) -> None:
+        log = open(self.tmp_path / f"{name}.log", "w")  # noqa: SIM115 - closed with the process
+        self.processes[name] = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                                start_new_session=True, cwd=self.tmp_path)
+
+    def worker(self, name: str, fake_versions: dict[str, str] | None = None) -> Path:
+        """A worker named `name`; `fake_versions` installs package metadata claiming other versions first on its
+        path, as on a host where another release is installed."""
+        workdir = self.tmp_path / f"worker-{name}"
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        if fake_versions:
+            site = self.tmp_path / f"site-{name}"
+            for package, version in fake_versions.items():
+                info = site / f"{package.replace('-', '_')}-{version}.dist-info"
+                info.mkdir(parents=True)
+                (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package}\nVersion: {version}\n")
+            env["PYTHONPATH"] = f"{site}{os.pathsep}{REPO}"
+        self._start(f"worker-{name}", [sys.executable, "-m", "rules.worker", self.address, "--workdir", str(workdir),
+                                       "--name", name, "--nthreads", "1", "--no-nanny", "--no-dashboard",
+                                       "--host", "127.0.0.1"], env)
+        return workdir
+
+    def wait_for(self, names: set[str], timeout: float = 120) -> None:
+        from distributed import Client
+
+        with Client(self.address, timeout="30s") as client:
+            deadline = time.monotonic() + timeout
+            while {w.get("name") for w in client.scheduler_info(n_workers=-1)["workers"].values()} != names:
+                assert time.monotonic() < deadline, (self.tmp_path / "scheduler.log").read_text()
+                time.sleep(0.3)
+
+    def kill(self, name: str) -> None:
+        process = self.processes.pop(name)
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)
+
+    def stop(self) -> None:
+        for name in list(self.processes):
+            self.kill(name)
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    started = Cluster(tmp_path)
+    yield started
+    started.stop()
+
+
+def report(project: Project) -> dict[str, dict]:
+    return json.loads((project.artifacts / "build-report.json").read_text())["tasks"]
+
+
+def clone(tmp_path: Path, host_cache: Path, name: str, manifest: str = MANIFEST, **env: str) -> Project:
+    (tmp_path / name).mkdir()
+    project = Project(tmp_path / name, host_cache)
+    project.env.update({"EPBUILD_CACHE_DIR": str(tmp_path / f"{name}-cache"), **env})
+    project.manifest(manifest)
+    return project
+
+
+def test_jobs_route_by_resources_and_versions_and_match_a_local_build(tmp_path, host_cache, cluster):
+    cluster.worker("a", fake_versions={"onnxruntime-qnn": "2.6.0"})  # cannot build what 2.7.0 fingerprints
+    cluster.worker("b")
+    cluster.wait_for({"a", "b"})
+    distributed = clone(tmp_path, host_cache, "dist", EPBUILD_EXECUTOR=cluster.address)
+    done = distributed.doit()
+    entries = report(distributed)
+    assert {entries[name]["worker"] for name in TASKS if "qnn-htp" in name} == {"b"}, done.stdout
+    assert all(entries[name]["worker"] in ("a", "b") for name in TASKS)
+    assert {entries[name]["status"] for name in TASKS} == {"compiled", "validated"}
+    local = clone(tmp_path, host_cache, "local")
+    local.doit()
+    assert tree_bytes(local.artifacts) == tree_bytes(distributed.artifacts)  # byte-identical artifacts
+    assert ran(distributed.doit()) == set()  # up to date: no job submitted
+
+
+def test_a_job_no_worker_can_run_fails_after_a_bounded_wait_naming_the_missing_versions(tmp_path, host_cache,
+                                                                                       cluster):
+    cluster.worker("a", fake_versions={"onnxruntime-qnn": "2.6.0"})
+    cluster.wait_for({"a"})
+    project = clone(tmp_path, host_cache, "p", EPBUILD_EXECUTOR=cluster.address)
+    started = time.monotonic()
+    done = project.doit("--continue", check=False)
+    assert done.returncode != 0 and time.monotonic() - started < 120
+    assert "compile:tinycnn@qnn-htp: no Dask worker can run it after 4 s" in done.stdout + done.stderr
+    assert "a lacks pkg:onnxruntime-qnn:2.7.0" in done.stdout + done.stderr
+    entries = report(project)
+    assert entries["compile:tinycnn@cpu"]["worker"] == "a" and entries["validate:encoder@cpu"]["status"] == \
+        "validated"
+    assert not (project.artifacts / "qnn-htp" / "tinycnn").exists()
+
+
+def test_a_worker_refuses_a_job_whose_versions_differ_from_its_own():
+    with pytest.raises(BuildError, match=r"needs onnxruntime 0\.0\.1, this worker has 1"):
+        _check_versions({"task": "compile:m@cpu", "resources": {"pkg:onnxruntime:0.0.1": 1}})
+
+
+def test_a_worker_killed_mid_job_is_replaced_by_another(tmp_path, host_cache, cluster):
+    from helpers import slow_model
+
+    workdirs = {name: cluster.worker(name) for name in ("a", "b")}
+    cluster.wait_for({"a", "b"})
+    project = clone(tmp_path, host_cache, "p", '[models.slow]\npath = "models/slow.onnx"\n'
+                    '[targets.cpu]\nep = "cpu"\n', EPBUILD_EXECUTOR=cluster.address)
+    slow_model(project.root / "models" / "slow.onnx")
+    process = subprocess.Popen([sys.executable, "-m", "doit", "compile"], cwd=project.root, env=project.env,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline, victim = time.monotonic() + 120, None
+    while victim is None:
+        assert time.monotonic() < deadline and process.poll() is None, process.communicate()[0]
+        victim = next((name for name, folder in workdirs.items() if any((folder / "jobs").glob("*"))), None)
+        time.sleep(0.05)
+    cluster.kill(f"worker-{victim}")
+    output = process.communicate(timeout=300)[0]
+    assert process.returncode == 0, output
+    survivor = ({"a", "b"} - {victim}).pop()
+    assert report(project)["compile:slow@cpu"]["worker"] == survivor
+
+
+def test_an_unreachable_scheduler_is_one_error_before_any_build(tmp_path, host_cache):
+    project = clone(tmp_path, host_cache, "p", EPBUILD_EXECUTOR="tcp://127.0.0.1:9")
+    done = project.doit(check=False)
+    assert done.returncode == 2 and done.stderr.strip().startswith("error: EPBUILD_EXECUTOR: the Dask scheduler")
+    assert "unreachable" in done.stderr and not (project.artifacts / "cpu").exists()
+    assert "compile:tinycnn@cpu" in project.doit("list").stdout  # listing needs no cluster
+    project.env["EPBUILD_EXECUTOR"] = "localhost:8786"
+    assert "must be a Dask scheduler address" in project.doit("list", check=False).stderr
+
+
+def test_shards_partition_the_build_and_their_union_is_everything(tmp_path, host_cache):
+    manifest = MANIFEST.replace("[executor]\nwait_s = 4\n", "") + (
+        '[models.dynbatch]\npath = "models/dynbatch.onnx"\ninputs = { x = [1, 3, 32, 32] }\n'
+        '[models.tinycnn_qdq]\npath = "models/tinycnn_qdq.onnx"\n')
+    built: list[set[str]] = []
+    for index in (1, 2, 3):
+        shard = clone(tmp_path, host_cache, f"shard{index}", manifest, EPBUILD_SHARD=f"{index}/3")
+        built.append({name for name in ran(shard.doit()) if name.startswith(("compile:", "validate:"))})
+    everything = {f"{kind}:{m}@{t}" for kind in ("compile", "validate")
+                  for m in ("tinycnn", "encoder", "dynbatch", "tinycnn_qdq") for t in ("cpu", "qnn-htp")}
+    assert set().union(*built) == everything
+    assert sum(len(part) for part in built) == len(everything)  # no task built twice
+    assert all(part for part in built)
+    bad = clone(tmp_path, host_cache, "bad", manifest, EPBUILD_SHARD="4/3").doit("list", check=False)
+    assert bad.returncode == 2 and "EPBUILD_SHARD: must be I/N" in bad.stderr
+
+
+def test_relocate_moves_every_path_under_the_project_and_nothing_else(tmp_path):
+    from rules.manifest import load
+    from rules.targets import plan
+
+    (tmp_path / "models").mkdir()
+    shutil.copy(REPO / "models" / "tinycnn.onnx", tmp_path / "models" / "m.onnx")
+    (tmp_path / "models.toml").write_text('[models.m]\npath = "models/m.onnx"\n[targets.cpu]\nep = "cpu"\n')
+    build = plan(load(tmp_path / "models.toml"), {"m": ()})[0]
+    moved = relocate(build, tmp_path, Path("/elsewhere"))
+    assert moved.members[0].model.path == Path("/elsewhere/models/m.onnx") and moved.name == build.name
+    assert relocate("/usr/lib/x", tmp_path, Path("/elsewhere")) == "/usr/lib/x"
