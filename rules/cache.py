@@ -13,6 +13,7 @@ stored locally and uploaded.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -243,6 +244,12 @@ class Outcome:
 def produced_files(folder: Path) -> list[str]:
     """Every file under `folder`, as sorted relative paths."""
     return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+
+
+def with_download(outcome: Outcome, ran: dict[str, Any]) -> Outcome:
+    """`outcome` plus the bytes a Dask job's outputs took through the remote (`ran["downloaded"]`)."""
+    moved = ran.get("downloaded", 0)
+    return dataclasses.replace(outcome, downloaded=outcome.downloaded + moved) if moved else outcome
 
 
 def restore(label: str, fingerprint: str, workspace: Workspace, scratch: Path) -> tuple[list[str] | None, Outcome]:

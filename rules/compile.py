@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .build import SIDECAR, Build
-from .cache import Outcome, Workspace, cached_folder
+from .cache import Outcome, Workspace, cached_folder, with_download
 from .child import serve
 from .compilers import compiler
 from .eps import lookup
@@ -58,14 +58,13 @@ def compile_build(build: Build, workspace: Workspace) -> Compiled:
     fingerprint = compile_fingerprint(build, workspace.hashes)
     final = build.out_dir(workspace.layout)
     usage: dict[str, float] = {}
-    worker: list[str] = []
+    ran: dict[str, Any] = {}  # on a Dask worker: its name, bytes downloaded
     identity = {"kind": build.kind, "members": [m.name for m in build.members], "target": target_identity(build.target)}
 
     def produce(scratch: Path) -> None:
         if workspace.executor:
-            child, name = run_build(build, workspace, scratch, fingerprint, identity)
-            usage.update(child)
-            worker.append(name)
+            ran.update(run_build(build, workspace, scratch, fingerprint, identity))
+            usage.update(ran["usage"])
         else:
             usage.update(compiler(build.target).produce(build, workspace, scratch) or {})
 
@@ -80,7 +79,7 @@ def compile_build(build: Build, workspace: Workspace) -> Compiled:
                  if key in per_model[0]}
     return Compiled(build.task, "restored" if outcome.restored else "compiled", fingerprint, final,
                     file_records(final, expected or recorded["files"], workspace), time.monotonic() - started, nodes,
-                    usage or None, outcome, worker[0] if worker else None)
+                    usage or None, with_download(outcome, ran), ran.get("worker"))
 
 
 # ---- child process ----

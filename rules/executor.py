@@ -177,19 +177,20 @@ def _run(settings: ExecutorSettings, kind: str, task: str, what: Any, inputs: li
     return result
 
 
-def _write(result: dict[str, Any], scratch: Path, workspace: Workspace, fingerprint: str, task: str) -> None:
+def _write(result: dict[str, Any], scratch: Path, workspace: Workspace, fingerprint: str, task: str) -> int:
     """The outputs into `scratch`: from the result, or (uploaded by the worker) through the remote and the local
-    cache, verified on the way like any remote hit."""
+    cache, verified on the way like any remote hit; bytes downloaded from the remote."""
     if result.get("via_remote"):
         remote = workspace.remote
-        if remote is None or remote.fetch(fingerprint, workspace.cache, task) is None or \
-                workspace.cache.restore(fingerprint, scratch) is None:
+        downloaded = remote.fetch(fingerprint, workspace.cache, task) if remote else None
+        if downloaded is None or workspace.cache.restore(fingerprint, scratch) is None:
             raise BuildError(f"{task}: worker {result['worker']} uploaded the outputs, but they could not be "
                              "fetched from the remote cache")
-        return
+        return downloaded
     for name, data in result["files"].items():
         (scratch / name).parent.mkdir(parents=True, exist_ok=True)
         (scratch / name).write_bytes(data)
+    return 0
 
 
 def _through(workspace: Workspace, fingerprint: str, identity: dict[str, Any]) -> dict[str, Any] | None:
@@ -199,23 +200,22 @@ def _through(workspace: Workspace, fingerprint: str, identity: dict[str, Any]) -
 
 
 def run_build(build: Build, workspace: Workspace, scratch: Path, fingerprint: str,
-              identity: dict[str, Any]) -> tuple[dict[str, float], str]:
-    """Compile `build` on a worker into `scratch`; (the child's usage, the worker's name)."""
+              identity: dict[str, Any]) -> dict[str, Any]:
+    """Compile `build` on a worker into `scratch`; the child's `usage`, the `worker`'s name, bytes `downloaded`."""
     assert workspace.executor is not None
     result = _run(workspace.executor, "compile", build.task, build, build.inputs, workspace.project_root,
                   target_resources(build.target), _through(workspace, fingerprint, identity))
-    _write(result, scratch, workspace, fingerprint, build.task)
-    return result["usage"], result["worker"]
+    return {**result, "downloaded": _write(result, scratch, workspace, fingerprint, build.task)}
 
 
 def run_stage(stage: Stage, workspace: Workspace, scratch: Path, fingerprint: str,
-              identity: dict[str, Any]) -> tuple[dict[str, Any], str]:
+              identity: dict[str, Any]) -> dict[str, Any]:
+    """Run a stage on a worker into `scratch`; the child's `answer`, the `worker`'s name, bytes `downloaded`."""
     assert workspace.executor is not None
     result = _run(workspace.executor, "stage", stage.task, stage,
                   [stage.input, *stage.input_external, *stage.calibration], workspace.project_root, stage_resources(),
                   _through(workspace, fingerprint, identity))
-    _write(result, scratch, workspace, fingerprint, stage.task)
-    return result["answer"], result["worker"]
+    return {**result, "downloaded": _write(result, scratch, workspace, fingerprint, stage.task)}
 
 
 def run_validation(build: Build, workspace: Workspace) -> dict[str, Any]:

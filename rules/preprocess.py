@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .cache import Outcome, Workspace, cached_folder
+from .cache import Outcome, Workspace, cached_folder, with_download
 from .child import Limits, run_child, serve
 from .errors import ModelError, located
 from .executor import run_stage as run_stage_remotely
@@ -277,14 +277,14 @@ def run_stage(stage: Stage, workspace: Workspace) -> tuple[Outcome, float, list[
 
     def produce(scratch: Path) -> None:
         if workspace.executor:
-            answer["answer"], answer["worker"] = run_stage_remotely(stage, workspace, scratch, fingerprint,
-                                                                    stage_config(stage))
+            answer.update(run_stage_remotely(stage, workspace, scratch, fingerprint, stage_config(stage)))
         else:
             answer["answer"] = produce_stage(stage, workspace, scratch)
 
     outcome = cached_folder(stage.task, fingerprint, workspace, stage.output.parent,
                             sorted(p.name for p in stage.outputs), produce, stage_config(stage))
-    return outcome, time.monotonic() - started, answer.get("answer", {}).get("dynamic", []), answer.get("worker")
+    return (with_download(outcome, answer), time.monotonic() - started, answer.get("answer", {}).get("dynamic", []),
+            answer.get("worker"))
 
 
 if __name__ == "__main__":

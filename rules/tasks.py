@@ -311,6 +311,7 @@ class Project:
     def __init__(self, manifest_path: Path, requested: Iterable[str] = ()):
         requested = list(requested)
         command = requested[0] if requested else None
+        self.shard = shard_of(os.environ.get("EPBUILD_SHARD"))
         self.manifest = load(manifest_path)
         self.root = self.manifest.root
         self.requested = frozenset(requested)
@@ -357,8 +358,7 @@ class Project:
                 if b.target.name in self.unavailable for name in self.task_names(b)}
 
     def doit_config(self) -> dict[str, Any]:
-        shard = shard_of(os.environ.get("EPBUILD_SHARD"))
-        default = [name for b in self.builds if b.target.name not in self.unavailable and in_shard(b, shard)
+        default = [name for b in self.builds if b.target.name not in self.unavailable and in_shard(b, self.shard)
                    for name in self.task_names(b)]
         if self.unavailable:
             default.append("unavailable")

@@ -62,11 +62,11 @@ class Cluster:
         self.processes[name] = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
                                                 start_new_session=True, cwd=self.tmp_path)
 
-    def worker(self, name: str, fake_versions: dict[str, str] | None = None) -> Path:
+    def worker(self, name: str, fake_versions: dict[str, str] | None = None, **env: str) -> Path:
         """A worker named `name`; `fake_versions` installs package metadata claiming other versions first on its
         path, as on a host where another release is installed."""
         workdir = self.tmp_path / f"worker-{name}"
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        env = {**os.environ, "PYTHONPATH": str(REPO), **env}
         if fake_versions:
             site = self.tmp_path / f"site-{name}"
             for package, version in fake_versions.items():
@@ -131,6 +131,29 @@ def test_jobs_route_by_resources_and_versions_and_match_a_local_build(tmp_path, 
     local.doit()
     assert tree_bytes(local.artifacts) == tree_bytes(distributed.artifacts)  # byte-identical artifacts
     assert ran(distributed.doit()) == set()  # up to date: no job submitted
+
+
+def test_with_a_remote_cache_outputs_travel_through_it(tmp_path, host_cache, cluster):
+    from s3_server import S3Server
+
+    s3 = S3Server()
+    s3.start()
+    try:
+        bucket = s3.new_bucket()
+        cluster.worker("b", **s3.env())
+        cluster.wait_for({"b"})
+        remote = MANIFEST + f'[cache]\nremote = "s3://{bucket}/cache"\n'
+        project = clone(tmp_path, host_cache, "dist", remote, EPBUILD_EXECUTOR=cluster.address, **s3.env())
+        project.doit()
+        entries = report(project)
+        compiled = [entries[name] for name in TASKS if name.startswith("compile:")]
+        assert all(e["status"] == "compiled" and e["worker"] == "b" and e["remote_bytes"]["down"] > 0
+                   for e in compiled), compiled
+        local = clone(tmp_path, host_cache, "local")
+        local.doit()
+        assert tree_bytes(local.artifacts) == tree_bytes(project.artifacts)
+    finally:
+        s3.stop()
 
 
 def test_a_job_no_worker_can_run_fails_after_a_bounded_wait_naming_the_missing_versions(tmp_path, host_cache,
