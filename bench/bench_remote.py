@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -22,21 +21,12 @@ import time
 from pathlib import Path
 
 import boto3
+from bench_cache import make_clone  # the same clone: dodo.py, models/, configs/, COPIES of tinycnn
 from moto.server import ThreadedMotoServer
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results" / "remote.json"
 logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
-
-
-def make_clone(folder: Path, manifest: str, copies: int) -> None:
-    folder.mkdir(parents=True)
-    shutil.copy(REPO / "dodo.py", folder / "dodo.py")
-    shutil.copytree(REPO / "models", folder / "models", ignore=shutil.ignore_patterns("*.py", "__pycache__"))
-    shutil.copytree(REPO / "configs", folder / "configs")
-    for i in range(copies):
-        shutil.copy(REPO / "models" / "tinycnn.onnx", folder / "models" / f"copy{i}.onnx")
-    (folder / "models.toml").write_text(manifest)
 
 
 def build(folder: Path, env: dict[str, str], cache: Path) -> dict[str, object]:

@@ -119,10 +119,6 @@ class ArtifactCache:
         staging_root.mkdir(parents=True, exist_ok=True)
         return Path(tempfile.mkdtemp(prefix=f"{fingerprint[:16]}.", dir=staging_root))
 
-    @staticmethod
-    def discard_staging(staging: Path) -> None:
-        shutil.rmtree(staging, ignore_errors=True)
-
     def store(self, fingerprint: str, source: Path, names: list[str],
               verified: dict[str, str] | None = None) -> dict[str, str]:
         """Copy `names` from `source` into a new entry, atomically, and return their sha256s; an existing entry

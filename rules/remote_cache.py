@@ -30,6 +30,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from .cache import ArtifactCache
+from .publish import discard
 
 FORMAT = 1
 SINGLE_PUT_LIMIT = 5 * 1024**3  # S3's limit for one PUT; larger blobs go up in parts
@@ -171,7 +172,7 @@ class RemoteCache:
                 downloaded += entry["size"]
             cache.store(fingerprint, staging, sorted(files), verified={n: e["sha256"] for n, e in files.items()})
         finally:
-            cache.discard_staging(staging)
+            discard(staging)
         return downloaded
 
     def _check_manifest(self, raw: bytes, fingerprint: str) -> tuple[dict[str, dict[str, Any]], str | None]:

@@ -45,6 +45,22 @@ class Project:
         return done
 
 
+def clone(tmp_path: Path, host_cache: Path, name: str, manifest: str, **env: str) -> Project:
+    """A fresh clone named `name` with its own, empty local cache (`<name>-cache`) and `env` on top."""
+    (tmp_path / name).mkdir()
+    project = Project(tmp_path / name, host_cache)
+    project.env.update({"EPBUILD_CACHE_DIR": str(tmp_path / f"{name}-cache"), **env})
+    project.manifest(manifest)
+    return project
+
+
+def build_report(project: Project) -> dict[str, dict]:
+    """The tasks of `artifacts/build-report.json`."""
+    import json
+
+    return json.loads((project.artifacts / "build-report.json").read_text())["tasks"]
+
+
 def ran(done: subprocess.CompletedProcess, prefix: str = "") -> set[str]:
     """Task names doit executed (verbosity 2 prints '.  name' for a run, '-- name' for up to date)."""
     return {line[3:].strip() for line in done.stdout.splitlines() if line.startswith(f".  {prefix}")}

@@ -3,7 +3,6 @@ working folder and its own resources; and CI shards."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, Project, ran
+from conftest import REPO, build_report, clone, ran
 from helpers import tree_bytes
 from rules.errors import BuildError
 from rules.worker import _check_versions, relocate
@@ -105,29 +104,17 @@ def cluster(tmp_path):
     started.stop()
 
 
-def report(project: Project) -> dict[str, dict]:
-    return json.loads((project.artifacts / "build-report.json").read_text())["tasks"]
-
-
-def clone(tmp_path: Path, host_cache: Path, name: str, manifest: str = MANIFEST, **env: str) -> Project:
-    (tmp_path / name).mkdir()
-    project = Project(tmp_path / name, host_cache)
-    project.env.update({"EPBUILD_CACHE_DIR": str(tmp_path / f"{name}-cache"), **env})
-    project.manifest(manifest)
-    return project
-
-
 def test_jobs_route_by_resources_and_versions_and_match_a_local_build(tmp_path, host_cache, cluster):
     cluster.worker("a", fake_versions={"onnxruntime-qnn": "2.6.0"})  # cannot build what 2.7.0 fingerprints
     cluster.worker("b")
     cluster.wait_for({"a", "b"})
-    distributed = clone(tmp_path, host_cache, "dist", EPBUILD_EXECUTOR=cluster.address)
+    distributed = clone(tmp_path, host_cache, "dist", MANIFEST, EPBUILD_EXECUTOR=cluster.address)
     done = distributed.doit()
-    entries = report(distributed)
+    entries = build_report(distributed)
     assert {entries[name]["worker"] for name in TASKS if "qnn-htp" in name} == {"b"}, done.stdout
     assert all(entries[name]["worker"] in ("a", "b") for name in TASKS)
     assert {entries[name]["status"] for name in TASKS} == {"compiled", "validated"}
-    local = clone(tmp_path, host_cache, "local")
+    local = clone(tmp_path, host_cache, "local", MANIFEST)
     local.doit()
     assert tree_bytes(local.artifacts) == tree_bytes(distributed.artifacts)  # byte-identical artifacts
     assert ran(distributed.doit()) == set()  # up to date: no job submitted
@@ -145,11 +132,11 @@ def test_with_a_remote_cache_outputs_travel_through_it(tmp_path, host_cache, clu
         remote = MANIFEST + f'[cache]\nremote = "s3://{bucket}/cache"\n'
         project = clone(tmp_path, host_cache, "dist", remote, EPBUILD_EXECUTOR=cluster.address, **s3.env())
         project.doit()
-        entries = report(project)
+        entries = build_report(project)
         compiled = [entries[name] for name in TASKS if name.startswith("compile:")]
         assert all(e["status"] == "compiled" and e["worker"] == "b" and e["remote_bytes"]["down"] > 0
                    for e in compiled), compiled
-        local = clone(tmp_path, host_cache, "local")
+        local = clone(tmp_path, host_cache, "local", MANIFEST)
         local.doit()
         assert tree_bytes(local.artifacts) == tree_bytes(project.artifacts)
     finally:
@@ -160,13 +147,13 @@ def test_a_job_no_worker_can_run_fails_after_a_bounded_wait_naming_the_missing_v
                                                                                        cluster):
     cluster.worker("a", fake_versions={"onnxruntime-qnn": "2.6.0"})
     cluster.wait_for({"a"})
-    project = clone(tmp_path, host_cache, "p", EPBUILD_EXECUTOR=cluster.address)
+    project = clone(tmp_path, host_cache, "p", MANIFEST, EPBUILD_EXECUTOR=cluster.address)
     started = time.monotonic()
     done = project.doit("--continue", check=False)
     assert done.returncode != 0 and time.monotonic() - started < 120
     assert "compile:tinycnn@qnn-htp: no Dask worker can run it after 4 s" in done.stdout + done.stderr
     assert "a lacks pkg:onnxruntime-qnn:2.7.0" in done.stdout + done.stderr
-    entries = report(project)
+    entries = build_report(project)
     assert entries["compile:tinycnn@cpu"]["worker"] == "a" and entries["validate:encoder@cpu"]["status"] == \
         "validated"
     assert not (project.artifacts / "qnn-htp" / "tinycnn").exists()
@@ -196,11 +183,11 @@ def test_a_worker_killed_mid_job_is_replaced_by_another(tmp_path, host_cache, cl
     output = process.communicate(timeout=300)[0]
     assert process.returncode == 0, output
     survivor = ({"a", "b"} - {victim}).pop()
-    assert report(project)["compile:slow@cpu"]["worker"] == survivor
+    assert build_report(project)["compile:slow@cpu"]["worker"] == survivor
 
 
 def test_an_unreachable_scheduler_is_one_error_before_any_build(tmp_path, host_cache):
-    project = clone(tmp_path, host_cache, "p", EPBUILD_EXECUTOR="tcp://127.0.0.1:9")
+    project = clone(tmp_path, host_cache, "p", MANIFEST, EPBUILD_EXECUTOR="tcp://127.0.0.1:9")
     done = project.doit(check=False)
     assert done.returncode == 2 and done.stderr.strip().startswith("error: EPBUILD_EXECUTOR: the Dask scheduler")
     assert "unreachable" in done.stderr and not (project.artifacts / "cpu").exists()

@@ -11,8 +11,10 @@ import threading
 from pathlib import Path
 
 import pytest
+from test_cache import MANIFEST as CACHE_MANIFEST
 
-from conftest import Project, ran
+from conftest import Project, build_report, ran
+from conftest import clone as clone_project
 from helpers import perturb_weights, tree_bytes
 from rules import remote_cache
 from rules.cache import ArtifactCache
@@ -20,24 +22,7 @@ from rules.hashing import FileHashes
 from s3_server import ACCESS_KEY, SECRET_KEY, S3Server
 
 SIGNING_KEY = "epbuild-signing-key-never-print-93ac"
-MANIFEST = """
-[models.tinycnn]
-path = "models/tinycnn.onnx"
-
-[models.encoder]
-path = "models/encoder.onnx"
-
-[models.dynbatch]
-path = "models/dynbatch.onnx"
-inputs = { x = [1, 3, 32, 32] }
-
-[targets.cpu]
-ep = "cpu"
-
-[targets.qnn-htp]
-ep = "qnn"
-options = { soc_model = 60 }
-
+MANIFEST = CACHE_MANIFEST + """
 [cache]
 remote = "s3://BUCKET/team/epbuild"
 """
@@ -58,20 +43,12 @@ def s3():
 
 def clone(tmp_path: Path, host_cache: Path, name: str, s3: S3Server, bucket: str, **env: str) -> Project:
     """A fresh clone with its own, empty local cache, pointed at the shared remote."""
-    (tmp_path / name).mkdir()
-    project = Project(tmp_path / name, host_cache)
-    project.env.update({**s3.env(), "EPBUILD_CACHE_DIR": str(tmp_path / f"{name}-cache"), **env})
-    project.manifest(MANIFEST.replace("BUCKET", bucket))
-    return project
-
-
-def report(project: Project) -> dict[str, dict]:
-    return json.loads((project.artifacts / "build-report.json").read_text())["tasks"]
+    return clone_project(tmp_path, host_cache, name, MANIFEST.replace("BUCKET", bucket), **{**s3.env(), **env})
 
 
 def origins(project: Project) -> dict[str, str]:
     """Task -> "remote", "local" (restored from there), or its status."""
-    return {name: entry.get("from", entry["status"]) for name, entry in report(project).items()}
+    return {name: entry.get("from", entry["status"]) for name, entry in build_report(project).items()}
 
 
 def refusals(done: subprocess.CompletedProcess) -> list[str]:
@@ -101,7 +78,7 @@ def test_a_fresh_clone_restores_everything_from_the_remote_and_a_changed_model_r
     built = first.doit()
     assert {origins(first)[name] for name in TASKS} == {"compiled", "validated"}
     stored = s3.objects(bucket)
-    fingerprints = {entry["fingerprint"] for name, entry in report(first).items() if name in COMPILES | VALIDATES}
+    fingerprints = {entry["fingerprint"] for name, entry in build_report(first).items() if name in COMPILES | VALIDATES}
     assert {manifest_key("team/epbuild/", fp) for fp in fingerprints} <= set(stored)
     assert any(key.startswith("team/epbuild/cas/sha256/") for key in stored)
     assert "remote cache: 0 hits" in built.stdout and "MB up" in built.stdout
@@ -112,7 +89,7 @@ def test_a_fresh_clone_restores_everything_from_the_remote_and_a_changed_model_r
     assert {origins(second)[name] for name in TASKS} == {"remote"}, origins(second)
     assert tree_bytes(first.artifacts) == tree_bytes(second.artifacts)
     assert f"remote cache: {len(TASKS)} hits" in done.stdout and "(from the remote cache" in done.stdout
-    files = sum(len(entry["files"]) for name, entry in report(first).items() if name in COMPILES | STAGES) + len(
+    files = sum(len(entry["files"]) for name, entry in build_report(first).items() if name in COMPILES | STAGES) + len(
         VALIDATES)
     assert s3.requests - before <= len(TASKS) + files + 2  # one manifest and one GET per file, no uploads
     assert s3.requests - before >= len(TASKS) + files
@@ -142,7 +119,7 @@ def test_tampered_blobs_and_manifests_are_refused_rebuilt_and_replaced(tmp_path,
     signed = {"EPBUILD_CACHE_SIGNING_KEY": SIGNING_KEY}
     first = clone(tmp_path, host_cache, "a", s3, bucket, **signed)
     first.doit()
-    entries = report(first)
+    entries = build_report(first)
     prefix = "team/epbuild/"
     # a blob: the tinycnn cpu model's bytes changed in place
     blob = next(f["sha256"] for f in entries["compile:tinycnn@cpu"]["files"] if f["name"] == "tinycnn.onnx")
@@ -256,7 +233,7 @@ def test_two_builders_filling_the_remote_at_once_leave_one_valid_entry_per_finge
     assert [process.returncode for process in processes] == [0, 0], outputs
     assert not any("warning" in err for _, err in outputs)
     assert tree_bytes(builders[0].artifacts) == tree_bytes(builders[1].artifacts)
-    fingerprints = {entry["fingerprint"] for name, entry in report(builders[0]).items() if "fingerprint" in entry}
+    fingerprints = {entry["fingerprint"] for name, entry in build_report(builders[0]).items() if "fingerprint" in entry}
     assert len([key for key in s3.objects(bucket) if "/ac/" in key]) == len(fingerprints) + len(STAGES)
     reader = clone(tmp_path, host_cache, "c", s3, bucket, EPBUILD_CACHE_SIGNING_KEY=SIGNING_KEY)
     done = reader.doit()
