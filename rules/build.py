@@ -41,6 +41,7 @@ class ResolvedTarget:
     quantized: bool = False
     qaic: QaicOptions | None = None  # compiler = "qaic"
     sdk_root: Path | None = None  # the configured toolchain root (qaic) or QAIRT SDK root (qairt)
+    toolchain_version: str | None = None  # qaic/qairt absent here: the version the Dask workers offer
     min_offload: float | None = None
 
     def limits(self, timeout_s: float | None = None) -> Limits:

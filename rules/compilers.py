@@ -20,7 +20,7 @@ from .cache import Workspace
 from .child import run_child
 from .errors import BuildError, ModelError, UserError
 from .graph import static_dims
-from .host import toolchain_versions, unavailable_reason
+from .host import package_reason, toolchain_versions, unavailable_reason
 from .layout import Layout, write_json
 from .manifest import TargetSpec
 from .requests import CompileRequest, MemberResult
@@ -64,10 +64,13 @@ class Compiler:
         """The external toolchain and its version, for configs and fingerprints; None inside ONNX Runtime."""
         return None
 
-    def unavailable(self, target: ResolvedTarget, caps: dict[str, Any]) -> str | None:
-        """Why this host cannot build the target, or None."""
+    def unavailable(self, target: ResolvedTarget, caps: dict[str, Any] | None) -> str | None:
+        """Why this host cannot build the target, or None. With `caps` None (a Dask executor runs the jobs), only
+        what the coordinator itself needs: the package whose version enters the fingerprint."""
         if target.is_cpu:
             return None
+        if caps is None:
+            return package_reason(target.ep, target.source)
         return unavailable_reason(target.ep, target.source, target.device, caps)
 
     def output_names(self, target: ResolvedTarget, members: list[Any], shared: bool) -> tuple[str, ...]:
@@ -126,11 +129,12 @@ class QairtCompiler(Compiler):
 
     def identity(self, target: ResolvedTarget) -> dict[str, str] | None:
         found = self.toolchain(target)
-        return {"name": self.name, "version": found.version if isinstance(found, Toolchain) else "absent"}
+        version = found.version if isinstance(found, Toolchain) else target.toolchain_version or "absent"
+        return {"name": self.name, "version": version}
 
-    def unavailable(self, target: ResolvedTarget, caps: dict[str, Any]) -> str | None:
+    def unavailable(self, target: ResolvedTarget, caps: dict[str, Any] | None) -> str | None:
         found = self.toolchain(target)
-        return found if isinstance(found, str) else None
+        return found if isinstance(found, str) and target.toolchain_version is None else None
 
     def found(self, build: Build) -> Toolchain:
         found = self.toolchain(build.target)

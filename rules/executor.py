@@ -9,6 +9,7 @@ compile's. Cache lookups, locks and publishing stay here. `distributed` is impor
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import pickle
@@ -87,7 +88,7 @@ def target_resources(target: ResolvedTarget) -> dict[str, int]:
     needs = {f"host:{platform.machine()}"}
     backend = compiler(target)
     if backend.in_onnxruntime:
-        needs.add(f"ep:{target.ep.name}")
+        needs.add(f"ep:{target.ep.name}:{target.device}")
         needs |= {f"pkg:{name}:{version}" for name, version in toolchain_versions(target.ep).items() if version}
     else:
         needs.add(f"toolchain:{target.compiler}")
@@ -97,6 +98,50 @@ def target_resources(target: ResolvedTarget) -> dict[str, int]:
     if host_properties(target):
         needs.add(cpu_class())
     return dict.fromkeys(sorted(needs), 1)
+
+
+async def _identity(address: str) -> dict[str, Any]:
+    from distributed.core import rpc
+
+    async with rpc(address, timeout=10) as scheduler:
+        return await scheduler.identity()
+
+
+def worker_resources(settings: ExecutorSettings) -> dict[str, set[str]]:
+    """Each connected worker's resource names. One request on a private event loop: a Dask client would leave
+    threads behind in the process that doit then forks for `-n N`."""
+    import asyncio
+
+    try:
+        identity = asyncio.run(asyncio.wait_for(_identity(settings.address), 15))
+    except (OSError, TimeoutError) as exc:
+        raise BuildError(f"the Dask scheduler {settings.address} did not answer: {exc}") from None
+    return {info.get("name") or address: set(info.get("resources", {}))
+            for address, info in identity["workers"].items()}
+
+
+def _version_key(version: str) -> tuple[Any, ...]:
+    return tuple((0, int(part)) if part.isdigit() else (1, part) for part in version.replace("-", ".").split("."))
+
+
+def with_worker_toolchains(builds: list[Build], settings: ExecutorSettings) -> list[Build]:
+    """Builds whose external toolchain (qaic, qairt) this host lacks take the version the workers offer, the newest
+    when they differ, so the fingerprint names the toolchain that will compile; unchanged when no worker has it."""
+    from .compilers import compiler
+
+    lacking = {b.target.name for b in builds
+               if not compiler(b.target).in_onnxruntime and isinstance(compiler(b.target).toolchain(b.target), str)}
+    if not lacking:
+        return builds
+    offered = set().union(*worker_resources(settings).values())
+    targets: dict[str, ResolvedTarget] = {}
+    for build in builds:
+        tool = build.target.compiler
+        versions = [name.split(":", 2)[2] for name in offered if name.startswith(f"pkg:{tool}:")]
+        if build.target.name in lacking and versions:
+            newest = max(versions, key=_version_key)
+            targets[build.target.name] = dataclasses.replace(build.target, toolchain_version=newest)
+    return [dataclasses.replace(b, target=targets.get(b.target.name, b.target)) for b in builds]
 
 
 def stage_resources() -> dict[str, int]:
@@ -143,11 +188,22 @@ def _wait_for_worker(client: Any, needs: dict[str, int], settings: ExecutorSetti
         time.sleep(POLL_S)
 
 
-def _run(settings: ExecutorSettings, kind: str, task: str, what: Any, inputs: list[Path], root: Path,
-         needs: dict[str, int], through: dict[str, Any] | None = None) -> dict[str, Any]:
+def _keep_logs(logs: dict[str, bytes], folder: Path) -> None:
+    """A job's logs from the worker, in this project's log folder where a local run would have left them."""
+    for name, data in logs.items():
+        path = folder / name
+        if path.resolve().is_relative_to(folder.resolve()):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+
+
+def _run(workspace: Workspace, kind: str, task: str, what: Any, inputs: list[Path], needs: dict[str, int],
+         through: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run one job; `through` (remote URL, fingerprint, identity) sends its outputs through the remote cache."""
     from distributed.scheduler import KilledWorker
 
+    settings, root = workspace.executor, workspace.project_root
+    assert settings is not None
     client = _client(settings)
     _wait_for_worker(client, needs, settings, task)
     files = {_relative(path, root): path.read_bytes() for path in dict.fromkeys(inputs)}
@@ -169,6 +225,7 @@ def _run(settings: ExecutorSettings, kind: str, task: str, what: Any, inputs: li
         raise BuildError(f"{task}: lost the Dask scheduler {settings.address}: {exc}") from None
     finally:
         future.release()
+    _keep_logs(result.get("logs", {}), workspace.layout.logs)
     if "error" in result:
         raise BuildError(f"{result['error']} (on Dask worker {result['worker']})")
     for name, data in result["files"].items():
@@ -202,31 +259,33 @@ def _through(workspace: Workspace, fingerprint: str, identity: dict[str, Any]) -
 def run_build(build: Build, workspace: Workspace, scratch: Path, fingerprint: str,
               identity: dict[str, Any]) -> dict[str, Any]:
     """Compile `build` on a worker into `scratch`; the child's `usage`, the `worker`'s name, bytes `downloaded`."""
-    assert workspace.executor is not None
-    result = _run(workspace.executor, "compile", build.task, build, build.inputs, workspace.project_root,
-                  target_resources(build.target), _through(workspace, fingerprint, identity))
+    result = _run(workspace, "compile", build.task, build, build.inputs, target_resources(build.target),
+                  _through(workspace, fingerprint, identity))
     return {**result, "downloaded": _write(result, scratch, workspace, fingerprint, build.task)}
 
 
 def run_stage(stage: Stage, workspace: Workspace, scratch: Path, fingerprint: str,
               identity: dict[str, Any]) -> dict[str, Any]:
     """Run a stage on a worker into `scratch`; the child's `answer`, the `worker`'s name, bytes `downloaded`."""
-    assert workspace.executor is not None
-    result = _run(workspace.executor, "stage", stage.task, stage,
-                  [stage.input, *stage.input_external, *stage.calibration], workspace.project_root, stage_resources(),
-                  _through(workspace, fingerprint, identity))
+    result = _run(workspace, "stage", stage.task, stage, [stage.input, *stage.input_external, *stage.calibration],
+                  stage_resources(), _through(workspace, fingerprint, identity))
     return {**result, "downloaded": _write(result, scratch, workspace, fingerprint, stage.task)}
 
 
 def run_validation(build: Build, workspace: Workspace) -> dict[str, Any]:
     """Validate the published artifact of `build` on a worker; write `validation.json` here."""
-    assert workspace.executor is not None
     folder = build.out_dir(workspace.layout)
     artifact = [path for path in sorted(folder.rglob("*")) if path.is_file()]
     external = [p for m in build.members for p in m.external]
-    result = _run(workspace.executor, "validate", f"validate:{build.name}", build,
-                  [*artifact, *build.sources, *external, *build.validation_files], workspace.project_root,
+    result = _run(workspace, "validate", f"validate:{build.name}", build,
+                  [*artifact, *build.sources, *external, *build.validation_files, *build.target.option_files.values()],
                   target_resources(build.target))
     report = {**result["report"], "worker": result["worker"]}
     write_json(folder / "validation.json", report)
     return report
+
+
+def run_operator_list(build: Build, workspace: Workspace) -> tuple[set[str], str]:
+    """The ONNX operators a worker's qaic-compile supports, and its version, for the `ops:` check."""
+    result = _run(workspace, "ops", f"ops:{build.name}", build, [], target_resources(build.target))
+    return set(result["answer"]), result["version"]

@@ -100,8 +100,9 @@ def capabilities(state_dir: Path) -> dict[str, Any]:
     return result
 
 
-def unavailable_reason(info: EpInfo, source: str, device: str, caps: dict[str, Any]) -> str | None:
-    """Why this host cannot build for (EP, source, device), with how to fix it; None when it can."""
+def package_reason(info: EpInfo, source: str) -> str | None:
+    """Why this host cannot even name the EP's toolchain (platform, delivery, package), or None. A Dask
+    coordinator needs only this: the package's version enters the fingerprint, the device is the workers' concern."""
     reason = platform_reason(info)
     if reason:
         return reason
@@ -109,6 +110,14 @@ def unavailable_reason(info: EpInfo, source: str, device: str, caps: dict[str, A
         return f"{info.name} from '{source}' is delivered only through Windows ML on Windows"
     if info.package and package_version(info.package) is None:
         return f"{info.name} needs the '{info.package}' package: pip install {info.package}"
+    return None
+
+
+def unavailable_reason(info: EpInfo, source: str, device: str, caps: dict[str, Any]) -> str | None:
+    """Why this host cannot build for (EP, source, device), with how to fix it; None when it can."""
+    reason = package_reason(info, source)
+    if reason:
+        return reason
     found = caps.get("eps", {}).get(info.name)
     if found is None:
         return f"{info.name} is not offered by this onnxruntime build ({caps.get('error', 'not registered')})"

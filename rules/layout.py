@@ -47,9 +47,13 @@ class Layout:
     def stage_output(self, model: str, folder: str) -> Path:
         return self.root / STAGES / model / folder / f"{model}.onnx"
 
+    @property
+    def logs(self) -> Path:
+        return self.root / ".logs"
+
     def log(self, folder: str, stem: str) -> Path:
         """A task's log: `folder` is the target (or `.stages`), `stem` says the task (`tinycnn.compile`)."""
-        return self.root / ".logs" / folder / f"{stem}.log"
+        return self.logs / folder / f"{stem}.log"
 
     def scratch(self, label: str) -> Path:
         return self.scratch_root / label

@@ -28,7 +28,7 @@ from .cache import Outcome, Workspace, cache_location, remote_location
 from .compile import compile_build, file_records
 from .compilers import COMPILERS, compiler
 from .errors import BuildError, UserError
-from .executor import executor_settings, run_validation, unreachable
+from .executor import executor_settings, run_operator_list, run_validation, unreachable, with_worker_toolchains
 from .external_data import ExternalDataIndex
 from .fingerprint import compile_config, stage_config, validate_config, validation_fingerprint
 from .hashing import FileHashes
@@ -40,7 +40,7 @@ from .publish import discard
 from .report import BuildReport, usage_text
 from .stages import Stage
 from .targets import plan
-from .toolchains import Toolchain, check_operators, find_qaic, find_qairt
+from .toolchains import Toolchain, check_operators, find_qaic, find_qairt, supported_operators
 from .validate import REPORT, cached_validation, summary, validate
 
 Task = dict[str, Any]
@@ -150,13 +150,17 @@ def run_validate(build: Build, workspace: Workspace, config: dict[str, Any]) -> 
 
 
 def run_ops(build: Build, workspace: Workspace, report: Path) -> TaskFailed | None:
-    """The operator check of a qaic build, before its compile."""
-    found = find_qaic(build.target.sdk_root)
-    if isinstance(found, str):
-        return TaskFailed(f"ops:{build.name}: {found}")
+    """The operator check of a qaic build, before its compile; the operator list comes from a worker's
+    qaic-compile when an executor runs the jobs."""
     try:
-        print(f"ops:{build.name}: " + check_operators(found, build.members[0].model.path,
-                                                      build.log(workspace.layout, "ops"), report))
+        if workspace.executor:
+            supported, version = run_operator_list(build, workspace)
+        else:
+            found = find_qaic(build.target.sdk_root)
+            if isinstance(found, str):
+                return TaskFailed(f"ops:{build.name}: {found}")
+            supported, version = supported_operators(found, build.log(workspace.layout, "ops")), found.version
+        print(f"ops:{build.name}: " + check_operators(supported, version, build.members[0].model.path, report))
     except BuildError as exc:
         return TaskFailed(f"ops:{build.name}: {exc}")
     return None
@@ -325,8 +329,7 @@ class Project:
         if executor and command in INSPECTING:
             executor = None  # listing or inspecting needs no cluster
         elif executor and (reason := unreachable(executor)):
-            raise UserError("EPBUILD_EXECUTOR" if os.environ.get("EPBUILD_EXECUTOR") else self.manifest.path.name,
-                            None if os.environ.get("EPBUILD_EXECUTOR") else "executor.scheduler", reason)
+            raise self.executor_error(reason)
         self.workspace = Workspace(self.layout.root, *cache_location(self.manifest.cache),
                                    remote_location(self.manifest.cache), executor)
         index = ExternalDataIndex(self.layout.state)
@@ -338,16 +341,26 @@ class Project:
                 raise UserError(self.manifest.path.name, f"models.{name}.path", f"{exc.file}: {exc.message}") from None
         index.save()
         self.builds = plan(self.manifest, external)
+        if executor:  # the workers' toolchains and devices count, not this host's
+            try:
+                self.builds = with_worker_toolchains(self.builds, executor)
+            except BuildError as exc:
+                raise self.executor_error(str(exc)) from None
         used = {b.target.name: b.target for b in self.builds if not b.target.is_cpu}
-        needs_probe = any(compiler(t).in_onnxruntime for t in used.values())
+        needs_probe = not executor and any(compiler(t).in_onnxruntime for t in used.values())
         shim = vendor_shim.prepare(self.workspace.cache_dir) if any(t.ep.vendor_shim for t in used.values()) else {}
         self.caps = {**capabilities(self.layout.state), "vendor_shim": shim} if needs_probe else {}
         self.unavailable: dict[str, str] = {}
         for name, target in used.items():
-            reason = compiler(target).unavailable(target, self.caps)
+            reason = compiler(target).unavailable(target, None if executor else self.caps)
             if reason:
                 self.unavailable[name] = reason
         self.stages = {stage.task: stage for b in self.builds for stage in b.stages}
+
+    def executor_error(self, reason: str) -> UserError:
+        if os.environ.get("EPBUILD_EXECUTOR"):
+            return UserError("EPBUILD_EXECUTOR", None, reason)
+        return UserError(self.manifest.path.name, "executor.scheduler", reason)
 
     @staticmethod
     def task_names(build: Build) -> list[str]:

@@ -178,12 +178,11 @@ def ep_context_model(source: Any, binary: str, graph_name: str, output: Path) ->
     onnx.save(model, str(output))
 
 
-def check_operators(toolchain: Toolchain, model_path: Path, log: Path, report: Path) -> str:
-    """Compare the model's operators with what qaic-compile supports, before a long compile fails on them; write
-    the operator report, or raise BuildError naming the unsupported ones."""
+def check_operators(supported: set[str], version: str, model_path: Path, report: Path) -> str:
+    """Compare the model's operators with what qaic-compile `version` supports, before a long compile fails on
+    them; write the operator report, or raise BuildError naming the unsupported ones."""
     import onnx
 
-    supported = supported_operators(toolchain, log)
     model = onnx.load(str(model_path), load_external_data=False)
     used = sorted({n.op_type for n in model.graph.node if n.domain in ("", "ai.onnx")})
     unsupported = [op for op in used if op not in supported]
@@ -192,4 +191,4 @@ def check_operators(toolchain: Toolchain, model_path: Path, log: Path, report: P
         raise BuildError(f"qaic-compile does not support {', '.join(unsupported)} (used by {model_path.name})")
     report.parent.mkdir(parents=True, exist_ok=True)
     write_json(report, {"operators": used, "unsupported": unsupported}, indent=1)
-    return f"all {len(used)} operators are supported by qaic-compile {toolchain.version}"
+    return f"all {len(used)} operators are supported by qaic-compile {version}"

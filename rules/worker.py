@@ -26,9 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from .errors import BuildError, UserError
+from .layout import Layout
 
 RESOURCE_AMOUNT = 1000  # resources route jobs; the worker's thread count limits concurrency
 OUTSIDE = "_outside"  # where files from outside the coordinator's project land
+LOG_CAP = 1 << 20  # bytes of each log a job sends back: its end, where the errors are
 
 
 def cpu_class() -> str:
@@ -37,15 +39,17 @@ def cpu_class() -> str:
     return "cpu:" + hashlib.sha256((cpu_flags() or "").encode()).hexdigest()[:12]
 
 
-def host_resources(state_dir: Path) -> dict[str, int]:
-    """What this host can build, as Dask resources (the same probe as `doit backends`)."""
+def host_resources(state_dir: Path, shim: dict[str, str]) -> dict[str, int]:
+    """What this host can build, as Dask resources (the same probe as `doit backends`): `ep:<EP>:<device>` for
+    each device the EP offers here; `shim` is what `rules.vendor_shim.prepare` answered on this host."""
     from .eps import REGISTRY
-    from .host import capabilities, package_version
+    from .host import capabilities, package_version, unavailable_reason
     from .toolchains import Toolchain, find_qaic, find_qairt
 
-    caps = capabilities(state_dir)
-    names = {f"host:{platform.machine()}", cpu_class(), "ep:CPUExecutionProvider"}
-    names |= {f"ep:{name}" for name, entry in caps.get("eps", {}).items() if not entry.get("error")}
+    caps = {**capabilities(state_dir), "vendor_shim": shim}
+    names = {f"host:{platform.machine()}", cpu_class(), "ep:CPUExecutionProvider:cpu"}
+    names |= {f"ep:{info.name}:{device}" for info in REGISTRY.values() if not info.is_cpu
+              for device in info.devices if unavailable_reason(info, info.default_source, device, caps) is None}
     for tool, found in (("qaic", find_qaic(None)), ("qairt", find_qairt(None))):
         if isinstance(found, Toolchain):
             names |= {f"toolchain:{tool}", f"pkg:{tool}:{found.version}"}
@@ -75,11 +79,16 @@ def relocate(value: Any, old: Path, new: Path) -> Any:
 def _check_versions(job: dict[str, Any]) -> None:
     """Defence in depth behind routing: a package version that differs from the fingerprint's refuses the job."""
     from .host import package_version
+    from .toolchains import Toolchain, find_qaic, find_qairt
 
     for name in job["resources"]:
-        if name.startswith("pkg:") and name.count(":") == 2 and not name.startswith(("pkg:qaic:", "pkg:qairt:")):
+        if name.startswith("pkg:") and name.count(":") == 2:
             _, package, wanted = name.split(":")
-            found = package_version(package)
+            if package in ("qaic", "qairt"):
+                tool = find_qaic(None) if package == "qaic" else find_qairt(None)
+                found = tool.version if isinstance(tool, Toolchain) else None
+            else:
+                found = package_version(package)
             if found != wanted:
                 raise BuildError(f"{job['task']}: worker refused the job: its fingerprint needs {package} {wanted}, "
                                  f"this worker has {found or 'none'}")
@@ -109,52 +118,68 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
 
     worker = get_worker()
     name = worker.name or worker.address
-    try:
-        return {**_run_job(job), "worker": name}
-    except (BuildError, UserError, OSError) as exc:  # a message for the coordinator, not a pickled exception
-        return {"error": str(exc), "worker": name}
-
-
-def _run_job(job: dict[str, Any]) -> dict[str, Any]:
-    from .cache import Workspace
-    from .compilers import compiler
-    from .preprocess import produce_stage
-    from .validate import validate
-
-    _check_versions(job)
     base = Path(os.environ.get("EPBUILD_WORKER_DIR") or Path(tempfile.gettempdir()) / "epbuild-worker")
     root = base / "jobs" / uuid.uuid4().hex
     try:
-        for relative, data in job["files"].items():
-            path = root / relative
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
-        what = relocate(job["what"], Path(job["root"]), root)
-        workspace = Workspace(root / "artifacts", base / "cache", None)
-        scratch = root / ".job-output"
-        scratch.mkdir()
-        result: dict[str, Any] = {}
-        if job["kind"] == "compile":
-            result["usage"] = compiler(what.target).produce(what, workspace, scratch) or {}
-        elif job["kind"] == "stage":
-            result["answer"] = produce_stage(what, workspace, scratch)
-        else:
-            result["report"] = validate(what, workspace.layout)
-        if job.get("remote") and _through_remote(job, scratch):
-            return {**result, "files": {}, "digests": {}, "via_remote": True}
-        files = _outputs(scratch)
-        size = sum(len(data) for data in files.values())
-        if size > job["result_cap"]:
-            raise BuildError(f"{job['task']}: its outputs ({size / 1e6:.0f} MB) exceed the "
-                             f"{job['result_cap'] / 1e6:.0f} MB a Dask result may carry; configure a remote cache "
-                             "(`[cache] remote`) so outputs travel through it")
-        return {**result, "files": files, "digests": {n: hashlib.sha256(d).hexdigest() for n, d in files.items()}}
+        result = {**relocate(_run_job(job, base, root), root, Path(job["root"])), "worker": name}
+    except (BuildError, UserError, OSError) as exc:  # a message for the coordinator, not a pickled exception
+        result = {"error": str(exc).replace(str(root), job["root"]), "worker": name}
+    try:
+        return {**result, "logs": _logs(root / "artifacts")}
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
+def _logs(artifacts: Path) -> dict[str, bytes]:
+    """The job's logs (child and tool output) by their place under `.logs`, the last LOG_CAP bytes of each."""
+    folder = Layout(artifacts).logs
+    return {p.relative_to(folder).as_posix(): p.read_bytes()[-LOG_CAP:] for p in sorted(folder.rglob("*.log"))}
+
+
+def _run_job(job: dict[str, Any], base: Path, root: Path) -> dict[str, Any]:
+    from .cache import Workspace
+    from .compilers import compiler
+    from .preprocess import produce_stage
+    from .toolchains import supported_operators
+    from .validate import validate
+
+    _check_versions(job)
+    for relative, data in job["files"].items():
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    what = relocate(job["what"], Path(job["root"]), root)
+    if job["kind"] != "stage" and what.target.compiler in ("qaic", "qairt"):  # this host's SDK, as advertised
+        what = dataclasses.replace(what, target=dataclasses.replace(what.target, sdk_root=None))
+    workspace = Workspace(root / "artifacts", base / "cache", None)
+    scratch = root / ".job-output"
+    scratch.mkdir(parents=True)
+    result: dict[str, Any] = {}
+    if job["kind"] == "compile":
+        result["usage"] = compiler(what.target).produce(what, workspace, scratch) or {}
+    elif job["kind"] == "stage":
+        result["answer"] = produce_stage(what, workspace, scratch)
+    elif job["kind"] == "ops":
+        toolchain = compiler(what.target).found(what)
+        operators = supported_operators(toolchain, what.log(workspace.layout, "ops"))
+        return {"answer": sorted(operators), "version": toolchain.version, "files": {}, "digests": {}}
+    else:
+        result["report"] = validate(what, workspace.layout)
+    if job.get("remote") and _through_remote(job, scratch):
+        return {**result, "files": {}, "digests": {}, "via_remote": True}
+    files = _outputs(scratch)
+    size = sum(len(data) for data in files.values())
+    if size > job["result_cap"]:
+        raise BuildError(f"{job['task']}: its outputs ({size / 1e6:.0f} MB) exceed the "
+                         f"{job['result_cap'] / 1e6:.0f} MB a Dask result may carry; configure a remote cache "
+                         "(`[cache] remote`) so outputs travel through it")
+    return {**result, "files": files, "digests": {n: hashlib.sha256(d).hexdigest() for n, d in files.items()}}
+
+
 def main(argv: list[str]) -> None:
     """Probe this host, then become `dask worker SCHEDULER --resources ...` with the remaining arguments."""
+    from . import vendor_shim
+
     if not argv or argv[0].startswith("-"):
         raise SystemExit("usage: python -m rules.worker tcp://SCHEDULER:8786 [--workdir DIR] [dask worker args]")
     scheduler, rest = argv[0], argv[1:]
@@ -164,7 +189,8 @@ def main(argv: list[str]) -> None:
         workdir = Path(rest[at + 1]).absolute()
         rest = rest[:at] + rest[at + 2:]
     workdir.mkdir(parents=True, exist_ok=True)
-    resources = host_resources(workdir / "state")
+    shim = vendor_shim.prepare(workdir / "cache")  # its path reaches the job children through the environment
+    resources = host_resources(workdir / "state", shim)
     print(f"epbuild worker: {workdir}; resources: {', '.join(resources)}", flush=True)
     repo = str(Path(__file__).resolve().parent.parent)
     os.environ["EPBUILD_WORKER_DIR"] = str(workdir)

@@ -3,6 +3,7 @@ working folder and its own resources; and CI shards."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -15,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, build_report, clone, ran
-from helpers import tree_bytes
+from helpers import single_op_model, tree_bytes
+from rules import vendor_shim
 from rules.errors import BuildError
 from rules.worker import _check_versions, relocate
 
@@ -157,6 +159,63 @@ def test_a_job_no_worker_can_run_fails_after_a_bounded_wait_naming_the_missing_v
     assert entries["compile:tinycnn@cpu"]["worker"] == "a" and entries["validate:encoder@cpu"]["status"] == \
         "validated"
     assert not (project.artifacts / "qnn-htp" / "tinycnn").exists()
+
+
+def test_a_toolchain_only_a_worker_has_is_used_there_and_named_in_the_fingerprint(tmp_path, host_cache, cluster):
+    sdk = tmp_path / "qti-aic"
+    shutil.copytree(REPO / "tests" / "standins" / "qaic", sdk)  # a STAND-IN qaic-compile, only on worker b
+    cluster.worker("a")
+    cluster.worker("b", QAIC_ROOT=str(sdk))
+    cluster.wait_for({"a", "b"})
+    manifest = ('[models.dynbatch]\npath = "models/dynbatch.onnx"\ninputs = { x = [1, 3, 32, 32] }\n'
+                '[targets.aic100]\ncompiler = "qaic"\n[executor]\nwait_s = 4\n')
+    project = clone(tmp_path, host_cache, "p", manifest)
+    project.env.pop("QAIC_ROOT", None)
+    assert "skipped compile:dynbatch@aic100: qaic-compile not found" in project.doit().stdout  # not on this host
+    project.env["EPBUILD_EXECUTOR"] = cluster.address
+    done = project.doit()
+    assert "operators are supported by qaic-compile 1.20.2.0" in done.stdout, done.stdout
+    entries = build_report(project)
+    assert entries["compile:dynbatch@aic100"]["worker"] == entries["validate:dynbatch@aic100"]["worker"] == "b"
+    artifact = json.loads((project.artifacts / "aic100" / "dynbatch" / "artifact.json").read_text())
+    assert artifact["toolchain"]["version"] == "1.20.2.0"
+    assert (project.artifacts / "aic100" / "dynbatch" / "qpc" / "programqpc.bin").is_file()
+    tools = [json.loads(line)[0] for line in (sdk / "calls.jsonl").read_text().splitlines()]
+    assert "-operators-supported=onnx" in tools and any(t.startswith("-model=") for t in tools)
+    assert ran(project.doit()) == set()  # the workers' version is in the fingerprint: up to date
+    log = project.artifacts / ".logs" / "aic100" / "dynbatch.ops.log"  # the worker's log, kept here
+    assert "qaic-compile -operators-supported=onnx" in log.read_text()
+
+
+def test_a_failed_job_brings_its_log_back(tmp_path, host_cache, cluster):
+    cluster.worker("a")
+    cluster.wait_for({"a"})
+    project = clone(tmp_path, host_cache, "p", '[models.det]\npath = "models/det.onnx"\n'
+                    '[targets.qnn-htp]\nep = "qnn"\n', EPBUILD_EXECUTOR=cluster.address)
+    single_op_model(project.root / "models" / "det.onnx", "Det")  # QNN HTP compiles nothing of it
+    done = project.doit(check=False)
+    assert done.returncode != 0 and "Unable to compile any nodes" in done.stdout and "jobs/" not in done.stdout
+    log = project.artifacts / ".logs" / "qnn-htp" / "det.compile.log"  # written on worker a, kept here
+    assert "Unable to compile any nodes" in log.read_text()
+    assert not (project.artifacts / "qnn-htp" / "det").exists()
+
+
+@pytest.mark.skipif(not vendor_shim.needed(), reason="OpenVINO's CPU device needs the vendor-id shim only on "
+                                                      "non-Intel x86-64 hosts")
+def test_a_device_only_a_worker_offers_is_built_there(tmp_path, host_cache, cluster):
+    cluster.worker("a", EPBUILD_OPENVINO_VENDOR_SHIM="0")  # OpenVINO offers no CPU device on this CPU
+    cluster.worker("b")
+    cluster.wait_for({"a", "b"})
+    manifest = ('[models.tinycnn]\npath = "models/tinycnn.onnx"\n[targets.ov]\nep = "openvino"\ndevice = "cpu"\n'
+                'options = { load_config = "configs/openvino_f32.json" }\noption_files = ["load_config"]\n')
+    project = clone(tmp_path, host_cache, "p", manifest, EPBUILD_OPENVINO_VENDOR_SHIM="0")
+    assert "skipped compile:tinycnn@ov: OpenVINOExecutionProvider registered but offers no device" in \
+        project.doit().stdout
+    project.env["EPBUILD_EXECUTOR"] = cluster.address
+    project.doit()
+    entries = build_report(project)
+    assert entries["compile:tinycnn@ov"]["worker"] == entries["validate:tinycnn@ov"]["worker"] == "b"
+    assert entries["validate:tinycnn@ov"]["status"] == "validated"
 
 
 def test_a_worker_refuses_a_job_whose_versions_differ_from_its_own():
