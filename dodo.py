@@ -44,3 +44,7 @@ def task_cache():
 
 def task_unavailable():
     yield from project.unavailable_task()
+
+
+def task_graph():
+    yield from project.graph_task()

@@ -4,10 +4,11 @@ shares (atomic writes, a file's identity).
     artifacts/<target>/<model>/           a published artifact (one compile)
     artifacts/<target>/groups/<group>/    a published shared-context group
     artifacts/build-report.json           what the last runs did, one line per task
+    artifacts/report.html, junit.xml      the same for people (one page) and CI systems (validations as tests)
     artifacts/.stages/<model>/<stage>/    stage outputs (shape, optimize, quantize, squash, freeze)
     artifacts/.logs/<target>/             child and tool output, one file per task
     artifacts/.scratch/                   private work folders, renamed into place or deleted
-    artifacts/.state/                     host probe, hash memory, external-data index, operator checks
+    artifacts/.state/                     host probe, hash memory, external-data index, operator checks, durations
 """
 
 from __future__ import annotations
@@ -39,6 +40,18 @@ class Layout:
     @property
     def build_report(self) -> Path:
         return self.root / "build-report.json"
+
+    @property
+    def html_report(self) -> Path:
+        return self.root / "report.html"
+
+    @property
+    def junit_report(self) -> Path:
+        return self.root / "junit.xml"
+
+    @property
+    def durations(self) -> Path:
+        return self.state / "durations.json"
 
     def build_dir(self, target: str, name: str, shared: bool) -> Path:
         """A published compile (`shared`: a shared-context group)."""

@@ -42,10 +42,18 @@ class BuildReport:
     def skipped(self, task: str, reason: str) -> None:
         self.entries[task] = {"status": "skipped", "reason": reason}
 
-    def write(self) -> None:
+    def write(self) -> bool:
+        """Write the report; False when it already said exactly this (the pages made from it are current)."""
         lines = ",\n".join(f"  {json.dumps(name)}: {json.dumps(entry)}" for name, entry in sorted(self.entries.items()))
+        text = f'{{"format": {RULES_FORMAT}, "tasks": {{\n{lines}\n}}}}\n'
+        try:
+            if self.path.read_text() == text:
+                return False
+        except OSError:
+            pass
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(self.path, f'{{"format": {RULES_FORMAT}, "tasks": {{\n{lines}\n}}}}\n')
+        write_atomic(self.path, text)
+        return True
 
     def summary(self, seen: set[str], ran: set[str]) -> str | None:
         """Counts by status over the tasks this run saw, and the three slowest it ran; None when it saw none."""

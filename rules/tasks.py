@@ -27,7 +27,7 @@ from .build import Build
 from .cache import Outcome, Workspace, cache_location, remote_location
 from .compile import compile_build, file_records
 from .compilers import COMPILERS, compiler
-from .errors import BuildError, UserError
+from .errors import BuildError, UserError, closest
 from .executor import executor_settings, run_operator_list, run_validation, unreachable, with_worker_toolchains
 from .external_data import ExternalDataIndex
 from .fingerprint import compile_config, stage_config, validate_config, validation_fingerprint
@@ -36,16 +36,19 @@ from .host import capabilities
 from .layout import Layout, stat_key
 from .manifest import load
 from .preprocess import run_stage
+from .progress import LiveProgress, live_wanted, load_durations, save_durations
 from .publish import discard
 from .report import BuildReport, usage_text
+from .report_views import append_step_summary, write_views
 from .stages import Stage
 from .targets import plan
+from .task_graph import write_graph
 from .toolchains import Toolchain, check_operators, find_qaic, find_qairt, supported_operators
 from .validate import REPORT, cached_validation, summary, validate
 
 Task = dict[str, Any]
 INSPECTING = {"list", "info", "help", "clean", "forget", "ignore", "dumpdb", "strace", "tabcompletion", "reset-dep",
-              "backends", "cache", "unavailable"}  # doit commands and tasks that build nothing
+              "backends", "cache", "unavailable", "graph"}  # doit commands and tasks that build nothing
 FAILURES = (BuildError, UserError, OSError)
 
 
@@ -222,6 +225,17 @@ def show_backends(project: Project, json_output: bool) -> None:
         print(f"  target {name} ({entry['ep']}, {entry['device']}, {entry['compiler']}): {state}")
 
 
+def show_graph(project: Project, model: str) -> TaskFailed | None:
+    """`doit graph [--model M]`: the task graph, coloured by the last build report."""
+    try:
+        keep = project.model_tasks(model) if model else None
+        print("graph: " + write_graph(project.all_tasks(), BuildReport(project.layout.build_report).entries,
+                                      project.layout.root, keep))
+    except (UserError, OSError) as exc:
+        return TaskFailed(str(exc))
+    return None
+
+
 def show_cache(workspace: Workspace) -> None:
     """The local cache's folder, size and cap; the remote's location, mode and signing, probed once."""
     entries, size = workspace.cache.usage()
@@ -262,8 +276,33 @@ class HashChecker(FileChangedChecker):
         return [*key, self.hashes.sha256(dep, stat)]
 
 
+def thread_mode(argv: list[str]) -> bool:
+    """Whether doit's command line asks for `-P thread` / `--parallel-type thread`."""
+    for at, word in enumerate(argv):
+        if word in ("-P", "--parallel-type") and argv[at + 1:at + 2] == ["thread"]:
+            return True
+        if word in ("-Pthread", "--parallel-type=thread"):
+            return True
+    return False
+
+
+def _closure(tasks: dict[str, Any], selected: list[str]) -> list[str]:
+    """The tasks a run may execute: the selected ones and everything they depend on, named subtasks only."""
+    seen: set[str] = set()
+    todo = list(selected)
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in tasks:
+            continue
+        seen.add(name)
+        todo.extend(tasks[name].task_dep)
+        todo.extend(tasks[name].setup_tasks)
+    return sorted(name for name in seen if ":" in name and tasks[name].actions)
+
+
 class BuildReporter(ConsoleReporter):
-    """doit's console output, plus `artifacts/build-report.json` and a summary at the end of every run."""
+    """doit's console output (with a live status area on a terminal), plus `artifacts/build-report.json`,
+    `report.html`, `junit.xml` and a summary at the end of every run."""
 
     project: Project  # set on a per-project subclass
 
@@ -272,36 +311,66 @@ class BuildReporter(ConsoleReporter):
         self.report = BuildReport(self.project.layout.build_report)
         self.started: dict[str, float] = {}
         self.uptodate: set[str] = set()
+        self.durations = load_durations(self.project.layout.durations)
+        self.live = None
+        if self.project.live and not {"backends", "cache"} & set(selected_tasks):
+            self.live = LiveProgress(self.outstream, _closure(tasks, selected_tasks), self.durations,
+                                     catch_prints=self.project.threads)
+
+    def write(self, text):
+        if self.live is not None:
+            self.live.print(text)
+        else:
+            super().write(text)
 
     def execute_task(self, task):
-        if task.name != "backends":  # its output, --json included, stays clean for machines
+        if self.live is not None:
+            self.live.started(task.name)
+        elif task.name != "backends":  # its output, --json included, stays clean for machines
             super().execute_task(task)
         self.started[task.name] = time.monotonic()
 
     def add_success(self, task):
         super().add_success(task)
+        if self.live is not None:
+            if not self.project.threads:  # captured (verbosity 1): shown above the status area
+                self.write("".join(action.out for action in task.actions if action.out))
+            self.live.finished(task.name)
         if ":" in task.name and task.values.get("status"):
             self.report.succeeded(task.name, task.values)
 
     def add_failure(self, task, fail):
         super().add_failure(task, fail)
+        if self.live is not None:
+            self.live.finished(task.name, failed=True)
         if ":" in task.name:
             seconds = time.monotonic() - self.started.get(task.name, time.monotonic())
             self.report.failed(task.name, fail.get_msg().strip(), seconds)
 
     def skip_uptodate(self, task):
-        super().skip_uptodate(task)
+        if self.live is not None:
+            self.live.finished(task.name)
+        else:
+            super().skip_uptodate(task)
         self.uptodate.add(task.name)
         if ":" in task.name:
             self.report.up_to_date(task.name)
 
     def complete_run(self):
+        if self.live is not None:
+            self.live.stop()
+            self.live = None
         seen = set(self.started) | self.uptodate
         if "unavailable" in seen:  # the default run: tasks this host cannot build were skipped
             for name, reason in self.project.skipped().items():
                 self.report.skipped(name, reason)
                 seen.add(name)
-        self.report.write()
+        layout = self.project.layout
+        if self.report.write() or not layout.html_report.exists():
+            write_views(layout, self.project.builds, self.report.entries)
+        if os.environ.get("GITHUB_STEP_SUMMARY") and seen:
+            append_step_summary(layout, self.project.builds, self.report.entries)
+        save_durations(layout.durations, self.durations, self.report.entries, set(self.started))
         line = self.report.summary(seen, set(self.started))
         if line:
             self.write(line + "\n")
@@ -316,6 +385,8 @@ class Project:
         requested = list(requested)
         command = requested[0] if requested else None
         self.shard = shard_of(os.environ.get("EPBUILD_SHARD"))
+        self.live = command not in INSPECTING and live_wanted(sys.stdout)  # a status area under the task lines
+        self.threads = thread_mode(requested)
         self.manifest = load(manifest_path)
         self.root = self.manifest.root
         self.requested = frozenset(requested)
@@ -377,7 +448,10 @@ class Project:
             default.append("unavailable")
         checker = type("ProjectHashChecker", (HashChecker,), {"hashes": FileHashes(self.layout.state)})
         reporter = type("ProjectBuildReporter", (BuildReporter,), {"project": self})
-        return {"backend": "sqlite3", "dep_file": ".doit.db", "verbosity": 2, "subtasks": True,
+        # Live: doit captures each task's output (verbosity 1) and the reporter prints it above the status area;
+        # threads share one sys.stdout, which doit's capture would race on, so there the status area catches prints.
+        verbosity = 1 if self.live and not self.threads else 2
+        return {"backend": "sqlite3", "dep_file": ".doit.db", "verbosity": verbosity, "subtasks": True,
                 "default_tasks": default, "check_file_uptodate": checker, "reporter": reporter}
 
     def _task(self, basename: str, name: str, doc: str, action: Any, args: list[Any], file_dep: Iterable[Path] = (),
@@ -474,6 +548,27 @@ class Project:
             yield self._task(stage.kind, stage.task.split(":", 1)[1], doc, run_stage_task, [stage, self.workspace],
                              [stage.input, *stage.input_external, *stage.calibration], stage.outputs,
                              stage_config(stage), clean=[(discard, [stage.output.parent])])
+
+    def all_tasks(self) -> list[Task]:
+        return [*self.stage_tasks(), *self.build_tasks("compile"), *self.build_tasks("group"),
+                *self.validate_tasks(), *self.ops_tasks()]
+
+    def graph_task(self) -> Iterator[Task]:
+        yield {"basename": "graph", "doc": "the task graph as artifacts/graph.dot and graph.svg (--model M: one model)",
+               "actions": [(show_graph, [self])], "uptodate": [False], "verbosity": 2,
+               "params": [{"name": "model", "long": "model", "type": str, "default": "",
+                           "help": "only this model's tasks (its stages, compiles, checks, validations, groups)"}]}
+
+    def model_tasks(self, model: str) -> set[str]:
+        """The task names of one model: its stages, and every build it is a member of with its checks."""
+        if model not in self.manifest.models:
+            raise UserError(self.manifest.path.name, None, f"no model '{model}'{closest(model, self.manifest.models)};"
+                            f" models: {', '.join(self.manifest.models)}")
+        names = set()
+        for build in self.builds:
+            if model in (m.name for m in build.members):
+                names |= {build.task, f"validate:{build.name}", f"ops:{build.name}", *(s.task for s in build.stages)}
+        return names
 
     def unavailable_task(self) -> Iterator[Task]:
         yield {"basename": "unavailable", "doc": "list the tasks this host cannot build, and why",
