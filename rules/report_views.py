@@ -174,7 +174,7 @@ def junit_xml(cells: list[Cell]) -> bytes:
 def markdown_summary(cells: list[Cell]) -> str:
     """A table for GitHub's job summary: one line per build."""
     def escape(text: str) -> str:
-        return html.escape(text.replace("|", "\\|").replace("\n", " "))[:300]
+        return html.escape(text.replace("|", "\\|").replace("\n", " "), quote=False)[:300]
 
     lines = ["### epbuild", "", "| build | compile | seconds | size | offload | validation | SNR dB | note |",
              "|---|---|---:|---:|---:|---|---:|---|"]

@@ -1,0 +1,204 @@
+"""What people see: report.html in a real headless Chromium, junit.xml, the GitHub step summary, the task graph,
+and the live progress on a pseudo-terminal against plain lines elsewhere."""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+import select
+import shutil
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ElementTree
+
+import pytest
+
+from conftest import Project, build_report
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+SMALL = '[models.tinycnn]\npath = "models/tinycnn.onnx"\n[models.encoder]\npath = "models/encoder.onnx"\n' \
+        '[targets.cpu]\nep = "cpu"\n'
+MANIFEST = """
+[models.tinycnn]
+path = "models/tinycnn.onnx"
+
+[models.encoder]
+path = "models/encoder.onnx"
+targets = ["cpu", "openvino-cpu"]
+
+[targets.cpu]
+ep = "cpu"
+
+[targets.strict]
+ep = "cpu"
+validation = { min_snr_db = 500 }   # the CPU caps SNR at 200 dB: this validation fails
+
+[targets.openvino-cpu]
+ep = "openvino@pypi"
+device = "cpu"
+options = { load_config = "configs/openvino_f32.json" }
+option_files = ["load_config"]
+
+[groups.pair]
+target = "openvino-cpu"
+models = ["tinycnn", "encoder"]
+"""
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, host_cache):
+    """One build, shared by the report tests: cpu and OpenVINO compiles, a group, one failed validation."""
+    root = tmp_path_factory.mktemp("views")
+    project = Project(root, host_cache)
+    project.manifest(MANIFEST)
+    summary = root.parent / "step-summary.md"
+    project.env["GITHUB_STEP_SUMMARY"] = str(summary)
+    done = project.doit("--continue", check=False)
+    assert done.returncode == 1 and "failed validate:tinycnn@strict" in done.stdout, done.stdout + done.stderr
+    return project, summary
+
+
+def test_report_html_renders_every_task_and_the_failed_metrics_without_network(built, tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    if CHROMIUM is None:
+        pytest.fail("headless Chromium is needed: apt install chromium (.ci/run installs it)")
+    project, _ = built
+    entries = build_report(project)
+    page_url = (project.artifacts / "report.html").as_uri()
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            requests: list[str] = []
+            page.on("request", lambda request: requests.append(request.url))
+            page.goto(page_url)
+            rows = {row.get_attribute("data-task"): row.get_attribute("data-status")
+                    for row in page.query_selector_all("tr[data-task]")}
+            failed = page.query_selector('section[data-build="tinycnn@strict"]')
+            failed_text = failed.inner_text()
+            breaches = [cell.inner_text() for cell in failed.query_selector_all("td.breach")]
+            group_text = page.query_selector('section[data-build="pair"]').inner_text()
+            matrix_cell = page.query_selector('table.matrix td[data-build="tinycnn@openvino-cpu"]').inner_text()
+            page.screenshot(path=str(tmp_path / "report.png"), full_page=True)
+        finally:
+            browser.close()
+    assert rows == {name: entry["status"] for name, entry in entries.items()}  # every task, with its status
+    assert "failed" in rows.values() and rows["validate:tinycnn@strict"] == "failed"
+    assert "snr_db 200 < min_snr_db 500" in failed_text and breaches == ["200"]  # the metric against its threshold
+    assert "min_snr_db 500" in failed_text and ".logs/strict/tinycnn.validate.log" in failed_text
+    assert "members: tinycnn, encoder" in group_text and "shared context binary" in group_text
+    assert "offload 100%" in matrix_cell and "passed" in matrix_cell
+    assert requests == [page_url]  # the page itself, nothing else
+    assert (tmp_path / "report.png").stat().st_size > 10_000
+
+
+def test_junit_counts_match_the_build_report(built):
+    project, _ = built
+    entries = build_report(project)
+    suite = ElementTree.parse(project.artifacts / "junit.xml").getroot()
+    validations = {name: e for name, e in entries.items() if name.startswith("validate:")}
+    cases = suite.findall("testcase")
+    assert int(suite.get("tests")) == len(cases) == len(validations)
+    assert int(suite.get("failures")) == sum(e["status"] == "failed" for e in validations.values()) == 1
+    assert int(suite.get("skipped")) == sum(e["status"] == "skipped" for e in validations.values())
+    (failure,) = suite.iter("failure")
+    case = next(c for c in cases if c.find("failure") is not None)
+    assert (case.get("classname"), case.get("name")) == ("epbuild.strict", "tinycnn")
+    assert "snr_db 200 < min_snr_db 500" in failure.get("message") and "snr_db=200.0" in failure.text
+
+
+def test_step_summary_has_a_line_per_build(built):
+    _, summary = built
+    text = summary.read_text()
+    assert text.startswith("### epbuild\n") and "| build | compile |" in text
+    for build in ("tinycnn@cpu", "tinycnn@strict", "encoder@openvino-cpu", "pair"):
+        assert f"| `{build}` |" in text
+    assert re.search(r"\| `tinycnn@strict` \| (compiled|restored) \|.*\| failed \| 200\.0 \| failed validate", text)
+
+
+def test_graph_has_every_task_and_dependency_doit_knows(built):
+    project, _ = built
+    done = project.doit("graph")
+    assert "graph: " in done.stdout
+    dot = (project.artifacts / "graph.dot").read_text()
+    nodes = set(re.findall(r'^  "([^"]+)" \[label', dot, re.M))
+    edges = set(re.findall(r'^  "([^"]+)" -> "([^"]+)";', dot, re.M))
+    script = ("import json, sys; sys.argv = ['doit', 'list']; import dodo; from doit.loader import load_tasks\n"
+              "tasks = [t for t in load_tasks(vars(dodo)) if ':' in t.name]\n"
+              "print(json.dumps([[t.name, sorted(t.task_dep), sorted(t.file_dep), sorted(t.targets)] for t in tasks]))")
+    listed = json.loads(subprocess.run([sys.executable, "-c", script], cwd=project.root, env=project.env,
+                                       capture_output=True, text=True, check=True).stdout)
+    producer = {target: name for name, _, _, targets in listed for target in targets}
+    expected = {(dep, name) for name, task_deps, _, _ in listed for dep in task_deps if ":" in dep}
+    expected |= {(producer[f], name) for name, _, file_deps, _ in listed for f in file_deps if f in producer}
+    building = {name for name, *_ in listed if name.split(":")[0] not in ("backends", "cache", "graph")}
+    assert nodes == building and edges == expected and ("shape:tinycnn", "compile:tinycnn@openvino-cpu") in edges
+    assert '"validate:tinycnn@strict" [label="validate:tinycnn@strict\\nfailed"' in dot
+    if shutil.which("dot") is None:
+        pytest.fail("Graphviz's dot is needed for graph.svg: apt install graphviz (.ci/run installs it)")
+    svg = html.unescape((project.artifacts / "graph.svg").read_text())  # Graphviz writes '-' as &#45;
+    assert svg.lstrip().startswith("<?xml") and all(name in svg for name in nodes)
+    one = project.doit("graph", "--model", "encoder").stdout
+    assert "graph: " in one and "compile:tinycnn@cpu" not in (project.artifacts / "graph.dot").read_text()
+    assert "no model 'encodr' (did you mean 'encoder'?)" in project.doit("graph", "--model", "encodr",
+                                                                          check=False).stdout
+
+
+def run_on_terminal(project: Project, *args: str) -> str:
+    """doit on a pseudo-terminal, as a person runs it; everything it wrote."""
+    import pty
+
+    leader, follower = pty.openpty()
+    env = {k: v for k, v in project.env.items() if k != "EPBUILD_PROGRESS"} | {"TERM": "xterm", "COLUMNS": "150"}
+    process = subprocess.Popen([sys.executable, "-m", "doit", *args], cwd=project.root, env=env, stdin=follower,
+                               stdout=follower, stderr=follower)
+    os.close(follower)
+    chunks, deadline = [], time.monotonic() + 600
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([leader], [], [], 1)
+        if ready:
+            try:
+                data = os.read(leader, 65536)
+            except OSError:  # the terminal closed: the process is done
+                break
+            if not data:
+                break
+            chunks.append(data)
+        elif process.poll() is not None:
+            break
+    process.wait(timeout=60)
+    os.close(leader)
+    return b"".join(chunks).decode(errors="replace")
+
+
+@pytest.mark.parametrize("parallel", ["process", "thread"])
+def test_progress_on_a_terminal_and_plain_lines_elsewhere(tmp_path, host_cache, parallel):
+    project = Project(tmp_path, host_cache)
+    project.manifest(SMALL)
+    live = run_on_terminal(project, "-n", "2", "-P", parallel)
+    assert "\x1b[" in live and "compile 2/2" in live and "validate 2/2" in live and "ETA" in live
+    for task in ("compile:tinycnn@cpu", "compile:encoder@cpu", "validate:encoder@cpu"):
+        assert len(re.findall(rf"(compiled|passed) {task}:", live)) == 1, live  # each task's line, once
+    assert "summary: " in live
+    durations = json.loads((project.artifacts / ".state" / "durations.json").read_text())
+    assert set(durations) >= {"compile:tinycnn@cpu", "validate:encoder@cpu"}
+    project.doit("forget")
+    again = run_on_terminal(project, "-n", "2", "-P", parallel)
+    assert re.search(r"ETA \d+:\d\d", again)  # from the durations of the first build
+    project.doit("forget")
+    plain = project.doit("-n", "2", "-P", parallel)  # a pipe: CI logs
+    assert "\x1b" not in plain.stdout + plain.stderr and "\r" not in plain.stdout
+    assert ".  compile:tinycnn@cpu" in plain.stdout and "summary: " in plain.stdout
+
+
+def test_a_wrong_progress_setting_is_one_error(tmp_path, host_cache):
+    project = Project(tmp_path, host_cache)
+    project.manifest(SMALL)
+    project.env["EPBUILD_PROGRESS"] = "fancy"
+    done = project.doit(check=False)
+    assert done.returncode == 2 and "EPBUILD_PROGRESS: must be live, plain or auto, found 'fancy'" in done.stderr
+
