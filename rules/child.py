@@ -1,11 +1,12 @@
 """Fresh child processes for compiles, stages and validations, with bounded time and memory.
 
 A fresh process gives byte-identical outputs for identical inputs (a second compile in one process differs),
-and a crash inside an EP (SIGSEGV, abort) or a hang ends that one child, not doit. The parent enforces the time
-and memory limits (resident memory is polled: address-space limits would refuse the large virtual reservations
-EP libraries make without using them), prints a progress line while a long child runs, measures its wall time and
-peak memory, and names the signal, the timeout or the limit. The child reports its own errors as JSON, telling
-the model's problems and the EP's own words from internal errors of epbuild.
+and a crash inside an EP (SIGSEGV, abort) or a hang ends that one child, not doit. Where it serves, the EP's fork
+server (`rules.fork_server`) forks that fresh process from an already-initialised one, else a new Python starts.
+The parent enforces the time and memory limits (resident memory is polled: address-space limits would refuse the
+large virtual reservations EP libraries make without using them), prints a progress line while a long child runs,
+measures its wall time and peak memory, and names the signal, the timeout or the limit. The child reports its own
+errors as JSON, telling the model's problems and the EP's own words from internal errors of epbuild.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import BuildError, ModelError
+from .fork_server import ForkedJob, fork_job
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 PROGRESS_EVERY_S = 30.0
@@ -55,28 +57,42 @@ def _resident_bytes(pid: int) -> int:
         return 0
 
 
-def _wait(process: subprocess.Popen, limits: Limits, what: str) -> tuple[int, float, float, str | None]:
+class _PlainChild:
+    """A child this process started itself: waited for with wait4, which also gives its peak memory."""
+
+    def __init__(self, process: subprocess.Popen):
+        self.process = process
+        self.pid = process.pid
+
+    def poll(self) -> tuple[int, int] | None:
+        """(exit code, peak resident kB) once it has ended, else None."""
+        pid, status, usage = os.wait4(self.pid, os.WNOHANG)
+        return (os.waitstatus_to_exitcode(status), usage.ru_maxrss) if pid else None
+
+    def kill(self) -> None:
+        self.process.kill()  # our own child only; waited for by poll
+
+
+def _wait(child: _PlainChild | ForkedJob, limits: Limits, what: str) -> tuple[int, float, float, str | None]:
     """Wait for the child within its limits: (exit code, seconds, peak resident MB, why it was killed or None)."""
     started = time.monotonic()
     limit_bytes = limits.max_memory_gb * 2**30 if limits.max_memory_gb else None
-    peak, pause, next_progress = 0, 0.005, started + PROGRESS_EVERY_S
+    peak, pause, next_progress = 0, 0.002, started + PROGRESS_EVERY_S
     killed = None
     while True:
-        pid, status, usage = os.wait4(process.pid, os.WNOHANG)
-        if pid:
-            process.returncode = os.waitstatus_to_exitcode(status)
-            peak = max(peak, usage.ru_maxrss * 1024)  # kilobytes on Linux
-            return process.returncode, time.monotonic() - started, peak / 2**20, killed
-        resident = _resident_bytes(process.pid)
+        ended = child.poll()
+        if ended:
+            peak = max(peak, ended[1] * 1024)  # kilobytes on Linux
+            return ended[0], time.monotonic() - started, peak / 2**20, killed
+        resident = _resident_bytes(child.pid)
         peak = max(peak, resident)
         now = time.monotonic()
         if killed is None and limit_bytes and resident > limit_bytes:
             killed = f"exceeded {limits.max_memory_gb:g} GB of memory ({resident / 2**30:.2f} GB resident); killed"
+            child.kill()
         elif killed is None and now - started > limits.timeout_s:
             killed = f"timed out after {limits.timeout_s:g} s; killed"
-        if killed is not None and process.returncode is None:
-            process.kill()  # our own child only; waited for above
-            process.returncode = -signal.SIGKILL
+            child.kill()
         if now >= next_progress:
             print(f"still running {what}: {now - started:.0f} s, {resident / 2**30:.2f} GB resident", flush=True)
             next_progress += PROGRESS_EVERY_S
@@ -85,21 +101,24 @@ def _wait(process: subprocess.Popen, limits: Limits, what: str) -> tuple[int, fl
 
 
 def run_child(module: str, request: dict[str, Any], workdir: Path, limits: Limits, what: str,
-              log: Path | None = None) -> dict[str, Any]:
-    """Run `python -m module request.json result.json` within `limits`; return its result with `usage` (seconds,
-    peak_mb) added, or raise BuildError naming `what` and the cause."""
+              log: Path | None = None, ep: str = "") -> dict[str, Any]:
+    """Run `python -m module request.json result.json` within `limits`, forked by the fork server of EP alias
+    `ep` ("" for CPU-only work) where it serves, else as a fresh process; return its result with `usage`
+    (seconds, peak_mb) added, or raise BuildError naming `what` and the cause."""
     workdir.mkdir(parents=True, exist_ok=True)
     request_file, result_file = workdir / "request.json", workdir / "result.json"
     output_file = workdir / "output.txt"
     request_file.write_text(json.dumps(request))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PACKAGE_ROOT), os.environ.get("PYTHONPATH", "")])}
+    arguments = [str(request_file), str(result_file)]
     try:
-        with open(output_file, "w+", encoding="utf-8", errors="replace") as output:
-            process = subprocess.Popen([sys.executable, "-m", module, str(request_file), str(result_file)],
-                                       stdout=output, stderr=subprocess.STDOUT, env=env, cwd=workdir)
-            code, seconds, peak_mb, killed = _wait(process, limits, what)
-            output.seek(0)
-            text = output.read()
+        child = fork_job(module, ep, arguments, output_file, workdir)
+        if child is None:
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PACKAGE_ROOT), os.environ.get("PYTHONPATH", "")])}
+            with open(output_file, "w", encoding="utf-8") as output:
+                child = _PlainChild(subprocess.Popen([sys.executable, "-m", module, *arguments], stdout=output,
+                                                     stderr=subprocess.STDOUT, env=env, cwd=workdir))
+        code, seconds, peak_mb, killed = _wait(child, limits, what)
+        text = output_file.read_text(encoding="utf-8", errors="replace")
     finally:
         request_file.unlink(missing_ok=True)
         output_file.unlink(missing_ok=True)

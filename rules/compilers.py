@@ -89,7 +89,7 @@ class Compiler:
         layout, target = workspace.layout, build.target
         what = f"{build.kind} {build.name} ({target.ep.name})"
         answer = run_child("rules.compile", compile_request(build, scratch), scratch / ".child", target.limits(),
-                           what, build.log(layout, "compile"))
+                           what, build.log(layout, "compile"), target.ep.fork_server)
         shutil.rmtree(scratch / ".child")
         for key, name in target.runtime_files().items():
             shutil.copyfile(target.option_files[key], scratch / name)

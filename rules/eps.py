@@ -46,6 +46,12 @@ class EpInfo:
         return f"{stem}{self.binary_suffix}" if self.binary_suffix else None
 
     @property
+    def fork_server(self) -> str:
+        """Which fork server runs this EP's jobs (`rules.fork_server`): its own where it loads a plugin library,
+        else the one shared with CPU-only work ("")."""
+        return self.alias if self.module else ""
+
+    @property
     def is_cpu(self) -> bool:
         """The CPU EP: an optimized ONNX model, no EP context."""
         return self.name == "CPUExecutionProvider"

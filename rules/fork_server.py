@@ -1,0 +1,278 @@
+"""A fork server per EP: one process imports ONNX Runtime, onnx and numpy and registers the EP's plugin library
+once, then forks a fresh child per job, so a job starts in milliseconds instead of the ~0.3 s a new Python pays.
+
+The server never compiles or creates a session itself: every job runs in a child forked from the same clean
+state, as `python -m MODULE request result` would (the module runs as `__main__`), so outputs stay byte-identical
+to a fresh child's and a crash or hang ends only that child. The client (`rules.child.run_child`) enforces the
+time and memory limits on the child's pid exactly as for a plain child; the server reaps it and reports its exit
+status and peak memory.
+
+Fork safety is checked, not assumed: a server whose EP registration starts threads (a thread holding a lock at
+fork time can deadlock the child) refuses to serve, and that EP keeps plain children. So do platforms without
+fork (Windows) and `EPBUILD_FORK_SERVER=0`. A server is shared by every build process with the same Python,
+epbuild sources and load-time environment (keyed by them); it exits after `IDLE_S` without jobs.
+
+    python -m rules.fork_server --detach SOCKET EP_ALIAS   (started by `ForkClient`, never by hand)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import select
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+SWITCH = "EPBUILD_FORK_SERVER"  # "0": a plain child for every job
+IDLE_S = 30.0
+START_TIMEOUT_S = 120.0
+PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+# What EP libraries, BLAS and Python may read when they load: a server serves only builds that agree on these.
+LOAD_TIME_PREFIXES = ("ORT_", "OV_", "OPENVINO", "QNN_", "ADSP_", "LD_", "OMP_", "OPENBLAS_", "MKL_", "KMP_",
+                      "TBB_", "PYTHON", "EPBUILD_OPENVINO", "CUDA", "PATH")
+PRELOAD = ("numpy", "onnx", "onnx.shape_inference", "onnxruntime", "onnxruntime.tools.symbolic_shape_infer",
+           "onnxruntime.quantization", "rules.compile", "rules.validate", "rules.preprocess")
+
+
+def enabled() -> bool:
+    return hasattr(os, "fork") and sys.platform.startswith("linux") and os.environ.get(SWITCH, "1") != "0"
+
+
+def _threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+# ---- the client: in the build process ----
+
+_REFUSED: dict[str, str] = {}  # server key -> why it cannot serve (this process then uses plain children)
+
+
+class ForkedJob:
+    """A child forked by a server for this process: its pid, and its exit status once the server reports it."""
+
+    def __init__(self, connection: socket.socket, pid: int):
+        self.connection = connection
+        self.pid = pid
+        self.buffer = b""
+
+    def poll(self) -> tuple[int, int] | None:
+        """(exit code, peak resident kB) once the child has ended, else None."""
+        ended = False
+        while b"\n" not in self.buffer and select.select([self.connection], [], [], 0)[0]:
+            data = self.connection.recv(65536)
+            ended = not data
+            if ended:
+                break
+            self.buffer += data
+        if b"\n" in self.buffer:
+            answer = json.loads(self.buffer.split(b"\n", 1)[0])
+            self.connection.close()
+            return answer["code"], answer["maxrss"]
+        if ended:  # the server ended without a word: the child is lost with it
+            self.connection.close()
+            return -9, 0
+        return None
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, 9)  # the child this process asked for; the server reaps it and reports
+
+
+def _server_key(alias: str) -> str:
+    sources = sorted((p.name, p.stat().st_mtime_ns, p.stat().st_size) for p in (PACKAGE_ROOT / "rules").glob("*.py"))
+    load_env = sorted((k, v) for k, v in os.environ.items() if k.startswith(LOAD_TIME_PREFIXES))
+    text = json.dumps([sys.executable, str(PACKAGE_ROOT), alias, sources, load_env])
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def _folder() -> Path:
+    folder = Path(tempfile.gettempdir()) / f"epbuild-fork-{os.getuid()}"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    return folder
+
+
+def _connect(path: Path) -> socket.socket | None:
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        connection.connect(str(path))
+        return connection
+    except OSError:
+        connection.close()
+        return None
+
+
+def _server(alias: str) -> socket.socket | None:
+    """A connection to the EP's server, starting it when none answers; None when it refuses (not fork-safe)."""
+    from filelock import FileLock
+
+    key = _server_key(alias)
+    if key in _REFUSED:
+        return None
+    folder = _folder()
+    path, log = folder / f"{key}.sock", folder / f"{key}.log"
+    connection = _connect(path)
+    if connection is not None:
+        return connection
+    with FileLock(str(folder / f"{key}.lock")):
+        connection = _connect(path)
+        if connection is not None:
+            return connection
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PACKAGE_ROOT), os.environ.get("PYTHONPATH", "")])}
+        with open(log, "w", encoding="utf-8") as output:
+            subprocess.run([sys.executable, "-m", "rules.fork_server", "--detach", str(path), alias], env=env,
+                           stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=folder, check=True,
+                           timeout=60)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            connection = _connect(path)
+            if connection is not None:
+                return connection
+            text = log.read_text(errors="replace")
+            if "refused:" in text or "Traceback" in text:
+                _REFUSED[key] = text.strip().splitlines()[-1]
+                return None
+            time.sleep(0.01)
+    _REFUSED[key] = f"the fork server did not start within {START_TIMEOUT_S:.0f} s (log: {log})"
+    return None
+
+
+def fork_job(module: str, alias: str, arguments: list[str], output: Path, workdir: Path) -> ForkedJob | None:
+    """Ask the EP's server (alias "" for CPU-only work) to fork `python -m module *arguments` in `workdir` with
+    stdout and stderr into `output`; None when this job must use a plain child."""
+    if not enabled():
+        return None
+    connection = _server(alias)
+    if connection is None:
+        return None
+    request = {"module": module, "arguments": arguments, "output": str(output), "cwd": str(workdir),
+               "env": dict(os.environ), "path": sys.path}
+    try:
+        connection.sendall(json.dumps(request).encode() + b"\n")
+        answer = b""
+        while b"\n" not in answer:
+            data = connection.recv(4096)
+            if not data:
+                raise OSError("the fork server closed the connection")
+            answer += data
+    except OSError:
+        connection.close()
+        return None
+    first, rest = answer.split(b"\n", 1)
+    job = ForkedJob(connection, json.loads(first)["pid"])
+    job.buffer = rest  # the exit status may already have come with the pid
+    return job
+
+
+# ---- the server ----
+
+def _child(request: dict[str, Any], server_sockets: list[socket.socket]) -> None:
+    """In the forked child: become `python -m module arguments` in the job's folder, output into its file."""
+    import runpy
+    import warnings
+
+    try:
+        for server_socket in server_sockets:  # the listener and every client connection belong to the server
+            server_socket.close()
+        os.chdir(request["cwd"])
+        output = os.open(request["output"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(output, 1)
+        os.dup2(output, 2)
+        os.close(output)
+        os.environ.clear()
+        os.environ.update(request["env"])
+        sys.path[:] = request["path"]
+        sys.argv = [request["module"], *request["arguments"]]
+        warnings.filterwarnings("ignore", "'.*' found in sys.modules", RuntimeWarning)  # preloaded, as intended
+        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+    except BaseException:  # noqa: BLE001 - anything here must end the child, never return into the server
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(70)
+
+
+def serve(path: Path, alias: str) -> None:
+    """Preload, register the EP, check that no thread was started, then fork a child per request until idle."""
+    import importlib
+
+    for module in PRELOAD:
+        importlib.import_module(module)
+    baseline = _threads()
+    if alias:
+        import onnxruntime as ort
+
+        from .eps import lookup
+        from .host import register_plugin
+
+        info = lookup(alias)
+        register_plugin(ort, info)
+        if _threads() > baseline:
+            print(f"refused: registering {info.name} started {_threads() - baseline} thread(s); forking after it is "
+                  "not safe, so its jobs run in plain children", flush=True)
+            return
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}")
+    listener.bind(str(temporary))
+    listener.listen(64)
+    os.replace(temporary, path)  # clients see a listening server or none
+    identity = path.stat().st_ino
+    print(f"serving {alias or 'cpu'} jobs on {path} (pid {os.getpid()}, {baseline} threads)", flush=True)
+    jobs: dict[int, socket.socket] = {}
+    last_job = time.monotonic()
+    while True:
+        if select.select([listener], [], [], 0.005 if jobs else 0.2)[0]:
+            connection, _ = listener.accept()
+            connection.settimeout(10)
+            try:
+                request = json.loads(connection.makefile("rb").readline())
+            except (OSError, ValueError):
+                connection.close()
+                continue
+            sys.stdout.flush()
+            pid = os.fork()
+            if pid == 0:
+                _child(request, [listener, connection, *jobs.values()])
+            jobs[pid] = connection
+            with contextlib.suppress(OSError):
+                connection.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+        while jobs:
+            pid, status, usage = os.wait4(-1, os.WNOHANG)
+            if not pid:
+                break
+            connection = jobs.pop(pid)
+            with contextlib.suppress(OSError):
+                code = os.waitstatus_to_exitcode(status)
+                connection.sendall(json.dumps({"code": code, "maxrss": usage.ru_maxrss}).encode() + b"\n")
+            connection.close()
+            last_job = time.monotonic()
+        try:
+            replaced = path.stat().st_ino != identity
+        except OSError:
+            replaced = True
+        if not jobs and (replaced or time.monotonic() - last_job > IDLE_S):
+            break
+    if not replaced:
+        path.unlink(missing_ok=True)
+
+
+def main(argv: list[str]) -> None:
+    detach, (path, alias) = argv[0] == "--detach", argv[-2:]
+    if detach and os.fork():  # the starter waits for this first process only; the server is not its child
+        os._exit(0)
+    if detach:
+        os.setsid()
+    serve(Path(path), alias)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
