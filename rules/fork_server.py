@@ -263,6 +263,7 @@ def serve(path: Path, alias: str) -> None:
             break
     if not replaced:
         path.unlink(missing_ok=True)
+        path.with_suffix(".log").unlink(missing_ok=True)
 
 
 def main(argv: list[str]) -> None:

@@ -1,0 +1,132 @@
+"""Per-job start-up: clean builds with fresh children (`EPBUILD_FORK_SERVER=0`, as before the fork server) against
+children forked by the fork server, side by side in one run, and the one-process floor.
+
+    python bench/bench_fork.py [COPIES] [TINY]
+
+1. COPIES (40) copies of the shipped tiny CNN for the `cpu` target: a clean serial `doit` (COPIES compiles and
+   COPIES validations, empty cache) with fresh children and with forked ones; the floor is the same compiles and
+   validations called in this one Python process, imports and EP registration paid before the clock starts.
+2. TINY (100) tiny targets: TINY/2 copies x (cpu, qnn-htp), clean `doit -n 2`, fresh vs forked children.
+3. Starting a fork server (imports, EP registration) once, for the record.
+
+Writes bench/results/fork.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from bench_doit import environment  # noqa: E402
+
+TARGETS = {"cpu": '[targets.cpu]\nep = "cpu"\n',
+           "qnn-htp": '[targets.qnn-htp]\nep = "qnn"\noptions = { soc_model = 60 }\n'}
+
+
+def make_project(folder: Path, copies: int, targets: list[str]) -> None:
+    (folder / "models").mkdir(parents=True)
+    shutil.copy(REPO / "dodo.py", folder / "dodo.py")
+    lines = [TARGETS[t] for t in targets]
+    for i in range(copies):
+        shutil.copy(REPO / "models" / "tinycnn.onnx", folder / "models" / f"m{i}.onnx")
+        lines.append(f'[models.m{i}]\npath = "models/m{i}.onnx"\n')
+    (folder / "models.toml").write_text("\n".join(lines))
+
+
+def clean_build(folder: Path, fork: bool, args: list[str]) -> float:
+    """A clean build: no artifacts, no doit state, an empty cache."""
+    shutil.rmtree(folder / "artifacts", ignore_errors=True)
+    (folder / ".doit.db").unlink(missing_ok=True)
+    cache = folder.with_name(f"{folder.name}-cache")
+    shutil.rmtree(cache, ignore_errors=True)
+    env = {**environment(), "EPBUILD_CACHE_DIR": str(cache), "EPBUILD_FORK_SERVER": "1" if fork else "0",
+           "EPBUILD_PROGRESS": "plain"}
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "doit", *args], cwd=folder, env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if done.returncode != 0 or "failed" in done.stdout:
+        raise SystemExit(f"build failed:\n{done.stdout}\n{done.stderr}")
+    return seconds
+
+
+def floor(folder: Path) -> float:
+    """The same compiles and validations in this process (after one warm-up of each)."""
+    from rules.compile import _compile_in_child
+    from rules.compilers import compile_request
+    from rules.layout import Layout
+    from rules.manifest import load
+    from rules.targets import plan
+    from rules.validate import _validate_in_child, validation_request
+
+    layout = Layout(folder / "artifacts")
+    builds = plan(load(folder / "models.toml"))
+    scratch = Path(tempfile.mkdtemp(dir=folder))
+
+    def both(build, index: int) -> None:
+        (scratch / str(index)).mkdir()
+        _compile_in_child(compile_request(build, scratch / str(index)))
+        _validate_in_child(validation_request(build, build.out_dir(layout)))
+
+    both(builds[0], -1)  # warm: imports, first session
+    start = time.perf_counter()
+    for index, build in enumerate(builds):
+        both(build, index)
+    return time.perf_counter() - start
+
+
+def server_start() -> float:
+    """Seconds from starting a fork server for QNN until it serves."""
+    with tempfile.TemporaryDirectory() as tmp:
+        socket_path = Path(tmp) / "s.sock"
+        start = time.perf_counter()
+        server = subprocess.Popen([sys.executable, "-m", "rules.fork_server", str(socket_path), "qnn"],
+                                  env=environment(), stdout=subprocess.PIPE, text=True)
+        server.stdout.readline()
+        seconds = time.perf_counter() - start
+        socket_path.unlink()
+        server.wait(timeout=30)
+    return seconds
+
+
+def main() -> None:
+    copies = int(sys.argv[1]) if len(sys.argv) > 1 else 40
+    tiny = int(sys.argv[2]) if len(sys.argv) > 2 else 100
+    results: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        serial = Path(tmp) / "serial"
+        make_project(serial, copies, ["cpu"])
+        fresh = clean_build(serial, False, [])
+        forked = clean_build(serial, True, [])
+        one_process = floor(serial)
+        results[f"{copies} cpu targets, serial"] = {"fresh_s": fresh, "forked_s": forked, "floor_s": one_process}
+        mixed = Path(tmp) / "mixed"
+        make_project(mixed, tiny // 2, ["cpu", "qnn-htp"])
+        results[f"{tiny} targets (cpu + qnn-htp), -n 2"] = {"fresh_s": clean_build(mixed, False, ["-n", "2"]),
+                                                            "forked_s": clean_build(mixed, True, ["-n", "2"])}
+    results["fork server start (qnn)"] = {"seconds": server_start()}
+    for label, row in results.items():
+        if "seconds" in row:
+            print(f"{label}: {row['seconds']:.2f} s")
+            continue
+        line = f"{label}: fresh children {row['fresh_s']:.2f} s, forked {row['forked_s']:.2f} s " \
+               f"({row['fresh_s'] / row['forked_s']:.1f}x faster)"
+        if "floor_s" in row:
+            line += (f"; one process {row['floor_s']:.2f} s: fresh {row['fresh_s'] / row['floor_s']:.1f}x the floor, "
+                     f"forked {row['forked_s'] / row['floor_s']:.1f}x")
+        print(line)
+    out = REPO / "bench" / "results" / "fork.json"
+    out.write_text(json.dumps({"host_cores": os.cpu_count(), "results": results}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
