@@ -91,8 +91,10 @@ def server_start() -> float:
         start = time.perf_counter()
         server = subprocess.Popen([sys.executable, "-m", "rules.fork_server", str(socket_path), "qnn"],
                                   env=environment(), stdout=subprocess.PIPE, text=True)
-        server.stdout.readline()
+        line = server.stdout.readline()
         seconds = time.perf_counter() - start
+        if not line.startswith("serving"):
+            raise SystemExit(f"the fork server did not start: {line}{server.stdout.read()}")
         socket_path.unlink()
         server.wait(timeout=30)
     return seconds
@@ -101,7 +103,7 @@ def server_start() -> float:
 def main() -> None:
     copies = int(sys.argv[1]) if len(sys.argv) > 1 else 40
     tiny = int(sys.argv[2]) if len(sys.argv) > 2 else 100
-    results: dict[str, dict[str, float]] = {}
+    results: dict[str, dict[str, float]] = {"fork server start (qnn)": {"seconds": server_start()}}
     with tempfile.TemporaryDirectory() as tmp:
         serial = Path(tmp) / "serial"
         make_project(serial, copies, ["cpu"])
@@ -113,7 +115,6 @@ def main() -> None:
         make_project(mixed, tiny // 2, ["cpu", "qnn-htp"])
         results[f"{tiny} targets (cpu + qnn-htp), -n 2"] = {"fresh_s": clean_build(mixed, False, ["-n", "2"]),
                                                             "forked_s": clean_build(mixed, True, ["-n", "2"])}
-    results["fork server start (qnn)"] = {"seconds": server_start()}
     for label, row in results.items():
         if "seconds" in row:
             print(f"{label}: {row['seconds']:.2f} s")

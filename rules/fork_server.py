@@ -37,8 +37,10 @@ PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 # What EP libraries, BLAS and Python may read when they load: a server serves only builds that agree on these.
 LOAD_TIME_PREFIXES = ("ORT_", "OV_", "OPENVINO", "QNN_", "ADSP_", "LD_", "OMP_", "OPENBLAS_", "MKL_", "KMP_",
                       "TBB_", "PYTHON", "EPBUILD_OPENVINO", "CUDA", "PATH")
-PRELOAD = ("numpy", "onnx", "onnx.shape_inference", "onnxruntime", "onnxruntime.tools.symbolic_shape_infer",
-           "onnxruntime.quantization", "rules.compile", "rules.validate", "rules.preprocess")
+# Not onnxruntime.tools.symbolic_shape_infer: it imports torch (a second, 1 s import with its own BLAS runtime),
+# which only the shape stage needs; its children import it themselves.
+PRELOAD = ("numpy", "onnx", "onnx.shape_inference", "onnxruntime", "onnxruntime.quantization", "rules.compile",
+           "rules.validate", "rules.preprocess")
 
 
 def enabled() -> bool:
