@@ -7,7 +7,8 @@ children forked by the fork server, side by side in one run, and the one-process
    COPIES validations, empty cache) with fresh children and with forked ones; the floor is the same compiles and
    validations called in this one Python process, imports and EP registration paid before the clock starts.
 2. TINY (100) tiny targets: TINY/2 copies x (cpu, qnn-htp), clean `doit -n 2`, fresh vs forked children.
-3. Starting a fork server (imports, EP registration) once, for the record.
+3. Starting a fork server (imports, EP registration) once, and a job that does nothing (start-up alone; it imports
+   only epbuild's child helper, so a fresh child's figure here is below a real job's 0.24-0.36 s).
 
 Writes bench/results/fork.json.
 """
@@ -100,10 +101,30 @@ def server_start() -> float:
     return seconds
 
 
+def empty_job(fork: bool, repeats: int = 20) -> float:
+    """Median seconds of a job that does nothing (tests/crash_child sleeping 0 s): the start-up alone."""
+    import statistics
+
+    from rules.child import Limits, run_child
+
+    os.environ["EPBUILD_FORK_SERVER"] = "1" if fork else "0"
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests"), str(REPO)])
+    sys.path.insert(0, str(REPO / "tests"))
+    samples = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(repeats + 1):  # the first one may start the server
+            start = time.perf_counter()
+            run_child("crash_child", {"action": "sleep", "seconds": 0}, Path(tmp), Limits(60), "empty job")
+            samples.append(time.perf_counter() - start)
+    return statistics.median(samples[1:])
+
+
 def main() -> None:
     copies = int(sys.argv[1]) if len(sys.argv) > 1 else 40
     tiny = int(sys.argv[2]) if len(sys.argv) > 2 else 100
-    results: dict[str, dict[str, float]] = {"fork server start (qnn)": {"seconds": server_start()}}
+    results: dict[str, dict[str, float]] = {
+        "fork server start (qnn)": {"seconds": server_start()},
+        "empty job (start-up only)": {"fresh_s": empty_job(False), "forked_s": empty_job(True)}}
     with tempfile.TemporaryDirectory() as tmp:
         serial = Path(tmp) / "serial"
         make_project(serial, copies, ["cpu"])
