@@ -27,10 +27,11 @@ def ep_context_nodes(path: Path) -> list[dict]:
 
 
 def tree_bytes(folder: Path) -> dict[str, bytes]:
-    """Every artifact file under folder by relative path, skipping the build's state, logs and the validation
-    and build reports (which hold timings)."""
+    """Every artifact file under folder by relative path, skipping the build's state, logs and the reports
+    (validation, build, HTML, JUnit, graph: they hold timings)."""
+    reports = ("validation.json", "build-report.json", "report.html", "junit.xml", "graph.dot", "graph.svg")
     return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*"))
-            if p.is_file() and p.name not in ("validation.json", "build-report.json")
+            if p.is_file() and p.name not in reports
             and not {".state", ".logs", ".scratch"} & set(p.relative_to(folder).parts)}
 
 
