@@ -116,8 +116,9 @@ def collect(layout: Layout, builds: list[Build], entries: dict[str, dict[str, An
 def _environment() -> Any:
     import jinja2
 
+    # artifact.json differs by backend (a qaic QPC has no EP placement): a missing key renders as nothing
     environment = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True,
-                                     undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+                                     undefined=jinja2.ChainableUndefined, trim_blocks=True, lstrip_blocks=True)
     environment.filters["megabytes"] = lambda size: "" if size is None else f"{size / 1e6:.2f} MB"
     environment.filters["percent"] = lambda share: "" if share is None else f"{share * 100:.0f}%"
     environment.filters["number"] = lambda value: (f"{value:.4g}" if isinstance(value, float) else

@@ -366,10 +366,13 @@ class BuildReporter(ConsoleReporter):
                 self.report.skipped(name, reason)
                 seen.add(name)
         layout = self.project.layout
-        if self.report.write() or not layout.html_report.exists():
-            write_views(layout, self.project.builds, self.report.entries)
-        if os.environ.get("GITHUB_STEP_SUMMARY") and seen:
-            append_step_summary(layout, self.project.builds, self.report.entries)
+        try:  # the views are for people: one that cannot be written is a warning, never a failed build
+            if self.report.write() or not layout.html_report.exists():
+                write_views(layout, self.project.builds, self.report.entries)
+            if os.environ.get("GITHUB_STEP_SUMMARY") and seen:
+                append_step_summary(layout, self.project.builds, self.report.entries)
+        except Exception as exc:  # noqa: BLE001 - any rendering error, reported with its type
+            self.write(f"warning: report.html / junit.xml not written: {type(exc).__name__}: {exc}\n")
         save_durations(layout.durations, self.durations, self.report.entries, set(self.started))
         line = self.report.summary(seen, set(self.started))
         if line:

@@ -245,6 +245,7 @@ def kill_child_when_running(run: subprocess.Popen, module: str, sig: int, deadli
 
 @pytest.mark.parametrize("sig, name", [(signal.SIGKILL, "SIGKILL"), (signal.SIGSEGV, "SIGSEGV")])
 def test_a_compile_child_killed_by_a_signal_fails_that_task_and_the_rest_builds(project, sig, name):
+    project.env["EPBUILD_FORK_SERVER"] = "0"  # plain children, found by command line (forked: test_fork_server)
     project.manifest(GOOD.replace('targets = ["cpu"]', 'targets = ["cpu", "qnn"]') + QNN +
                      '[models.encoder]\npath = "models/encoder.onnx"\n')
     run = subprocess.Popen([sys.executable, "-m", "doit", "--continue"], cwd=project.root, env=project.env,
@@ -259,6 +260,7 @@ def test_a_compile_child_killed_by_a_signal_fails_that_task_and_the_rest_builds(
 
 
 def test_a_validation_child_killed_fails_that_validation_and_the_next_run_retries(project):
+    project.env["EPBUILD_FORK_SERVER"] = "0"  # plain children, found by command line (forked: test_fork_server)
     project.manifest(GOOD.replace('targets = ["cpu"]', 'targets = ["qnn"]') + QNN)
     project.doit("compile")
     run = subprocess.Popen([sys.executable, "-m", "doit", "--continue"], cwd=project.root, env=project.env,

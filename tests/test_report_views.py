@@ -202,3 +202,12 @@ def test_a_wrong_progress_setting_is_one_error(tmp_path, host_cache):
     done = project.doit(check=False)
     assert done.returncode == 2 and "EPBUILD_PROGRESS: must be live, plain or auto, found 'fancy'" in done.stderr
 
+
+
+def test_a_report_that_cannot_be_written_is_a_warning_not_a_failed_build(tmp_path, host_cache):
+    project = Project(tmp_path, host_cache)
+    project.manifest(SMALL)
+    (project.artifacts / "report.html").mkdir(parents=True)  # in the way of the page
+    done = project.doit()
+    assert "warning: report.html / junit.xml not written: IsADirectoryError" in done.stdout
+    assert build_report(project)["validate:tinycnn@cpu"]["status"] == "validated"
