@@ -10,7 +10,7 @@ from __future__ import annotations
 import html
 import json
 import os
-import xml.etree.ElementTree as ElementTree
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -134,9 +134,7 @@ def render_html(cells: list[Cell], entries: dict[str, dict[str, Any]], project: 
     by_place = {(c.row, c.target): c for c in cells}
     stages = {name: entry for name, entry in sorted(entries.items())
               if not name.startswith(("compile:", "validate:", "group:"))}
-    counts: dict[str, int] = {}
-    for entry in entries.values():
-        counts[entry.get("status", "?")] = counts.get(entry.get("status", "?"), 0) + 1
+    counts = Counter(entry.get("status", "?") for entry in entries.values())
     return _environment().get_template("report.html.j2").render(
         project=project, generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), rows=rows,
         groups=groups, targets=targets, by_place=by_place, cells=cells, stages=stages, counts=counts)
@@ -144,6 +142,8 @@ def render_html(cells: list[Cell], entries: dict[str, dict[str, Any]], project: 
 
 def junit_xml(cells: list[Cell]) -> bytes:
     """One test case per validate task: failed -> <failure> with the metrics, skipped -> <skipped> with why."""
+    import xml.etree.ElementTree as ElementTree  # here: task creation imports this module, a no-op run needs no XML
+
     suite = ElementTree.Element("testsuite", name="epbuild validations")
     failures = skipped = 0
     for cell in cells:

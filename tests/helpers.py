@@ -8,6 +8,14 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+OPENVINO_CPU_TARGET = """
+[targets.openvino-cpu]
+ep = "openvino@pypi"
+device = "cpu"
+options = { load_config = "configs/openvino_f32.json" }   # f32: without it many CPUs run bf16
+option_files = ["load_config"]
+"""
+
 
 def single_op_model(path: Path, op: str, shape=(2, 3, 3)) -> Path:
     """A one-node float model; with op='Det' QNN HTP compiles nothing (a real EP failure)."""

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, Project
-from helpers import tree_bytes
+from helpers import OPENVINO_CPU_TARGET, tree_bytes
 from rules.child import Limits, run_child
 from rules.errors import BuildError
 from rules.fork_server import SWITCH, fork_job
@@ -33,11 +33,7 @@ ep = "cpu"
 ep = "qnn"
 options = { soc_model = 60 }
 
-[targets.openvino-cpu]
-ep = "openvino@pypi"
-device = "cpu"
-options = { load_config = "configs/openvino_f32.json" }
-option_files = ["load_config"]
+""" + OPENVINO_CPU_TARGET + """
 
 [groups.pair]
 target = "qnn-htp"
