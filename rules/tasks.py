@@ -459,10 +459,13 @@ class Project:
 
     def _task(self, basename: str, name: str, doc: str, action: Any, args: list[Any], file_dep: Iterable[Path] = (),
               targets: Iterable[Path] = (), config: dict[str, Any] | None = None, **extra: Any) -> Task:
-        """One doit task: files spelled relative to doit's folder, settings tracked by digest."""
+        """One doit task: files spelled relative to doit's folder, settings tracked by digest. With `-P thread`,
+        doit's output capture is off: it swaps sys.stdout per running task, and CPython 3.11's print() holds a
+        borrowed reference to sys.stdout, so a swap in another thread can free it mid-print (a segfault)."""
         return {"basename": basename, "name": name, "doc": doc, "actions": [(action, args)],
                 "file_dep": [self.rel(p) for p in file_dep], "targets": [self.rel(p) for p in targets],
-                "uptodate": [config_changed(_digest(config)) if config is not None else False], **extra}
+                "uptodate": [config_changed(_digest(config)) if config is not None else False],
+                **({"io": {"capture": False}} if self.threads else {}), **extra}
 
     def _unavailable(self, basename: str, build: Build, doc: str) -> Task | None:
         """The task of a target this host cannot build: listed with the reason, refused by name; None if it can."""
