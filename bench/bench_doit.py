@@ -2,10 +2,12 @@
 trivial tasks (2 file_deps, 1 target each), run side by side. Prints medians and ratios (goal: <= 1.5x).
 Each target is two tasks (compile and validate), so a bare dodo.py with 2N tasks is timed too: the per-task ratio.
 
-    python bench/bench_doit.py [N] [REPEATS]
+    python bench/bench_doit.py [N] [REPEATS] [KEEP_DIR]
 
 The project side declares N/2 models (copies of tinycnn) x 2 targets (cpu, qnn-htp) and builds them for real
-first (`doit -n 2`, about 3 minutes for N=1000 on 2 cores); the timed runs then find everything up to date.
+first (`doit -n 2`, about 10 minutes for N=1000 on 2 cores); the timed runs then find everything up to date.
+With KEEP_DIR the three projects and the cache stay there, and a later run reuses the build. Writes
+bench/results/doit.json.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from record import save
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -74,31 +78,42 @@ def make_project(folder: Path, n: int) -> None:
 def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 1000
     repeats = int(sys.argv[2]) if len(sys.argv) > 2 else 5
+    keep = Path(sys.argv[3]) if len(sys.argv) > 3 else None
     doit = [sys.executable, "-m", "doit"]
     with tempfile.TemporaryDirectory() as tmp:
-        bare, double, project = Path(tmp) / "bare", Path(tmp) / "bare2n", Path(tmp) / "project"
-        make_bare(bare, n)
-        make_bare(double, 2 * n)
-        make_project(project, n)
+        top = keep / str(n) if keep else Path(tmp)
+        bare, double, project = top / "bare", top / "bare2n", top / "project"
+        if not (project / "models.toml").exists():
+            shutil.rmtree(top, ignore_errors=True)
+            make_bare(bare, n)
+            make_bare(double, 2 * n)
+            make_project(project, n)
         for folder in (bare, double):
             subprocess.run([*doit], cwd=folder, check=True, capture_output=True, env=environment())
-        env = {**environment(), "EPBUILD_CACHE_DIR": str(Path(tmp) / "cache")}
+        env = {**environment(), "EPBUILD_CACHE_DIR": str(top / "cache"), "EPBUILD_PROGRESS": "plain"}
         start = time.perf_counter()
         subprocess.run([*doit, "-n", "2", "-P", "process"], cwd=project, env=env, check=True, capture_output=True)
         build_s = time.perf_counter() - start
         noop = subprocess.run(doit, cwd=project, env=env, check=True, capture_output=True, text=True).stdout
-        assert ".  compile:" not in noop, "the project's no-op run executed a compile"
-        rows = []
+        assert ".  " not in noop, f"the project's no-op run executed a task:\n{noop}"
+        rows = {}
         for label, args in (("doit list", [*doit, "list"]), ("no-op doit", doit)):
-            rows.append((label, timed(args, bare, repeats), timed(args, double, repeats),
-                         timed(args, project, repeats, env)))
-    print(f"{n} targets ({2 * n} tasks), median of {repeats} runs; the full real build took {build_s:.0f} s, -n 2")
+            rows[label] = {"bare_s": timed(args, bare, repeats), "bare_double_s": timed(args, double, repeats),
+                           "project_s": timed(args, project, repeats, env)}
+    print(f"{n} targets ({2 * n} tasks), median of {repeats} runs; the build before took {build_s:.0f} s, -n 2")
     print(f"{'command':<12} {f'bare {n} s':>11} {f'bare {2 * n} s':>11} {'project s':>10} {'ratio':>6} "
           f"{'per task':>9}")
-    for label, bare_s, double_s, project_s in rows:
-        print(f"{label:<12} {bare_s:>11.3f} {double_s:>11.3f} {project_s:>10.3f} {project_s / bare_s:>6.2f} "
-              f"{project_s / double_s:>9.2f}")
-
+    table = []
+    for label, row in rows.items():
+        ratio, per_task = row["project_s"] / row["bare_s"], row["project_s"] / row["bare_double_s"]
+        print(f"{label:<12} {row['bare_s']:>11.3f} {row['bare_double_s']:>11.3f} {row['project_s']:>10.3f} "
+              f"{ratio:>6.2f} {per_task:>9.2f}")
+        table.append((f"`{label}`, {n} targets ({n // 2} models x cpu, qnn-htp; {2 * n} tasks), everything up to date",
+                      f"{row['project_s']:.3f} s; a bare dodo.py with {n} trivial tasks {row['bare_s']:.3f} s "
+                      f"(**{ratio:.2f}x**, goal 1.5x), with {2 * n} tasks {row['bare_double_s']:.3f} s "
+                      f"({per_task:.2f}x per task)"))
+    save("doit", table, {"targets": n, "repeats": repeats, "build_before_s": round(build_s, 1),
+                         **{label: {k: round(v, 4) for k, v in row.items()} for label, row in rows.items()}})
 
 if __name__ == "__main__":
     main()

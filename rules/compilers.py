@@ -30,6 +30,7 @@ from .toolchains import (
     ep_context_model,
     find_qaic,
     find_qairt,
+    probed_files,
     qaic_command,
     run_tool,
 )
@@ -63,6 +64,10 @@ class Compiler:
     def identity(self, target: ResolvedTarget) -> dict[str, str] | None:
         """The external toolchain and its version, for configs and fingerprints; None inside ONNX Runtime."""
         return None
+
+    def probed_files(self, target: ResolvedTarget) -> list[Path]:
+        """Files outside the project whose presence or bytes decide `unavailable` and `identity` (an SDK)."""
+        return []
 
     def unavailable(self, target: ResolvedTarget, caps: dict[str, Any] | None) -> str | None:
         """Why this host cannot build the target, or None. With `caps` None (a Dask executor runs the jobs), only
@@ -126,6 +131,9 @@ class QairtCompiler(Compiler):
 
     def toolchain(self, target: ResolvedTarget) -> Toolchain | str:
         return find_qairt(target.sdk_root)
+
+    def probed_files(self, target: ResolvedTarget) -> list[Path]:
+        return probed_files(self.name, target.sdk_root)
 
     def identity(self, target: ResolvedTarget) -> dict[str, str] | None:
         found = self.toolchain(target)
@@ -192,6 +200,9 @@ class QaicCompiler(QairtCompiler):
 
     def toolchain(self, target: ResolvedTarget) -> Toolchain | str:
         return find_qaic(target.sdk_root)
+
+    def probed_files(self, target: ResolvedTarget) -> list[Path]:
+        return probed_files(self.name, target.sdk_root)
 
     def output_names(self, target: ResolvedTarget, members: list[Any], shared: bool) -> tuple[str, ...]:
         return (SIDECAR, "compile.log", QPC_PROGRAM)

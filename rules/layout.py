@@ -8,7 +8,8 @@ shares (atomic writes, a file's identity).
     artifacts/.stages/<model>/<stage>/    stage outputs (shape, optimize, quantize, squash, freeze)
     artifacts/.logs/<target>/             child and tool output, one file per task
     artifacts/.scratch/                   private work folders, renamed into place or deleted
-    artifacts/.state/                     host probe, hash memory, external-data index, operator checks, durations
+    artifacts/.state/                     host probe, hash memory, external-data index, operator checks, durations,
+                                          the settings each task last succeeded with
 """
 
 from __future__ import annotations
@@ -48,6 +49,10 @@ class Layout:
     @property
     def junit_report(self) -> Path:
         return self.root / "junit.xml"
+
+    @property
+    def configs(self) -> Path:
+        return self.state / "configs.json"
 
     @property
     def durations(self) -> Path:

@@ -20,7 +20,6 @@ from typing import Any
 from doit.dependency import FileChangedChecker
 from doit.exceptions import TaskFailed
 from doit.reporter import ConsoleReporter
-from doit.tools import config_changed
 
 from . import vendor_shim
 from .build import Build
@@ -30,6 +29,7 @@ from .compilers import COMPILERS, compiler
 from .errors import BuildError, UserError, closest
 from .executor import executor_settings, run_operator_list, run_validation, unreachable, with_worker_toolchains
 from .external_data import ExternalDataIndex
+from .fast_path import Listing, Stamp, UpToDate, is_default_run, listed, project_key, shortcut
 from .fingerprint import compile_config, stage_config, validate_config, validation_fingerprint
 from .hashing import FileHashes
 from .host import capabilities
@@ -42,6 +42,7 @@ from .report import BuildReport, usage_text
 from .report_views import append_step_summary, write_views
 from .stages import Stage
 from .targets import plan
+from .task_configs import ConfigRecord
 from .task_graph import write_graph
 from .toolchains import Toolchain, check_operators, find_qaic, find_qairt, supported_operators
 from .validate import REPORT, cached_validation, summary, validate
@@ -50,12 +51,6 @@ Task = dict[str, Any]
 INSPECTING = {"list", "info", "help", "clean", "forget", "ignore", "dumpdb", "strace", "tabcompletion", "reset-dep",
               "backends", "cache", "unavailable", "graph"}  # doit commands and tasks that build nothing
 FAILURES = (BuildError, UserError, OSError)
-
-
-def _digest(config: dict[str, Any]) -> str:
-    """A task's config as a short string for config_changed: repr is stable for our dicts (built in a fixed
-    order) and much cheaper than config_changed's own sorted json.dumps, which ran for every task on every run."""
-    return hashlib.md5(repr(config).encode()).hexdigest()
 
 
 class _Relative:
@@ -257,16 +252,27 @@ def show_cache(workspace: Workspace) -> None:
 
 class HashChecker(FileChangedChecker):
     """doit's file checker on the shared hash memory: state is [size, mtime_ns, inode, sha256], and a file whose
-    identity changed but whose bytes did not (a fresh clone, a touch) is hashed once, not on every run."""
+    identity changed but whose bytes did not (a fresh clone, a touch) is hashed once, not on every run. It keeps
+    the identity of every file it judged unchanged or found present (`checked`): a full no-op's stamp."""
 
     hashes: FileHashes  # set on a per-project subclass: doit instantiates the checker without arguments
+    checked: dict[str, list[int]]
 
     def check_modified(self, file_path, file_stat, state):
         if state is None or len(state) != 4:
             return True
-        if stat_key(file_stat) == state[:3]:
+        key = stat_key(file_stat)
+        if key != state[:3] and self.hashes.sha256(file_path, file_stat) != state[3]:
+            return True
+        self.checked[file_path] = key
+        return False
+
+    def exists(self, file_path):
+        try:
+            self.checked[file_path] = stat_key(os.stat(file_path))
+        except OSError:
             return False
-        return self.hashes.sha256(file_path, file_stat) != state[3]
+        return True
 
     def get_state(self, dep, current_state):
         stat = os.stat(dep)
@@ -336,6 +342,7 @@ class BuildReporter(ConsoleReporter):
             if not self.project.threads:  # captured (verbosity 1): shown above the status area
                 self.write("".join(action.out for action in task.actions if action.out))
             self.live.finished(task.name)
+        self.project.configs.success(task.name)
         if ":" in task.name and task.values.get("status"):
             self.report.succeeded(task.name, task.values)
 
@@ -373,6 +380,11 @@ class BuildReporter(ConsoleReporter):
                 append_step_summary(layout, self.project.builds, self.report.entries)
         except Exception as exc:  # noqa: BLE001 - any rendering error, reported with its type
             self.write(f"warning: report.html / junit.xml not written: {type(exc).__name__}: {exc}\n")
+        self.project.configs.save()
+        if self.project.key and not (self.failures or self.runtime_errors) and set(self.started) <= {"unavailable"}:
+            up_to_date = [name for name in self.uptodate if ":" in name]
+            skipped = self.project.skipped() if "unavailable" in seen else {}
+            Stamp(layout).write(self.project.key, self.project.checked, self.project.probed, len(up_to_date), skipped)
         save_durations(layout.durations, self.durations, self.report.entries, set(self.started))
         line = self.report.summary(seen, set(self.started))
         if line:
@@ -387,6 +399,9 @@ class Project:
     def __init__(self, manifest_path: Path, requested: Iterable[str] = ()):
         requested = list(requested)
         command = requested[0] if requested else None
+        # a plain `doit list` or default run: its outcome may let the next one skip loading (rules.fast_path)
+        self.key = project_key(manifest_path) if requested == ["list"] or is_default_run(requested) else None
+        self.checked: dict[str, list[int]] = {}
         self.shard = shard_of(os.environ.get("EPBUILD_SHARD"))
         self.live = command not in INSPECTING and live_wanted(sys.stdout)  # a status area under the task lines
         self.threads = thread_mode(requested)
@@ -430,6 +445,10 @@ class Project:
             if reason:
                 self.unavailable[name] = reason
         self.stages = {stage.task: stage for b in self.builds for stage in b.stages}
+        self.probed = [path for t in used.values() for path in compiler(t).probed_files(t)]
+        if executor:
+            self.key = None  # the workers' toolchains count: no shortcut
+        self.configs = ConfigRecord(self.layout.configs)
 
     def executor_error(self, reason: str) -> UserError:
         if os.environ.get("EPBUILD_EXECUTOR"):
@@ -449,7 +468,8 @@ class Project:
                    for name in self.task_names(b)]
         if self.unavailable:
             default.append("unavailable")
-        checker = type("ProjectHashChecker", (HashChecker,), {"hashes": FileHashes(self.layout.state)})
+        checker = type("ProjectHashChecker", (HashChecker,), {"hashes": FileHashes(self.layout.state), "checked": {}})
+        self.checked = checker.checked
         reporter = type("ProjectBuildReporter", (BuildReporter,), {"project": self})
         # Live: doit captures each task's output (verbosity 1) and the reporter prints it above the status area;
         # threads share one sys.stdout, which doit's capture would race on, so there the status area catches prints.
@@ -459,12 +479,13 @@ class Project:
 
     def _task(self, basename: str, name: str, doc: str, action: Any, args: list[Any], file_dep: Iterable[Path] = (),
               targets: Iterable[Path] = (), config: dict[str, Any] | None = None, **extra: Any) -> Task:
-        """One doit task: files spelled relative to doit's folder, settings tracked by digest. With `-P thread`,
+        """One doit task: files spelled relative to doit's folder, settings compared with those it last succeeded
+        with (`config`; None: it always runs). With `-P thread`,
         doit's output capture is off: it swaps sys.stdout per running task, and CPython 3.11's print() holds a
         borrowed reference to sys.stdout, so a swap in another thread can free it mid-print (a segfault)."""
         return {"basename": basename, "name": name, "doc": doc, "actions": [(action, args)],
                 "file_dep": [self.rel(p) for p in file_dep], "targets": [self.rel(p) for p in targets],
-                "uptodate": [config_changed(_digest(config)) if config is not None else False],
+                "uptodate": [config is not None and self.configs.unchanged(f"{basename}:{name}", config)],
                 **({"io": {"capture": False}} if self.threads else {}), **extra}
 
     def _unavailable(self, basename: str, build: Build, doc: str) -> Task | None:
@@ -555,6 +576,15 @@ class Project:
                              [stage.input, *stage.input_external, *stage.calibration], stage.outputs,
                              stage_config(stage), clean=[(discard, [stage.output.parent])])
 
+    def save_listing(self) -> None:
+        """What `doit list` shows, for the next one under the same key (rules.fast_path)."""
+        generators = {"stages": self.stage_tasks, "compile": lambda: self.build_tasks("compile"),
+                      "group": lambda: self.build_tasks("group"), "validate": self.validate_tasks,
+                      "ops": self.ops_tasks, "backends": self.backends_task, "cache": self.cache_task,
+                      "unavailable": self.unavailable_task, "graph": self.graph_task}
+        Listing(self.layout).write(self.key, {name: [listed(task) for task in make()]
+                                              for name, make in generators.items()})
+
     def all_tasks(self) -> list[Task]:
         return [*self.stage_tasks(), *self.build_tasks("compile"), *self.build_tasks("group"),
                 *self.validate_tasks(), *self.ops_tasks()]
@@ -599,10 +629,18 @@ def in_shard(build: Build, shard: tuple[int, int] | None) -> bool:
     return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % shard[1] == shard[0] - 1
 
 
-def load_project(manifest_path: str | Path, requested: Iterable[str] = ()) -> Project:
-    """Load for dodo.py: a user error prints one line and exits 2, without a traceback."""
+def load_project(manifest_path: str | Path, requested: Iterable[str] = ()) -> Project | UpToDate:
+    """Load for dodo.py, or a stand-in when nothing changed (rules.fast_path); a user error prints one line and
+    exits 2, without a traceback."""
+    requested = list(requested)
+    quick = shortcut(Path(manifest_path), requested)
+    if quick is not None:
+        return quick
     try:
-        return Project(Path(manifest_path), requested)
+        project = Project(Path(manifest_path), requested)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+    if requested == ["list"]:
+        project.save_listing()
+    return project

@@ -95,10 +95,32 @@ class Toolchain:
     version: str
 
 
+VERSION_FILES = ("versions/apps.xml", "sdk.yaml", "VERSION")
+
+
+def _qaic_paths(configured: Path | None) -> tuple[Path, dict[str, Path]]:
+    root = configured or (Path(os.environ["QAIC_ROOT"]) if os.environ.get("QAIC_ROOT") else QAIC_DEFAULT_ROOT)
+    return root, {"qaic-compile": root / "exec" / "qaic-compile", "qaic-qpc": root / "exec" / "qaic-qpc"}
+
+
+def _qairt_paths(configured: Path | None) -> tuple[Path | None, dict[str, Path]]:
+    root = configured or (Path(os.environ["QNN_SDK_ROOT"]) if os.environ.get("QNN_SDK_ROOT") else None)
+    if root is None:
+        return None, {}
+    tools = root / "bin" / "x86_64-linux-clang"
+    return root, {"converter": tools / "qairt-converter", "context": tools / "qnn-context-binary-generator",
+                  "backend": root / "lib" / "x86_64-linux-clang" / "libQnnHtp.so"}
+
+
+def probed_files(name: str, configured: Path | None) -> list[Path]:
+    """The files whose presence and bytes decide what find_qaic / find_qairt answer (a no-op stamp watches them)."""
+    root, executables = (_qaic_paths if name == "qaic" else _qairt_paths)(configured)
+    return [] if root is None else [*executables.values(), *(root / name for name in VERSION_FILES)]
+
+
 def find_qaic(configured: Path | None) -> Toolchain | str:
     """The Cloud AI Apps SDK: `[toolchains.qaic] root`, else $QAIC_ROOT, else /opt/qti-aic; or why not."""
-    root = configured or (Path(os.environ["QAIC_ROOT"]) if os.environ.get("QAIC_ROOT") else QAIC_DEFAULT_ROOT)
-    executables = {"qaic-compile": root / "exec" / "qaic-compile", "qaic-qpc": root / "exec" / "qaic-qpc"}
+    root, executables = _qaic_paths(configured)
     missing = [str(path) for path in executables.values() if not os.access(path, os.X_OK)]
     if missing:
         return (f"qaic-compile not found ({', '.join(missing)} missing): install the Qualcomm Cloud AI Apps SDK, "
@@ -108,12 +130,9 @@ def find_qaic(configured: Path | None) -> Toolchain | str:
 
 def find_qairt(configured: Path | None) -> Toolchain | str:
     """The QAIRT SDK: the target's `qnn_sdk_root`, else $QNN_SDK_ROOT; or why not."""
-    root = configured or (Path(os.environ["QNN_SDK_ROOT"]) if os.environ.get("QNN_SDK_ROOT") else None)
+    root, executables = _qairt_paths(configured)
     if root is None:
         return "the QAIRT SDK is not configured: set qnn_sdk_root on the target or QNN_SDK_ROOT"
-    tools = root / "bin" / "x86_64-linux-clang"
-    executables = {"converter": tools / "qairt-converter", "context": tools / "qnn-context-binary-generator",
-                   "backend": root / "lib" / "x86_64-linux-clang" / "libQnnHtp.so"}
     missing = [str(path) for name, path in executables.items() if not (path.is_file() if name == "backend"
                                                                          else os.access(path, os.X_OK))]
     if missing:
@@ -123,7 +142,7 @@ def find_qairt(configured: Path | None) -> Toolchain | str:
 
 def _sdk_version(root: Path, binary: Path) -> str:
     """The SDK's version file if it has one (Apps SDK versions/apps.xml, QAIRT sdk.yaml), else the binary's hash."""
-    for candidate in ("versions/apps.xml", "sdk.yaml", "VERSION"):
+    for candidate in VERSION_FILES:
         path = root / candidate
         if path.is_file():
             match = re.search(r"\d+\.\d+(?:\.\d+)+", path.read_text(errors="replace"))

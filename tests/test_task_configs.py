@@ -1,0 +1,74 @@
+"""The settings record that replaces doit's config_changed: a task runs when its settings differ from those it
+last succeeded with, and two builds at once keep each other's records."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import ran
+from rules.task_configs import ConfigRecord
+
+
+def test_a_task_without_a_record_or_with_other_settings_runs(tmp_path):
+    path = tmp_path / "configs.json"
+    first = ConfigRecord(path)
+    assert not first.unchanged("compile:a@cpu", {"ep": "cpu"})
+    assert not first.unchanged("compile:b@cpu", {"ep": "cpu"})
+    first.success("compile:a@cpu")
+    first.save()  # b did not succeed: it stays unrecorded
+    again = ConfigRecord(path)
+    assert again.unchanged("compile:a@cpu", {"ep": "cpu"})
+    assert not again.unchanged("compile:a@cpu", {"ep": "cpu", "level": 2})
+    assert not again.unchanged("compile:b@cpu", {"ep": "cpu"})
+
+
+def test_two_builds_at_once_merge_their_records(tmp_path):
+    path = tmp_path / "configs.json"
+    one, two = ConfigRecord(path), ConfigRecord(path)
+    one.unchanged("compile:a@cpu", {"x": 1})
+    two.unchanged("compile:b@cpu", {"x": 2})
+    one.success("compile:a@cpu")
+    two.success("compile:b@cpu")
+    one.save()
+    two.save()
+    merged = ConfigRecord(path)
+    assert merged.unchanged("compile:a@cpu", {"x": 1}) and merged.unchanged("compile:b@cpu", {"x": 2})
+
+
+def test_an_unreadable_record_means_every_task_runs(tmp_path):
+    path = tmp_path / "configs.json"
+    path.write_text("{not json")
+    record = ConfigRecord(path)
+    assert not record.unchanged("compile:a@cpu", {})
+    record.success("compile:a@cpu")
+    record.save()
+    assert json.loads(path.read_text()) == {"compile:a@cpu": record.current["compile:a@cpu"]}
+
+
+MANIFEST = """
+[models.tinycnn]
+path = "models/tinycnn.onnx"
+
+[targets.qnn]
+ep = "qnn"
+options = { soc_model = 60, qnn_context_priority = "LEVEL" }
+"""
+
+
+def test_a_setting_changed_and_changed_back_runs_each_time_and_a_failure_is_not_recorded(project):
+    project.manifest(MANIFEST.replace("LEVEL", "normal"))
+    project.doit()
+    record = project.artifacts / ".state" / "configs.json"
+    assert set(json.loads(record.read_text())) == {"shape:tinycnn", "compile:tinycnn@qnn",
+                                                   "validate:tinycnn@qnn"}
+    assert ran(project.doit()) == set()
+    project.manifest(MANIFEST.replace("LEVEL", "high"))
+    assert ran(project.doit(), "compile:") == {"compile:tinycnn@qnn"}
+    project.manifest(MANIFEST.replace("LEVEL", "normal"))
+    assert ran(project.doit(), "compile:") == {"compile:tinycnn@qnn"}
+    before = json.loads(record.read_text())
+    project.manifest(MANIFEST.replace("LEVEL", "bogus"))
+    failed = project.doit(check=False)
+    assert failed.returncode != 0 and ran(failed, "compile:") == {"compile:tinycnn@qnn"}
+    assert json.loads(record.read_text()) == before  # the failed settings are not recorded
+    assert ran(project.doit(check=False), "compile:") == {"compile:tinycnn@qnn"}  # so it runs again
