@@ -7,6 +7,8 @@
    tasks' own seconds (from build-report.json, without doit's start-up) are compared.
 2. sha256 of a 1 GB file: rules.hashing.sha256_file against `sha256sum`.
 3. Lines appended to the hash memory by a no-op `doit` (each line is one file read and hashed).
+
+Writes bench/results/cache.json.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from rules.hashing import sha256_file  # noqa: E402
+
+sys.path.insert(0, str(REPO / "bench"))
+from record import save  # noqa: E402
 
 
 def make_clone(folder: Path, manifest: str, copies: int) -> None:
@@ -50,7 +55,7 @@ def build(folder: Path, cache: Path) -> tuple[float, float, dict[str, int]]:
     return wall, sum(e["seconds"] for e in tasks.values()), counts
 
 
-def compare(label: str, manifest: str, copies: int, tmp: Path) -> None:
+def compare(label: str, manifest: str, copies: int, tmp: Path) -> dict[str, float]:
     cache = tmp / f"{label}-cache"
     make_clone(tmp / f"{label}-a", manifest, copies)
     make_clone(tmp / f"{label}-b", manifest, copies)
@@ -59,16 +64,25 @@ def compare(label: str, manifest: str, copies: int, tmp: Path) -> None:
     print(f"{label}: cold {cold_wall:.2f} s wall / {cold_tasks:.2f} s in tasks {cold_counts}; "
           f"restore {warm_wall:.2f} s wall / {warm_tasks:.2f} s in tasks {warm_counts}; "
           f"ratio {cold_wall / warm_wall:.1f}x wall, {cold_tasks / warm_tasks:.1f}x in tasks")
+    return {"cold_wall_s": round(cold_wall, 2), "restore_wall_s": round(warm_wall, 2),
+            "cold_tasks_s": round(cold_tasks, 3), "restore_tasks_s": round(warm_tasks, 3)}
+
+
+def row(what: str, result: dict[str, float]) -> tuple[str, str]:
+    return (what, f"{result['restore_wall_s']:.2f} s vs {result['cold_wall_s']:.2f} s wall "
+                  f"({result['cold_wall_s'] / result['restore_wall_s']:.1f}x); {result['restore_tasks_s']:.2f} s vs "
+                  f"{result['cold_tasks_s']:.2f} s inside the tasks "
+                  f"({result['cold_tasks_s'] / max(result['restore_tasks_s'], 0.001):.0f}x)")
 
 
 def main() -> None:
     copies = int(sys.argv[1]) if len(sys.argv) > 1 else 100
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
-        compare("shipped", (REPO / "models.toml").read_text(), 0, tmp)
+        shipped = compare("shipped", (REPO / "models.toml").read_text(), 0, tmp)
         many = '[targets.qnn-htp]\nep = "qnn"\noptions = { soc_model = 60 }\n' + "".join(
             f'[models.copy{i}]\npath = "models/copy{i}.onnx"\n' for i in range(copies))
-        compare(f"{copies}-copies", many, copies, tmp)
+        many_result = compare(f"{copies}-copies", many, copies, tmp)
 
         big = tmp / "big.bin"
         with open(big, "wb") as handle:
@@ -90,7 +104,17 @@ def main() -> None:
         subprocess.run([sys.executable, "-m", "doit"], cwd=folder, env=env, check=True, capture_output=True)
         before = len(log.read_text().splitlines())
         subprocess.run([sys.executable, "-m", "doit"], cwd=folder, env=env, check=True, capture_output=True)
-        print(f"files hashed by a no-op doit: {len(log.read_text().splitlines()) - before}")
+        hashed = len(log.read_text().splitlines()) - before
+        print(f"files hashed by a no-op doit: {hashed}")
+    save("cache", [
+        row("restore vs cold compile, shipped example (`doit compile group`, empty cache vs a clone sharing it)",
+            shipped),
+        row(f"restore vs cold compile, {copies} copies of tinycnn for qnn-htp", many_result),
+        ("sha256 of 1 GiB, `rules.hashing` vs `sha256sum`",
+         f"{ours:.2f} s vs {tool:.2f} s ({tool / ours:.1f}x the speed)"),
+        ("files hashed by a no-op `doit`", str(hashed))],
+        {"shipped": shipped, f"{copies}_copies": many_result, "sha256_1gib_s": {"ours": round(ours, 3),
+         "sha256sum": round(tool, 3)}, "hashed_by_noop": hashed})
 
 
 if __name__ == "__main__":

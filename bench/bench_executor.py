@@ -10,7 +10,6 @@ adds its cores. Writes bench/results/executor.json.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -21,8 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from record import save
+
 REPO = Path(__file__).resolve().parent.parent
-RESULTS = REPO / "bench" / "results" / "executor.json"
 
 
 def free_port() -> int:
@@ -81,7 +81,11 @@ def main() -> None:
     print(f"{copies} targets ({jobs} jobs): local -n 2 {results['local_n2_s']} s; Dask, 1 worker "
           f"{results['dask_1_worker_s']} s ({results['dask_1_worker_s'] / results['local_n2_s']:.2f}x); 2 workers "
           f"{results['dask_2_worker_s']} s ({results['dask_2_worker_s'] / results['local_n2_s']:.2f}x)")
-    RESULTS.write_text(json.dumps({"copies": copies, "cpus": os.cpu_count(), **results}, indent=1) + "\n")
+    local, one, two = results["local_n2_s"], results["dask_1_worker_s"], results["dask_2_worker_s"]
+    save("executor", [(f"{copies} tiny cpu targets ({jobs} jobs), empty caches, `doit -n 2`: local vs Dask with 1 / 2 "
+                       "workers (one thread each) on the same cores",
+                       f"{local} s vs {one} s (1 worker: jobs run one at a time) / {two} s (2 workers: "
+                       f"{two / local:.2f}x local)")], {"copies": copies, **results})
 
 
 if __name__ == "__main__":

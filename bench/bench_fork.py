@@ -15,7 +15,6 @@ Writes bench/results/fork.json.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -29,6 +28,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 from bench_doit import environment  # noqa: E402
+from record import save  # noqa: E402
 
 TARGETS = {"cpu": '[targets.cpu]\nep = "cpu"\n',
            "qnn-htp": '[targets.qnn-htp]\nep = "qnn"\noptions = { soc_model = 60 }\n'}
@@ -146,8 +146,20 @@ def main() -> None:
             line += (f"; one process {row['floor_s']:.2f} s: fresh {row['fresh_s'] / row['floor_s']:.1f}x the floor, "
                      f"forked {row['forked_s'] / row['floor_s']:.1f}x")
         print(line)
-    out = REPO / "bench" / "results" / "fork.json"
-    out.write_text(json.dumps({"host_cores": os.cpu_count(), "results": results}, indent=1) + "\n")
+    start, empty = results["fork server start (qnn)"], results["empty job (start-up only)"]
+    serial, mixed = results[f"{copies} cpu targets, serial"], results[f"{tiny} targets (cpu + qnn-htp), -n 2"]
+    save("fork", [
+        ("a job's start-up, fresh child vs forked by the fork server (a job that does nothing, median of 20)",
+         f"{empty['fresh_s'] * 1000:.0f} ms vs {empty['forked_s'] * 1000:.1f} ms (goal <= 50 ms)"),
+        (f"{copies} copies of tinycnn for cpu, clean serial build ({copies} compiles + {copies} validations)",
+         f"fresh children {serial['fresh_s']:.2f} s, forked {serial['forked_s']:.2f} s; the same work in one warm "
+         f"process {serial['floor_s']:.2f} s: forked **{serial['forked_s'] / serial['floor_s']:.1f}x** that floor "
+         f"(goal 2.5x), fresh {serial['fresh_s'] / serial['floor_s']:.0f}x"),
+        (f"{tiny} tiny targets ({tiny // 2} models x cpu, qnn-htp), clean `doit -n 2`",
+         f"fresh children {mixed['fresh_s']:.1f} s, forked {mixed['forked_s']:.1f} s "
+         f"({mixed['fresh_s'] / mixed['forked_s']:.1f}x)"),
+        ("starting a fork server for QNN (imports, EP registration)", f"{start['seconds']:.2f} s, once per 30 s of "
+         "activity")], results)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,9 @@ from bench_cache import make_clone  # the same clone: dodo.py, models/, configs/
 from moto.server import ThreadedMotoServer
 
 REPO = Path(__file__).resolve().parent.parent
-RESULTS = REPO / "bench" / "results" / "remote.json"
+sys.path.insert(0, str(REPO / "bench"))
+from record import save  # noqa: E402
+
 logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
 
 
@@ -82,9 +84,13 @@ def main() -> None:
             results[f"{copies}_tiny_cpu_targets"] = case(f"{copies}-tiny", many, copies, tmp, env)
     finally:
         server.stop()
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"machine": os.uname().machine, "cpus": os.cpu_count(), **results}, indent=1) + "\n")
-    print(f"wrote {RESULTS.relative_to(REPO)}")
+    rows = []
+    for label, what in (("shipped", "shipped example"), (f"{copies}_tiny_cpu_targets", f"{copies} tiny cpu targets")):
+        result = results[label]
+        rows.append((f"fresh clone, empty local cache, restoring from the remote cache (moto S3 on loopback), full "
+                     f"`doit`, {what}", f"{result['remote_restore']['wall_s']} s vs {result['cold']['wall_s']} s cold "
+                     f"({result['cold_over_remote']}x); from a warm local cache {result['local_restore']['wall_s']} s"))
+    save("remote", rows, {"copies": copies, **results})
 
 
 if __name__ == "__main__":

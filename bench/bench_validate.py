@@ -3,7 +3,9 @@ validation in-process (imports and EP registration already paid).
 
     python bench/bench_validate.py [REPEATS]
 
-Builds the shipped example in a temporary copy first (validation included), then times each validation again.
+Builds the shipped example in a temporary copy first (validation included), then times each validation again:
+as a build runs it (a child, forked by the fork server where it serves) and in this process. Writes
+bench/results/validate.json.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ from rules.manifest import load  # noqa: E402
 from rules.targets import plan  # noqa: E402
 from rules.validate import _validate_in_child, validate, validation_request  # noqa: E402
 
+sys.path.insert(0, str(REPO / "bench"))
+from record import save  # noqa: E402
+
 
 def main() -> None:
     repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 3
@@ -41,6 +46,7 @@ def main() -> None:
         layout = Layout(project / "artifacts")
         caps = capabilities(layout.state)
         print(f"{'artifact':<28} {'child s':>8} {'in-process s':>13} {'overhead s':>11}")
+        times = {}
         for build in plan(load(project / "models.toml")):
             target = build.target
             if compiler(target).unavailable(target, caps) or not build.validates:
@@ -50,6 +56,12 @@ def main() -> None:
             _validate_in_child(request)  # warm: imports, EP registration
             inside = statistics.median(_timed(lambda r=request: _validate_in_child(r)) for _ in range(repeats))
             print(f"{build.name:<28} {child:>8.3f} {inside:>13.3f} {child - inside:>11.3f}")
+            times[build.name] = {"child_s": round(child, 4), "in_process_s": round(inside, 4)}
+    children = sorted(t["child_s"] for t in times.values())
+    inside_all = sorted(t["in_process_s"] for t in times.values())
+    save("validate", [("validation per shipped artifact, as a build runs it (a forked child)",
+                       f"{children[0]:.3f}-{children[-1]:.3f} s; the same validation in one warm process "
+                       f"{inside_all[0]:.3f}-{inside_all[-1]:.3f} s")], times)
 
 
 def _timed(function) -> float:

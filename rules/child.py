@@ -69,6 +69,13 @@ class _PlainChild:
         pid, status, usage = os.wait4(self.pid, os.WNOHANG)
         return (os.waitstatus_to_exitcode(status), usage.ru_maxrss) if pid else None
 
+    def wait(self, timeout: float) -> tuple[int, int] | None:
+        ended = self.poll()
+        if ended is None:
+            time.sleep(timeout)
+            ended = self.poll()
+        return ended
+
     def kill(self) -> None:
         self.process.kill()  # our own child only; waited for by poll
 
@@ -80,7 +87,7 @@ def _wait(child: _PlainChild | ForkedJob, limits: Limits, what: str) -> tuple[in
     peak, pause, next_progress = 0, 0.002, started + PROGRESS_EVERY_S
     killed = None
     while True:
-        ended = child.poll()
+        ended = child.wait(pause)
         if ended:
             peak = max(peak, ended[1] * 1024)  # kilobytes on Linux
             return ended[0], time.monotonic() - started, peak / 2**20, killed
@@ -96,7 +103,6 @@ def _wait(child: _PlainChild | ForkedJob, limits: Limits, what: str) -> tuple[in
         if now >= next_progress:
             print(f"still running {what}: {now - started:.0f} s, {resident / 2**30:.2f} GB resident", flush=True)
             next_progress += PROGRESS_EVERY_S
-        time.sleep(pause)
         pause = min(pause * 2, 0.1)
 
 

@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import select
+import signal
 import socket
 import subprocess
 import sys
@@ -39,8 +40,9 @@ LOAD_TIME_PREFIXES = ("ORT_", "OV_", "OPENVINO", "QNN_", "ADSP_", "LD_", "OMP_",
                       "TBB_", "PYTHON", "EPBUILD_OPENVINO", "CUDA", "PATH")
 # Not onnxruntime.tools.symbolic_shape_infer: it imports torch (a second, 1 s import with its own BLAS runtime),
 # which only the shape stage needs; its children import it themselves.
-PRELOAD = ("numpy", "onnx", "onnx.shape_inference", "onnxruntime", "onnxruntime.quantization", "rules.compile",
-           "rules.validate", "rules.preprocess")
+# numpy.random: numpy imports it lazily, and every validation child needs it.
+PRELOAD = ("numpy", "numpy.random", "onnx", "onnx.shape_inference", "onnxruntime", "onnxruntime.quantization",
+           "rules.compile", "rules.validate", "rules.preprocess")
 
 
 def enabled() -> bool:
@@ -81,6 +83,12 @@ class ForkedJob:
             self.connection.close()
             return -9, 0
         return None
+
+    def wait(self, timeout: float) -> tuple[int, int] | None:
+        """poll() after waiting up to `timeout` for the server's word: the end is seen the moment it comes."""
+        if b"\n" not in self.buffer:
+            select.select([self.connection], [], [], timeout)
+        return self.poll()
 
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -174,12 +182,16 @@ def fork_job(module: str, alias: str, arguments: list[str], output: Path, workdi
 
 # ---- the server ----
 
-def _child(request: dict[str, Any], server_sockets: list[socket.socket]) -> None:
+def _child(request: dict[str, Any], server_sockets: list[socket.socket], wake: tuple[int, int]) -> None:
     """In the forked child: become `python -m module arguments` in the job's folder, output into its file."""
     import runpy
     import warnings
 
     try:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for descriptor in wake:
+            os.close(descriptor)
         for server_socket in server_sockets:  # the listener and every client connection belong to the server
             server_socket.close()
         os.chdir(request["cwd"])
@@ -229,10 +241,21 @@ def serve(path: Path, alias: str) -> None:
     os.replace(temporary, path)  # clients see a listening server or none
     identity = path.stat().st_ino
     print(f"serving {alias or 'cpu'} jobs on {path} (pid {os.getpid()}, {baseline} threads)", flush=True)
+    # a child's end wakes the loop at once: SIGCHLD writes a byte into this pipe (Python's wakeup fd)
+    wake = os.pipe()
+    for descriptor in wake:
+        os.set_blocking(descriptor, False)
+    signal.set_wakeup_fd(wake[1])
+    signal.signal(signal.SIGCHLD, lambda *_: None)
     jobs: dict[int, socket.socket] = {}
     last_job = time.monotonic()
     while True:
-        if select.select([listener], [], [], 0.005 if jobs else 0.2)[0]:
+        readable = select.select([listener, wake[0]], [], [], 0.2)[0]
+        if wake[0] in readable:
+            with contextlib.suppress(BlockingIOError):
+                while os.read(wake[0], 4096):
+                    pass
+        if listener in readable:
             connection, _ = listener.accept()
             connection.settimeout(10)
             try:
@@ -243,7 +266,7 @@ def serve(path: Path, alias: str) -> None:
             sys.stdout.flush()
             pid = os.fork()
             if pid == 0:
-                _child(request, [listener, connection, *jobs.values()])
+                _child(request, [listener, connection, *jobs.values()], wake)
             jobs[pid] = connection
             with contextlib.suppress(OSError):
                 connection.sendall(json.dumps({"pid": pid}).encode() + b"\n")
