@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from rules.tasks import load_project
+from rules.fast_path import load_project
 
 # the command line's task names: a task this host cannot build fails when named, and is skipped otherwise
 project = load_project(Path(__file__).parent / os.environ.get("EPBUILD_MANIFEST", "models.toml"), sys.argv[1:])

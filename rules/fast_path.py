@@ -21,7 +21,7 @@ import json
 import os
 import platform
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -215,3 +215,15 @@ def shortcut(manifest: Path, argv: list[str]) -> UpToDate | None:
         return UpToDate(listing=listing) if listing is not None else None
     stamp = Stamp(layout).still_valid(key)
     return UpToDate(stamp=stamp) if stamp is not None else None
+
+
+def load_project(manifest_path: str | Path, requested: Iterable[str] = ()) -> Any:
+    """dodo.py's entry: the stand-in when a shortcut holds (nothing heavy is imported then), else the full project
+    (`rules.tasks.Project`)."""
+    requested = list(requested)
+    quick = shortcut(Path(manifest_path), requested)
+    if quick is not None:
+        return quick
+    from .tasks import load_full_project
+
+    return load_full_project(Path(manifest_path), requested)

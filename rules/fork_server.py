@@ -38,9 +38,8 @@ PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 # What EP libraries, BLAS and Python may read when they load: a server serves only builds that agree on these.
 LOAD_TIME_PREFIXES = ("ORT_", "OV_", "OPENVINO", "QNN_", "ADSP_", "LD_", "OMP_", "OPENBLAS_", "MKL_", "KMP_",
                       "TBB_", "PYTHON", "EPBUILD_OPENVINO", "CUDA", "PATH")
-# Not onnxruntime.tools.symbolic_shape_infer: it imports torch (a second, 1 s import with its own BLAS runtime),
-# which only the shape stage needs; its children import it themselves.
-# numpy.random: numpy imports it lazily, and every validation child needs it.
+# numpy.random: numpy imports it lazily, and every validation child needs it. The shape stage's onnxruntime tools
+# are loaded too (`preprocess.shape_tools`, without the tools package's torch import).
 PRELOAD = ("numpy", "numpy.random", "onnx", "onnx.shape_inference", "onnxruntime", "onnxruntime.quantization",
            "rules.compile", "rules.validate", "rules.preprocess")
 
@@ -221,6 +220,9 @@ def serve(path: Path, alias: str) -> None:
 
     for module in PRELOAD:
         importlib.import_module(module)
+    from .preprocess import shape_tools
+
+    shape_tools()
     baseline = _threads()
     if alias:
         import onnxruntime as ort

@@ -4,7 +4,9 @@ quantization with calibration data, external-data squash. Outputs go through the
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -65,12 +67,34 @@ def dynamic_tensors(model: Any) -> list[str]:
     return found
 
 
+def ort_tool(name: str) -> Any:
+    """A module of `onnxruntime.tools` loaded on its own: the package's `__init__` imports torch whenever it is
+    installed (~0.9 s, for an export helper we never use), and neither module needs the package."""
+    qualified = f"rules._ort_tools.{name}"
+    if qualified not in sys.modules:
+        import onnxruntime
+
+        spec = importlib.util.spec_from_file_location(qualified, Path(onnxruntime.__file__).parent / "tools" /
+                                                      f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[qualified] = module
+        spec.loader.exec_module(module)
+    return sys.modules[qualified]
+
+
+def shape_tools() -> tuple[Any, Any]:
+    """onnxruntime's shape helpers: (onnx_model_utils, symbolic_shape_infer); the fork server loads them once."""
+    return ort_tool("onnx_model_utils"), ort_tool("symbolic_shape_infer")
+
+
 def fix_shapes(source: Path, output: Path, inputs: dict[str, list[int]], data_file: str | None) -> list[str]:
     """Fix the inputs in the file (-1 and unnamed dimensions too, which free-dimension overrides cannot reach by
     name), then infer every intermediate shape; returns the tensors that stay dynamic."""
     import onnx
-    from onnxruntime.tools.onnx_model_utils import fix_output_shapes, make_input_shape_fixed
-    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+    model_utils, symbolic = shape_tools()
+    fix_output_shapes, make_input_shape_fixed = model_utils.fix_output_shapes, model_utils.make_input_shape_fixed
+    SymbolicShapeInference = symbolic.SymbolicShapeInference
 
     model = onnx.load(source.name)  # external data resolves next to the model (the working folder)
     check_input_names(model.graph, list(inputs), "inputs")

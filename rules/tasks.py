@@ -29,7 +29,14 @@ from .compilers import COMPILERS, compiler
 from .errors import BuildError, UserError, closest
 from .executor import executor_settings, run_operator_list, run_validation, unreachable, with_worker_toolchains
 from .external_data import ExternalDataIndex
-from .fast_path import Listing, Stamp, UpToDate, is_default_run, listed, project_key, shortcut
+from .fast_path import (
+    Listing,
+    Stamp,
+    is_default_run,
+    listed,
+    load_project,  # noqa: F401 - dodo.py copies made before it moved import it from here
+    project_key,
+)
 from .fingerprint import compile_config, stage_config, validate_config, validation_fingerprint
 from .hashing import FileHashes
 from .host import capabilities
@@ -629,15 +636,11 @@ def in_shard(build: Build, shard: tuple[int, int] | None) -> bool:
     return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % shard[1] == shard[0] - 1
 
 
-def load_project(manifest_path: str | Path, requested: Iterable[str] = ()) -> Project | UpToDate:
-    """Load for dodo.py, or a stand-in when nothing changed (rules.fast_path); a user error prints one line and
-    exits 2, without a traceback."""
-    requested = list(requested)
-    quick = shortcut(Path(manifest_path), requested)
-    if quick is not None:
-        return quick
+def load_full_project(manifest_path: Path, requested: list[str]) -> Project:
+    """The project with all its tasks (`rules.fast_path.load_project` calls this when no shortcut holds); a user
+    error prints one line and exits 2, without a traceback."""
     try:
-        project = Project(Path(manifest_path), requested)
+        project = Project(manifest_path, requested)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
