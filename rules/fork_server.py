@@ -32,14 +32,16 @@ from pathlib import Path
 from typing import Any
 
 SWITCH = "EPBUILD_FORK_SERVER"  # "0": a plain child for every job
+# The shape stage's server also loads onnxruntime's shape tools with sympy: in every other server that larger heap
+# made each forked job ~15 ms slower (the child's allocations copy more of the inherited pages).
+SHAPE_STAGE = "shape-stage"
 IDLE_S = 30.0
 START_TIMEOUT_S = 120.0
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 # What EP libraries, BLAS and Python may read when they load: a server serves only builds that agree on these.
 LOAD_TIME_PREFIXES = ("ORT_", "OV_", "OPENVINO", "QNN_", "ADSP_", "LD_", "OMP_", "OPENBLAS_", "MKL_", "KMP_",
                       "TBB_", "PYTHON", "EPBUILD_OPENVINO", "CUDA", "PATH")
-# numpy.random: numpy imports it lazily, and every validation child needs it. The shape stage's onnxruntime tools
-# are loaded too (`preprocess.shape_tools`, without the tools package's torch import).
+# numpy.random: numpy imports it lazily, and every validation child needs it.
 PRELOAD = ("numpy", "numpy.random", "onnx", "onnx.shape_inference", "onnxruntime", "onnxruntime.quantization",
            "rules.compile", "rules.validate", "rules.preprocess")
 
@@ -220,11 +222,12 @@ def serve(path: Path, alias: str) -> None:
 
     for module in PRELOAD:
         importlib.import_module(module)
-    from .preprocess import shape_tools
+    if alias == SHAPE_STAGE:
+        from .preprocess import shape_tools
 
-    shape_tools()
+        shape_tools()
     baseline = _threads()
-    if alias:
+    if alias and alias != SHAPE_STAGE:
         import onnxruntime as ort
 
         from .eps import lookup

@@ -16,6 +16,7 @@ from .child import Limits, run_child, serve
 from .errors import ModelError, located
 from .executor import run_stage as run_stage_remotely
 from .fingerprint import stage_config, stage_fingerprint
+from .fork_server import SHAPE_STAGE
 from .graph import check_input_names, dims, missing_files, true_inputs
 from .layout import STAGES
 from .publish import discard
@@ -83,7 +84,8 @@ def ort_tool(name: str) -> Any:
 
 
 def shape_tools() -> tuple[Any, Any]:
-    """onnxruntime's shape helpers: (onnx_model_utils, symbolic_shape_infer); the fork server loads them once."""
+    """onnxruntime's shape helpers: (onnx_model_utils, symbolic_shape_infer); the shape stage's fork server loads
+    them once."""
     return ort_tool("onnx_model_utils"), ort_tool("symbolic_shape_infer")
 
 
@@ -287,7 +289,7 @@ def produce_stage(stage: Stage, workspace: Workspace, scratch: Path) -> dict[str
     try:
         log = workspace.layout.log(STAGES, stage.task.replace(":", "."))
         return run_child("rules.preprocess", stage_request(stage, scratch / stage.output.name), workdir,
-                         Limits(STAGE_TIMEOUT_S), stage.task, log)
+                         Limits(STAGE_TIMEOUT_S), stage.task, log, SHAPE_STAGE if stage.kind == "shape" else "")
     finally:
         discard(workdir)
 
