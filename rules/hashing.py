@@ -11,9 +11,10 @@ import hashlib
 import os
 from pathlib import Path
 
-from .layout import stat_key
+from .layout import stat_key, write_atomic
 
 CHUNK = 1 << 20
+COMPACT_SLACK = 1000  # superseded lines tolerated before the memory is rewritten
 
 
 def sha256_file(path: str | Path) -> str:
@@ -39,15 +40,28 @@ class FileHashes:
     def known(self) -> dict[str, tuple[list[int], str]]:
         if self._known is None:
             self._known = {}
+            lines = 0
             try:
                 with open(self.log, encoding="utf-8") as handle:
                     for line in handle:
+                        lines += 1
                         fields = line.rstrip("\n").split("\t")
                         if len(fields) == 5 and len(fields[4]) == 64:  # else a line cut short by a killed process
                             self._known[fields[0]] = ([int(f) for f in fields[1:4]], fields[4])
             except FileNotFoundError:
                 pass
+            if lines > 2 * len(self._known) + COMPACT_SLACK:
+                self._compact()
         return self._known
+
+    def _compact(self) -> None:
+        """Rewrite the memory with one line per file that still exists: every rebuild appends lines, and loading
+        them all is what a run pays when a file's identity changed. A line another builder appends meanwhile may
+        be lost; that file is then hashed once more."""
+        kept = {path: entry for path, entry in (self._known or {}).items() if os.path.exists(path)}
+        write_atomic(self.log, "".join("\t".join([path, *map(str, key), digest]) + "\n"
+                                       for path, (key, digest) in kept.items()))
+        self._known = kept
 
     def sha256(self, path: str | Path, stat: os.stat_result | None = None) -> str:
         absolute = os.path.abspath(path)

@@ -159,6 +159,26 @@ def test_no_op_run_hashes_nothing_and_a_touched_tree_is_hashed_once(tmp_path, ho
     assert len(log.read_text().splitlines()) == touched
 
 
+def test_the_hash_memory_is_compacted_when_superseded_lines_pile_up(tmp_path, monkeypatch):
+    from rules import hashing
+
+    monkeypatch.setattr(hashing, "COMPACT_SLACK", 5)
+    kept, gone = tmp_path / "kept.bin", tmp_path / "gone.bin"
+    memory = hashing.FileHashes(tmp_path / "state")
+    for round_ in range(10):  # each rewrite of the file appends one line
+        kept.write_bytes(f"version {round_}".encode())
+        os.utime(kept, ns=(round_ * 10**9, round_ * 10**9))
+        memory.sha256(kept)
+    gone.write_bytes(b"x")
+    memory.sha256(gone)
+    gone.unlink()
+    assert len(memory.log.read_text().splitlines()) == 11
+    fresh = hashing.FileHashes(tmp_path / "state")
+    assert fresh.sha256(kept) == hashing.sha256_file(kept)  # loads, compacts
+    lines = memory.log.read_text().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"{kept}\t") and lines[0].endswith(hashing.sha256_file(kept))
+
+
 def test_cache_size_cap_evicts_least_recently_used_entries(tmp_path, host_cache):
     project = clone(tmp_path, host_cache, "a", tmp_path / "shared-cache")
     project.manifest(MANIFEST + "\n[cache]\nmax_size_mb = 0.2\n")
