@@ -62,12 +62,12 @@ def clean_build(folder: Path, fork: bool, args: list[str]) -> float:
 
 def floor(folder: Path) -> float:
     """The same compiles and validations in this process (after one warm-up of each)."""
-    from rules.compile import _compile_in_child
-    from rules.compilers import compile_request
-    from rules.layout import Layout
-    from rules.manifest import load
-    from rules.targets import plan
-    from rules.validate import _validate_in_child, validation_request
+    from rules.build.compile import _compile_in_child
+    from rules.build.compilers import compile_request
+    from rules.build.validate import _validate_in_child, validation_request
+    from rules.manifest.parse import load
+    from rules.manifest.targets import plan
+    from rules.store.layout import Layout
 
     layout = Layout(folder / "artifacts")
     builds = plan(load(folder / "models.toml"))
@@ -90,7 +90,7 @@ def server_start() -> float:
     with tempfile.TemporaryDirectory() as tmp:
         socket_path = Path(tmp) / "s.sock"
         start = time.perf_counter()
-        server = subprocess.Popen([sys.executable, "-m", "rules.fork_server", str(socket_path), "qnn"],
+        server = subprocess.Popen([sys.executable, "-m", "rules.execute.fork_server", str(socket_path), "qnn"],
                                   env=environment(), stdout=subprocess.PIPE, text=True)
         line = server.stdout.readline()
         seconds = time.perf_counter() - start
@@ -105,7 +105,7 @@ def empty_job(fork: bool, repeats: int = 20) -> float:
     """Median seconds of a job that does nothing (tests/crash_child sleeping 0 s): the start-up alone."""
     import statistics
 
-    from rules.child import Limits, run_child
+    from rules.execute.child import Limits, run_child
 
     os.environ["EPBUILD_FORK_SERVER"] = "1" if fork else "0"
     os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests"), str(REPO)])

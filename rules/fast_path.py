@@ -25,7 +25,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from .layout import Layout, stat_key, write_json
+from .store.layout import Layout, stat_key, write_json
 
 PACKAGE = Path(__file__).resolve().parent
 DEP_FILE = ".doit.db"
@@ -67,8 +67,8 @@ def _identity(path: str) -> list[int] | None:
 def project_key(manifest: Path) -> str:
     """Everything task creation reads, as one digest (see the module's docstring)."""
     digest = hashlib.sha256()
-    for source in sorted([*PACKAGE.glob("*.py"), *PACKAGE.glob("templates/*")]):
-        digest.update(source.name.encode() + b"\0" + _file_bytes(source) + b"\0")
+    for source in sorted([*PACKAGE.rglob("*.py"), *PACKAGE.glob("report/templates/*")]):
+        digest.update(str(source.relative_to(PACKAGE)).encode() + b"\0" + _file_bytes(source) + b"\0")
     layout = Layout(manifest.parent / "artifacts")
     for path in (manifest, manifest.parent / "dodo.py", layout.state / "host.json"):
         digest.update(str(path).encode() + b"\0" + _file_bytes(path) + b"\0")

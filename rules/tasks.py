@@ -2,8 +2,8 @@
 
 Task creation reads the manifest, a cached host probe and a cached external-data index; it never imports
 onnxruntime or parses an unchanged model, so `doit list` and a no-op `doit` stay near doit's own cost. Actions are
-thin: they call plain functions (`rules.compile`, `rules.validate`, `rules.preprocess`, `rules.toolchains`), print
-one line and return the values the build report keeps.
+thin: they call plain functions (`rules.build.compile`, `rules.build.validate`, `rules.build.preprocess`,
+`rules.build.toolchains`), print one line and return the values the build report keeps.
 """
 
 from __future__ import annotations
@@ -21,14 +21,17 @@ from doit.dependency import FileChangedChecker
 from doit.exceptions import TaskFailed
 from doit.reporter import ConsoleReporter
 
-from . import vendor_shim
-from .build import Build
-from .cache import Outcome, Workspace, cache_location, remote_location
-from .compile import compile_build, file_records
-from .compilers import COMPILERS, compiler
+from .build import vendor_shim
+from .build.compile import compile_build, file_records
+from .build.compilers import COMPILERS, compiler
+from .build.fingerprint import compile_config, stage_config, validate_config, validation_fingerprint
+from .build.preprocess import run_stage
+from .build.stages import Stage
+from .build.toolchains import Toolchain, check_operators, find_qaic, find_qairt, supported_operators
+from .build.validate import REPORT, cached_validation, summary, validate
 from .errors import BuildError, UserError, closest
-from .executor import executor_settings, run_operator_list, run_validation, unreachable, with_worker_toolchains
-from .external_data import ExternalDataIndex
+from .execute.executor import executor_settings, run_operator_list, run_validation, unreachable, with_worker_toolchains
+from .execute.host import capabilities
 from .fast_path import (
     Listing,
     Stamp,
@@ -37,22 +40,19 @@ from .fast_path import (
     load_project,  # noqa: F401 - dodo.py copies made before it moved import it from here
     project_key,
 )
-from .fingerprint import compile_config, stage_config, validate_config, validation_fingerprint
-from .hashing import FileHashes
-from .host import capabilities
-from .layout import Layout, stat_key
-from .manifest import load
-from .preprocess import run_stage
-from .progress import LiveProgress, live_wanted, load_durations, save_durations
-from .publish import discard
-from .report import BuildReport, usage_text
-from .report_views import append_step_summary, write_views
-from .stages import Stage
-from .targets import plan
-from .task_configs import ConfigRecord
-from .task_graph import write_graph
-from .toolchains import Toolchain, check_operators, find_qaic, find_qairt, supported_operators
-from .validate import REPORT, cached_validation, summary, validate
+from .manifest.builds import Build
+from .manifest.parse import load
+from .manifest.targets import plan
+from .report.build_report import BuildReport, usage_text
+from .report.progress import LiveProgress, live_wanted, load_durations, save_durations
+from .report.task_graph import write_graph
+from .report.views import append_step_summary, write_views
+from .store.cache import Outcome, Workspace, cache_location, remote_location
+from .store.external_data import ExternalDataIndex
+from .store.hashing import FileHashes
+from .store.layout import Layout, stat_key
+from .store.publish import discard
+from .store.task_configs import ConfigRecord
 
 Task = dict[str, Any]
 INSPECTING = {"list", "info", "help", "clean", "forget", "ignore", "dumpdb", "strace", "tabcompletion", "reset-dep",

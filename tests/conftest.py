@@ -69,8 +69,8 @@ def ran(done: subprocess.CompletedProcess, prefix: str = "") -> set[str]:
 @pytest.fixture(scope="session")
 def host_cache(tmp_path_factory) -> Path:
     """Probe the host once per test session; every project starts with the result."""
-    from rules import vendor_shim
-    from rules.host import capabilities
+    from rules.build import vendor_shim
+    from rules.execute.host import capabilities
 
     state = tmp_path_factory.mktemp("host")
     vendor_shim.prepare(tmp_path_factory.mktemp("cache"))  # as doit does on non-Intel hosts
@@ -90,7 +90,7 @@ def openvino_reason(host_cache) -> str | None:
     """Why OpenVINO cannot build here (its plugin offers devices on Intel hardware only), None where it can."""
     import json
 
-    from rules.eps import REGISTRY
-    from rules.host import unavailable_reason
+    from rules.execute.host import unavailable_reason
+    from rules.manifest.eps import REGISTRY
 
     return unavailable_reason(REGISTRY["openvino"], "pypi", "cpu", json.loads(host_cache.read_text()))

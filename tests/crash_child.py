@@ -4,7 +4,7 @@ import os
 import signal
 import time
 
-from rules.child import serve
+from rules.execute.child import serve
 
 
 def _misbehave(request: dict) -> dict:

@@ -160,7 +160,7 @@ def test_no_op_run_hashes_nothing_and_a_touched_tree_is_hashed_once(tmp_path, ho
 
 
 def test_the_hash_memory_is_compacted_when_superseded_lines_pile_up(tmp_path, monkeypatch):
-    from rules import hashing
+    from rules.store import hashing
 
     monkeypatch.setattr(hashing, "COMPACT_SLACK", 5)
     kept, gone = tmp_path / "kept.bin", tmp_path / "gone.bin"

@@ -1,5 +1,5 @@
-"""Builds on a real Dask cluster on loopback: a scheduler and `python -m rules.worker` processes, each with its own
-working folder and its own resources; and CI shards."""
+"""Builds on a real Dask cluster on loopback: a scheduler and `python -m rules.execute.worker` processes, each with
+its own working folder and its own resources; and CI shards."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ import pytest
 
 from conftest import REPO, build_report, clone, ran
 from helpers import single_op_model, tree_bytes
-from rules import vendor_shim
+from rules.build import vendor_shim
 from rules.errors import BuildError
-from rules.worker import _check_versions, relocate
+from rules.execute.worker import _check_versions, relocate
 
 MANIFEST = """
 [models.tinycnn]
@@ -75,8 +75,8 @@ class Cluster:
                 info.mkdir(parents=True)
                 (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package}\nVersion: {version}\n")
             env["PYTHONPATH"] = f"{site}{os.pathsep}{REPO}"
-        self._start(f"worker-{name}", [sys.executable, "-m", "rules.worker", self.address, "--workdir", str(workdir),
-                                       "--name", name, "--nthreads", "1", "--no-nanny", "--no-dashboard",
+        self._start(f"worker-{name}", [sys.executable, "-m", "rules.execute.worker", self.address, "--workdir",
+                                       str(workdir), "--name", name, "--nthreads", "1", "--no-nanny", "--no-dashboard",
                                        "--host", "127.0.0.1"], env)
         return workdir
 
@@ -273,8 +273,8 @@ def test_shards_partition_the_build_and_their_union_is_everything(tmp_path, host
 
 
 def test_relocate_moves_every_path_under_the_project_and_nothing_else(tmp_path):
-    from rules.manifest import load
-    from rules.targets import plan
+    from rules.manifest.parse import load
+    from rules.manifest.targets import plan
 
     (tmp_path / "models").mkdir()
     shutil.copy(REPO / "models" / "tinycnn.onnx", tmp_path / "models" / "m.onnx")

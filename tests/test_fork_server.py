@@ -15,9 +15,9 @@ import pytest
 
 from conftest import REPO, Project
 from helpers import OPENVINO_CPU_TARGET, tree_bytes
-from rules.child import Limits, run_child
 from rules.errors import BuildError
-from rules.fork_server import SWITCH, fork_job
+from rules.execute.child import Limits, run_child
+from rules.execute.fork_server import SWITCH, fork_job
 
 MANIFEST = """
 [models.tinycnn]
@@ -92,10 +92,10 @@ def test_a_forked_job_starts_in_milliseconds(tmp_path, crash_child):
 
 
 def test_an_ep_whose_registration_starts_threads_keeps_plain_children(tmp_path):
-    script = ("import sys, threading, time\nfrom pathlib import Path\nimport rules.host\n"
-              "rules.host.register_plugin = lambda ort, info: threading.Thread(target=time.sleep, args=(30,), "
+    script = ("import sys, threading, time\nfrom pathlib import Path\nimport rules.execute.host\n"
+              "rules.execute.host.register_plugin = lambda ort, info: threading.Thread(target=time.sleep, args=(30,), "
               "daemon=True).start()\n"
-              "from rules.fork_server import serve\nserve(Path(sys.argv[1]), 'qnn')\n")
+              "from rules.execute.fork_server import serve\nserve(Path(sys.argv[1]), 'qnn')\n")
     socket_path = tmp_path / "server.sock"
     done = subprocess.run([sys.executable, "-c", script, str(socket_path)], capture_output=True, text=True,
                           timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -105,7 +105,7 @@ def test_an_ep_whose_registration_starts_threads_keeps_plain_children(tmp_path):
 
 def test_a_server_whose_socket_is_replaced_leaves(tmp_path):
     socket_path = tmp_path / "server.sock"
-    server = subprocess.Popen([sys.executable, "-m", "rules.fork_server", str(socket_path), ""],
+    server = subprocess.Popen([sys.executable, "-m", "rules.execute.fork_server", str(socket_path), ""],
                               env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, text=True)
     try:
         assert "serving cpu jobs" in server.stdout.readline()

@@ -10,11 +10,11 @@ import pytest
 
 from conftest import REPO, ran
 from helpers import ep_context_nodes, perturb_weights
+from rules.build.validate import validate
 from rules.errors import UserError
-from rules.layout import Layout
-from rules.manifest import load
-from rules.targets import plan
-from rules.validate import validate
+from rules.manifest.parse import load
+from rules.manifest.targets import plan
+from rules.store.layout import Layout
 
 MEMBERS = """
 [models.tinycnn]

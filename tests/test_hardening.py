@@ -250,7 +250,7 @@ def test_a_compile_child_killed_by_a_signal_fails_that_task_and_the_rest_builds(
                      '[models.encoder]\npath = "models/encoder.onnx"\n')
     run = subprocess.Popen([sys.executable, "-m", "doit", "--continue"], cwd=project.root, env=project.env,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert kill_child_when_running(run, "rules.compile", sig)
+    assert kill_child_when_running(run, "rules.build.compile", sig)
     stdout, stderr = run.communicate(timeout=600)
     assert run.returncode != 0 and f"the child process was killed by {name}" in stdout + stderr
     assert "Traceback" not in stdout + stderr
@@ -265,7 +265,7 @@ def test_a_validation_child_killed_fails_that_validation_and_the_next_run_retrie
     project.doit("compile")
     run = subprocess.Popen([sys.executable, "-m", "doit", "--continue"], cwd=project.root, env=project.env,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert kill_child_when_running(run, "rules.validate", signal.SIGKILL)
+    assert kill_child_when_running(run, "rules.build.validate", signal.SIGKILL)
     stdout, stderr = run.communicate(timeout=600)
     assert "the child process was killed by SIGKILL" in stdout + stderr
     report = json.loads((project.artifacts / "qnn" / "tinycnn" / "validation.json").read_text())

@@ -6,8 +6,8 @@ import pytest
 
 from conftest import REPO
 from rules.errors import UserError
-from rules.manifest import load
-from rules.targets import plan
+from rules.manifest.parse import load
+from rules.manifest.targets import plan
 
 MODEL = '[models.m]\npath = "models/tinycnn.onnx"\n'
 

@@ -1,5 +1,5 @@
 """OpenVINO on this host: on non-Intel x86-64 CPUs through epbuild's vendor-id shim, which is compiled from
-rules/shims/openvino_vendor.c with the system C compiler; without the shim or a compiler, a clear reason."""
+rules/build/shims/openvino_vendor.c with the system C compiler; without the shim or a compiler, a clear reason."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from conftest import ran
 from helpers import ep_context_nodes
-from rules import vendor_shim
+from rules.build import vendor_shim
 
 OPENVINO = """
 [models.tinycnn]

@@ -23,8 +23,8 @@ from real_models import (
     sample_rate_branches,
     token_encoder,
 )
-from rules.child import describe
 from rules.errors import ModelError
+from rules.execute.child import describe
 
 TARGETS = """
 [targets.cpu]
@@ -254,9 +254,9 @@ def test_unexpected_exceptions_are_internal_errors(exc, expected):
 
 
 def test_an_internal_error_names_epbuild_and_the_log(monkeypatch, tmp_path):
-    from rules.child import Limits, run_child
+    from rules.execute.child import Limits, run_child
 
-    (tmp_path / "buggy.py").write_text("from rules.child import serve\n"
+    (tmp_path / "buggy.py").write_text("from rules.execute.child import serve\n"
                                        "serve(lambda request: {}['missing'])\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))

@@ -16,9 +16,9 @@ from test_cache import MANIFEST as CACHE_MANIFEST
 from conftest import Project, build_report, ran
 from conftest import clone as clone_project
 from helpers import perturb_weights, tree_bytes
-from rules import remote_cache
-from rules.cache import ArtifactCache
-from rules.hashing import FileHashes
+from rules.store import remote_cache
+from rules.store.cache import ArtifactCache
+from rules.store.hashing import FileHashes
 from s3_server import ACCESS_KEY, SECRET_KEY, S3Server
 
 SIGNING_KEY = "epbuild-signing-key-never-print-93ac"

@@ -11,9 +11,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from conftest import ran
+from rules.build.preprocess import squash
 from rules.errors import ModelError, UserError
-from rules.manifest import load
-from rules.preprocess import squash
+from rules.manifest.parse import load
 
 TARGETS = """
 [targets.qnn-htp]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from conftest import ran
-from rules.task_configs import ConfigRecord
+from rules.store.task_configs import ConfigRecord
 
 
 def test_a_task_without_a_record_or_with_other_settings_runs(tmp_path):

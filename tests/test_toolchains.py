@@ -12,10 +12,10 @@ import pytest
 
 from conftest import REPO, ran
 from helpers import ep_context_nodes
+from rules.build.toolchains import QaicOptions, check_qaic, qaic_command
 from rules.errors import UserError
-from rules.manifest import TableReader, load
-from rules.targets import plan
-from rules.toolchains import QaicOptions, check_qaic, qaic_command
+from rules.manifest.parse import TableReader, load
+from rules.manifest.targets import plan
 
 STANDINS = REPO / "tests" / "standins"
 

@@ -10,12 +10,12 @@ import shutil
 import pytest
 
 from conftest import REPO, ran
-from rules.child import Limits, run_child
+from rules.build.validate import validate
 from rules.errors import BuildError
-from rules.layout import Layout
-from rules.manifest import load
-from rules.targets import plan
-from rules.validate import validate
+from rules.execute.child import Limits, run_child
+from rules.manifest.parse import load
+from rules.manifest.targets import plan
+from rules.store.layout import Layout
 
 QNN = """
 [models.tinycnn]

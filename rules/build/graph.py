@@ -13,7 +13,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from .errors import ModelError
+from ..errors import ModelError
 
 EP_CONTEXT = "EPContext"
 # Nodes an index travels through unchanged on its way to a Gather (token ids, positions).

@@ -1,7 +1,7 @@
 """Compiling a build: its members for its target, restored from the cache or produced by its compiler backend
-(`rules.compilers`) in a scratch folder, checked, and published atomically.
+(`rules.build.compilers`) in a scratch folder, checked, and published atomically.
 
-The child side (`_compile_in_child`, run as `python -m rules.compile`) compiles with ONNX Runtime: EPContext models
+The child side (`_compile_in_child`, run as `python -m rules.build.compile`) compiles with ONNX Runtime: EPContext models
 with ModelCompiler or a context-enabled session, offline-optimized models for CPU targets, several members into one
 shared EP context for a group.
 """
@@ -15,17 +15,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .build import SIDECAR, Build
-from .cache import Outcome, Workspace, cached_folder, with_download
-from .child import serve
+from ..manifest.builds import SIDECAR, Build
+from ..store.cache import Outcome, Workspace, cached_folder, with_download
+from ..execute.child import serve
 from .compilers import compiler
-from .eps import lookup
-from .errors import ModelError, located
-from .executor import run_build
+from ..manifest.eps import lookup
+from ..errors import ModelError, located
+from ..execute.executor import run_build
 from .fingerprint import compile_fingerprint, target_identity
 from .graph import check_ep_contexts, missing_files, placement, static_dims
 from .preprocess import always_written, external_output
-from .requests import CompileMember, CompileRequest, CompileResult, MemberResult
+from ..execute.requests import CompileMember, CompileRequest, CompileResult, MemberResult
 
 CPU_LEVELS = {"basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
 
@@ -158,7 +158,7 @@ def _compile_in_child(request: CompileRequest) -> CompileResult:
     """Compile each member in order (with `share`, all into one shared EP context), then check every output."""
     import onnxruntime as ort
 
-    from .host import register_plugin, select_ep_device
+    from ..execute.host import register_plugin, select_ep_device
 
     info = lookup(request["ep"])
     prepared = _prepare(request)

@@ -16,8 +16,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .build import Build
-from .layout import Layout, write_atomic
+from ..manifest.builds import Build
+from ..store.layout import Layout, write_atomic
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 ARTIFACT, VALIDATION = "artifact.json", "validation.json"

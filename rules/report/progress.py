@@ -18,8 +18,8 @@ from collections import Counter
 from pathlib import Path
 from typing import IO, Any
 
-from .errors import UserError
-from .layout import write_json
+from ..errors import UserError
+from ..store.layout import write_json
 
 MODE_VARIABLE = "EPBUILD_PROGRESS"
 STAGE_KINDS = frozenset({"freeze", "shape", "optimize", "quantize", "squash"})

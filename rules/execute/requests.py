@@ -27,7 +27,7 @@ class CompileRequest(TypedDict):
 
 
 class MemberResult(TypedDict):
-    nodes: dict[str, Any]  # where the source's nodes ended up (rules.graph.placement)
+    nodes: dict[str, Any]  # where the source's nodes ended up (rules.build.graph.placement)
     ep_sdk_version: str | None
     binaries: list[str]  # context binaries the compiled model references
 
@@ -73,7 +73,7 @@ class ValidationReport(TypedDict, total=False):
     precision: str
     thresholds: dict[str, float]
     ran_on: dict[str, list[str]]  # EP -> op types it ran
-    outputs: dict[str, dict[str, Any]]  # per output: rules.validate.compare's metrics
+    outputs: dict[str, dict[str, Any]]  # per output: rules.build.validate.compare's metrics
     inputs: dict[str, Any]
     against_float_model: dict[str, dict[str, Any]]
     members: dict[str, Any]  # groups: each member's report

@@ -3,7 +3,7 @@ once, then forks a fresh child per job, so a job starts in milliseconds instead 
 
 The server never compiles or creates a session itself: every job runs in a child forked from the same clean
 state, as `python -m MODULE request result` would (the module runs as `__main__`), so outputs stay byte-identical
-to a fresh child's and a crash or hang ends only that child. The client (`rules.child.run_child`) enforces the
+to a fresh child's and a crash or hang ends only that child. The client (`rules.execute.child.run_child`) enforces the
 time and memory limits on the child's pid exactly as for a plain child; the server reaps it and reports its exit
 status and peak memory.
 
@@ -12,7 +12,7 @@ fork time can deadlock the child) refuses to serve, and that EP keeps plain chil
 fork (Windows) and `EPBUILD_FORK_SERVER=0`. A server is shared by every build process with the same Python,
 epbuild sources and load-time environment (keyed by them); it exits after `IDLE_S` without jobs.
 
-    python -m rules.fork_server --detach SOCKET EP_ALIAS   (started by `ForkClient`, never by hand)
+    python -m rules.execute.fork_server --detach SOCKET EP_ALIAS   (started by `ForkClient`, never by hand)
 """
 
 from __future__ import annotations
@@ -37,13 +37,13 @@ SWITCH = "EPBUILD_FORK_SERVER"  # "0": a plain child for every job
 SHAPE_STAGE = "shape-stage"
 IDLE_S = 30.0
 START_TIMEOUT_S = 120.0
-PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 # What EP libraries, BLAS and Python may read when they load: a server serves only builds that agree on these.
 LOAD_TIME_PREFIXES = ("ORT_", "OV_", "OPENVINO", "QNN_", "ADSP_", "LD_", "OMP_", "OPENBLAS_", "MKL_", "KMP_",
                       "TBB_", "PYTHON", "EPBUILD_OPENVINO", "CUDA", "PATH")
 # numpy.random: numpy imports it lazily, and every validation child needs it.
 PRELOAD = ("numpy", "numpy.random", "onnx", "onnx.shape_inference", "onnxruntime", "onnxruntime.quantization",
-           "rules.compile", "rules.validate", "rules.preprocess")
+           "rules.build.compile", "rules.build.validate", "rules.build.preprocess")
 
 
 def enabled() -> bool:
@@ -97,7 +97,7 @@ class ForkedJob:
 
 
 def _server_key(alias: str) -> str:
-    sources = sorted((p.name, p.stat().st_mtime_ns, p.stat().st_size) for p in (PACKAGE_ROOT / "rules").glob("*.py"))
+    sources = sorted((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in (PACKAGE_ROOT / "rules").rglob("*.py"))
     load_env = sorted((k, v) for k, v in os.environ.items() if k.startswith(LOAD_TIME_PREFIXES))
     text = json.dumps([sys.executable, str(PACKAGE_ROOT), alias, sources, load_env])
     return hashlib.sha256(text.encode()).hexdigest()[:20]
@@ -137,7 +137,7 @@ def _server(alias: str) -> socket.socket | None:
             return connection
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PACKAGE_ROOT), os.environ.get("PYTHONPATH", "")])}
         with open(log, "w", encoding="utf-8") as output:
-            subprocess.run([sys.executable, "-m", "rules.fork_server", "--detach", str(path), alias], env=env,
+            subprocess.run([sys.executable, "-m", "rules.execute.fork_server", "--detach", str(path), alias], env=env,
                            stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=folder, check=True,
                            timeout=60)
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -223,14 +223,14 @@ def serve(path: Path, alias: str) -> None:
     for module in PRELOAD:
         importlib.import_module(module)
     if alias == SHAPE_STAGE:
-        from .preprocess import shape_tools
+        from ..build.preprocess import shape_tools
 
         shape_tools()
     baseline = _threads()
     if alias and alias != SHAPE_STAGE:
         import onnxruntime as ort
 
-        from .eps import lookup
+        from ..manifest.eps import lookup
         from .host import register_plugin
 
         info = lookup(alias)

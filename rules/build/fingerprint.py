@@ -18,11 +18,12 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from . import RULES_FORMAT, vendor_shim
-from .build import Build, Member, ResolvedTarget
+from .. import RULES_FORMAT
+from . import vendor_shim
+from ..manifest.builds import Build, Member, ResolvedTarget
 from .compilers import compiler
-from .hashing import FileHashes
-from .host import cpu_flags, package_version, toolchain_versions
+from ..store.hashing import FileHashes
+from ..execute.host import cpu_flags, package_version, toolchain_versions
 from .stages import Stage
 
 

@@ -12,8 +12,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from . import RULES_FORMAT
-from .layout import write_atomic
+from .. import RULES_FORMAT
+from ..store.layout import write_atomic
 
 
 def usage_text(usage: dict[str, float] | None) -> str:

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import BuildError
-from .hashing import sha256_file
-from .layout import write_json
-from .manifest import TableReader
+from ..errors import BuildError
+from ..store.hashing import sha256_file
+from ..store.layout import write_json
+from ..manifest.parse import TableReader
 
 QAIC_DEFAULT_ROOT = Path("/opt/qti-aic")
 STATS_LEVEL_DEFAULT = 40  # 50: I/O doorbell waits, 70: per-operator cycles (needed by qaic-opstats), 100: extended PMU
@@ -28,7 +28,7 @@ LOG_TAIL_LINES = 20
 
 @dataclass(frozen=True)
 class QaicOptions:
-    """The `qaic = {...}` table of a target, checked against the seed's rules (keys: `rules.schema`)."""
+    """The `qaic = {...}` table of a target, checked against the seed's rules (keys: `rules.manifest.schema`)."""
 
     num_cores: int | None = None
     convert_to_fp16: bool = False
@@ -44,7 +44,7 @@ class QaicOptions:
 
 
 def check_qaic(table: TableReader) -> QaicOptions:
-    """The `qaic` table of a target: each key as `rules.schema` declares it, then the rules between keys (as the
+    """The `qaic` table of a target: each key as `rules.manifest.schema` declares it, then the rules between keys (as the
     seed documents them); raises UserError naming `targets.NAME.qaic.KEY`."""
     values = table.read("qaic")
     level = values["stats_level"] or STATS_LEVEL_DEFAULT

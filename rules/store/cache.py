@@ -6,7 +6,7 @@ recording every file's sha256. Entries are written under a temporary name and re
 compiling the same fingerprint twice. A restore verifies every file; a corrupted or tampered entry is evicted
 with a warning and the caller rebuilds. With a size cap, least-recently-used entries are evicted.
 
-With a remote (`[cache] remote`, `rules.remote_cache`) the local cache is the first level: a local miss looks
+With a remote (`[cache] remote`, `rules.store.remote_cache`) the local cache is the first level: a local miss looks
 there, a remote hit is downloaded into the local cache, verified, and restored from it; what is produced is
 stored locally and uploaded.
 """
@@ -27,15 +27,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import BuildError, UserError
+from ..errors import BuildError, UserError
+from ..manifest.parse import CacheSpec
+from ..manifest.schema import s3_url
 from .hashing import FileHashes
 from .layout import Layout
-from .manifest import CacheSpec
 from .publish import discard, publish, scratch_dir
-from .schema import s3_url
 
 if TYPE_CHECKING:
-    from .executor import ExecutorSettings
+    from ..execute.executor import ExecutorSettings
     from .remote_cache import RemoteCache
 
 ENTRY = "entry.json"

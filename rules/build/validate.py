@@ -16,18 +16,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import RULES_FORMAT
-from .build import SIDECAR, Build, Member
-from .cache import Outcome, Workspace, restore, store
-from .child import run_child, serve
+from .. import RULES_FORMAT
+from ..manifest.builds import SIDECAR, Build, Member
+from ..store.cache import Outcome, Workspace, restore, store
+from ..execute.child import run_child, serve
 from .compilers import compiler
-from .eps import EpInfo, lookup
-from .errors import BuildError, ModelError, located
+from ..manifest.eps import EpInfo, lookup
+from ..errors import BuildError, ModelError, located
 from .graph import EP_CONTEXT, check_input_names, index_bound, known_shapes, static_dims
 from .graph import attributes as node_attributes
-from .layout import Layout, write_json
-from .publish import discard
-from .requests import MemberValidation, ValidationReport, ValidationRequest
+from ..store.layout import Layout, write_json
+from ..store.publish import discard
+from ..execute.requests import MemberValidation, ValidationReport, ValidationRequest
 
 REPORT = "validation.json"
 SEED = 0
@@ -87,7 +87,7 @@ def validate(build: Build, layout: Layout) -> ValidationReport:
         scratch = layout.scratch(f"validate.{build.kind}.{target.name}.{build.folder_name}.{os.getpid()}")
         timeout = sum(m.validation.timeout_s for m in build.members)
         try:
-            report = run_child("rules.validate", validation_request(build, folder), scratch, target.limits(timeout),
+            report = run_child("rules.build.validate", validation_request(build, folder), scratch, target.limits(timeout),
                                f"validate {'group ' if build.shared else ''}{build.name} ({target.ep.name})",
                                build.log(layout, "validate"), target.ep.fork_server)
         except BuildError as exc:
@@ -379,7 +379,7 @@ def run_on_cpu(ort: Any, path: str, request: dict[str, Any], feeds: dict[str, An
 def _open_session(ort: Any, info: EpInfo, request: MemberValidation) -> tuple[Any, ValidationReport | None]:
     """The artifact's session on its EP with CPU fallback disabled where the compile left nothing on CPU; or a
     report: skipped when this host cannot run the EP, failed when the EP cannot load the artifact."""
-    from .host import register_plugin, select_ep_device
+    from ..execute.host import register_plugin, select_ep_device
 
     options = ort.SessionOptions()
     options.log_severity_level = 3

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .errors import UserError
+from ..errors import UserError
 from .layout import stat_key, write_json
 
 

@@ -2,7 +2,7 @@
 
 A fresh process gives byte-identical outputs for identical inputs (a second compile in one process differs),
 and a crash inside an EP (SIGSEGV, abort) or a hang ends that one child, not doit. Where it serves, the EP's fork
-server (`rules.fork_server`) forks that fresh process from an already-initialised one, else a new Python starts.
+server (`rules.execute.fork_server`) forks that fresh process from an already-initialised one, else a new Python starts.
 The parent enforces the time and memory limits (resident memory is polled: address-space limits would refuse the
 large virtual reservations EP libraries make without using them), prints a progress line while a long child runs,
 measures its wall time and peak memory, and names the signal, the timeout or the limit. The child reports its own
@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import BuildError, ModelError
+from ..errors import BuildError, ModelError
 from .fork_server import ForkedJob, fork_job
 
-PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 PROGRESS_EVERY_S = 30.0
 
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import UserError, closest
-from .layout import GROUPS
+from ..errors import UserError, closest
+from ..store.layout import GROUPS
 from .schema import THRESHOLDS, keys
 
 if sys.version_info >= (3, 11):
@@ -53,7 +53,7 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class TargetSpec:
-    """A target as declared, after `extends` was merged; EP-specific checks happen in `rules.targets`."""
+    """A target as declared, after `extends` was merged; EP-specific checks happen in `rules.manifest.targets`."""
 
     name: str
     ep: str | None
@@ -134,8 +134,8 @@ class TableReader:
                 self.fail(f"unknown key{closest(key, allowed)}; valid keys: {', '.join(allowed)}", key)
 
     def read(self, scope: str, skip: tuple[str, ...] = ()) -> dict[str, Any]:
-        """Every key of `scope` (rules.schema): unknown keys refused, each value type-checked and checked, absent
-        ones at their default; keys in `skip` are only checked for being allowed (their reader handles them)."""
+        """Every key of `scope` (rules.manifest.schema): unknown keys refused, each value type-checked and checked,
+        absent ones at their default; keys in `skip` are only checked for being allowed (their reader handles them)."""
         declared = keys(scope)
         self.only(declared)
         values = {}

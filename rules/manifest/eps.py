@@ -1,7 +1,7 @@
 """The execution-provider registry: aliases, devices, packages, option names, output file names, precision.
 
 Everything known about one EP lives in one `EpInfo` entry, so adding an EP or an option name is a one-place
-change (how an artifact is produced lives in `rules.compilers`). Nothing here imports onnxruntime: the registry is
+change (how an artifact is produced lives in `rules.build.compilers`). Nothing here imports onnxruntime: the registry is
 read at task-creation time.
 """
 
@@ -40,14 +40,14 @@ class EpInfo:
     no_device_hint: str = ""  # said when the EP registers but offers no device on this host
     host_specific: bool = False  # artifacts depend on this host's CPU (OpenVINO embeds the ISA)
     shared_context_unloadable: dict[str, str] = field(default_factory=dict)  # machine -> why a group cannot load
-    vendor_shim: bool = False  # loaded through rules.vendor_shim on non-Intel x86-64 hosts
+    vendor_shim: bool = False  # loaded through rules.build.vendor_shim on non-Intel x86-64 hosts
 
     def binary_name(self, stem: str) -> str | None:
         return f"{stem}{self.binary_suffix}" if self.binary_suffix else None
 
     @property
     def fork_server(self) -> str:
-        """Which fork server runs this EP's jobs (`rules.fork_server`): its own where it loads a plugin library,
+        """Which fork server runs this EP's jobs (`rules.execute.fork_server`): its own where it loads a plugin library,
         else the one shared with CPU-only work ("")."""
         return self.alias if self.module else ""
 

@@ -1,4 +1,5 @@
-"""A build host in a Dask cluster: `python -m rules.worker tcp://scheduler:8786 [--workdir DIR] [dask worker args]`.
+"""A build host in a Dask cluster:
+`python -m rules.execute.worker tcp://scheduler:8786 [--workdir DIR] [dask worker args]`.
 
 The worker advertises, as Dask resources, exactly what `doit backends` finds here: each EP ONNX Runtime registers
 (`ep:QNNExecutionProvider`), each external toolchain (`toolchain:qaic`), the machine (`host:x86_64`), the CPU's
@@ -25,8 +26,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from .errors import BuildError, UserError
-from .layout import Layout
+from ..errors import BuildError, UserError
+from ..store.layout import Layout
 
 RESOURCE_AMOUNT = 1000  # resources route jobs; the worker's thread count limits concurrency
 OUTSIDE = "_outside"  # where files from outside the coordinator's project land
@@ -41,10 +42,10 @@ def cpu_class() -> str:
 
 def host_resources(state_dir: Path, shim: dict[str, str]) -> dict[str, int]:
     """What this host can build, as Dask resources (the same probe as `doit backends`): `ep:<EP>:<device>` for
-    each device the EP offers here; `shim` is what `rules.vendor_shim.prepare` answered on this host."""
-    from .eps import REGISTRY
+    each device the EP offers here; `shim` is what `rules.build.vendor_shim.prepare` answered on this host."""
+    from ..build.toolchains import Toolchain, find_qaic, find_qairt
+    from ..manifest.eps import REGISTRY
     from .host import capabilities, package_version, unavailable_reason
-    from .toolchains import Toolchain, find_qaic, find_qairt
 
     caps = {**capabilities(state_dir), "vendor_shim": shim}
     names = {f"host:{platform.machine()}", cpu_class(), "ep:CPUExecutionProvider:cpu"}
@@ -78,8 +79,8 @@ def relocate(value: Any, old: Path, new: Path) -> Any:
 
 def _check_versions(job: dict[str, Any]) -> None:
     """Defence in depth behind routing: a package version that differs from the fingerprint's refuses the job."""
+    from ..build.toolchains import Toolchain, find_qaic, find_qairt
     from .host import package_version
-    from .toolchains import Toolchain, find_qaic, find_qairt
 
     for name in job["resources"]:
         if name.startswith("pkg:") and name.count(":") == 2:
@@ -101,8 +102,8 @@ def _outputs(folder: Path) -> dict[str, bytes]:
 def _through_remote(job: dict[str, Any], scratch: Path) -> bool:
     """Upload the outputs as the entry of the job's fingerprint (this worker's AWS settings and signing key);
     False when the remote is unavailable or read-only here, and the outputs travel in the result instead."""
-    from .hashing import sha256_file
-    from .remote_cache import connect
+    from ..store.hashing import sha256_file
+    from ..store.remote_cache import connect
 
     remote = connect(job["remote"])
     names = sorted(p.relative_to(scratch).as_posix() for p in scratch.rglob("*") if p.is_file())
@@ -137,11 +138,11 @@ def _logs(artifacts: Path) -> dict[str, bytes]:
 
 
 def _run_job(job: dict[str, Any], base: Path, root: Path) -> dict[str, Any]:
-    from .cache import Workspace
-    from .compilers import compiler
-    from .preprocess import produce_stage
-    from .toolchains import supported_operators
-    from .validate import validate
+    from ..build.compilers import compiler
+    from ..build.preprocess import produce_stage
+    from ..build.toolchains import supported_operators
+    from ..build.validate import validate
+    from ..store.cache import Workspace
 
     _check_versions(job)
     for relative, data in job["files"].items():
@@ -178,10 +179,11 @@ def _run_job(job: dict[str, Any], base: Path, root: Path) -> dict[str, Any]:
 
 def main(argv: list[str]) -> None:
     """Probe this host, then become `dask worker SCHEDULER --resources ...` with the remaining arguments."""
-    from . import vendor_shim
+    from ..build import vendor_shim
 
     if not argv or argv[0].startswith("-"):
-        raise SystemExit("usage: python -m rules.worker tcp://SCHEDULER:8786 [--workdir DIR] [dask worker args]")
+        raise SystemExit("usage: python -m rules.execute.worker tcp://SCHEDULER:8786 [--workdir DIR] "
+                         "[dask worker args]")
     scheduler, rest = argv[0], argv[1:]
     workdir = Path(tempfile.gettempdir()) / "epbuild-worker"
     if "--workdir" in rest:
@@ -192,7 +194,7 @@ def main(argv: list[str]) -> None:
     shim = vendor_shim.prepare(workdir / "cache")  # its path reaches the job children through the environment
     resources = host_resources(workdir / "state", shim)
     print(f"epbuild worker: {workdir}; resources: {', '.join(resources)}", flush=True)
-    repo = str(Path(__file__).resolve().parent.parent)
+    repo = str(Path(__file__).resolve().parents[2])
     os.environ["EPBUILD_WORKER_DIR"] = str(workdir)
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)
     arguments = ",".join(f"{name}={amount}" for name, amount in resources.items())

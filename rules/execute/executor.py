@@ -1,7 +1,7 @@
 """Running compiles, stages and validations on a Dask cluster while doit stays the coordinator.
 
 With `EPBUILD_EXECUTOR=tcp://scheduler:8786` (or `[executor] scheduler`), the step that produces an output (a
-cache miss) becomes a Dask task (`rules.worker.run_job`) with resources derived from its target, so it runs only
+cache miss) becomes a Dask task (`rules.execute.worker.run_job`) with resources derived from its target, so it runs only
 on a worker whose host has the EP or toolchain and the exact package versions of the fingerprint. Inputs travel
 by content; outputs come back by content and are verified and published by the coordinator exactly as a local
 compile's. Cache lookups, locks and publishing stay here. `distributed` is imported only when an executor is set.
@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from .errors import BuildError, UserError
-from .layout import write_json
+from ..errors import BuildError, UserError
+from ..store.layout import write_json
 
 if TYPE_CHECKING:
-    from .build import Build, ResolvedTarget
-    from .cache import Workspace
-    from .stages import Stage
+    from ..build.stages import Stage
+    from ..manifest.builds import Build, ResolvedTarget
+    from ..store.cache import Workspace
 
 RESULT_CAP = 1 << 30  # bytes of outputs one Dask result may carry
 POLL_S = 2.0
@@ -80,8 +80,8 @@ def _client(settings: ExecutorSettings) -> Any:
 def target_resources(target: ResolvedTarget) -> dict[str, int]:
     """What a job for `target` needs from a worker: its EP or toolchain, package versions, machine, CPU class
     where the artifact is host-specific."""
-    from .compilers import compiler
-    from .fingerprint import host_properties
+    from ..build.compilers import compiler
+    from ..build.fingerprint import host_properties
     from .host import toolchain_versions
     from .worker import cpu_class
 
@@ -127,7 +127,7 @@ def _version_key(version: str) -> tuple[Any, ...]:
 def with_worker_toolchains(builds: list[Build], settings: ExecutorSettings) -> list[Build]:
     """Builds whose external toolchain (qaic, qairt) this host lacks take the version the workers offer, the newest
     when they differ, so the fingerprint names the toolchain that will compile; unchanged when no worker has it."""
-    from .compilers import compiler
+    from ..build.compilers import compiler
 
     lacking = {b.target.name for b in builds
                if not compiler(b.target).in_onnxruntime and isinstance(compiler(b.target).toolchain(b.target), str)}
@@ -152,7 +152,7 @@ def stage_resources() -> dict[str, int]:
 
 
 class Job:
-    """Unpickles (on the worker) into the result of `rules.worker.run_job(job)`."""
+    """Unpickles (on the worker) into the result of `rules.execute.worker.run_job(job)`."""
 
     def __init__(self, job: dict[str, Any]):
         self.job = job

@@ -11,12 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .child import Limits
+from ..build.stages import Stage
+from ..build.toolchains import QaicOptions
+from ..execute.child import Limits
+from ..store.layout import Layout
 from .eps import EpInfo
-from .layout import Layout
-from .manifest import ModelSpec
-from .stages import Stage
-from .toolchains import QaicOptions
+from .parse import ModelSpec
 
 SIDECAR = "artifact.json"
 QPC_PROGRAM = "qpc/programqpc.bin"  # qaic targets: the QPC folder that qaic-compile writes, with its program

@@ -19,10 +19,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .eps import REGISTRY, EpInfo, platform_reason
-from .layout import write_json
+from ..manifest.eps import REGISTRY, EpInfo, platform_reason
+from ..store.layout import write_json
 
-SHIM_LIBRARY = "EPBUILD_OPENVINO_SHIM"  # the built vendor-id shim (rules.vendor_shim), for children
+SHIM_LIBRARY = "EPBUILD_OPENVINO_SHIM"  # the built vendor-id shim (rules.build.vendor_shim), for children
 SHIM_PLUGIN = "EPBUILD_OPENVINO_PLUGIN"  # the real plugin library the shim loads
 
 
@@ -89,7 +89,7 @@ def capabilities(state_dir: Path) -> dict[str, Any]:
             return cached
     except (OSError, ValueError):
         pass
-    done = subprocess.run([sys.executable, "-m", "rules.host"], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-m", "rules.execute.host"], capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
         result = {"error": f"host probe failed ({done.returncode}): {done.stderr.strip()[-500:]}", "eps": {}}
     else:

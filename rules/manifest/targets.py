@@ -1,5 +1,5 @@
 """Target resolution and the build plan: declared targets become concrete EPs, devices and normalised options;
-models and groups become `rules.build.Build`s with their stages and the exact files they produce.
+models and groups become `rules.manifest.builds.Build`s with their stages and the exact files they produce.
 """
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .build import Build, Member, ResolvedTarget, ValidationSettings
-from .compilers import COMPILERS, Compiler
+from ..build.compilers import COMPILERS, Compiler
+from ..build.stages import Chain, stage_chain
+from ..build.toolchains import check_qaic
+from ..errors import UserError, closest
+from ..store.layout import Layout
+from .builds import Build, Member, ResolvedTarget, ValidationSettings
 from .eps import DEFAULT_EP, QAIC, REGISTRY, SOURCES, EpInfo, lookup, valid_ep_names
-from .errors import UserError, closest
-from .layout import Layout
-from .manifest import GroupSpec, Manifest, ModelSpec, TableReader, TargetSpec
-from .stages import Chain, stage_chain
-from .toolchains import check_qaic
+from .parse import GroupSpec, Manifest, ModelSpec, TableReader, TargetSpec
 
 CPU_DEFAULT_LEVEL = "extended"  # portable across CPUs; "all" adds layout transforms tied to this host's ISA
 COMPILE_TIMEOUT_S = 3600.0

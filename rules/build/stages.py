@@ -1,4 +1,4 @@
-"""Stages before compile, what they are and in which order (`rules.preprocess` runs them): static shapes, ORT
+"""Stages before compile, what they are and in which order (`rules.build.preprocess` runs them): static shapes, ORT
 graph optimization, QDQ quantization with calibration data, and external-data squash. Each stage is its own task
 whose output (`artifacts/.stages/<model>/<stage>/<model>.onnx`) feeds the next stage, then the compile and
 validation tasks.
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .layout import Layout
-from .manifest import ModelSpec
+from ..store.layout import Layout
+from ..manifest.parse import ModelSpec
 
 PROTOBUF_LIMIT = 2**31 - 1  # a single-file ONNX model must serialize below 2 GiB
 

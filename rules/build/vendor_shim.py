@@ -1,10 +1,10 @@
-"""OpenVINO on non-Intel x86-64 hosts: the vendor-id shim (`rules/shims/openvino_vendor.c`).
+"""OpenVINO on non-Intel x86-64 hosts: the vendor-id shim (`rules/build/shims/openvino_vendor.c`).
 
 Every onnxruntime-ep-openvino release offers its CPU device only when the CPU's vendor id is Intel's, though
 OpenVINO's CPU plugin runs on AMD x86-64 too. The shim, compiled here with the system C compiler on first need into
 the cache folder, stands in for the plugin library and answers Intel's vendor id for CPU devices only. It is used
 for the CPU device on non-Intel x86-64 hosts, never on Intel ones; `EPBUILD_OPENVINO_VENDOR_SHIM=0` turns it off.
-Children find it through `EPBUILD_OPENVINO_SHIM` (set by `prepare`); `rules.host.register_plugin` registers it in
+Children find it through `EPBUILD_OPENVINO_SHIM` (set by `prepare`); `rules.execute.host.register_plugin` registers it in
 place of the plugin and names the real plugin in `EPBUILD_OPENVINO_PLUGIN`.
 """
 
@@ -19,7 +19,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from .host import SHIM_LIBRARY, cpu_vendor
+from ..execute.host import SHIM_LIBRARY, cpu_vendor
 
 SOURCE = Path(__file__).resolve().parent / "shims" / "openvino_vendor.c"
 SWITCH = "EPBUILD_OPENVINO_VENDOR_SHIM"

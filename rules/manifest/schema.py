@@ -1,7 +1,7 @@
 """The manifest's keys, declared once: where each is allowed, its type, default, check and a one-line doc.
 
-The parser (`rules.manifest`), the qaic flag checks and the README's key table all read this table, so a new key
-is one entry here plus the code that uses it. `python -m rules.schema` prints the README table.
+The parser (`rules.manifest.parse`), the qaic flag checks and the README's key table all read this table, so a new key
+is one entry here plus the code that uses it. `python -m rules.manifest.schema` prints the README table.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """The compiler backends a target can name (`compiler = ...`), behind one interface.
 
 `ort` (ONNX Runtime's ModelCompiler) and `ort_session` (a session with ep.context_enable) compile in a fresh
-ONNX Runtime child (`rules.compile`); `qaic` runs Qualcomm's qaic-compile to a QPC; `qairt` runs the QAIRT SDK to a
+ONNX Runtime child (`rules.build.compile`); `qaic` runs Qualcomm's qaic-compile to a QPC; `qairt` runs the QAIRT SDK to a
 QNN context binary wrapped in an EPContext model. Each backend says which manifest keys apply, what enters the
 fingerprint, which files it writes, how to produce them, how its artifacts are validated and whether this host
-can run it; EP facts come from `rules.eps`. Adding a backend is one class here.
+can run it; EP facts come from `rules.manifest.eps`. Adding a backend is one class here.
 """
 
 from __future__ import annotations
@@ -14,16 +14,17 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from . import RULES_FORMAT, vendor_shim
-from .build import QPC_PROGRAM, SIDECAR, Build, ResolvedTarget
-from .cache import Workspace
-from .child import run_child
-from .errors import BuildError, ModelError, UserError
+from .. import RULES_FORMAT
+from . import vendor_shim
+from ..manifest.builds import QPC_PROGRAM, SIDECAR, Build, ResolvedTarget
+from ..store.cache import Workspace
+from ..execute.child import run_child
+from ..errors import BuildError, ModelError, UserError
 from .graph import static_dims
-from .host import package_reason, toolchain_versions, unavailable_reason
-from .layout import Layout, write_json
-from .manifest import TargetSpec
-from .requests import CompileRequest, MemberResult
+from ..execute.host import package_reason, toolchain_versions, unavailable_reason
+from ..store.layout import Layout, write_json
+from ..manifest.parse import TargetSpec
+from ..execute.requests import CompileRequest, MemberResult
 from .toolchains import (
     Toolchain,
     cloud_ai_devices,
@@ -79,7 +80,7 @@ class Compiler:
         return unavailable_reason(target.ep, target.source, target.device, caps)
 
     def output_names(self, target: ResolvedTarget, members: list[Any], shared: bool) -> tuple[str, ...]:
-        """The files a build publishes, known before it runs; `members` are `rules.build.Member`s."""
+        """The files a build publishes, known before it runs; `members` are `rules.manifest.builds.Member`s."""
         ep = target.ep
         names = [SIDECAR, *target.runtime_files().values(), *(m.model_file for m in members)]
         if target.is_cpu:
@@ -93,7 +94,7 @@ class Compiler:
         """Write the build's files into `scratch`; return the child's usage (seconds, peak memory)."""
         layout, target = workspace.layout, build.target
         what = f"{build.kind} {build.name} ({target.ep.name})"
-        answer = run_child("rules.compile", compile_request(build, scratch), scratch / ".child", target.limits(),
+        answer = run_child("rules.build.compile", compile_request(build, scratch), scratch / ".child", target.limits(),
                            what, build.log(layout, "compile"), target.ep.fork_server)
         shutil.rmtree(scratch / ".child")
         for key, name in target.runtime_files().items():

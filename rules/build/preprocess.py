@@ -11,15 +11,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .cache import Outcome, Workspace, cached_folder, with_download
-from .child import Limits, run_child, serve
-from .errors import ModelError, located
-from .executor import run_stage as run_stage_remotely
+from ..store.cache import Outcome, Workspace, cached_folder, with_download
+from ..execute.child import Limits, run_child, serve
+from ..errors import ModelError, located
+from ..execute.executor import run_stage as run_stage_remotely
 from .fingerprint import stage_config, stage_fingerprint
-from .fork_server import SHAPE_STAGE
+from ..execute.fork_server import SHAPE_STAGE
 from .graph import check_input_names, dims, missing_files, true_inputs
-from .layout import STAGES
-from .publish import discard
+from ..store.layout import STAGES
+from ..store.publish import discard
 from .stages import PROTOBUF_LIMIT, Stage
 
 RANDOM_SAMPLES, RANDOM_SEED = 8, 0
@@ -288,7 +288,7 @@ def produce_stage(stage: Stage, workspace: Workspace, scratch: Path) -> dict[str
     workdir = workspace.layout.scratch(f"{scratch.name}.child")
     try:
         log = workspace.layout.log(STAGES, stage.task.replace(":", "."))
-        return run_child("rules.preprocess", stage_request(stage, scratch / stage.output.name), workdir,
+        return run_child("rules.build.preprocess", stage_request(stage, scratch / stage.output.name), workdir,
                          Limits(STAGE_TIMEOUT_S), stage.task, log, SHAPE_STAGE if stage.kind == "shape" else "")
     finally:
         discard(workdir)
