@@ -1,8 +1,8 @@
-"""What shapes an output: the settings in each task's `config_changed`, and the portable fingerprints that key
-the artifact cache.
+"""What shapes an output: each task's settings (compared with those it last succeeded with, `store.task_configs`),
+and the portable fingerprints that key the artifact cache.
 
-For doit, files (model, external data, option files) are tracked through `file_dep` and everything else is in
-`config_changed`, with paths relative to the manifest's folder. A fingerprint is a sha256 over the bytes of every
+For doit, files (model, external data, option files) are tracked through `file_dep` and everything else is in the
+task's settings, with paths relative to the manifest's folder. A fingerprint is a sha256 over the bytes of every
 input file and every setting that can change the output, with no absolute path, mtime or user name in it, so
 clones on other machines compute the same one; host properties enter only where the artifact is host-specific.
 """
@@ -60,7 +60,7 @@ def _shapes(member: Member) -> dict[str, list[int]]:
 
 
 def compile_config(build: Build, root: Path) -> dict[str, Any]:
-    """For doit's config_changed: members in order (the order shapes a shared binary) with their shapes."""
+    """A compile's settings for doit: members in order (the order shapes a shared binary) with their shapes."""
     return {"rules_format": RULES_FORMAT, "kind": build.kind,
             "members": [[relative(m.model.path, root), _shapes(m)] for m in build.members],
             **target_identity(build.target)}
