@@ -117,9 +117,6 @@ class Stamp:
             return  # a file changed while this run checked it
         write_json(self.path, {"key": key, "files": files, "tasks": tasks, "skipped": skipped}, indent=None)
 
-    def discard(self) -> None:
-        self.path.unlink(missing_ok=True)
-
 
 class Listing:
     """`artifacts/.state/listing.json`: every task's name and doc from the last full `doit list`, by generator."""

@@ -387,12 +387,17 @@ class BuildReporter(ConsoleReporter):
                 append_step_summary(layout, self.project.builds, self.report.entries)
         except Exception as exc:  # noqa: BLE001 - any rendering error, reported with its type
             self.write(f"warning: report.html / junit.xml not written: {type(exc).__name__}: {exc}\n")
-        self.project.configs.save()
-        if self.project.key and not (self.failures or self.runtime_errors) and set(self.started) <= {"unavailable"}:
-            up_to_date = [name for name in self.uptodate if ":" in name]
-            skipped = self.project.skipped() if "unavailable" in seen else {}
-            Stamp(layout).write(self.project.key, self.project.checked, self.project.probed, len(up_to_date), skipped)
-        save_durations(layout.durations, self.durations, self.report.entries, set(self.started))
+        try:  # a record that cannot be written makes the next run check, and possibly re-run, more: never wrong
+            self.project.configs.save()
+            if self.project.key and not (self.failures or self.runtime_errors) and set(self.started) <= {"unavailable"}:
+                up_to_date = [name for name in self.uptodate if ":" in name]
+                skipped = self.project.skipped() if "unavailable" in seen else {}
+                Stamp(layout).write(self.project.key, self.project.checked, self.project.probed, len(up_to_date),
+                                    skipped)
+            save_durations(layout.durations, self.durations, self.report.entries, set(self.started))
+        except OSError as exc:
+            self.write(f"warning: build state not saved ({exc.strerror or exc}: {exc.filename}); the next run "
+                       "re-checks the tasks\n")
         line = self.report.summary(seen, set(self.started))
         if line:
             self.write(line + "\n")

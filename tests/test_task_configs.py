@@ -72,3 +72,13 @@ def test_a_setting_changed_and_changed_back_runs_each_time_and_a_failure_is_not_
     assert failed.returncode != 0 and ran(failed, "compile:") == {"compile:tinycnn@qnn"}
     assert json.loads(record.read_text()) == before  # the failed settings are not recorded
     assert ran(project.doit(check=False), "compile:") == {"compile:tinycnn@qnn"}  # so it runs again
+
+
+def test_a_record_that_cannot_be_written_is_a_warning_and_the_next_run_checks_again(project):
+    project.manifest(MANIFEST.replace("LEVEL", "normal"))
+    (project.artifacts / ".state" / "configs.json").mkdir(parents=True)  # not writable as a file
+    done = project.doit()
+    assert "warning: build state not saved" in done.stdout and "compile:tinycnn@qnn" in ran(done)
+    again = project.doit()
+    assert "compile:tinycnn@qnn" in ran(again)  # no record: it runs (restored from the cache)
+    assert "restored compile:tinycnn@qnn" in again.stdout
