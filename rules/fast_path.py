@@ -29,6 +29,8 @@ from .store.layout import Layout, stat_key, write_json
 
 PACKAGE = Path(__file__).resolve().parent
 DEP_FILE = ".doit.db"
+# doit settings every run shares: sqlite3 keeps concurrent results, one canonical database file
+DOIT_BASE = {"backend": "sqlite3", "dep_file": DEP_FILE, "verbosity": 2, "subtasks": True}
 RUN_OPTIONS = {"-n": 1, "--process": 1, "-P": 1, "--parallel-type": 1, "--continue": 0, "-c": 0}
 ENVIRONMENT = ("EPBUILD_", "QAIC_ROOT", "QNN_SDK_ROOT", "XDG_CACHE_HOME", "HOME", "PYTHONPATH", "PATH")
 OUTPUT_ONLY = ("EPBUILD_FAST_PATH", "EPBUILD_PROGRESS")  # change what a run prints, not its tasks
@@ -178,7 +180,7 @@ class UpToDate:
         return self._cached("graph")
 
     def doit_config(self) -> dict[str, Any]:
-        config: dict[str, Any] = {"backend": "sqlite3", "dep_file": DEP_FILE, "verbosity": 2, "subtasks": True}
+        config: dict[str, Any] = dict(DOIT_BASE)
         if self.stamp is not None:
             config.update(default_tasks=[], reporter=_reporter(self.stamp))
         return config

@@ -33,6 +33,7 @@ from .errors import BuildError, UserError, closest
 from .execute.executor import executor_settings, run_operator_list, run_validation, unreachable, with_worker_toolchains
 from .execute.host import capabilities
 from .fast_path import (
+    DOIT_BASE,
     Listing,
     Stamp,
     is_default_run,
@@ -486,8 +487,8 @@ class Project:
         # Live: doit captures each task's output (verbosity 1) and the reporter prints it above the status area;
         # threads share one sys.stdout, which doit's capture would race on, so there the status area catches prints.
         verbosity = 1 if self.live and not self.threads else 2
-        return {"backend": "sqlite3", "dep_file": ".doit.db", "verbosity": verbosity, "subtasks": True,
-                "default_tasks": default, "check_file_uptodate": checker, "reporter": reporter}
+        return {**DOIT_BASE, "verbosity": verbosity, "default_tasks": default, "check_file_uptodate": checker,
+                "reporter": reporter}
 
     def _task(self, basename: str, name: str, doc: str, action: Any, args: list[Any], file_dep: Iterable[Path] = (),
               targets: Iterable[Path] = (), config: dict[str, Any] | None = None, **extra: Any) -> Task:

@@ -8,6 +8,21 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+# two shipped models for cpu and qnn-htp: the project most tests start from
+TWO_MODELS_CPU_QNN = """
+[models.tinycnn]
+path = "models/tinycnn.onnx"
+
+[models.encoder]
+path = "models/encoder.onnx"
+
+[targets.cpu]
+ep = "cpu"
+
+[targets.qnn-htp]
+ep = "qnn"
+options = { soc_model = 60 }
+"""
 OPENVINO_CPU_TARGET = """
 [targets.openvino-cpu]
 ep = "openvino@pypi"

@@ -16,25 +16,12 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, build_report, clone, ran
-from helpers import single_op_model, tree_bytes
+from helpers import TWO_MODELS_CPU_QNN, single_op_model, tree_bytes
 from rules.build import vendor_shim
 from rules.errors import BuildError
 from rules.execute.worker import _check_versions, relocate
 
-MANIFEST = """
-[models.tinycnn]
-path = "models/tinycnn.onnx"
-
-[models.encoder]
-path = "models/encoder.onnx"
-
-[targets.cpu]
-ep = "cpu"
-
-[targets.qnn-htp]
-ep = "qnn"
-options = { soc_model = 60 }
-
+MANIFEST = TWO_MODELS_CPU_QNN + """
 [executor]
 wait_s = 4
 """

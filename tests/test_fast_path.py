@@ -8,24 +8,11 @@ import os
 import pytest
 
 from conftest import ran
-from helpers import perturb_weights
+from helpers import TWO_MODELS_CPU_QNN, perturb_weights
 from rules.fast_path import is_default_run
 
 FAST = "no input, output or setting changed since the last full check"
-MANIFEST = """
-[models.tinycnn]
-path = "models/tinycnn.onnx"
-
-[models.encoder]
-path = "models/encoder.onnx"
-
-[targets.cpu]
-ep = "cpu"
-
-[targets.qnn-htp]
-ep = "qnn"
-options = { soc_model = 60 }
-
+MANIFEST = TWO_MODELS_CPU_QNN + """
 [targets.aic100]
 compiler = "qaic"
 device = "npu"

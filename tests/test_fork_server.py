@@ -14,25 +14,12 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, Project
-from helpers import OPENVINO_CPU_TARGET, tree_bytes
+from helpers import OPENVINO_CPU_TARGET, TWO_MODELS_CPU_QNN, tree_bytes
 from rules.errors import BuildError
 from rules.execute.child import Limits, run_child
 from rules.execute.fork_server import SWITCH, fork_job
 
-MANIFEST = """
-[models.tinycnn]
-path = "models/tinycnn.onnx"
-
-[models.encoder]
-path = "models/encoder.onnx"
-
-[targets.cpu]
-ep = "cpu"
-
-[targets.qnn-htp]
-ep = "qnn"
-options = { soc_model = 60 }
-
+MANIFEST = TWO_MODELS_CPU_QNN + """
 """ + OPENVINO_CPU_TARGET + """
 
 [groups.pair]
