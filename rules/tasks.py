@@ -31,6 +31,7 @@ from .build.toolchains import Toolchain, check_operators, find_qaic, find_qairt,
 from .build.validate import REPORT, cached_validation, summary, validate
 from .errors import BuildError, UserError, closest
 from .execute.executor import executor_settings, run_operator_list, run_validation, unreachable, with_worker_toolchains
+from .execute.fork_server import prestart
 from .execute.host import capabilities
 from .fast_path import (
     DOIT_BASE,
@@ -42,7 +43,8 @@ from .fast_path import (
     project_key,
 )
 from .manifest.builds import Build
-from .manifest.parse import load
+from .manifest.eps import lookup
+from .manifest.parse import Manifest, load
 from .manifest.targets import plan
 from .report.build_report import BuildReport, usage_text
 from .report.progress import LiveProgress, live_wanted, load_durations, save_durations
@@ -434,6 +436,8 @@ class Project:
             raise self.executor_error(reason)
         self.workspace = Workspace(self.layout.root, *cache_location(self.manifest.cache),
                                    remote_location(self.manifest.cache), executor)
+        if command not in INSPECTING and not executor and not self.layout.configs.exists():
+            prestart(first_build_servers(self.manifest))  # their imports overlap reading the models
         index = ExternalDataIndex(self.layout.state)
         external = {}
         for name, model in self.manifest.models.items():
@@ -640,6 +644,14 @@ def in_shard(build: Build, shard: tuple[int, int] | None) -> bool:
         return True
     key = build.name if build.shared else build.members[0].name
     return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % shard[1] == shard[0] - 1
+
+
+def first_build_servers(manifest: Manifest) -> set[str]:
+    """The fork servers a first build here (no settings record yet: a clean checkout, CI) certainly uses: those
+    of its ONNX Runtime targets' EPs."""
+    specs = [t for t in manifest.targets.values()
+             if t.ep and (backend := COMPILERS.get(t.compiler)) and backend.in_onnxruntime]
+    return {info.fork_server for t in specs if (info := lookup(t.ep))}
 
 
 def load_full_project(manifest_path: Path, requested: list[str]) -> Project:

@@ -1,4 +1,5 @@
-"""A child for run_child tests: dies by the signal named in its request, or sleeps past its timeout."""
+"""A child for run_child tests: dies by the signal named in its request, sleeps (past its timeout), holds memory,
+or answers with its pid and an environment variable (what a warm worker carries from job to job)."""
 
 import os
 import signal
@@ -10,9 +11,19 @@ from rules.execute.child import serve
 def _misbehave(request: dict) -> dict:
     if request["action"] == "signal":
         os.kill(os.getpid(), getattr(signal, request["signal"]))
-    time.sleep(request["seconds"])
-    return {}
+    if request["action"] == "allocate":
+        held = bytearray(request["mb"] << 20)
+        held[::4096] = b"x" * len(held[::4096])  # touch every page
+    if request["action"] == "env":
+        return {"pid": os.getpid(), "value": os.environ.get(request["name"])}
+    time.sleep(request.get("seconds", 0))
+    return {"pid": os.getpid()}
+
+
+def main() -> None:
+    """`python -m` this module, or a fork server's child or warm worker, runs this."""
+    serve(_misbehave)
 
 
 if __name__ == "__main__":
-    serve(_misbehave)
+    main()

@@ -1,5 +1,7 @@
-"""The fork server: byte-identical outputs with and without it, a crash or hang ends only its job, an EP whose
-registration starts threads keeps plain children, and a replaced server leaves."""
+"""The fork server: byte-identical outputs and equal validation reports with warm workers, forked children and
+fresh ones; a crash, hang or memory overrun ends only its job, also in a warm worker, which carries no job's
+environment or memory peak into the next; an EP whose registration starts threads keeps plain children, and a
+replaced server leaves."""
 
 from __future__ import annotations
 
@@ -28,9 +30,15 @@ models = ["tinycnn", "encoder"]
 """
 
 
-def test_forked_and_fresh_children_give_byte_identical_artifacts(tmp_path, host_cache):
-    trees = {}
-    for mode in ("1", "0"):
+def _without_timings(value):
+    if isinstance(value, dict):
+        return {k: _without_timings(v) for k, v in value.items() if k not in ("seconds", "usage")}
+    return value
+
+
+def test_warm_workers_forked_and_fresh_children_give_byte_identical_artifacts(tmp_path, host_cache):
+    trees, reports = {}, {}
+    for mode in ("1", "fork", "0"):
         folder = tmp_path / f"fork-{mode}"
         folder.mkdir()
         project = Project(folder, host_cache)
@@ -39,7 +47,11 @@ def test_forked_and_fresh_children_give_byte_identical_artifacts(tmp_path, host_
         done = project.doit("-n", "2")
         assert "summary: " in done.stdout and "failed" not in done.stdout
         trees[mode] = tree_bytes(project.artifacts)
-    assert len(trees["1"]) > 20 and trees["1"] == trees["0"]  # stages, compiles and the group, every byte
+        reports[mode] = {p.relative_to(project.artifacts).as_posix(): _without_timings(json.loads(p.read_text()))
+                         for p in project.artifacts.glob("*/*/validation.json")}
+    # stages, compiles and the group, every byte; the cpu compiles ran one after another in one warm worker
+    assert len(trees["1"]) > 20 and trees["1"] == trees["fork"] == trees["0"]
+    assert len(reports["1"]) >= 6 and reports["1"] == reports["fork"] == reports["0"]
 
 
 @pytest.fixture
@@ -48,22 +60,71 @@ def crash_child(monkeypatch):
     monkeypatch.setenv("PYTHONPATH", f"{REPO / 'tests'}{os.pathsep}{REPO}")
 
 
-@pytest.mark.parametrize("mode", ["1", "0"])
+@pytest.mark.parametrize("mode", ["1", "fork", "0"])
 @pytest.mark.parametrize("signal_name", ["SIGSEGV", "SIGABRT"])
 def test_a_crash_ends_only_its_job(tmp_path, monkeypatch, crash_child, mode, signal_name):
     monkeypatch.setenv(SWITCH, mode)
+    before = run_child("crash_child", {"action": "sleep"}, tmp_path / "a", Limits(60), "validate m@t", reuse=True)
     with pytest.raises(BuildError, match=f"validate m@t: the child process was killed by {signal_name}"):
-        run_child("crash_child", {"action": "signal", "signal": signal_name}, tmp_path / "a", Limits(60),
-                  "validate m@t")
-    answer = run_child("crash_child", {"action": "sleep", "seconds": 0}, tmp_path / "b", Limits(60), "validate m@t")
+        run_child("crash_child", {"action": "signal", "signal": signal_name}, tmp_path / "b", Limits(60),
+                  "validate m@t", reuse=True)
+    answer = run_child("crash_child", {"action": "sleep"}, tmp_path / "c", Limits(60), "validate m@t", reuse=True)
     assert answer["usage"]["peak_mb"] > 0  # the server (or a fresh child) serves the next job
+    assert answer["pid"] != before["pid"]  # a warm worker died with the crash: a new one runs the next job
 
 
-def test_a_hung_forked_job_is_killed_at_its_timeout(tmp_path, crash_child):
+@pytest.mark.parametrize("mode", ["1", "fork"])
+def test_a_hung_job_is_killed_at_its_timeout(tmp_path, monkeypatch, crash_child, mode):
+    monkeypatch.setenv(SWITCH, mode)
     started = time.monotonic()
     with pytest.raises(BuildError, match="timed out after 1 s; killed"):
-        run_child("crash_child", {"action": "sleep", "seconds": 120}, tmp_path, Limits(1), "compile m@t")
+        run_child("crash_child", {"action": "sleep", "seconds": 120}, tmp_path / "a", Limits(1), "compile m@t",
+                  reuse=True)
     assert time.monotonic() - started < 30
+    assert run_child("crash_child", {"action": "sleep"}, tmp_path / "b", Limits(60), "compile m@t", reuse=True)
+
+
+def test_a_warm_worker_runs_job_after_job_each_with_its_own_environment_and_peak(tmp_path, monkeypatch,
+                                                                                 crash_child):
+    def job(folder: str, request: dict, memory_gb: float | None = None) -> dict:
+        return run_child("crash_child", request, tmp_path / folder, Limits(60, memory_gb), "validate m@t",
+                         reuse=True)
+
+    monkeypatch.setenv(SWITCH, "1")
+    monkeypatch.setenv("EPBUILD_TEST_MARK", "first")
+    first = job("a", {"action": "env", "name": "EPBUILD_TEST_MARK"})
+    monkeypatch.delenv("EPBUILD_TEST_MARK")
+    second = job("b", {"action": "env", "name": "EPBUILD_TEST_MARK"})
+    assert first["value"] == "first" and second["value"] is None and second["pid"] == first["pid"]
+    big = job("c", {"action": "allocate", "mb": 300})
+    small = job("d", {"action": "sleep"})
+    assert small["pid"] == first["pid"]  # still the same worker: it is below its memory bound again
+    assert big["usage"]["peak_mb"] > small["usage"]["peak_mb"] + 250  # each job's own peak, not the worker's
+    with pytest.raises(BuildError, match=r"exceeded 0\.2 GB of memory"):
+        job("e", {"action": "allocate", "mb": 600}, 0.2)
+    assert job("f", {"action": "sleep"})["pid"] != first["pid"]
+
+
+def test_a_worker_takes_no_job_until_the_last_client_has_read_its_end(tmp_path, monkeypatch, crash_child):
+    """Until a client has read its job's end it may still kill that pid (a timeout): no other job may run in it."""
+    monkeypatch.setenv(SWITCH, "1")
+    (tmp_path / "request.json").write_text(json.dumps({"action": "sleep"}))
+
+    def start():
+        return fork_job("crash_child", "", ["request.json", "result.json"], tmp_path / "out.txt", tmp_path, reuse=True)
+
+    first = start()
+    while b"\n" not in first.buffer:  # the end has come, unread by the client: the connection stays open
+        first.buffer += first.connection.recv(4096)
+    second = start()
+    assert second.pid != first.pid
+    while second.poll() is None:
+        second.wait(0.1)
+    assert first.poll()[0] == 0  # reads the end and closes: the worker is free again
+    third = start()
+    assert third.pid in (first.pid, second.pid)
+    while third.poll() is None:
+        third.wait(0.1)
 
 
 def test_a_forked_job_starts_in_milliseconds(tmp_path, crash_child):
@@ -75,7 +136,7 @@ def test_a_forked_job_starts_in_milliseconds(tmp_path, crash_child):
     job = fork_job("crash_child", "", ["request.json", "result.json"], tmp_path / "out.txt", tmp_path)
     while (ended := job.poll()) is None:
         time.sleep(0.002)
-    assert ended[0] == 0 and (tmp_path / "result.json").read_text() == "{}"
+    assert ended[0] == 0 and json.loads((tmp_path / "result.json").read_text())["pid"] == job.pid
 
 
 def test_an_ep_whose_registration_starts_threads_keeps_plain_children(tmp_path):

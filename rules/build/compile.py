@@ -191,5 +191,10 @@ def _compile_in_child(request: CompileRequest) -> CompileResult:
     return {"members": results}
 
 
-if __name__ == "__main__":
+def main() -> None:
+    """`python -m` this module, or a fork server's child or warm worker, runs this."""
     serve(_compile_in_child)
+
+
+if __name__ == "__main__":
+    main()

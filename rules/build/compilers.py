@@ -94,9 +94,8 @@ class Compiler:
         """Write the build's files into `scratch`; return the child's usage (seconds, peak memory)."""
         layout, target = workspace.layout, build.target
         what = f"{build.kind} {build.name} ({target.ep.name})"
-        answer = run_child("rules.build.compile", compile_request(build, scratch), scratch / ".child", target.limits(),
-                           what, build.log(layout, "compile"), target.ep.fork_server)
-        shutil.rmtree(scratch / ".child")
+        answer = run_child("rules.build.compile", compile_request(build, scratch), scratch, target.limits(), what,
+                           build.log(layout, "compile"), target.ep.fork_server, target.ep.reuses_workers)
         for key, name in target.runtime_files().items():
             shutil.copyfile(target.option_files[key], scratch / name)
         write_json(scratch / SIDECAR, sidecar(build, answer["members"]))

@@ -313,5 +313,10 @@ def run_stage(stage: Stage, workspace: Workspace) -> tuple[Outcome, float, list[
             answer.get("worker"))
 
 
-if __name__ == "__main__":
+def main() -> None:
+    """`python -m` this module, or a fork server's child or warm worker, runs this."""
     serve(_run_stage)
+
+
+if __name__ == "__main__":
+    main()

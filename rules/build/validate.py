@@ -89,7 +89,7 @@ def validate(build: Build, layout: Layout) -> ValidationReport:
         try:
             report = run_child("rules.build.validate", validation_request(build, folder), scratch, target.limits(timeout),
                                f"validate {'group ' if build.shared else ''}{build.name} ({target.ep.name})",
-                               build.log(layout, "validate"), target.ep.fork_server)
+                               build.log(layout, "validate"), target.ep.fork_server, target.ep.reuses_workers)
         except BuildError as exc:
             report = {"status": "failed", "reason": str(exc)}
         finally:
@@ -116,12 +116,10 @@ def cached_validation(label: str, fingerprint: str, workspace: Workspace, folder
                 write_json(folder / REPORT, report)
                 return report, outcome
             discard(scratch)
-            report = produce()
+            report = produce()  # it wrote the report into the artifact's folder
             uploaded = 0
             if report["status"] == "passed":
-                scratch.mkdir(parents=True)
-                write_json(scratch / REPORT, report)
-                uploaded = store(label, fingerprint, workspace, scratch, [REPORT], identity)
+                uploaded = store(label, fingerprint, workspace, folder, [REPORT], identity)
             return report, Outcome(None, outcome.downloaded, uploaded)
         finally:
             discard(scratch)
@@ -360,13 +358,22 @@ def _validate_group(request: ValidationRequest) -> ValidationReport:
     return report
 
 
+def session_options(ort: Any) -> Any:
+    """Options for a validation session: errors only, and pool threads that block instead of spinning between
+    ops. A build runs jobs beside each other (the build process, `-n N`): spinning threads took the cores those
+    need, and a tiny model's validation waited a scheduler tick (4 ms) about every other run."""
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return options
+
+
 def run_on_cpu(ort: Any, path: str, request: dict[str, Any], feeds: dict[str, Any], what: str) -> dict[str, Any]:
     """Outputs of a reference model on the CPU EP, fed what it takes (frozen inputs with their values)."""
     import onnx
 
     model = onnx.load(path, load_external_data=False)
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
+    options = session_options(ort)
     inputs = {k: v for k, v in request["inputs"].items() if k in {i.name for i in model.graph.input}}
     for name, value in static_dims(model, inputs, needs_static=False).items():
         options.add_free_dimension_override_by_name(name, value)
@@ -381,8 +388,7 @@ def _open_session(ort: Any, info: EpInfo, request: MemberValidation) -> tuple[An
     report: skipped when this host cannot run the EP, failed when the EP cannot load the artifact."""
     from ..execute.host import register_plugin, select_ep_device
 
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
+    options = session_options(ort)
     options.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
     if not info.is_cpu:
         try:
@@ -505,5 +511,10 @@ def _validate_in_child(request: ValidationRequest) -> ValidationReport:
     return validate_member(member)
 
 
-if __name__ == "__main__":
+def main() -> None:
+    """`python -m` this module, or a fork server's child or warm worker, runs this."""
     serve(_validate_in_child)
+
+
+if __name__ == "__main__":
+    main()

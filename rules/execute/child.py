@@ -29,6 +29,7 @@ from .fork_server import ForkedJob, fork_job
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 PROGRESS_EVERY_S = 30.0
+REUSED_PROCESS = False  # set in a fork server's warm worker, which runs one job after another
 
 
 @dataclass(frozen=True)
@@ -107,17 +108,20 @@ def _wait(child: _PlainChild | ForkedJob, limits: Limits, what: str) -> tuple[in
 
 
 def run_child(module: str, request: dict[str, Any], workdir: Path, limits: Limits, what: str,
-              log: Path | None = None, ep: str = "") -> dict[str, Any]:
+              log: Path | None = None, ep: str = "", reuse: bool = False) -> dict[str, Any]:
     """Run `python -m module request.json result.json` within `limits`, forked by the fork server of EP alias
-    `ep` ("" for CPU-only work) where it serves, else as a fresh process; return its result with `usage`
-    (seconds, peak_mb) added, or raise BuildError naming `what` and the cause."""
+    `ep` ("" for CPU-only work) where it serves (with `reuse`, in one of its warm workers), else as a fresh
+    process; return its result with `usage` (seconds, peak_mb) added, or raise BuildError naming `what` and the
+    cause."""
     workdir.mkdir(parents=True, exist_ok=True)
-    request_file, result_file = workdir / "request.json", workdir / "result.json"
-    output_file = workdir / "output.txt"
+    # removed before returning, so `workdir` may be the folder the child writes its outputs into
+    request_file, result_file = workdir / ".request.json", workdir / ".result.json"
+    output_file = log if log is not None else workdir / ".output.txt"  # the child writes its log directly
+    output_file.parent.mkdir(parents=True, exist_ok=True)
     request_file.write_text(json.dumps(request))
     arguments = [str(request_file), str(result_file)]
     try:
-        child = fork_job(module, ep, arguments, output_file, workdir)
+        child = fork_job(module, ep, arguments, output_file, workdir, reuse)
         if child is None:
             env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PACKAGE_ROOT), os.environ.get("PYTHONPATH", "")])}
             with open(output_file, "w", encoding="utf-8") as output:
@@ -127,10 +131,8 @@ def run_child(module: str, request: dict[str, Any], workdir: Path, limits: Limit
         text = output_file.read_text(encoding="utf-8", errors="replace")
     finally:
         request_file.unlink(missing_ok=True)
-        output_file.unlink(missing_ok=True)
-    if log is not None:
-        log.parent.mkdir(parents=True, exist_ok=True)
-        log.write_text(text)
+        if log is None:
+            output_file.unlink(missing_ok=True)
     see_log = f" (full output: {log})" if log is not None else ""
     result: dict[str, Any] = {}
     if result_file.exists():
@@ -187,4 +189,6 @@ def serve(function: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
     result_file.write_text(json.dumps(result))
     sys.stdout.flush()
     sys.stderr.flush()
+    if REUSED_PROCESS:
+        sys.exit(status)  # back to the fork server's warm worker, which runs the next job
     os._exit(status)  # skip EP library teardown at exit, which can abort after a good compile

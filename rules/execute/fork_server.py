@@ -2,22 +2,33 @@
 once, then forks a fresh child per job, so a job starts in milliseconds instead of the ~0.3 s a new Python pays.
 
 The server never compiles or creates a session itself: every job runs in a child forked from the same clean
-state, as `python -m MODULE request result` would (the module runs as `__main__`), so outputs stay byte-identical
-to a fresh child's and a crash or hang ends only that child. The client (`rules.execute.child.run_child`) enforces the
-time and memory limits on the child's pid exactly as for a plain child; the server reaps it and reports its exit
-status and peak memory.
+state and calls the job module's `main()` as `python -m MODULE request result` would, so outputs stay
+byte-identical to a fresh child's and a crash or hang ends only that child. The client
+(`rules.execute.child.run_child`) enforces the time and memory limits on the child's pid exactly as for a plain
+child; the server reaps it and reports its exit status and peak memory.
+
+Jobs whose EP gives byte-identical outputs when repeated in one process (`EpInfo.reuses_workers`: the CPU EP) may
+ask for a warm worker instead: a child forked the same way that runs one job after another, one at a time, so
+the ~5 ms a fresh child pays for its first session is paid once. A crash or hang still ends only the job running
+in it (the client kills the worker's pid; the server reports its end and forks a new worker for the next job);
+a worker retires after a failed job, after `WORKER_MAX_JOBS` jobs, or when it holds more than
+`WORKER_MAX_RESIDENT_MB`, and its reported peak memory is each job's own (the kernel's high-water mark is reset
+before every job). A worker takes a new job only after the client of the last one has read its end and closed
+the connection, so a client's late kill can never hit another job.
 
 Fork safety is checked, not assumed: a server whose EP registration starts threads (a thread holding a lock at
 fork time can deadlock the child) refuses to serve, and that EP keeps plain children. So do platforms without
 fork (Windows) and `EPBUILD_FORK_SERVER=0`. A server is shared by every build process with the same Python,
-epbuild sources and load-time environment (keyed by them); it exits after `IDLE_S` without jobs.
+epbuild sources and load-time environment (keyed by them); it exits after `IDLE_S` without jobs, and its
+workers with it.
 
-    python -m rules.execute.fork_server --detach SOCKET EP_ALIAS   (started by `ForkClient`, never by hand)
+    python -m rules.execute.fork_server --detach SOCKET EP_ALIAS   (started by `fork_job`, never by hand)
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -31,11 +42,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-SWITCH = "EPBUILD_FORK_SERVER"  # "0": a plain child for every job
+SWITCH = "EPBUILD_FORK_SERVER"  # "0": a plain child for every job; "fork": a forked child for every job, no warm
+# workers; unset or "1": warm workers where the EP allows them
 # The shape stage's server also loads onnxruntime's shape tools with sympy: in every other server that larger heap
 # made each forked job ~15 ms slower (the child's allocations copy more of the inherited pages).
 SHAPE_STAGE = "shape-stage"
 IDLE_S = 30.0
+WORKER_MAX_JOBS = 200
+WORKER_MAX_RESIDENT_MB = 1024
 START_TIMEOUT_S = 120.0
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 # What EP libraries, BLAS and Python may read when they load: a server serves only builds that agree on these.
@@ -57,6 +71,7 @@ def _threads() -> int:
 # ---- the client: in the build process ----
 
 _REFUSED: dict[str, str] = {}  # server key -> why it cannot serve (this process then uses plain children)
+_PRESTARTED: dict[str, tuple[subprocess.Popen, float]] = {}  # server key -> its starter, when it was run
 
 
 class ForkedJob:
@@ -96,10 +111,15 @@ class ForkedJob:
             os.kill(self.pid, 9)  # the child this process asked for; the server reaps it and reports
 
 
+@functools.lru_cache(maxsize=1)
+def _sources() -> list[tuple[str, int, int]]:
+    """epbuild's sources as this build process found them (looked at once: ~1 ms per job otherwise)."""
+    return sorted((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in (PACKAGE_ROOT / "rules").rglob("*.py"))
+
+
 def _server_key(alias: str) -> str:
-    sources = sorted((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in (PACKAGE_ROOT / "rules").rglob("*.py"))
     load_env = sorted((k, v) for k, v in os.environ.items() if k.startswith(LOAD_TIME_PREFIXES))
-    text = json.dumps([sys.executable, str(PACKAGE_ROOT), alias, sources, load_env])
+    text = json.dumps([sys.executable, str(PACKAGE_ROOT), alias, _sources(), load_env])
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
@@ -119,6 +139,39 @@ def _connect(path: Path) -> socket.socket | None:
         return None
 
 
+def _paths(key: str) -> tuple[Path, Path, Path]:
+    """A server's socket and log, and the lock held while starting it: one of 16, so that start locks do not
+    pile up in the folder with every change of epbuild's sources."""
+    folder = _folder()
+    return folder / f"{key}.sock", folder / f"{key}.log", folder / f"start-{int(key[:4], 16) % 16}.lock"
+
+
+def _launch(alias: str, path: Path, log: Path) -> subprocess.Popen:
+    """Start the server; the starter exits as soon as it has forked the server off (`--detach`)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PACKAGE_ROOT), os.environ.get("PYTHONPATH", "")])}
+    with open(log, "w", encoding="utf-8") as output:
+        return subprocess.Popen([sys.executable, "-m", "rules.execute.fork_server", "--detach", str(path), alias],
+                                env=env, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                cwd=path.parent)
+
+
+def prestart(aliases: set[str]) -> None:
+    """Start these EPs' servers now without waiting for them, so that their imports overlap the build's own
+    start-up (the first job then finds its server ready, or waits less)."""
+    if not enabled():
+        return
+    for alias in sorted(aliases):
+        key = _server_key(alias)
+        if key in _REFUSED or key in _PRESTARTED:
+            continue
+        path, log, _ = _paths(key)
+        connection = _connect(path)
+        if connection is not None:
+            connection.close()
+            continue
+        _PRESTARTED[key] = _launch(alias, path, log), time.monotonic()
+
+
 def _server(alias: str) -> socket.socket | None:
     """A connection to the EP's server, starting it when none answers; None when it refuses (not fork-safe)."""
     from filelock import FileLock
@@ -126,20 +179,21 @@ def _server(alias: str) -> socket.socket | None:
     key = _server_key(alias)
     if key in _REFUSED:
         return None
-    folder = _folder()
-    path, log = folder / f"{key}.sock", folder / f"{key}.log"
+    for starter, _ in _PRESTARTED.values():
+        starter.poll()  # reaps a starter that has exited
+    path, log, lock = _paths(key)
     connection = _connect(path)
     if connection is not None:
         return connection
-    with FileLock(str(folder / f"{key}.lock")):
+    with FileLock(str(lock)):
         connection = _connect(path)
         if connection is not None:
             return connection
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PACKAGE_ROOT), os.environ.get("PYTHONPATH", "")])}
-        with open(log, "w", encoding="utf-8") as output:
-            subprocess.run([sys.executable, "-m", "rules.execute.fork_server", "--detach", str(path), alias], env=env,
-                           stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=folder, check=True,
-                           timeout=60)
+        starter, started = _PRESTARTED.pop(key, (None, 0.0))
+        # a server lives at least IDLE_S: prestarted since and not answering, it is still starting (or refused)
+        if starter is None or time.monotonic() - started > IDLE_S:
+            starter = _launch(alias, path, log)
+        starter.wait(timeout=60)
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             connection = _connect(path)
@@ -154,16 +208,18 @@ def _server(alias: str) -> socket.socket | None:
     return None
 
 
-def fork_job(module: str, alias: str, arguments: list[str], output: Path, workdir: Path) -> ForkedJob | None:
+def fork_job(module: str, alias: str, arguments: list[str], output: Path, workdir: Path,
+             reuse: bool = False) -> ForkedJob | None:
     """Ask the EP's server (alias "" for CPU-only work) to fork `python -m module *arguments` in `workdir` with
-    stdout and stderr into `output`; None when this job must use a plain child."""
+    stdout and stderr into `output` (with `reuse`, to run it in a warm worker); None when this job must use a
+    plain child."""
     if not enabled():
         return None
     connection = _server(alias)
     if connection is None:
         return None
     request = {"module": module, "arguments": arguments, "output": str(output), "cwd": str(workdir),
-               "env": dict(os.environ), "path": sys.path}
+               "env": dict(os.environ), "path": sys.path, "reuse": reuse and os.environ.get(SWITCH) != "fork"}
     try:
         connection.sendall(json.dumps(request).encode() + b"\n")
         answer = b""
@@ -183,29 +239,45 @@ def fork_job(module: str, alias: str, arguments: list[str], output: Path, workdi
 
 # ---- the server ----
 
+def _enter_job(request: dict[str, Any]) -> None:
+    """Become the job's process: its folder, its output file as stdout and stderr, its environment and argv."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.chdir(request["cwd"])
+    output = os.open(request["output"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(output, 1)
+    os.dup2(output, 2)
+    os.close(output)
+    os.environ.clear()
+    os.environ.update(request["env"])
+    sys.path[:] = request["path"]
+    sys.argv = [request["module"], *request["arguments"]]
+
+
+def _leave_server(server_sockets: list[socket.socket], wake: tuple[int, int]) -> None:
+    """In a forked child: drop what belongs to the server (its signal handling, listener, connections, pipe)."""
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for descriptor in wake:
+        os.close(descriptor)
+    for server_socket in server_sockets:
+        server_socket.close()
+
+
+def _run_module(name: str) -> None:
+    """What `python -m name` runs: the module's main() (every child module has one; it is not re-executed, so a
+    warm worker does not rebuild its classes for every job)."""
+    import importlib
+
+    importlib.import_module(name).main()
+
+
 def _child(request: dict[str, Any], server_sockets: list[socket.socket], wake: tuple[int, int]) -> None:
     """In the forked child: become `python -m module arguments` in the job's folder, output into its file."""
-    import runpy
-    import warnings
-
     try:
-        signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        for descriptor in wake:
-            os.close(descriptor)
-        for server_socket in server_sockets:  # the listener and every client connection belong to the server
-            server_socket.close()
-        os.chdir(request["cwd"])
-        output = os.open(request["output"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.dup2(output, 1)
-        os.dup2(output, 2)
-        os.close(output)
-        os.environ.clear()
-        os.environ.update(request["env"])
-        sys.path[:] = request["path"]
-        sys.argv = [request["module"], *request["arguments"]]
-        warnings.filterwarnings("ignore", "'.*' found in sys.modules", RuntimeWarning)  # preloaded, as intended
-        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+        _leave_server(server_sockets, wake)
+        _enter_job(request)
+        _run_module(request["module"])
     except BaseException:  # noqa: BLE001 - anything here must end the child, never return into the server
         import traceback
 
@@ -216,8 +288,84 @@ def _child(request: dict[str, Any], server_sockets: list[socket.socket], wake: t
         os._exit(70)
 
 
+def _status_kb(field: str) -> int:
+    with open("/proc/self/status", encoding="ascii") as status:
+        line = next((line for line in status if line.startswith(field)), f"{field} 0 kB")
+    return int(line.split()[1])
+
+
+def _worker_job(request: dict[str, Any]) -> tuple[int, int]:
+    """Run one job in this warm worker as `python -m module arguments` would: (exit code, its peak resident kB)."""
+    with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w", encoding="ascii") as clear:
+        clear.write("5")  # reset the peak (VmHWM) so that it is this job's own
+    code = 0
+    try:
+        _enter_job(request)
+        _run_module(request["module"])
+    except SystemExit as exc:  # child.serve ends every job this way here
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # noqa: BLE001 - a job's failure is its exit code, the worker goes on or retires
+        import traceback
+
+        traceback.print_exc()
+        code = 70
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        quiet = os.open(os.devnull, os.O_WRONLY)  # nothing between jobs lands in the last job's output
+        os.dup2(quiet, 1)
+        os.dup2(quiet, 2)
+        os.close(quiet)
+    return code, _status_kb("VmHWM:")
+
+
+def _worker(control: socket.socket, server_sockets: list[socket.socket], wake: tuple[int, int]) -> None:
+    """A warm worker forked from the server: runs the jobs the server sends, one at a time, and retires after a
+    failed job, after `WORKER_MAX_JOBS`, or when it holds more than `WORKER_MAX_RESIDENT_MB`."""
+    from . import child
+
+    try:
+        _leave_server(server_sockets, wake)
+        child.REUSED_PROCESS = True
+        for jobs, line in enumerate(control.makefile("rb"), 1):  # until the server closes the control socket
+            code, peak_kb = _worker_job(json.loads(line))
+            retire = code != 0 or jobs >= WORKER_MAX_JOBS or _status_kb("VmRSS:") > WORKER_MAX_RESIDENT_MB * 1024
+            control.sendall(json.dumps({"code": code, "maxrss": peak_kb, "retire": retire}).encode() + b"\n")
+            if retire:
+                break
+    finally:
+        os._exit(0)
+
+
+class _Worker:
+    """The server's side of a warm worker: its control socket and the client connection of the job it runs."""
+
+    def __init__(self, pid: int, control: socket.socket):
+        self.pid, self.control = pid, control
+        self.client: socket.socket | None = None
+        self.answered = False  # the job's end was sent; the worker waits until that client has closed
+        self.retiring = False  # it exits after this job
+        self.buffer = b""
+
+    def answer(self, line: bytes) -> None:
+        """Send the job's end to its client."""
+        self.retiring = self.retiring or json.loads(line).get("retire", False)
+        with contextlib.suppress(OSError):
+            self.client.sendall(line)
+        self.answered = True
+
+    def release(self) -> None:
+        """The client has read the end and closed: only now may the pid serve another job (the client may kill
+        the pid until it has read the end, so another job must not run in it before)."""
+        with contextlib.suppress(OSError):
+            self.client.recv(4096)  # its end of file
+        self.client.close()
+        self.client, self.answered = None, False
+
+
 def serve(path: Path, alias: str) -> None:
-    """Preload, register the EP, check that no thread was started, then fork a child per request until idle."""
+    """Preload, register the EP, check that no thread was started, then fork a child per request (or hand it to
+    a warm worker when the request allows reuse) until idle."""
     import importlib
 
     for module in PRELOAD:
@@ -252,14 +400,57 @@ def serve(path: Path, alias: str) -> None:
         os.set_blocking(descriptor, False)
     signal.set_wakeup_fd(wake[1])
     signal.signal(signal.SIGCHLD, lambda *_: None)
-    jobs: dict[int, socket.socket] = {}
+    jobs: dict[int, socket.socket] = {}  # pid of a child forked for one job -> its client
+    workers: dict[int, _Worker] = {}
+
+    def server_sockets() -> list[socket.socket]:
+        owned = [listener, *jobs.values()]
+        for worker in workers.values():
+            owned += [worker.control] + ([worker.client] if worker.client else [])
+        return owned
+
+    def start(request: dict[str, Any], connection: socket.socket) -> int:
+        if not request.get("reuse"):
+            pid = os.fork()
+            if pid == 0:
+                _child(request, [*server_sockets(), connection], wake)
+            jobs[pid] = connection
+            return pid
+        answered = [w.client for w in workers.values() if w.answered and not w.retiring]
+        for client in select.select(answered, [], [], 0)[0] if answered else []:  # closed since the last look
+            next(w for w in workers.values() if w.client is client).release()
+        worker = next((w for w in workers.values() if w.client is None and not w.retiring), None)
+        if worker is None:
+            control, worker_end = socket.socketpair()
+            pid = os.fork()
+            if pid == 0:
+                control.close()
+                _worker(worker_end, [*server_sockets(), connection], wake)
+            worker_end.close()
+            worker = workers[pid] = _Worker(pid, control)
+        worker.client = connection
+        with contextlib.suppress(OSError):  # if it has just died, its end is reported when it is reaped
+            worker.control.sendall(json.dumps(request).encode() + b"\n")
+        return worker.pid
+
     last_job = time.monotonic()
     while True:
-        readable = select.select([listener, wake[0]], [], [], 0.2)[0]
+        busy = [w.control for w in workers.values() if w.client and not w.answered]
+        closing = [w.client for w in workers.values() if w.answered]
+        readable = select.select([listener, wake[0], *busy, *closing], [], [], 0.2)[0]
         if wake[0] in readable:
             with contextlib.suppress(BlockingIOError):
                 while os.read(wake[0], 4096):
                     pass
+        for worker in list(workers.values()):
+            if worker.control in readable and worker.control in busy:
+                worker.buffer += worker.control.recv(4096)
+                if b"\n" in worker.buffer:
+                    line, worker.buffer = worker.buffer.split(b"\n", 1)
+                    worker.answer(line + b"\n")
+                    last_job = time.monotonic()
+            elif worker.client in readable and worker.answered:
+                worker.release()
         if listener in readable:
             connection, _ = listener.accept()
             connection.settimeout(10)
@@ -269,27 +460,37 @@ def serve(path: Path, alias: str) -> None:
                 connection.close()
                 continue
             sys.stdout.flush()
-            pid = os.fork()
-            if pid == 0:
-                _child(request, [listener, connection, *jobs.values()], wake)
-            jobs[pid] = connection
+            pid = start(request, connection)
             with contextlib.suppress(OSError):
                 connection.sendall(json.dumps({"pid": pid}).encode() + b"\n")
-        while jobs:
+        while jobs or workers:
             pid, status, usage = os.wait4(-1, os.WNOHANG)
             if not pid:
                 break
-            connection = jobs.pop(pid)
-            with contextlib.suppress(OSError):
-                code = os.waitstatus_to_exitcode(status)
-                connection.sendall(json.dumps({"code": code, "maxrss": usage.ru_maxrss}).encode() + b"\n")
-            connection.close()
+            code = os.waitstatus_to_exitcode(status)
+            end = json.dumps({"code": code, "maxrss": usage.ru_maxrss}).encode() + b"\n"
+            if pid in workers:  # retired, or killed or crashed during its job
+                worker = workers.pop(pid)
+                if worker.client and not worker.answered:
+                    worker.control.setblocking(False)
+                    with contextlib.suppress(OSError):
+                        worker.buffer += worker.control.recv(4096)  # it may have answered just before exiting
+                    worker.answer(worker.buffer.split(b"\n", 1)[0] + b"\n" if b"\n" in worker.buffer else end)
+                if worker.client:
+                    worker.client.close()
+                worker.control.close()
+            elif pid in jobs:
+                connection = jobs.pop(pid)
+                with contextlib.suppress(OSError):
+                    connection.sendall(end)
+                connection.close()
             last_job = time.monotonic()
         try:
             replaced = path.stat().st_ino != identity
         except OSError:
             replaced = True
-        if not jobs and (replaced or time.monotonic() - last_job > IDLE_S):
+        working = jobs or any(worker.client for worker in workers.values())
+        if not working and (replaced or time.monotonic() - last_job > IDLE_S):
             break
     if not replaced:
         path.unlink(missing_ok=True)

@@ -52,6 +52,13 @@ class EpInfo:
         return self.alias if self.module else ""
 
     @property
+    def reuses_workers(self) -> bool:
+        """Whether this EP's compiles and validations may run one after another in a fork server's warm worker
+        instead of a fresh child each: only the CPU EP, whose outputs are byte-identical when repeated in one
+        process (tested). QNN's context binary differs on a second compile in a process."""
+        return self.is_cpu
+
+    @property
     def is_cpu(self) -> bool:
         """The CPU EP: an optimized ONNX model, no EP context."""
         return self.name == "CPUExecutionProvider"

@@ -65,6 +65,15 @@ def remote_location(spec: CacheSpec) -> str | None:
     return url or None
 
 
+def _link_or_copy(source: Path, target: Path) -> None:
+    """A hard link where the file system allows one (entries and artifacts share bytes: a file changed in place
+    fails the sha256 check on the next restore and its entry is evicted), else a copy."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
 class ArtifactCache:
     def __init__(self, folder: Path, hashes: FileHashes, max_bytes: int | None = None):
         self.folder, self.hashes, self.max_bytes = folder, hashes, max_bytes
@@ -106,10 +115,7 @@ class ArtifactCache:
         for name in recorded:
             source, target = entry / "files" / name, destination / name
             target.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                os.link(source, target)
-            except OSError:
-                shutil.copy2(source, target)
+            _link_or_copy(source, target)
         os.utime(entry)  # recency for least-recently-used eviction
         return sorted(recorded)
 
@@ -139,7 +145,7 @@ class ArtifactCache:
                     os.replace(source / name, staging / "files" / name)
                     files[name] = verified[name]
                 else:
-                    shutil.copy2(source / name, staging / "files" / name)
+                    _link_or_copy(source / name, staging / "files" / name)
                     files[name] = self.hashes.sha256(staging / "files" / name)
             (staging / ENTRY).write_text(json.dumps({"files": files, "stored": time.time()}, indent=1))
             entry.parent.mkdir(parents=True, exist_ok=True)

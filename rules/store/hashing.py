@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
+from typing import Any
 
 from .layout import stat_key, write_atomic
 
@@ -35,6 +36,7 @@ class FileHashes:
     def __init__(self, state_dir: Path):
         self.log = state_dir / "hashes.tsv"
         self._known: dict[str, tuple[list[int], str]] | None = None
+        self._appender: Any = None  # the memory, open for appending: one write per new hash, not an open
 
     @property
     def known(self) -> dict[str, tuple[list[int], str]]:
@@ -62,6 +64,7 @@ class FileHashes:
         write_atomic(self.log, "".join("\t".join([path, *map(str, key), digest]) + "\n"
                                        for path, (key, digest) in kept.items()))
         self._known = kept
+        self._appender = None  # it appended to the file just replaced
 
     def sha256(self, path: str | Path, stat: os.stat_result | None = None) -> str:
         absolute = os.path.abspath(path)
@@ -72,7 +75,8 @@ class FileHashes:
         digest = sha256_file(absolute)
         self.known[absolute] = (key, digest)
         if "\t" not in absolute and "\n" not in absolute:
-            self.log.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.log, "a", encoding="utf-8") as handle:
-                handle.write("\t".join([absolute, *map(str, key), digest]) + "\n")
+            if self._appender is None:
+                self.log.parent.mkdir(parents=True, exist_ok=True)
+                self._appender = open(self.log, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 - kept open
+            self._appender.write("\t".join([absolute, *map(str, key), digest]) + "\n")  # line-buffered: one write
         return digest
