@@ -436,7 +436,7 @@ class Project:
             raise self.executor_error(reason)
         self.workspace = Workspace(self.layout.root, *cache_location(self.manifest.cache),
                                    remote_location(self.manifest.cache), executor)
-        if command not in INSPECTING and not executor and not self.layout.configs.exists():
+        if is_default_run(requested) and not executor and not self.layout.configs.exists():
             prestart(first_build_servers(self.manifest))  # their imports overlap reading the models
         index = ExternalDataIndex(self.layout.state)
         external = {}
@@ -647,8 +647,8 @@ def in_shard(build: Build, shard: tuple[int, int] | None) -> bool:
 
 
 def first_build_servers(manifest: Manifest) -> set[str]:
-    """The fork servers a first build here (no settings record yet: a clean checkout, CI) certainly uses: those
-    of its ONNX Runtime targets' EPs."""
+    """The fork servers a first full build here (`doit` with no settings record yet: a clean checkout, CI)
+    certainly uses: those of its ONNX Runtime targets' EPs."""
     specs = [t for t in manifest.targets.values()
              if t.ep and (backend := COMPILERS.get(t.compiler)) and backend.in_onnxruntime]
     return {info.fork_server for t in specs if (info := lookup(t.ep))}

@@ -169,3 +169,53 @@ def test_without_fork_the_plain_child_path_runs(tmp_path, monkeypatch, crash_chi
     monkeypatch.delattr(os, "fork")  # as on Windows
     assert fork_job("crash_child", "", ["r.json", "s.json"], tmp_path / "o.txt", tmp_path) is None
     assert run_child("crash_child", {"action": "sleep", "seconds": 0}, Path(tmp_path), Limits(60), "x")["usage"]
+
+
+def test_a_first_full_build_starts_its_fork_servers_while_it_loads(project, monkeypatch):
+    import rules.tasks
+
+    started: list[set[str]] = []
+    monkeypatch.setattr(rules.tasks, "prestart", started.append)
+    monkeypatch.chdir(project.root)
+    project.manifest(TWO_MODELS_CPU_QNN)
+    manifest = project.root / "models.toml"
+    rules.tasks.Project(manifest, ["-n", "2"])
+    assert started == [{"", "qnn"}]  # the CPU-only work's server and QNN's
+    rules.tasks.Project(manifest, ["compile:tinycnn@cpu"])  # one task named: maybe nothing else runs
+    rules.tasks.Project(manifest, ["list"])
+    project.doit("compile:tinycnn@cpu")  # a settings record exists now: a later build may have little to do
+    rules.tasks.Project(manifest, [])
+    assert len(started) == 1
+
+
+def test_a_prestarted_server_serves_the_first_job(monkeypatch, crash_child):
+    import shutil
+    import tempfile
+
+    from rules.execute import fork_server
+
+    servers = Path(tempfile.mkdtemp(prefix="epb", dir="/tmp"))  # a server of this test's own (socket paths are short)
+    monkeypatch.setattr(tempfile, "tempdir", str(servers))
+    try:
+        fork_server.prestart({""})
+        log = next((servers / f"epbuild-fork-{os.getuid()}").glob("*.log"))
+        deadline = time.monotonic() + 120
+        while not log.with_suffix(".sock").exists() and time.monotonic() < deadline and "Traceback" not in \
+                log.read_text():
+            time.sleep(0.05)
+        assert log.with_suffix(".sock").exists(), log.read_text()  # serving before any job asked for it
+        answer = run_child("crash_child", {"action": "sleep"}, servers / "job", Limits(60), "compile m@t", reuse=True)
+        assert answer["pid"] > 0
+    finally:
+        shutil.rmtree(servers)  # its socket gone, the server leaves
+
+
+def test_a_long_tmpdir_keeps_the_sockets_under_tmp(tmp_path, monkeypatch):
+    import tempfile
+
+    from rules.execute import fork_server
+
+    long_root = tmp_path / ("deep" * 20)
+    long_root.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(long_root))
+    assert fork_server._folder() == Path("/tmp") / f"epbuild-fork-{os.getuid()}"  # a socket path fits in 107 bytes

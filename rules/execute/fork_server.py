@@ -124,7 +124,10 @@ def _server_key(alias: str) -> str:
 
 
 def _folder() -> Path:
-    folder = Path(tempfile.gettempdir()) / f"epbuild-fork-{os.getuid()}"
+    """Where the servers' sockets live: under TMPDIR, or /tmp when TMPDIR is too long for a socket's path (107
+    bytes on Linux, and a server binds `.<key>.sock.<pid>` there)."""
+    root = tempfile.gettempdir()
+    folder = Path(root if len(root) < 40 else "/tmp") / f"epbuild-fork-{os.getuid()}"
     folder.mkdir(mode=0o700, exist_ok=True)
     return folder
 
