@@ -59,7 +59,8 @@ def main() -> None:
             times[build.name] = {"child_s": round(child, 4), "in_process_s": round(inside, 4)}
     children = sorted(t["child_s"] for t in times.values())
     inside_all = sorted(t["in_process_s"] for t in times.values())
-    save("validate", [("validation per shipped artifact, as a build runs it (a forked child)",
+    save("validate", [("validation per shipped artifact, as a build runs it (a warm worker for cpu targets, a "
+                       "forked child for the others)",
                        f"{children[0]:.3f}-{children[-1]:.3f} s; the same validation in one warm process "
                        f"{inside_all[0]:.3f}-{inside_all[-1]:.3f} s")], times)
 
