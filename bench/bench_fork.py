@@ -1,12 +1,15 @@
-"""Per-job start-up: clean builds with fresh children (`EPBUILD_FORK_SERVER=0`, as before the fork server) against
-children forked by the fork server, side by side in one run, and the one-process floor.
+"""Per-job start-up: clean builds with fresh children (`EPBUILD_FORK_SERVER=0`, as before the fork server), with a
+forked child per job (`EPBUILD_FORK_SERVER=fork`) and with warm workers (the default), side by side in one run,
+against the one-process floor.
 
-    python bench/bench_fork.py [COPIES] [TINY]
+    python bench/bench_fork.py [COPIES] [TINY] [REPEATS]
 
 1. COPIES (40) copies of the shipped tiny CNN for the `cpu` target: a clean serial `doit` (COPIES compiles and
-   COPIES validations, empty cache) with fresh children and with forked ones; the floor is the same compiles and
-   validations called in this one Python process, imports and EP registration paid before the clock starts.
-2. TINY (100) tiny targets: TINY/2 copies x (cpu, qnn-htp), clean `doit -n 2`, fresh vs forked children.
+   COPIES validations, empty cache, no fork server running: each build gets its own TMPDIR, so it pays the
+   server's start) in each mode, the median of REPEATS (3; fresh children once). The floor is the issue's: one
+   Python process started for the same compiles and validations (imports included, as a build pays them); the
+   same work after a warm-up inside that process is printed too.
+2. TINY (100) tiny targets: TINY/2 copies x (cpu, qnn-htp), clean `doit -n 2`, fresh children vs the default.
 3. Starting a fork server (imports, EP registration) once, and a job that does nothing (start-up alone; it imports
    only epbuild's child helper, so a fresh child's figure here is below a real job's 0.24-0.36 s).
 
@@ -44,24 +47,27 @@ def make_project(folder: Path, copies: int, targets: list[str]) -> None:
     (folder / "models.toml").write_text("\n".join(lines))
 
 
-def clean_build(folder: Path, fork: bool, args: list[str]) -> float:
-    """A clean build: no artifacts, no doit state, an empty cache."""
+def clean_build(folder: Path, mode: str, args: list[str]) -> float:
+    """A clean build: no artifacts, no doit state, an empty cache, no fork server yet (a private TMPDIR, removed
+    afterwards, so its servers leave too)."""
     shutil.rmtree(folder / "artifacts", ignore_errors=True)
     (folder / ".doit.db").unlink(missing_ok=True)
     cache = folder.with_name(f"{folder.name}-cache")
     shutil.rmtree(cache, ignore_errors=True)
-    env = {**environment(), "EPBUILD_CACHE_DIR": str(cache), "EPBUILD_FORK_SERVER": "1" if fork else "0",
-           "EPBUILD_PROGRESS": "plain"}
-    start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "doit", *args], cwd=folder, env=env, capture_output=True, text=True)
-    seconds = time.perf_counter() - start
+    with tempfile.TemporaryDirectory() as servers:
+        env = {**environment(), "EPBUILD_CACHE_DIR": str(cache), "EPBUILD_FORK_SERVER": mode,
+               "EPBUILD_PROGRESS": "plain", "TMPDIR": servers}
+        start = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "doit", *args], cwd=folder, env=env, capture_output=True,
+                              text=True)
+        seconds = time.perf_counter() - start
     if done.returncode != 0 or "failed" in done.stdout:
         raise SystemExit(f"build failed:\n{done.stdout}\n{done.stderr}")
     return seconds
 
 
-def floor(folder: Path) -> float:
-    """The same compiles and validations in this process (after one warm-up of each)."""
+def floor_work(folder: Path) -> float:
+    """In this process: the compiles and validations, then the same again, timed (the work once warm)."""
     from rules.build.compile import _compile_in_child
     from rules.build.compilers import compile_request
     from rules.build.validate import _validate_in_child, validation_request
@@ -78,11 +84,23 @@ def floor(folder: Path) -> float:
         _compile_in_child(compile_request(build, scratch / str(index)))
         _validate_in_child(validation_request(build, build.out_dir(layout)))
 
-    both(builds[0], -1)  # warm: imports, first session
-    start = time.perf_counter()
     for index, build in enumerate(builds):
-        both(build, index)
-    return time.perf_counter() - start
+        both(build, index)  # imports and first sessions: part of the process's figure
+    started = time.perf_counter()
+    for index, build in enumerate(builds):
+        both(build, len(builds) + index)
+    seconds = time.perf_counter() - started
+    shutil.rmtree(scratch)
+    return seconds
+
+
+def floor(folder: Path) -> tuple[float, float]:
+    """(seconds of one Python process started for the work, imports included; the work alone once warm)."""
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, __file__, "--floor", str(folder)], env=environment(), check=True,
+                          capture_output=True, text=True)
+    warm = float(done.stdout.strip().splitlines()[-1])
+    return time.perf_counter() - start - warm, warm  # the process without its second (warm) round
 
 
 def server_start() -> float:
@@ -101,63 +119,75 @@ def server_start() -> float:
     return seconds
 
 
-def empty_job(fork: bool, repeats: int = 20) -> float:
+def empty_job(mode: str, repeats: int = 20) -> float:
     """Median seconds of a job that does nothing (tests/crash_child sleeping 0 s): the start-up alone."""
     import statistics
 
     from rules.execute.child import Limits, run_child
 
-    os.environ["EPBUILD_FORK_SERVER"] = "1" if fork else "0"
+    os.environ["EPBUILD_FORK_SERVER"] = mode
     os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests"), str(REPO)])
     sys.path.insert(0, str(REPO / "tests"))
     samples = []
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(repeats + 1):  # the first one may start the server
             start = time.perf_counter()
-            run_child("crash_child", {"action": "sleep", "seconds": 0}, Path(tmp), Limits(60), "empty job")
+            run_child("crash_child", {"action": "sleep", "seconds": 0}, Path(tmp), Limits(60), "empty job",
+                      reuse=True)
             samples.append(time.perf_counter() - start)
     return statistics.median(samples[1:])
 
 
+MODES = {"fresh": "0", "forked": "fork", "warm": "1"}
+
+
 def main() -> None:
-    copies = int(sys.argv[1]) if len(sys.argv) > 1 else 40
-    tiny = int(sys.argv[2]) if len(sys.argv) > 2 else 100
+    if sys.argv[1:2] == ["--floor"]:
+        print(floor_work(Path(sys.argv[2])))
+        return
+    import statistics
+
+    copies, tiny, repeats = (int(sys.argv[i]) if len(sys.argv) > i else default
+                             for i, default in ((1, 40), (2, 100), (3, 3)))
     results: dict[str, dict[str, float]] = {
         "fork server start (qnn)": {"seconds": server_start()},
-        "empty job (start-up only)": {"fresh_s": empty_job(False), "forked_s": empty_job(True)}}
+        "empty job (start-up only)": {f"{name}_s": empty_job(mode) for name, mode in MODES.items()}}
     with tempfile.TemporaryDirectory() as tmp:
         serial = Path(tmp) / "serial"
         make_project(serial, copies, ["cpu"])
-        fresh = clean_build(serial, False, [])
-        forked = clean_build(serial, True, [])
-        one_process = floor(serial)
-        results[f"{copies} cpu targets, serial"] = {"fresh_s": fresh, "forked_s": forked, "floor_s": one_process}
+        row = {"fresh_s": clean_build(serial, MODES["fresh"], [])}
+        samples: dict[str, list[float]] = {"forked_s": [], "warm_s": [], "floor_s": [], "floor_warm_s": []}
+        for _ in range(repeats):  # interleaved, so a slow spell of this VM touches every figure alike
+            samples["forked_s"].append(clean_build(serial, MODES["forked"], []))
+            samples["warm_s"].append(clean_build(serial, MODES["warm"], []))
+            process, warm = floor(serial)
+            samples["floor_s"].append(process)
+            samples["floor_warm_s"].append(warm)
+        row.update({key: statistics.median(values) for key, values in samples.items()})
+        row["samples"] = samples
+        results[f"{copies} cpu targets, serial"] = row
         mixed = Path(tmp) / "mixed"
         make_project(mixed, tiny // 2, ["cpu", "qnn-htp"])
-        results[f"{tiny} targets (cpu + qnn-htp), -n 2"] = {"fresh_s": clean_build(mixed, False, ["-n", "2"]),
-                                                            "forked_s": clean_build(mixed, True, ["-n", "2"])}
-    for label, row in results.items():
-        if "seconds" in row:
-            print(f"{label}: {row['seconds']:.2f} s")
-            continue
-        line = f"{label}: fresh children {row['fresh_s']:.2f} s, forked {row['forked_s']:.2f} s " \
-               f"({row['fresh_s'] / row['forked_s']:.1f}x faster)"
-        if "floor_s" in row:
-            line += (f"; one process {row['floor_s']:.2f} s: fresh {row['fresh_s'] / row['floor_s']:.1f}x the floor, "
-                     f"forked {row['forked_s'] / row['floor_s']:.1f}x")
-        print(line)
+        results[f"{tiny} targets (cpu + qnn-htp), -n 2"] = {
+            f"{name}_s": clean_build(mixed, mode, ["-n", "2"]) for name, mode in MODES.items()}
     start, empty = results["fork server start (qnn)"], results["empty job (start-up only)"]
     serial, mixed = results[f"{copies} cpu targets, serial"], results[f"{tiny} targets (cpu + qnn-htp), -n 2"]
+    for label, row in results.items():
+        print(label, {k: v for k, v in row.items() if k != "samples"})
     save("fork", [
-        ("a job's start-up, fresh child vs forked by the fork server (a job that does nothing, median of 20)",
-         f"{empty['fresh_s'] * 1000:.0f} ms vs {empty['forked_s'] * 1000:.1f} ms (goal <= 50 ms)"),
-        (f"{copies} copies of tinycnn for cpu, clean serial build ({copies} compiles + {copies} validations)",
-         f"fresh children {serial['fresh_s']:.2f} s, forked {serial['forked_s']:.2f} s; the same work in one warm "
-         f"process {serial['floor_s']:.2f} s: forked **{serial['forked_s'] / serial['floor_s']:.1f}x** that floor "
-         f"(goal 2.5x), fresh {serial['fresh_s'] / serial['floor_s']:.0f}x"),
+        ("a job's start-up: fresh child, forked child, warm worker (a job that does nothing, median of 20)",
+         f"{empty['fresh_s'] * 1000:.0f} ms, {empty['forked_s'] * 1000:.1f} ms, {empty['warm_s'] * 1000:.1f} ms "
+         "(goal <= 50 ms)"),
+        (f"{copies} copies of tinycnn for cpu, clean serial build ({copies} compiles + {copies} validations, "
+         f"fork server start included, median of {repeats})",
+         f"warm workers {serial['warm_s']:.2f} s, forked children {serial['forked_s']:.2f} s, fresh children "
+         f"{serial['fresh_s']:.2f} s; one process doing the same work {serial['floor_s']:.2f} s: warm workers "
+         f"**{serial['warm_s'] / serial['floor_s']:.1f}x** that floor (goal 2.5x), forked "
+         f"{serial['forked_s'] / serial['floor_s']:.1f}x, fresh {serial['fresh_s'] / serial['floor_s']:.0f}x "
+         f"(the work alone, once warm in that process: {serial['floor_warm_s']:.2f} s)"),
         (f"{tiny} tiny targets ({tiny // 2} models x cpu, qnn-htp), clean `doit -n 2`",
-         f"fresh children {mixed['fresh_s']:.1f} s, forked {mixed['forked_s']:.1f} s "
-         f"({mixed['fresh_s'] / mixed['forked_s']:.1f}x)"),
+         f"fresh children {mixed['fresh_s']:.1f} s, forked {mixed['forked_s']:.1f} s, with warm workers for cpu "
+         f"{mixed['warm_s']:.1f} s"),
         ("starting a fork server for QNN (imports, EP registration)", f"{start['seconds']:.2f} s, once per 30 s of "
          "activity")], results)
 
