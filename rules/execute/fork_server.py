@@ -11,8 +11,8 @@ Jobs whose EP gives byte-identical outputs when repeated in one process (`EpInfo
 ask for a warm worker instead: a child forked the same way that runs one job after another, one at a time, so
 the ~5 ms a fresh child pays for its first session is paid once. A crash or hang still ends only the job running
 in it (the client kills the worker's pid; the server reports its end and forks a new worker for the next job);
-a worker retires after a failed job, after `WORKER_MAX_JOBS` jobs, or when it holds more than
-`WORKER_MAX_RESIDENT_MB`, and its reported peak memory is each job's own (the kernel's high-water mark is reset
+a worker retires after a failed job, after 200 jobs, or when it holds more than 1 GB
+(`rules.execute.forked_jobs`), and its reported peak memory is each job's own (the kernel's high-water mark is reset
 before every job). A worker takes a new job only after the client of the last one has read its end and closed
 the connection, so a client's late kill can never hit another job.
 
@@ -42,14 +42,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .forked_jobs import WorkerHandle, run_many, run_one
+
 SWITCH = "EPBUILD_FORK_SERVER"  # "0": a plain child for every job; "fork": a forked child for every job, no warm
 # workers; unset or "1": warm workers where the EP allows them
 # The shape stage's server also loads onnxruntime's shape tools with sympy: in every other server that larger heap
 # made each forked job ~15 ms slower (the child's allocations copy more of the inherited pages).
 SHAPE_STAGE = "shape-stage"
 IDLE_S = 30.0
-WORKER_MAX_JOBS = 200
-WORKER_MAX_RESIDENT_MB = 1024
 START_TIMEOUT_S = 120.0
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 # What EP libraries, BLAS and Python may read when they load: a server serves only builds that agree on these.
@@ -242,130 +242,6 @@ def fork_job(module: str, alias: str, arguments: list[str], output: Path, workdi
 
 # ---- the server ----
 
-def _enter_job(request: dict[str, Any]) -> None:
-    """Become the job's process: its folder, its output file as stdout and stderr, its environment and argv."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.chdir(request["cwd"])
-    output = os.open(request["output"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    os.dup2(output, 1)
-    os.dup2(output, 2)
-    os.close(output)
-    os.environ.clear()
-    os.environ.update(request["env"])
-    sys.path[:] = request["path"]
-    sys.argv = [request["module"], *request["arguments"]]
-
-
-def _leave_server(server_sockets: list[socket.socket], wake: tuple[int, int]) -> None:
-    """In a forked child: drop what belongs to the server (its signal handling, listener, connections, pipe)."""
-    signal.set_wakeup_fd(-1)
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    for descriptor in wake:
-        os.close(descriptor)
-    for server_socket in server_sockets:
-        server_socket.close()
-
-
-def _run_module(name: str) -> None:
-    """What `python -m name` runs: the module's main() (every child module has one; it is not re-executed, so a
-    warm worker does not rebuild its classes for every job)."""
-    import importlib
-
-    importlib.import_module(name).main()
-
-
-def _child(request: dict[str, Any], server_sockets: list[socket.socket], wake: tuple[int, int]) -> None:
-    """In the forked child: become `python -m module arguments` in the job's folder, output into its file."""
-    try:
-        _leave_server(server_sockets, wake)
-        _enter_job(request)
-        _run_module(request["module"])
-    except BaseException:  # noqa: BLE001 - anything here must end the child, never return into the server
-        import traceback
-
-        traceback.print_exc()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(70)
-
-
-def _status_kb(field: str) -> int:
-    with open("/proc/self/status", encoding="ascii") as status:
-        line = next((line for line in status if line.startswith(field)), f"{field} 0 kB")
-    return int(line.split()[1])
-
-
-def _worker_job(request: dict[str, Any]) -> tuple[int, int]:
-    """Run one job in this warm worker as `python -m module arguments` would: (exit code, its peak resident kB)."""
-    with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w", encoding="ascii") as clear:
-        clear.write("5")  # reset the peak (VmHWM) so that it is this job's own
-    code = 0
-    try:
-        _enter_job(request)
-        _run_module(request["module"])
-    except SystemExit as exc:  # child.serve ends every job this way here
-        code = exc.code if isinstance(exc.code, int) else 1
-    except BaseException:  # noqa: BLE001 - a job's failure is its exit code, the worker goes on or retires
-        import traceback
-
-        traceback.print_exc()
-        code = 70
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        quiet = os.open(os.devnull, os.O_WRONLY)  # nothing between jobs lands in the last job's output
-        os.dup2(quiet, 1)
-        os.dup2(quiet, 2)
-        os.close(quiet)
-    return code, _status_kb("VmHWM:")
-
-
-def _worker(control: socket.socket, server_sockets: list[socket.socket], wake: tuple[int, int]) -> None:
-    """A warm worker forked from the server: runs the jobs the server sends, one at a time, and retires after a
-    failed job, after `WORKER_MAX_JOBS`, or when it holds more than `WORKER_MAX_RESIDENT_MB`."""
-    from . import child
-
-    try:
-        _leave_server(server_sockets, wake)
-        child.REUSED_PROCESS = True
-        for jobs, line in enumerate(control.makefile("rb"), 1):  # until the server closes the control socket
-            code, peak_kb = _worker_job(json.loads(line))
-            retire = code != 0 or jobs >= WORKER_MAX_JOBS or _status_kb("VmRSS:") > WORKER_MAX_RESIDENT_MB * 1024
-            control.sendall(json.dumps({"code": code, "maxrss": peak_kb, "retire": retire}).encode() + b"\n")
-            if retire:
-                break
-    finally:
-        os._exit(0)
-
-
-class _Worker:
-    """The server's side of a warm worker: its control socket and the client connection of the job it runs."""
-
-    def __init__(self, pid: int, control: socket.socket):
-        self.pid, self.control = pid, control
-        self.client: socket.socket | None = None
-        self.answered = False  # the job's end was sent; the worker waits until that client has closed
-        self.retiring = False  # it exits after this job
-        self.buffer = b""
-
-    def answer(self, line: bytes) -> None:
-        """Send the job's end to its client."""
-        self.retiring = self.retiring or json.loads(line).get("retire", False)
-        with contextlib.suppress(OSError):
-            self.client.sendall(line)
-        self.answered = True
-
-    def release(self) -> None:
-        """The client has read the end and closed: only now may the pid serve another job (the client may kill
-        the pid until it has read the end, so another job must not run in it before)."""
-        with contextlib.suppress(OSError):
-            self.client.recv(4096)  # its end of file
-        self.client.close()
-        self.client, self.answered = None, False
-
-
 def serve(path: Path, alias: str) -> None:
     """Preload, register the EP, check that no thread was started, then fork a child per request (or hand it to
     a warm worker when the request allows reuse) until idle."""
@@ -404,7 +280,7 @@ def serve(path: Path, alias: str) -> None:
     signal.set_wakeup_fd(wake[1])
     signal.signal(signal.SIGCHLD, lambda *_: None)
     jobs: dict[int, socket.socket] = {}  # pid of a child forked for one job -> its client
-    workers: dict[int, _Worker] = {}
+    workers: dict[int, WorkerHandle] = {}
 
     def server_sockets() -> list[socket.socket]:
         owned = [listener, *jobs.values()]
@@ -416,7 +292,7 @@ def serve(path: Path, alias: str) -> None:
         if not request.get("reuse"):
             pid = os.fork()
             if pid == 0:
-                _child(request, [*server_sockets(), connection], wake)
+                run_one(request, [*server_sockets(), connection], wake)
             jobs[pid] = connection
             return pid
         answered = [w.client for w in workers.values() if w.answered and not w.retiring]
@@ -428,9 +304,9 @@ def serve(path: Path, alias: str) -> None:
             pid = os.fork()
             if pid == 0:
                 control.close()
-                _worker(worker_end, [*server_sockets(), connection], wake)
+                run_many(worker_end, [*server_sockets(), connection], wake)
             worker_end.close()
-            worker = workers[pid] = _Worker(pid, control)
+            worker = workers[pid] = WorkerHandle(pid, control)
         worker.client = connection
         with contextlib.suppress(OSError):  # if it has just died, its end is reported when it is reaped
             worker.control.sendall(json.dumps(request).encode() + b"\n")

@@ -1,0 +1,145 @@
+"""The processes a fork server (`rules.execute.fork_server`) forks, and the server's handle on a warm worker.
+
+A forked process first drops what belongs to the server (its signal handling, sockets and wakeup pipe), then
+becomes a job as `python -m MODULE request result` would: the job's folder, its output file as stdout and
+stderr, its environment, `sys.path` and argv, and the module's `main()`. `run_one` runs one job and exits;
+`run_many` (a warm worker) runs the jobs the server sends, one at a time, and retires after a failed job,
+after `WORKER_MAX_JOBS`, or when it holds more than `WORKER_MAX_RESIDENT_MB`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import sys
+from typing import Any
+
+WORKER_MAX_JOBS = 200
+WORKER_MAX_RESIDENT_MB = 1024
+
+
+def enter_job(request: dict[str, Any]) -> None:
+    """Become the job's process: its folder, its output file as stdout and stderr, its environment and argv."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.chdir(request["cwd"])
+    output = os.open(request["output"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(output, 1)
+    os.dup2(output, 2)
+    os.close(output)
+    os.environ.clear()
+    os.environ.update(request["env"])
+    sys.path[:] = request["path"]
+    sys.argv = [request["module"], *request["arguments"]]
+
+
+def leave_server(server_sockets: list[socket.socket], wake: tuple[int, int]) -> None:
+    """In a forked child: drop what belongs to the server (its signal handling, listener, connections, pipe)."""
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for descriptor in wake:
+        os.close(descriptor)
+    for server_socket in server_sockets:
+        server_socket.close()
+
+
+def run_module(name: str) -> None:
+    """What `python -m name` runs: the module's main() (every child module has one; it is not re-executed, so a
+    warm worker does not rebuild its classes for every job)."""
+    import importlib
+
+    importlib.import_module(name).main()
+
+
+def run_one(request: dict[str, Any], server_sockets: list[socket.socket], wake: tuple[int, int]) -> None:
+    """In the forked child: become `python -m module arguments` in the job's folder, output into its file."""
+    try:
+        leave_server(server_sockets, wake)
+        enter_job(request)
+        run_module(request["module"])
+    except BaseException:  # noqa: BLE001 - anything here must end the child, never return into the server
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(70)
+
+
+def _status_kb(field: str) -> int:
+    with open("/proc/self/status", encoding="ascii") as status:
+        line = next((line for line in status if line.startswith(field)), f"{field} 0 kB")
+    return int(line.split()[1])
+
+
+def _one_of_many(request: dict[str, Any]) -> tuple[int, int]:
+    """Run one job in this warm worker as `python -m module arguments` would: (exit code, its peak resident kB)."""
+    with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w", encoding="ascii") as clear:
+        clear.write("5")  # reset the peak (VmHWM) so that it is this job's own
+    code = 0
+    try:
+        enter_job(request)
+        run_module(request["module"])
+    except SystemExit as exc:  # child.serve ends every job this way here
+        code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+    except BaseException:  # noqa: BLE001 - a job's failure is its exit code, the worker goes on or retires
+        import traceback
+
+        traceback.print_exc()
+        code = 70
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        quiet = os.open(os.devnull, os.O_WRONLY)  # nothing between jobs lands in the last job's output
+        os.dup2(quiet, 1)
+        os.dup2(quiet, 2)
+        os.close(quiet)
+    return code, _status_kb("VmHWM:")
+
+
+def run_many(control: socket.socket, server_sockets: list[socket.socket], wake: tuple[int, int]) -> None:
+    """A warm worker forked from the server: runs the jobs the server sends, one at a time, and retires after a
+    failed job, after `WORKER_MAX_JOBS`, or when it holds more than `WORKER_MAX_RESIDENT_MB`."""
+    from . import child
+
+    try:
+        leave_server(server_sockets, wake)
+        child.REUSED_PROCESS = True
+        for jobs, line in enumerate(control.makefile("rb"), 1):  # until the server closes the control socket
+            code, peak_kb = _one_of_many(json.loads(line))
+            retire = code != 0 or jobs >= WORKER_MAX_JOBS or _status_kb("VmRSS:") > WORKER_MAX_RESIDENT_MB * 1024
+            control.sendall(json.dumps({"code": code, "maxrss": peak_kb, "retire": retire}).encode() + b"\n")
+            if retire:
+                break
+    finally:
+        os._exit(0)
+
+
+class WorkerHandle:
+    """The server's side of a warm worker: its control socket and the client connection of the job it runs."""
+
+    def __init__(self, pid: int, control: socket.socket):
+        self.pid, self.control = pid, control
+        self.client: socket.socket | None = None
+        self.answered = False  # the job's end was sent; the worker waits until that client has closed
+        self.retiring = False  # it exits after this job
+        self.buffer = b""
+
+    def answer(self, line: bytes) -> None:
+        """Send the job's end to its client."""
+        self.retiring = self.retiring or json.loads(line).get("retire", False)
+        with contextlib.suppress(OSError):
+            self.client.sendall(line)
+        self.answered = True
+
+    def release(self) -> None:
+        """The client has read the end and closed: only now may the pid serve another job (the client may kill
+        the pid until it has read the end, so another job must not run in it before)."""
+        with contextlib.suppress(OSError):
+            self.client.recv(4096)  # its end of file
+        self.client.close()
+        self.client, self.answered = None, False
