@@ -113,16 +113,19 @@ def collect(layout: Layout, builds: list[Build], entries: dict[str, dict[str, An
     return cells
 
 
-def _environment(compiled: Path) -> Any:
-    """Templates compiled once into `compiled` (jinja2's bytecode cache, keyed by the template's source):
-    compiling report.html.j2 took ~70 ms of every build that wrote a report."""
+def _environment() -> Any:
+    """Templates compiled once per machine, like Python's bytecode (jinja2's cache in the user's temporary
+    folder, keyed by the template's source): compiling report.html.j2 took ~30 ms of every build."""
     import jinja2
 
-    compiled.mkdir(parents=True, exist_ok=True)
+    try:
+        compiled = jinja2.FileSystemBytecodeCache()
+    except (OSError, RuntimeError):  # no private temporary folder to be had: compile every time
+        compiled = None
     # artifact.json differs by backend (a qaic QPC has no EP placement): a missing key renders as nothing
     environment = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True,
                                      undefined=jinja2.ChainableUndefined, trim_blocks=True, lstrip_blocks=True,
-                                     bytecode_cache=jinja2.FileSystemBytecodeCache(str(compiled)))
+                                     bytecode_cache=compiled)
     environment.filters["megabytes"] = lambda size: "" if size is None else f"{size / 1e6:.2f} MB"
     environment.filters["percent"] = lambda share: "" if share is None else f"{share * 100:.0f}%"
     environment.filters["number"] = lambda value: (f"{value:.4g}" if isinstance(value, float) else
@@ -131,7 +134,7 @@ def _environment(compiled: Path) -> Any:
     return environment
 
 
-def render_html(cells: list[Cell], entries: dict[str, dict[str, Any]], project: str, compiled: Path) -> str:
+def render_html(cells: list[Cell], entries: dict[str, dict[str, Any]], project: str) -> str:
     rows = list(dict.fromkeys(c.row for c in cells if not c.shared))
     groups = list(dict.fromkeys(c.row for c in cells if c.shared))
     targets = list(dict.fromkeys(c.target for c in cells))
@@ -139,7 +142,7 @@ def render_html(cells: list[Cell], entries: dict[str, dict[str, Any]], project: 
     stages = {name: entry for name, entry in sorted(entries.items())
               if not name.startswith(("compile:", "validate:", "group:"))}
     counts = Counter(entry.get("status", "?") for entry in entries.values())
-    return _environment(compiled).get_template("report.html.j2").render(
+    return _environment().get_template("report.html.j2").render(
         project=project, generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), rows=rows,
         groups=groups, targets=targets, by_place=by_place, cells=cells, stages=stages, counts=counts)
 
@@ -196,7 +199,7 @@ def markdown_summary(cells: list[Cell]) -> str:
 def write_views(layout: Layout, builds: list[Build], entries: dict[str, dict[str, Any]]) -> None:
     """report.html and junit.xml next to build-report.json."""
     cells = collect(layout, builds, entries)
-    write_atomic(layout.html_report, render_html(cells, entries, layout.root.parent.name, layout.state / "templates"))
+    write_atomic(layout.html_report, render_html(cells, entries, layout.root.parent.name))
     write_atomic(layout.junit_report, junit_xml(cells).decode())
 
 
