@@ -95,7 +95,7 @@ class Compiler:
         layout, target = workspace.layout, build.target
         what = f"{build.kind} {build.name} ({target.ep.name})"
         answer = run_child("rules.build.compile", compile_request(build, scratch), scratch, target.limits(), what,
-                           build.log(layout, "compile"), target.ep.fork_server, target.ep.reuses_workers)
+                           build.log(layout, "compile"), target.ep.fork_server, target.ep.warm_compiles)
         for key, name in target.runtime_files().items():
             shutil.copyfile(target.option_files[key], scratch / name)
         write_json(scratch / SIDECAR, sidecar(build, answer["members"]))

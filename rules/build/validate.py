@@ -89,7 +89,7 @@ def validate(build: Build, layout: Layout) -> ValidationReport:
         try:
             report = run_child("rules.build.validate", validation_request(build, folder), scratch, target.limits(timeout),
                                f"validate {'group ' if build.shared else ''}{build.name} ({target.ep.name})",
-                               build.log(layout, "validate"), target.ep.fork_server, target.ep.reuses_workers)
+                               build.log(layout, "validate"), target.ep.fork_server, target.ep.warm_validations)
         except BuildError as exc:
             report = {"status": "failed", "reason": str(exc)}
         finally:

@@ -7,7 +7,7 @@ byte-identical to a fresh child's and a crash or hang ends only that child. The 
 (`rules.execute.child.run_child`) enforces the time and memory limits on the child's pid exactly as for a plain
 child; the server reaps it and reports its exit status and peak memory.
 
-Jobs whose EP gives byte-identical outputs when repeated in one process (`EpInfo.reuses_workers`: the CPU EP) may
+Jobs whose EP gives the same outputs when repeated in one process (`EpInfo.warm_compiles`, `warm_validations`) may
 ask for a warm worker instead: a child forked the same way that runs one job after another, one at a time, so
 the ~5 ms a fresh child pays for its first session is paid once. A crash or hang still ends only the job running
 in it (the client kills the worker's pid; the server reports its end and forks a new worker for the next job);

@@ -41,6 +41,11 @@ class EpInfo:
     host_specific: bool = False  # artifacts depend on this host's CPU (OpenVINO embeds the ISA)
     shared_context_unloadable: dict[str, str] = field(default_factory=dict)  # machine -> why a group cannot load
     vendor_shim: bool = False  # loaded through rules.build.vendor_shim on non-Intel x86-64 hosts
+    # May jobs run one after another in a fork server's warm worker instead of a forked child each? Only where
+    # repeating them in one process was tested to give the same outputs: compiles byte for byte (not QNN: its
+    # context binary differs on a second compile in one process), validations figure for figure.
+    warm_compiles: bool = False
+    warm_validations: bool = False
 
     def binary_name(self, stem: str) -> str | None:
         return f"{stem}{self.binary_suffix}" if self.binary_suffix else None
@@ -50,13 +55,6 @@ class EpInfo:
         """Which fork server runs this EP's jobs (`rules.execute.fork_server`): its own where it loads a plugin library,
         else the one shared with CPU-only work ("")."""
         return self.alias if self.module else ""
-
-    @property
-    def reuses_workers(self) -> bool:
-        """Whether this EP's compiles and validations may run one after another in a fork server's warm worker
-        instead of a fresh child each: only the CPU EP, whose outputs are byte-identical when repeated in one
-        process (tested). QNN's context binary differs on a second compile in a process."""
-        return self.is_cpu
 
     @property
     def is_cpu(self) -> bool:
@@ -91,7 +89,8 @@ OPENVINO_IGNORED = {
 REGISTRY: dict[str, EpInfo] = {
     info.alias: info
     for info in (
-        EpInfo("cpu", "CPUExecutionProvider", "cpu", ("cpu",), "bundled", package="onnxruntime"),
+        EpInfo("cpu", "CPUExecutionProvider", "cpu", ("cpu",), "bundled", package="onnxruntime",
+               warm_compiles=True, warm_validations=True),
         EpInfo(
             "qnn", "QNNExecutionProvider", "npu", ("npu", "gpu", "cpu"), "pypi",
             package="onnxruntime-qnn", module="onnxruntime_qnn",
@@ -104,6 +103,7 @@ REGISTRY: dict[str, EpInfo] = {
             float_precision="fp16", quantize_flavour="qnn",
             shared_context_unloadable={"x86_64": "loading a multi-graph QNN context crashes the process on x86_64 "
                                                  "hosts (HTP simulator); run-validate on the device"},
+            warm_validations=True,
         ),
         EpInfo(
             "openvino", "OpenVINOExecutionProvider", "cpu", ("cpu", "gpu", "npu"), "pypi",
