@@ -179,6 +179,26 @@ def test_the_hash_memory_is_compacted_when_superseded_lines_pile_up(tmp_path, mo
     assert len(lines) == 1 and lines[0].startswith(f"{kept}\t") and lines[0].endswith(hashing.sha256_file(kept))
 
 
+def test_a_file_under_several_names_is_read_once_until_it_changes(tmp_path, monkeypatch):
+    """The cache stores, publishes and restores by hard links: one read per file, not one per name."""
+    from rules.store import hashing
+
+    reads: list[str] = []
+    real = hashing.sha256_file
+    monkeypatch.setattr(hashing, "sha256_file", lambda path: reads.append(str(path)) or real(path))
+    first, second = tmp_path / "scratch.onnx", tmp_path / "artifact.onnx"
+    first.write_bytes(b"model bytes")
+    os.link(first, second)
+    memory = hashing.FileHashes(tmp_path / "state")
+    assert memory.sha256(second) == memory.sha256(first) == real(first)
+    assert reads == [str(second)]
+    with open(first, "r+b") as handle:  # changed in place: both names see it
+        handle.write(b"MODEL")
+    os.utime(first, ns=(5 * 10**9, 5 * 10**9))
+    assert memory.sha256(second) == real(first)  # new content, read again
+    assert len(reads) == 2
+
+
 def test_cache_size_cap_evicts_least_recently_used_entries(tmp_path, host_cache):
     project = clone(tmp_path, host_cache, "a", tmp_path / "shared-cache")
     project.manifest(MANIFEST + "\n[cache]\nmax_size_mb = 0.2\n")
