@@ -6,10 +6,11 @@ against the one-process floor.
 
 1. COPIES (40) copies of the shipped tiny CNN for the `cpu` target: a clean serial `doit` (COPIES compiles and
    COPIES validations, empty cache, no fork server running: each build gets its own TMPDIR, so it pays the
-   server's start) in each mode, the median of REPEATS (3; fresh children once). The floor is the issue's: one
-   Python process started for the same compiles and validations (imports included, as a build pays them); the
-   same work after a warm-up inside that process is printed too.
-2. TINY (100) tiny targets: TINY/2 copies x (cpu, qnn-htp), clean `doit -n 2`, fresh children vs the default.
+   server's start) in each mode, the median of REPEATS (3; fresh children once), and with warm workers once more
+   with the fork server already running. The floor is the issue's: one Python process started for the same
+   compiles and validations (imports included, as a build pays them); the same work after a warm-up inside that
+   process is printed too.
+2. TINY (100) tiny targets: TINY/2 copies x (cpu, qnn-htp), clean `doit -n 2`, in each mode.
 3. Starting a fork server (imports, EP registration) once, and a job that does nothing (start-up alone; it imports
    only epbuild's child helper, so a fresh child's figure here is below a real job's 0.24-0.36 s).
 
@@ -47,22 +48,24 @@ def make_project(folder: Path, copies: int, targets: list[str]) -> None:
     (folder / "models.toml").write_text("\n".join(lines))
 
 
-def clean_build(folder: Path, mode: str, args: list[str]) -> float:
-    """A clean build: no artifacts, no doit state, an empty cache, no fork server yet (a private TMPDIR, removed
-    afterwards, so its servers leave too)."""
-    shutil.rmtree(folder / "artifacts", ignore_errors=True)
-    (folder / ".doit.db").unlink(missing_ok=True)
-    cache = folder.with_name(f"{folder.name}-cache")
-    shutil.rmtree(cache, ignore_errors=True)
+def clean_build(folder: Path, mode: str, args: list[str], builds: int = 1) -> float:
+    """Seconds of the last of `builds` clean builds (no artifacts, no doit state, an empty cache) sharing one
+    private TMPDIR, removed afterwards (so their fork servers leave too): the first starts the servers, a later one
+    finds them running."""
     with tempfile.TemporaryDirectory() as servers:
-        env = {**environment(), "EPBUILD_CACHE_DIR": str(cache), "EPBUILD_FORK_SERVER": mode,
-               "EPBUILD_PROGRESS": "plain", "TMPDIR": servers}
-        start = time.perf_counter()
-        done = subprocess.run([sys.executable, "-m", "doit", *args], cwd=folder, env=env, capture_output=True,
-                              text=True)
-        seconds = time.perf_counter() - start
-    if done.returncode != 0 or "failed" in done.stdout:
-        raise SystemExit(f"build failed:\n{done.stdout}\n{done.stderr}")
+        for _ in range(builds):
+            shutil.rmtree(folder / "artifacts", ignore_errors=True)
+            (folder / ".doit.db").unlink(missing_ok=True)
+            cache = folder.with_name(f"{folder.name}-cache")
+            shutil.rmtree(cache, ignore_errors=True)
+            env = {**environment(), "EPBUILD_CACHE_DIR": str(cache), "EPBUILD_FORK_SERVER": mode,
+                   "EPBUILD_PROGRESS": "plain", "TMPDIR": servers}
+            start = time.perf_counter()
+            done = subprocess.run([sys.executable, "-m", "doit", *args], cwd=folder, env=env, capture_output=True,
+                                  text=True)
+            seconds = time.perf_counter() - start
+            if done.returncode != 0 or "failed" in done.stdout:
+                raise SystemExit(f"build failed:\n{done.stdout}\n{done.stderr}")
     return seconds
 
 
@@ -141,6 +144,16 @@ def empty_job(mode: str, repeats: int = 20) -> float:
 MODES = {"fresh": "0", "forked": "fork", "warm": "1"}
 
 
+def cpu_pressure() -> list[float]:
+    """The share of time runnable tasks waited for a CPU (Linux PSI): on a shared VM, other tenants' load shows
+    here, and every figure of a run under pressure is slower."""
+    try:
+        fields = Path("/proc/pressure/cpu").read_text().split("\n")[0].split()
+        return [float(field.split("=")[1]) for field in fields[1:3]]
+    except (OSError, IndexError, ValueError):
+        return []
+
+
 def main() -> None:
     if sys.argv[1:2] == ["--floor"]:
         print(floor_work(Path(sys.argv[2])))
@@ -150,16 +163,19 @@ def main() -> None:
     copies, tiny, repeats = (int(sys.argv[i]) if len(sys.argv) > i else default
                              for i, default in ((1, 40), (2, 100), (3, 3)))
     results: dict[str, dict[str, float]] = {
+        "host CPU pressure before (PSI some avg10, avg60, %)": {"psi": cpu_pressure()},
         "fork server start (qnn)": {"seconds": server_start()},
         "empty job (start-up only)": {f"{name}_s": empty_job(mode) for name, mode in MODES.items()}}
     with tempfile.TemporaryDirectory() as tmp:
         serial = Path(tmp) / "serial"
         make_project(serial, copies, ["cpu"])
         row = {"fresh_s": clean_build(serial, MODES["fresh"], [])}
-        samples: dict[str, list[float]] = {"forked_s": [], "warm_s": [], "floor_s": [], "floor_warm_s": []}
+        samples: dict[str, list[float]] = {"forked_s": [], "warm_s": [], "warm_server_up_s": [], "floor_s": [],
+                                           "floor_warm_s": []}
         for _ in range(repeats):  # interleaved, so a slow spell of this VM touches every figure alike
             samples["forked_s"].append(clean_build(serial, MODES["forked"], []))
             samples["warm_s"].append(clean_build(serial, MODES["warm"], []))
+            samples["warm_server_up_s"].append(clean_build(serial, MODES["warm"], [], builds=2))
             process, warm = floor(serial)
             samples["floor_s"].append(process)
             samples["floor_warm_s"].append(warm)
@@ -170,6 +186,7 @@ def main() -> None:
         make_project(mixed, tiny // 2, ["cpu", "qnn-htp"])
         results[f"{tiny} targets (cpu + qnn-htp), -n 2"] = {
             f"{name}_s": clean_build(mixed, mode, ["-n", "2"]) for name, mode in MODES.items()}
+    results["host CPU pressure after (PSI some avg10, avg60, %)"] = {"psi": cpu_pressure()}
     start, empty = results["fork server start (qnn)"], results["empty job (start-up only)"]
     serial, mixed = results[f"{copies} cpu targets, serial"], results[f"{tiny} targets (cpu + qnn-htp), -n 2"]
     for label, row in results.items():
@@ -184,7 +201,9 @@ def main() -> None:
          f"{serial['fresh_s']:.2f} s; one process doing the same work {serial['floor_s']:.2f} s: warm workers "
          f"**{serial['warm_s'] / serial['floor_s']:.1f}x** that floor (goal 2.5x), forked "
          f"{serial['forked_s'] / serial['floor_s']:.1f}x, fresh {serial['fresh_s'] / serial['floor_s']:.0f}x "
-         f"(the work alone, once warm in that process: {serial['floor_warm_s']:.2f} s)"),
+         f"(the work alone, once warm in that process: {serial['floor_warm_s']:.2f} s); with the fork server already "
+         f"running (a build within its 30 s) {serial['warm_server_up_s']:.2f} s, "
+         f"{serial['warm_server_up_s'] / serial['floor_s']:.1f}x"),
         (f"{tiny} tiny targets ({tiny // 2} models x cpu, qnn-htp), clean `doit -n 2`",
          f"fresh children {mixed['fresh_s']:.1f} s, forked {mixed['forked_s']:.1f} s, with warm workers for cpu "
          f"{mixed['warm_s']:.1f} s"),
