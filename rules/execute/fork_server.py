@@ -11,7 +11,7 @@ Jobs whose EP gives the same outputs when repeated in one process (`EpInfo.warm_
 ask for a warm worker instead: a child forked the same way that runs one job after another, one at a time, so
 the ~5 ms a fresh child pays for its first session is paid once. A crash or hang still ends only the job running
 in it (the client kills the worker's pid; the server reports its end and forks a new worker for the next job);
-a worker retires after a failed job, after 200 jobs, or when it holds more than 1 GB
+a worker retires after a failed job, after 200 jobs, or when it holds 256 MB more than when it was forked
 (`rules.execute.forked_jobs`), and its reported peak memory is each job's own (the kernel's high-water mark is reset
 before every job). A worker takes a new job only after the client of the last one has read its end and closed
 the connection, so a client's late kill can never hit another job.

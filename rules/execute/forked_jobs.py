@@ -4,7 +4,8 @@ A forked process first drops what belongs to the server (its signal handling, so
 becomes a job as `python -m MODULE request result` would: the job's folder, its output file as stdout and
 stderr, its environment, `sys.path` and argv, and the module's `main()`. `run_one` runs one job and exits;
 `run_many` (a warm worker) runs the jobs the server sends, one at a time, and retires after a failed job,
-after `WORKER_MAX_JOBS`, or when it holds more than `WORKER_MAX_RESIDENT_MB`.
+after `WORKER_MAX_JOBS`, or when it holds more than `WORKER_MAX_GROWTH_MB` beyond what it held when forked
+(so a job's memory limit, polled on the worker's resident memory, sees at most that much of earlier jobs).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import sys
 from typing import Any
 
 WORKER_MAX_JOBS = 200
-WORKER_MAX_RESIDENT_MB = 1024
+WORKER_MAX_GROWTH_MB = 256
 
 
 def enter_job(request: dict[str, Any]) -> None:
@@ -102,16 +103,16 @@ def _one_of_many(request: dict[str, Any]) -> tuple[int, int]:
 
 
 def run_many(control: socket.socket, server_sockets: list[socket.socket], wake: tuple[int, int]) -> None:
-    """A warm worker forked from the server: runs the jobs the server sends, one at a time, and retires after a
-    failed job, after `WORKER_MAX_JOBS`, or when it holds more than `WORKER_MAX_RESIDENT_MB`."""
+    """A warm worker forked from the server: runs the jobs the server sends, one at a time, until it retires."""
     from . import child
 
     try:
         leave_server(server_sockets, wake)
         child.REUSED_PROCESS = True
+        bound_kb = _status_kb("VmRSS:") + WORKER_MAX_GROWTH_MB * 1024
         for jobs, line in enumerate(control.makefile("rb"), 1):  # until the server closes the control socket
             code, peak_kb = _one_of_many(json.loads(line))
-            retire = code != 0 or jobs >= WORKER_MAX_JOBS or _status_kb("VmRSS:") > WORKER_MAX_RESIDENT_MB * 1024
+            retire = code != 0 or jobs >= WORKER_MAX_JOBS or _status_kb("VmRSS:") > bound_kb
             control.sendall(json.dumps({"code": code, "maxrss": peak_kb, "retire": retire}).encode() + b"\n")
             if retire:
                 break
