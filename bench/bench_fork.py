@@ -9,7 +9,8 @@ against the one-process floor.
    server's start) in each mode, the median of REPEATS (3; fresh children once), and with warm workers once more
    with the fork server already running. The floor is the issue's: one Python process started for the same
    compiles and validations (imports included, as a build pays them); the same work after a warm-up inside that
-   process is printed too.
+   process is printed too. The ratio is the median of each repeat's warm-worker build over the floor measured just
+   before it, with the host's CPU pressure then: this VM's speed drifts by up to 50% within minutes.
 2. TINY (100) tiny targets: TINY/2 copies x (cpu, qnn-htp), clean `doit -n 2`, in each mode.
 3. Starting a fork server (imports, EP registration) once, and a job that does nothing (start-up alone; it imports
    only epbuild's child helper, so a fresh child's figure here is below a real job's 0.24-0.36 s).
@@ -171,14 +172,16 @@ def main() -> None:
         make_project(serial, copies, ["cpu"])
         row = {"fresh_s": clean_build(serial, MODES["fresh"], [])}
         samples: dict[str, list[float]] = {"forked_s": [], "warm_s": [], "warm_server_up_s": [], "floor_s": [],
-                                           "floor_warm_s": []}
+                                           "floor_warm_s": [], "ratio": [], "psi_avg10": []}
         for _ in range(repeats):  # interleaved, so a slow spell of this VM touches every figure alike
-            samples["forked_s"].append(clean_build(serial, MODES["forked"], []))
-            samples["warm_s"].append(clean_build(serial, MODES["warm"], []))
-            samples["warm_server_up_s"].append(clean_build(serial, MODES["warm"], [], builds=2))
             process, warm = floor(serial)
             samples["floor_s"].append(process)
             samples["floor_warm_s"].append(warm)
+            samples["warm_s"].append(clean_build(serial, MODES["warm"], []))
+            samples["ratio"].append(samples["warm_s"][-1] / process)  # back to back: the drift of this VM cancels
+            samples["psi_avg10"].append((cpu_pressure() or [0.0])[0])
+            samples["warm_server_up_s"].append(clean_build(serial, MODES["warm"], [], builds=2))
+            samples["forked_s"].append(clean_build(serial, MODES["forked"], []))
         row.update({key: statistics.median(values) for key, values in samples.items()})
         row["samples"] = samples
         results[f"{copies} cpu targets, serial"] = row
@@ -199,7 +202,9 @@ def main() -> None:
          f"fork server start included, median of {repeats})",
          f"warm workers {serial['warm_s']:.2f} s, forked children {serial['forked_s']:.2f} s, fresh children "
          f"{serial['fresh_s']:.2f} s; one process doing the same work {serial['floor_s']:.2f} s: warm workers "
-         f"**{serial['warm_s'] / serial['floor_s']:.1f}x** that floor (goal 2.5x), forked "
+         f"**{serial['ratio']:.1f}x** that floor (goal 2.5x; median of each repeat's back-to-back ratio, "
+         f"{min(serial['samples']['ratio']):.1f}x-{max(serial['samples']['ratio']):.1f}x, host CPU pressure "
+         f"{min(serial['samples']['psi_avg10']):.0f}-{max(serial['samples']['psi_avg10']):.0f}%), forked "
          f"{serial['forked_s'] / serial['floor_s']:.1f}x, fresh {serial['fresh_s'] / serial['floor_s']:.0f}x "
          f"(the work alone, once warm in that process: {serial['floor_warm_s']:.2f} s); with the fork server already "
          f"running (a build within its 30 s) {serial['warm_server_up_s']:.2f} s, "
