@@ -105,26 +105,39 @@ def test_a_warm_worker_runs_job_after_job_each_with_its_own_environment_and_peak
     assert job("f", {"action": "sleep"})["pid"] != first["pid"]
 
 
-def test_a_worker_takes_no_job_until_the_last_client_has_read_its_end(tmp_path, monkeypatch, crash_child):
-    """Until a client has read its job's end it may still kill that pid (a timeout): no other job may run in it."""
+def test_a_warm_worker_is_leased_to_one_thread_at_a_time(tmp_path, monkeypatch, crash_child):
+    """Each thread's jobs go to a worker of its own (so a kill after a late end can only hit that thread's own
+    worker); a worker its client let go serves the next client."""
+    import threading
+
+    from rules.execute import fork_server
+
     monkeypatch.setenv(SWITCH, "1")
-    (tmp_path / "request.json").write_text(json.dumps({"action": "sleep"}))
 
-    def start():
-        return fork_job("crash_child", "", ["request.json", "result.json"], tmp_path / "out.txt", tmp_path, reuse=True)
+    def job(folder: str) -> int:
+        return run_child("crash_child", {"action": "sleep"}, tmp_path / folder, Limits(60), "compile m@t",
+                         reuse=True)["pid"]
 
-    first = start()
-    while b"\n" not in first.buffer:  # the end has come, unread by the client: the connection stays open
-        first.buffer += first.connection.recv(4096)
-    second = start()
-    assert second.pid != first.pid
-    while second.poll() is None:
-        second.wait(0.1)
-    assert first.poll()[0] == 0  # reads the end and closes: the worker is free again
-    third = start()
-    assert third.pid in (first.pid, second.pid)
-    while third.poll() is None:
-        third.wait(0.1)
+    def in_thread(folder: str, holding: list) -> None:
+        holding.append(job(folder))
+        lease = next(lease for lease in list(fork_server._LEASES.values())
+                     if lease.key[1:] == (os.getpid(), threading.get_ident()))
+        holding.append(lease)
+
+    mine = job("a")
+    assert job("b") == mine  # this thread keeps its worker
+    other: list = []
+    thread = threading.Thread(target=in_thread, args=("c", other))
+    thread.start()
+    thread.join()
+    assert other[0] != mine  # another thread's jobs never run in this thread's worker
+    other[1].drop()  # that thread lets its worker go
+    third: list = []
+    thread = threading.Thread(target=in_thread, args=("d", third))
+    thread.start()
+    thread.join()
+    assert third[0] == other[0]  # the worker let go serves the next client
+    third[1].drop()
 
 
 def test_a_forked_job_starts_in_milliseconds(tmp_path, crash_child):

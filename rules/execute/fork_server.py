@@ -8,13 +8,14 @@ byte-identical to a fresh child's and a crash or hang ends only that child. The 
 child; the server reaps it and reports its exit status and peak memory.
 
 Jobs whose EP gives the same outputs when repeated in one process (`EpInfo.warm_compiles`, `warm_validations`) may
-ask for a warm worker instead: a child forked the same way that runs one job after another, one at a time, so
-the ~5 ms a fresh child pays for its first session is paid once. A crash or hang still ends only the job running
-in it (the client kills the worker's pid; the server reports its end and forks a new worker for the next job);
-a worker retires after a failed job, after 200 jobs, or when it holds 256 MB more than when it was forked
-(`rules.execute.forked_jobs`), and its reported peak memory is each job's own (the kernel's high-water mark is reset
-before every job). A worker takes a new job only after the client of the last one has read its end and closed
-the connection, so a client's late kill can never hit another job.
+run in a warm worker instead: a child forked the same way and leased to one thread of one build process, which
+sends it its jobs directly, one at a time, so the ~5 ms a fresh child pays for its first session is paid once
+and a job costs two messages. A crash or hang still ends only the job running in it (the client kills the
+worker's pid; the server reaps it, writes its end to the client, and the client leases a new worker for its next
+job); a worker retires after a failed job, after 200 jobs, or when it holds 256 MB more than when it was forked
+(`rules.execute.forked_jobs`), and its reported peak memory is each job's own (the kernel's high-water mark is
+reset before every job). Since a worker serves one client at a time, a client's late kill can only hit its own
+worker, which it then lets go.
 
 Fork safety is checked, not assumed: a server whose EP registration starts threads (a thread holding a lock at
 fork time can deadlock the child) refuses to serve, and that EP keeps plain children. So do platforms without
@@ -38,6 +39,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -76,16 +78,50 @@ _REFUSED: dict[str, str] = {}  # server key -> why it cannot serve (this process
 _PRESTARTED: dict[str, tuple[subprocess.Popen, float]] = {}  # server key -> its starter, when it was run
 
 
-class ForkedJob:
-    """A child forked by a server for this process: its pid, and its exit status once the server reports it."""
+class _Lease:
+    """A warm worker held by one thread of this process: its jobs go to it directly, one at a time, without the
+    server; the server only forks it, and reports its end should it die. Dropped after a failed job, a kill, or
+    when the worker retires."""
 
-    def __init__(self, connection: socket.socket, pid: int):
+    def __init__(self, key: tuple[str, int, int], connection: socket.socket, pid: int):
+        self.key, self.connection, self.pid = key, connection, pid
+        self.killed = False
+
+    def drop(self) -> None:
+        _LEASES.pop(self.key, None)
+        self.connection.close()
+
+
+_LEASES: dict[tuple[str, int, int], _Lease] = {}  # (server socket, process, thread) -> its warm worker
+
+
+def _forget_inherited_leases() -> None:
+    """In a child forked from the build process (doit -n): the parent's leases are not this process's to use, and
+    their copies here would keep the workers leased after the parent let them go."""
+    for lease in _LEASES.values():
+        lease.connection.close()
+    _LEASES.clear()
+
+
+os.register_at_fork(after_in_child=_forget_inherited_leases)
+
+
+class ForkedJob:
+    """A job of this process in a forked child or a leased warm worker: the pid, and the exit status once it comes
+    (from the server for a child, from the worker, or from the server should the worker die)."""
+
+    def __init__(self, connection: socket.socket, pid: int, lease: _Lease | None = None):
         self.connection = connection
         self.pid = pid
+        self.lease = lease
         self.buffer = b""
 
+    def _done(self) -> None:
+        if self.lease is None:
+            self.connection.close()
+
     def poll(self) -> tuple[int, int] | None:
-        """(exit code, peak resident kB) once the child has ended, else None."""
+        """(exit code, peak resident kB) once the job has ended, else None."""
         ended = False
         while b"\n" not in self.buffer and select.select([self.connection], [], [], 0)[0]:
             data = self.connection.recv(65536)
@@ -95,22 +131,28 @@ class ForkedJob:
             self.buffer += data
         if b"\n" in self.buffer:
             answer = json.loads(self.buffer.split(b"\n", 1)[0])
-            self.connection.close()
+            self._done()
+            if self.lease and (self.lease.killed or answer["code"] != 0 or answer.get("retire")):
+                self.lease.drop()
             return answer["code"], answer["maxrss"]
         if ended:  # the server ended without a word: the child is lost with it
             self.connection.close()
+            if self.lease:
+                self.lease.drop()
             return -9, 0
         return None
 
     def wait(self, timeout: float) -> tuple[int, int] | None:
-        """poll() after waiting up to `timeout` for the server's word: the end is seen the moment it comes."""
+        """poll() after waiting up to `timeout` for the end: it is seen the moment it comes."""
         if b"\n" not in self.buffer:
             select.select([self.connection], [], [], timeout)
         return self.poll()
 
     def kill(self) -> None:
+        if self.lease:
+            self.lease.killed = True  # it may have finished meanwhile: the lease ends with this job either way
         with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, 9)  # the child this process asked for; the server reaps it and reports
+            os.kill(self.pid, 9)  # this process's own child or leased worker; the server reaps it and reports
 
 
 @functools.lru_cache(maxsize=1)
@@ -213,18 +255,8 @@ def _server(alias: str) -> socket.socket | None:
     return None
 
 
-def fork_job(module: str, alias: str, arguments: list[str], output: Path, workdir: Path,
-             reuse: bool = False) -> ForkedJob | None:
-    """Ask the EP's server (alias "" for CPU-only work) to fork `python -m module *arguments` in `workdir` with
-    stdout and stderr into `output` (with `reuse`, to run it in a warm worker); None when this job must use a
-    plain child."""
-    if not enabled():
-        return None
-    connection = _server(alias)
-    if connection is None:
-        return None
-    request = {"module": module, "arguments": arguments, "output": str(output), "cwd": str(workdir),
-               "env": dict(os.environ), "path": sys.path, "reuse": reuse and os.environ.get(SWITCH) != "fork"}
+def _ask(connection: socket.socket, request: dict[str, Any]) -> ForkedJob | None:
+    """Send a request to the server: the job (or lease) with the pid it answers, None when the server is gone."""
     try:
         connection.sendall(json.dumps(request).encode() + b"\n")
         answer = b""
@@ -238,15 +270,52 @@ def fork_job(module: str, alias: str, arguments: list[str], output: Path, workdi
         return None
     first, rest = answer.split(b"\n", 1)
     job = ForkedJob(connection, json.loads(first)["pid"])
-    job.buffer = rest  # the exit status may already have come with the pid
+    job.buffer = rest  # a forked child's exit status may already have come with its pid
     return job
+
+
+def _lease(alias: str) -> _Lease | None:
+    """This thread's warm worker on the EP's server, leased now if it holds none."""
+    key = (str(_paths(_server_key(alias))[0]), os.getpid(), threading.get_ident())
+    if key in _LEASES:
+        return _LEASES[key]
+    connection = _server(alias)
+    answer = _ask(connection, {"lease": True}) if connection is not None else None
+    if answer is None:
+        return None
+    lease = _LEASES[key] = _Lease(key, connection, answer.pid)
+    return lease
+
+
+def fork_job(module: str, alias: str, arguments: list[str], output: Path, workdir: Path,
+             reuse: bool = False) -> ForkedJob | None:
+    """Ask the EP's server (alias "" for CPU-only work) to fork `python -m module *arguments` in `workdir` with
+    stdout and stderr into `output`, or with `reuse` to run it in this thread's warm worker; None when this job
+    must use a plain child."""
+    if not enabled():
+        return None
+    request = {"module": module, "arguments": arguments, "output": str(output), "cwd": str(workdir),
+               "env": dict(os.environ), "path": sys.path}
+    if reuse and os.environ.get(SWITCH) != "fork":
+        for _ in range(2):  # a worker that retired or died since its last job: lease another once
+            lease = _lease(alias)
+            if lease is None:
+                return None
+            try:
+                lease.connection.sendall(json.dumps(request).encode() + b"\n")
+                return ForkedJob(lease.connection, lease.pid, lease)
+            except OSError:
+                lease.drop()
+        return None
+    connection = _server(alias)
+    return _ask(connection, request) if connection is not None else None
 
 
 # ---- the server ----
 
 def serve(path: Path, alias: str) -> None:
-    """Preload, register the EP, check that no thread was started, then fork a child per request (or hand it to
-    a warm worker when the request allows reuse) until idle."""
+    """Preload, register the EP, check that no thread was started, then fork a child per job request, or lease a
+    warm worker to a client that asks for one, until idle."""
     import importlib
 
     for module in PRELOAD:
@@ -291,16 +360,13 @@ def serve(path: Path, alias: str) -> None:
         return owned
 
     def start(request: dict[str, Any], connection: socket.socket) -> int:
-        if not request.get("reuse"):
+        if not request.get("lease"):
             pid = os.fork()
             if pid == 0:
                 run_one(request, [*server_sockets(), connection], wake)
             jobs[pid] = connection
             return pid
-        answered = [w.client for w in workers.values() if w.answered and not w.retiring]
-        for client in select.select(answered, [], [], 0)[0] if answered else []:  # closed since the last look
-            next(w for w in workers.values() if w.client is client).release()
-        worker = next((w for w in workers.values() if w.client is None and not w.retiring), None)
+        worker = next((w for w in workers.values() if w.client is None), None)
         if worker is None:
             control, worker_end = socket.socketpair()
             pid = os.fork()
@@ -309,29 +375,21 @@ def serve(path: Path, alias: str) -> None:
                 run_many(worker_end, [*server_sockets(), connection], wake)
             worker_end.close()
             worker = workers[pid] = WorkerHandle(pid, control)
-        worker.client = connection
-        with contextlib.suppress(OSError):  # if it has just died, its end is reported when it is reaped
-            worker.control.sendall(json.dumps(request).encode() + b"\n")
+        worker.lease(connection)
         return worker.pid
 
     last_job = time.monotonic()
     while True:
-        busy = [w.control for w in workers.values() if w.client and not w.answered]
-        closing = [w.client for w in workers.values() if w.answered]
-        readable = select.select([listener, wake[0], *busy, *closing], [], [], 0.2)[0]
+        leased = [w.control for w in workers.values() if w.client]
+        readable = select.select([listener, wake[0], *leased], [], [], 0.2)[0]
         if wake[0] in readable:
             with contextlib.suppress(BlockingIOError):
                 while os.read(wake[0], 4096):
                     pass
         for worker in list(workers.values()):
-            if worker.control in readable and worker.control in busy:
-                worker.buffer += worker.control.recv(4096)
-                if b"\n" in worker.buffer:
-                    line, worker.buffer = worker.buffer.split(b"\n", 1)
-                    worker.answer(line + b"\n")
-                    last_job = time.monotonic()
-            elif worker.client in readable and worker.answered:
-                worker.release()
+            if worker.control in readable and worker.control in leased and worker.control.recv(64):
+                worker.free()  # its client let it go
+                last_job = time.monotonic()
         if listener in readable:
             connection, _ = listener.accept()
             connection.settimeout(10)
@@ -348,18 +406,9 @@ def serve(path: Path, alias: str) -> None:
             pid, status, usage = os.wait4(-1, os.WNOHANG)
             if not pid:
                 break
-            code = os.waitstatus_to_exitcode(status)
-            end = json.dumps({"code": code, "maxrss": usage.ru_maxrss}).encode() + b"\n"
-            if pid in workers:  # retired, or killed or crashed during its job
-                worker = workers.pop(pid)
-                if worker.client and not worker.answered:
-                    worker.control.setblocking(False)
-                    with contextlib.suppress(OSError):
-                        worker.buffer += worker.control.recv(4096)  # it may have answered just before exiting
-                    worker.answer(worker.buffer.split(b"\n", 1)[0] + b"\n" if b"\n" in worker.buffer else end)
-                if worker.client:
-                    worker.client.close()
-                worker.control.close()
+            end = json.dumps({"code": os.waitstatus_to_exitcode(status), "maxrss": usage.ru_maxrss}).encode() + b"\n"
+            if pid in workers:  # retired (its client has its last answer), or killed or crashed during a job
+                workers.pop(pid).end(end)
             elif pid in jobs:
                 connection = jobs.pop(pid)
                 with contextlib.suppress(OSError):

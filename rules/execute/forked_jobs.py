@@ -103,44 +103,57 @@ def _one_of_many(request: dict[str, Any]) -> tuple[int, int]:
 
 
 def run_many(control: socket.socket, server_sockets: list[socket.socket], wake: tuple[int, int]) -> None:
-    """A warm worker forked from the server: runs the jobs the server sends, one at a time, until it retires."""
+    """A warm worker forked from the server: leased to one client at a time (the server passes the client's
+    connection), it runs the jobs that client sends, one at a time, answering each directly; when the client lets
+    it go it tells the server and waits for the next lease, until it retires."""
     from . import child
 
     try:
         leave_server(server_sockets, wake)
         child.REUSED_PROCESS = True
         bound_kb = _status_kb("VmRSS:") + WORKER_MAX_GROWTH_MB * 1024
-        for jobs, line in enumerate(control.makefile("rb"), 1):  # until the server closes the control socket
-            code, peak_kb = _one_of_many(json.loads(line))
-            retire = code != 0 or jobs >= WORKER_MAX_JOBS or _status_kb("VmRSS:") > bound_kb
-            control.sendall(json.dumps({"code": code, "maxrss": peak_kb, "retire": retire}).encode() + b"\n")
-            if retire:
-                break
+        jobs = 0
+        while True:
+            _, descriptors, _, _ = socket.recv_fds(control, 64, 1)
+            if not descriptors:  # the server has gone
+                return
+            client = socket.socket(fileno=descriptors[0])
+            client.setblocking(True)
+            for line in client.makefile("rb"):  # until the client lets it go
+                code, peak_kb = _one_of_many(json.loads(line))
+                jobs += 1
+                retire = code != 0 or jobs >= WORKER_MAX_JOBS or _status_kb("VmRSS:") > bound_kb
+                client.sendall(json.dumps({"code": code, "maxrss": peak_kb, "retire": retire}).encode() + b"\n")
+                if retire:
+                    return
+            client.close()
+            control.sendall(b"free\n")
     finally:
         os._exit(0)
 
 
 class WorkerHandle:
-    """The server's side of a warm worker: its control socket and the client connection of the job it runs."""
+    """The server's side of a warm worker: its control socket, and the connection of the client it is leased to
+    (the server keeps a copy, to report the worker's end should it die during a job)."""
 
     def __init__(self, pid: int, control: socket.socket):
         self.pid, self.control = pid, control
         self.client: socket.socket | None = None
-        self.answered = False  # the job's end was sent; the worker waits until that client has closed
-        self.retiring = False  # it exits after this job
-        self.buffer = b""
 
-    def answer(self, line: bytes) -> None:
-        """Send the job's end to its client."""
-        self.retiring = self.retiring or json.loads(line).get("retire", False)
-        with contextlib.suppress(OSError):
-            self.client.sendall(line)
-        self.answered = True
+    def lease(self, connection: socket.socket) -> None:
+        self.client = connection
+        with contextlib.suppress(OSError):  # if it has just died, its end is reported when it is reaped
+            socket.send_fds(self.control, [b"lease"], [connection.fileno()])
 
-    def release(self) -> None:
-        """The client has read the end and closed: only now may the pid serve another job (the client may kill
-        the pid until it has read the end, so another job must not run in it before)."""
-        with contextlib.suppress(OSError):
-            self.client.recv(4096)  # its end of file
+    def free(self) -> None:
+        """Its client let it go."""
         self.client.close()
-        self.client, self.answered = None, False
+        self.client = None
+
+    def end(self, status_line: bytes) -> None:
+        """It has exited: its client (if any) reads this as the end of the job it ran; the server lets it go."""
+        if self.client is not None:
+            with contextlib.suppress(OSError):
+                self.client.sendall(status_line)
+            self.client.close()
+        self.control.close()
