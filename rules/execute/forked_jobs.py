@@ -3,9 +3,10 @@
 A forked process first drops what belongs to the server (its signal handling, sockets and wakeup pipe), then
 becomes a job as `python -m MODULE request result` would: the job's folder, its output file as stdout and
 stderr, its environment, `sys.path` and argv, and the module's `main()`. `run_one` runs one job and exits;
-`run_many` (a warm worker) runs the jobs the server sends, one at a time, and retires after a failed job,
-after `WORKER_MAX_JOBS`, or when it holds more than `WORKER_MAX_GROWTH_MB` beyond what it held when forked
-(so a job's memory limit, polled on the worker's resident memory, sees at most that much of earlier jobs).
+`run_many` (a warm worker) is leased to one client at a time and runs the jobs it sends, one at a time; it
+retires after a failed job, after `WORKER_MAX_JOBS`, or when it holds more than `WORKER_MAX_GROWTH_MB` beyond
+what it held when forked (so a job's memory limit, polled on the worker's resident memory, sees at most that
+much of earlier jobs).
 """
 
 from __future__ import annotations
