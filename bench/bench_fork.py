@@ -4,7 +4,9 @@ against the one-process floor.
 
     python bench/bench_fork.py [COPIES] [TINY] [REPEATS]
 
-1. COPIES (40) copies of the shipped tiny CNN for the `cpu` target: a clean serial `doit` (COPIES compiles and
+1. COPIES (40) copies of the shipped tiny CNN for the `cpu` target, with the project on the disk and again on
+   tmpfs (/dev/shm: this VM's disk, ext4 with online discard, slows down under minutes of file churn, which the
+   one-process floor, writing few files, does not feel): a clean serial `doit` (COPIES compiles and
    COPIES validations, empty cache, no fork server running: each build gets its own TMPDIR, so it pays the
    server's start) in each mode, the median of REPEATS (3; fresh children once), and with warm workers once more
    with the fork server already running. The floor is the issue's: one Python process started for the same
@@ -145,6 +147,26 @@ def empty_job(mode: str, repeats: int = 20) -> float:
 MODES = {"fresh": "0", "forked": "fork", "warm": "1"}
 
 
+def serial_case(serial: Path, copies: int, repeats: int) -> dict:
+    """The 40-target case in `serial`: each mode's clean build against the floor, REPEATS times interleaved."""
+    import statistics
+
+    make_project(serial, copies, ["cpu"])
+    clean_build(serial, MODES["warm"], [])  # the artifacts the floor validates; not measured
+    samples: dict[str, list[float]] = {"forked_s": [], "warm_s": [], "warm_server_up_s": [], "floor_s": [],
+                                       "floor_warm_s": [], "ratio": [], "psi_avg10": []}
+    for _ in range(repeats):  # interleaved, so a slow spell of this VM touches every figure alike
+        process, warm = floor(serial)
+        samples["floor_s"].append(process)
+        samples["floor_warm_s"].append(warm)
+        samples["warm_s"].append(clean_build(serial, MODES["warm"], []))
+        samples["ratio"].append(samples["warm_s"][-1] / process)  # back to back: the drift of this VM cancels
+        samples["psi_avg10"].append((cpu_pressure() or [0.0])[0])
+        samples["warm_server_up_s"].append(clean_build(serial, MODES["warm"], [], builds=2))
+        samples["forked_s"].append(clean_build(serial, MODES["forked"], []))
+    return {**{key: statistics.median(values) for key, values in samples.items()}, "samples": samples}
+
+
 def cpu_pressure() -> list[float]:
     """The share of time runnable tasks waited for a CPU (Linux PSI): on a shared VM, other tenants' load shows
     here, and every figure of a run under pressure is slower."""
@@ -155,11 +177,25 @@ def cpu_pressure() -> list[float]:
         return []
 
 
+def serial_row(copies: int, repeats: int, where: str, row: dict) -> tuple[str, str]:
+    ratios, pressure = row["samples"]["ratio"], row["samples"]["psi_avg10"]
+    fresh = (f", fresh children {row['fresh_s']:.2f} s ({row['fresh_s'] / row['floor_s']:.0f}x)"
+             if "fresh_s" in row else "")
+    return (f"{copies} copies of tinycnn for cpu, clean serial build ({copies} compiles + {copies} validations, "
+            f"fork server start included), project on {where}, median of {repeats}",
+            f"warm workers {row['warm_s']:.2f} s; one process doing the same work {row['floor_s']:.2f} s: "
+            f"**{row['ratio']:.1f}x** that floor (goal 2.5x; each repeat's back-to-back ratio "
+            f"{', '.join(f'{r:.1f}' for r in ratios)} at host CPU pressure "
+            f"{', '.join(f'{p:.0f}' for p in pressure)}%); forked children {row['forked_s']:.2f} s "
+            f"({row['forked_s'] / row['floor_s']:.1f}x){fresh}; with the fork server already running "
+            f"{row['warm_server_up_s']:.2f} s ({row['warm_server_up_s'] / row['floor_s']:.1f}x); the work alone, "
+            f"once warm in one process, {row['floor_warm_s']:.2f} s")
+
+
 def main() -> None:
     if sys.argv[1:2] == ["--floor"]:
         print(floor_work(Path(sys.argv[2])))
         return
-    import statistics
 
     copies, tiny, repeats = (int(sys.argv[i]) if len(sys.argv) > i else default
                              for i, default in ((1, 40), (2, 100), (3, 3)))
@@ -168,24 +204,15 @@ def main() -> None:
         "fork server start (qnn)": {"seconds": server_start()},
         "empty job (start-up only)": {f"{name}_s": empty_job(mode) for name, mode in MODES.items()}}
     with tempfile.TemporaryDirectory() as tmp:
-        serial = Path(tmp) / "serial"
-        make_project(serial, copies, ["cpu"])
-        clean_build(serial, MODES["warm"], [])  # the artifacts the floor validates; not measured
-        samples: dict[str, list[float]] = {"forked_s": [], "warm_s": [], "warm_server_up_s": [], "floor_s": [],
-                                           "floor_warm_s": [], "ratio": [], "psi_avg10": []}
-        for _ in range(repeats):  # interleaved, so a slow spell of this VM touches every figure alike
-            process, warm = floor(serial)
-            samples["floor_s"].append(process)
-            samples["floor_warm_s"].append(warm)
-            samples["warm_s"].append(clean_build(serial, MODES["warm"], []))
-            samples["ratio"].append(samples["warm_s"][-1] / process)  # back to back: the drift of this VM cancels
-            samples["psi_avg10"].append((cpu_pressure() or [0.0])[0])
-            samples["warm_server_up_s"].append(clean_build(serial, MODES["warm"], [], builds=2))
-            samples["forked_s"].append(clean_build(serial, MODES["forked"], []))
+        on_disk = Path(tmp) / "serial"
+        results[f"{copies} cpu targets, serial"] = serial_case(on_disk, copies, repeats)
+        shm = Path("/dev/shm")
+        if shm.is_dir() and os.access(shm, os.W_OK):
+            with tempfile.TemporaryDirectory(dir=shm) as memory:
+                results[f"{copies} cpu targets, serial, tmpfs"] = serial_case(Path(memory) / "serial", copies,
+                                                                             repeats)
         # fresh children last: their 19 s of steady load make this VM slower for minutes after
-        row = {"fresh_s": clean_build(serial, MODES["fresh"], []),
-               **{key: statistics.median(values) for key, values in samples.items()}, "samples": samples}
-        results[f"{copies} cpu targets, serial"] = row
+        results[f"{copies} cpu targets, serial"]["fresh_s"] = clean_build(on_disk, MODES["fresh"], [])
         mixed = Path(tmp) / "mixed"
         make_project(mixed, tiny // 2, ["cpu", "qnn-htp"])
         results[f"{tiny} targets (cpu + qnn-htp), -n 2"] = {
@@ -199,17 +226,8 @@ def main() -> None:
         ("a job's start-up: fresh child, forked child, warm worker (a job that does nothing, median of 20)",
          f"{empty['fresh_s'] * 1000:.0f} ms, {empty['forked_s'] * 1000:.1f} ms, {empty['warm_s'] * 1000:.1f} ms "
          "(goal <= 50 ms)"),
-        (f"{copies} copies of tinycnn for cpu, clean serial build ({copies} compiles + {copies} validations, "
-         f"fork server start included, median of {repeats})",
-         f"warm workers {serial['warm_s']:.2f} s, forked children {serial['forked_s']:.2f} s, fresh children "
-         f"{serial['fresh_s']:.2f} s; one process doing the same work {serial['floor_s']:.2f} s: warm workers "
-         f"**{serial['ratio']:.1f}x** that floor (goal 2.5x; median of each repeat's back-to-back ratio, "
-         f"{min(serial['samples']['ratio']):.1f}x-{max(serial['samples']['ratio']):.1f}x, host CPU pressure "
-         f"{min(serial['samples']['psi_avg10']):.0f}-{max(serial['samples']['psi_avg10']):.0f}%), forked "
-         f"{serial['forked_s'] / serial['floor_s']:.1f}x, fresh {serial['fresh_s'] / serial['floor_s']:.0f}x "
-         f"(the work alone, once warm in that process: {serial['floor_warm_s']:.2f} s); with the fork server already "
-         f"running (a build within its 30 s) {serial['warm_server_up_s']:.2f} s, "
-         f"{serial['warm_server_up_s'] / serial['floor_s']:.1f}x"),
+        *(serial_row(copies, repeats, where, row) for where, row in (
+            ("this VM's disk", serial), ("tmpfs", results.get(f"{copies} cpu targets, serial, tmpfs"))) if row),
         (f"{tiny} tiny targets ({tiny // 2} models x cpu, qnn-htp), clean `doit -n 2`",
          f"fresh children {mixed['fresh_s']:.1f} s, forked {mixed['forked_s']:.1f} s, with warm workers for cpu "
          f"{mixed['warm_s']:.1f} s"),
