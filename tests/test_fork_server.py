@@ -232,3 +232,14 @@ def test_a_long_tmpdir_keeps_the_sockets_under_tmp(tmp_path, monkeypatch):
     long_root.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(long_root))
     assert fork_server._folder() == Path("/tmp") / f"epbuild-fork-{os.getuid()}"  # a socket path fits in 107 bytes
+
+
+def test_a_warm_worker_takes_its_request_and_answers_over_the_lease(tmp_path, monkeypatch, crash_child):
+    monkeypatch.setenv(SWITCH, "1")
+    absent = [str(tmp_path / "no-request.json"), str(tmp_path / "no-result.json")]  # never read nor written
+    job = fork_job("crash_child", "", absent, tmp_path / "out.txt", tmp_path, reuse=True,
+                   job={"action": "env", "name": SWITCH})
+    while (ended := job.wait(0.1)) is None:
+        pass
+    assert ended[0] == 0 and job.result == {"pid": job.pid, "value": "1"}
+    assert not list(tmp_path.glob("no-*"))

@@ -25,11 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BuildError, ModelError
-from .fork_server import ForkedJob, fork_job
+from .fork_server import ForkedJob, fork_job, leases_in_use
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 PROGRESS_EVERY_S = 30.0
 REUSED_PROCESS = False  # set in a fork server's warm worker, which runs one job after another
+# In a warm worker, the job's request as its client sent it over the lease, and serve()'s answer for it: no files.
+INLINE_JOB: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -118,11 +120,15 @@ def run_child(module: str, request: dict[str, Any], workdir: Path, limits: Limit
     request_file, result_file = workdir / ".request.json", workdir / ".result.json"
     output_file = log if log is not None else workdir / ".output.txt"  # the child writes its log directly
     output_file.parent.mkdir(parents=True, exist_ok=True)
-    request_file.write_text(json.dumps(request))
+    inline = reuse and leases_in_use()  # a warm worker gets the request and answers over its lease
+    if not inline:
+        request_file.write_text(json.dumps(request))
     arguments = [str(request_file), str(result_file)]
     try:
-        child = fork_job(module, ep, arguments, output_file, workdir, reuse)
+        child = fork_job(module, ep, arguments, output_file, workdir, reuse, request if inline else None)
         if child is None:
+            if inline:
+                request_file.write_text(json.dumps(request))
             env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PACKAGE_ROOT), os.environ.get("PYTHONPATH", "")])}
             with open(output_file, "w", encoding="utf-8") as output:
                 child = _PlainChild(subprocess.Popen([sys.executable, "-m", module, *arguments], stdout=output,
@@ -134,8 +140,8 @@ def run_child(module: str, request: dict[str, Any], workdir: Path, limits: Limit
         if log is None:
             output_file.unlink(missing_ok=True)
     see_log = f" (full output: {log})" if log is not None else ""
-    result: dict[str, Any] = {}
-    if result_file.exists():
+    result: dict[str, Any] = getattr(child, "result", None) or {}
+    if not result and result_file.exists():
         try:
             result = json.loads(result_file.read_text())
         except ValueError:  # cut short, e.g. by a full disk: judge by the exit status and the child's output
@@ -178,7 +184,7 @@ def describe(exc: BaseException) -> dict[str, Any]:
 def serve(function: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
     """The child's main: read the request, call `function`, write its result or its error as JSON."""
     request_file, result_file = Path(sys.argv[1]), Path(sys.argv[2])
-    request = json.loads(request_file.read_text())
+    request = INLINE_JOB["request"] if INLINE_JOB is not None else json.loads(request_file.read_text())
     try:
         result = function(request)
         status = 0
@@ -186,7 +192,10 @@ def serve(function: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
         traceback.print_exc()
         result = describe(exc)
         status = 1
-    result_file.write_text(json.dumps(result))
+    if INLINE_JOB is not None:
+        INLINE_JOB["result"] = result
+    else:
+        result_file.write_text(json.dumps(result))
     sys.stdout.flush()
     sys.stderr.flush()
     if REUSED_PROCESS:

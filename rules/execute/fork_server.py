@@ -115,6 +115,7 @@ class ForkedJob:
         self.pid = pid
         self.lease = lease
         self.buffer = b""
+        self.result: dict[str, Any] | None = None  # a warm worker's answer to an inline request
 
     def _done(self) -> None:
         if self.lease is None:
@@ -131,6 +132,7 @@ class ForkedJob:
             self.buffer += data
         if b"\n" in self.buffer:
             answer = json.loads(self.buffer.split(b"\n", 1)[0])
+            self.result = answer.get("result")
             self._done()
             if self.lease and (self.lease.killed or answer["code"] != 0 or answer.get("retire")):
                 self.lease.drop()
@@ -287,16 +289,24 @@ def _lease(alias: str) -> _Lease | None:
     return lease
 
 
-def fork_job(module: str, alias: str, arguments: list[str], output: Path, workdir: Path,
-             reuse: bool = False) -> ForkedJob | None:
+def leases_in_use() -> bool:
+    """Whether jobs that allow it run in a leased warm worker (else a forked child each, or a plain child)."""
+    return enabled() and os.environ.get(SWITCH) != "fork"
+
+
+def fork_job(module: str, alias: str, arguments: list[str], output: Path, workdir: Path, reuse: bool = False,
+             job: dict[str, Any] | None = None) -> ForkedJob | None:
     """Ask the EP's server (alias "" for CPU-only work) to fork `python -m module *arguments` in `workdir` with
-    stdout and stderr into `output`, or with `reuse` to run it in this thread's warm worker; None when this job
-    must use a plain child."""
+    stdout and stderr into `output`, or with `reuse` to run it in this thread's warm worker (which takes `job`,
+    the request, over the lease instead of from a file, and answers with its result: `ForkedJob.result`); None
+    when this job must use a plain child."""
     if not enabled():
         return None
     request = {"module": module, "arguments": arguments, "output": str(output), "cwd": str(workdir),
                "env": dict(os.environ), "path": sys.path}
-    if reuse and os.environ.get(SWITCH) != "fork":
+    if reuse and leases_in_use():
+        if job is not None:
+            request["job"] = job
         for _ in range(2):  # a worker that retired or died since its last job: lease another once
             lease = _lease(alias)
             if lease is None:

@@ -78,10 +78,14 @@ def _status_kb(field: str) -> int:
     return int(line.split()[1])
 
 
-def _one_of_many(request: dict[str, Any]) -> tuple[int, int]:
-    """Run one job in this warm worker as `python -m module arguments` would: (exit code, its peak resident kB)."""
+def _one_of_many(request: dict[str, Any]) -> tuple[int, int, dict[str, Any] | None]:
+    """Run one job in this warm worker as `python -m module arguments` would: (exit code, its peak resident kB,
+    its result when the request came inline)."""
+    from . import child
+
     with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w", encoding="ascii") as clear:
         clear.write("5")  # reset the peak (VmHWM) so that it is this job's own
+    child.INLINE_JOB = {"request": request["job"]} if "job" in request else None
     code = 0
     try:
         enter_job(request)
@@ -100,7 +104,8 @@ def _one_of_many(request: dict[str, Any]) -> tuple[int, int]:
         os.dup2(quiet, 1)
         os.dup2(quiet, 2)
         os.close(quiet)
-    return code, _status_kb("VmHWM:")
+    inline, child.INLINE_JOB = child.INLINE_JOB, None
+    return code, _status_kb("VmHWM:"), inline.get("result") if inline else None
 
 
 def run_many(control: socket.socket, server_sockets: list[socket.socket], wake: tuple[int, int]) -> None:
@@ -121,10 +126,11 @@ def run_many(control: socket.socket, server_sockets: list[socket.socket], wake: 
             client = socket.socket(fileno=descriptors[0])
             client.setblocking(True)
             for line in client.makefile("rb"):  # until the client lets it go
-                code, peak_kb = _one_of_many(json.loads(line))
+                code, peak_kb, result = _one_of_many(json.loads(line))
                 jobs += 1
                 retire = code != 0 or jobs >= WORKER_MAX_JOBS or _status_kb("VmRSS:") > bound_kb
-                client.sendall(json.dumps({"code": code, "maxrss": peak_kb, "retire": retire}).encode() + b"\n")
+                answer = {"code": code, "maxrss": peak_kb, "retire": retire, **({"result": result} if result else {})}
+                client.sendall(json.dumps(answer).encode() + b"\n")
                 if retire:
                     return
             client.close()
