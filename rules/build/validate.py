@@ -116,10 +116,12 @@ def cached_validation(label: str, fingerprint: str, workspace: Workspace, folder
                 write_json(folder / REPORT, report)
                 return report, outcome
             discard(scratch)
-            report = produce()  # it wrote the report into the artifact's folder
+            report = produce()
             uploaded = 0
-            if report["status"] == "passed":
-                uploaded = store(label, fingerprint, workspace, folder, [REPORT], identity)
+            if report["status"] == "passed":  # stored from a copy of its own: another builder may replace `folder`
+                scratch.mkdir(parents=True)
+                write_json(scratch / REPORT, report)
+                uploaded = store(label, fingerprint, workspace, scratch, [REPORT], identity)
             return report, Outcome(None, outcome.downloaded, uploaded)
         finally:
             discard(scratch)

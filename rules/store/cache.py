@@ -277,6 +277,16 @@ def store(label: str, fingerprint: str, workspace: Workspace, folder: Path, name
     return remote.upload(fingerprint, folder, digests, identity, label)
 
 
+def _holds(final: Path, scratch: Path, names: list[str], workspace: Workspace) -> bool:
+    """Whether `final` holds the files `names` of `scratch`, byte for byte (what was added beside them after
+    they were published, such as their validation report, belongs to these very bytes)."""
+    try:
+        return all((final / name).is_file() and
+                   workspace.hashes.sha256(final / name) == workspace.hashes.sha256(scratch / name) for name in names)
+    except OSError:
+        return False
+
+
 def cached_folder(label: str, fingerprint: str, workspace: Workspace, final: Path, expected: list[str] | None,
                   produce: Callable[[Path], None], identity: dict[str, Any]) -> Outcome:
     """Restore `fingerprint` from the caches, or run `produce(scratch)` and store what it wrote (exactly
@@ -298,6 +308,11 @@ def cached_folder(label: str, fingerprint: str, workspace: Workspace, final: Pat
                     raise BuildError(f"{label}: wrote {produced}, expected {expected}")
                 uploaded = store(label, fingerprint, workspace, scratch, produced, identity)
                 outcome = Outcome(None, outcome.downloaded, uploaded)
+            elif _holds(final, scratch, found, workspace):
+                # another builder has just published these very bytes: replacing the folder would pull it from
+                # under a compile of that builder that reads from it (a stage's output)
+                discard(scratch)
+                return outcome
             publish(scratch, final)
         except BaseException:
             discard(scratch, final)
