@@ -10,7 +10,7 @@ import sys
 import time
 
 from conftest import Project, ran
-from helpers import perturb_weights, tree_bytes
+from helpers import TWO_MODELS_CPU_QNN, perturb_weights, tree_bytes
 
 MANIFEST = """
 [models.tinycnn]
@@ -206,3 +206,16 @@ def test_cache_size_cap_evicts_least_recently_used_entries(tmp_path, host_cache)
     entries = list((tmp_path / "shared-cache" / "entries").glob("*/*"))
     size = sum(p.stat().st_size for e in entries for p in e.rglob("*") if p.is_file())
     assert size <= 0.2 * 1024 * 1024 and entries
+
+
+def test_a_restore_of_bytes_already_published_leaves_the_folder_in_place(project):
+    """Another builder's compile may be reading a stage output from it; its validation report stays beside it."""
+    project.manifest(TWO_MODELS_CPU_QNN)
+    project.doit()
+    stage, artifact = project.artifacts / ".stages" / "tinycnn" / "shape", project.artifacts / "cpu" / "tinycnn"
+    before = (stage.stat().st_ino, artifact.stat().st_ino)
+    project.doit("forget", "shape:tinycnn", "compile:tinycnn@cpu")
+    done = project.doit()
+    assert "restored shape:tinycnn" in done.stdout and "restored compile:tinycnn@cpu" in done.stdout
+    assert (stage.stat().st_ino, artifact.stat().st_ino) == before
+    assert (artifact / "validation.json").is_file()
