@@ -47,11 +47,12 @@ def main() -> None:
         caps = capabilities(layout.state)
         print(f"{'artifact':<28} {'child s':>8} {'in-process s':>13} {'overhead s':>11}")
         times = {}
+        workdir = layout.scratch("bench")
         for build in plan(load(project / "models.toml")):
             target = build.target
             if compiler(target).unavailable(target, caps) or not build.validates:
                 continue
-            child = statistics.median(_timed(lambda b=build: validate(b, layout)) for _ in range(repeats))
+            child = statistics.median(_timed(lambda b=build: validate(b, layout, workdir)) for _ in range(repeats))
             request = validation_request(build, build.out_dir(layout))
             _validate_in_child(request)  # warm: imports, EP registration
             inside = statistics.median(_timed(lambda r=request: _validate_in_child(r)) for _ in range(repeats))

@@ -141,8 +141,8 @@ def run_validate(build: Build, workspace: Workspace, config: dict[str, Any]) -> 
     fingerprint = validation_fingerprint([folder / n for n in build.outputs], config,
                                          [*build.sources, *build.validation_files], workspace.hashes)
     try:
-        produce = (lambda: run_validation(build, workspace)) if workspace.executor else (
-            lambda: validate(build, layout))
+        produce = (lambda workdir: run_validation(build, workspace)) if workspace.executor else (
+            lambda workdir: validate(build, layout, workdir))
         report, outcome = cached_validation(f"validate:{build.name}", fingerprint, workspace, folder, produce, config)
     except (OSError, BuildError) as exc:
         return failure(exc, f"validate:{build.name}: ")

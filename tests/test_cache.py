@@ -9,8 +9,13 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from conftest import Project, ran
 from helpers import TWO_MODELS_CPU_QNN, perturb_weights, tree_bytes
+from rules.errors import BuildError
+from rules.store.cache import ENTRIES, RECORD, ArtifactCache
+from rules.store.hashing import FileHashes
 
 MANIFEST = """
 [models.tinycnn]
@@ -78,7 +83,7 @@ def test_a_corrupted_cache_entry_is_evicted_with_a_warning_and_rebuilt(tmp_path,
     first.doit()
     fingerprint = json.loads((first.artifacts / "build-report.json").read_text())["tasks"][
         "compile:tinycnn@qnn-htp"]["fingerprint"]
-    entry = cache / "entries" / fingerprint[:2] / fingerprint / "files" / "tinycnn_qnn.bin"
+    entry = cache / ENTRIES / fingerprint / "tinycnn_qnn.bin"
     data = bytearray(entry.read_bytes())
     data[100] ^= 0xFF
     entry.write_bytes(bytes(data))  # the artifact of clone a is a hard link to it and changes too
@@ -203,7 +208,7 @@ def test_cache_size_cap_evicts_least_recently_used_entries(tmp_path, host_cache)
     project = clone(tmp_path, host_cache, "a", tmp_path / "shared-cache")
     project.manifest(MANIFEST + "\n[cache]\nmax_size_mb = 0.2\n")
     project.doit()
-    entries = list((tmp_path / "shared-cache" / "entries").glob("*/*"))
+    entries = list((tmp_path / "shared-cache" / ENTRIES).glob("*"))
     size = sum(p.stat().st_size for e in entries for p in e.rglob("*") if p.is_file())
     assert size <= 0.2 * 1024 * 1024 and entries
 
@@ -219,3 +224,12 @@ def test_a_restore_of_bytes_already_published_leaves_the_folder_in_place(project
     assert "restored shape:tinycnn" in done.stdout and "restored compile:tinycnn@cpu" in done.stdout
     assert (stage.stat().st_ino, artifact.stat().st_ino) == before
     assert (artifact / "validation.json").is_file()
+
+
+def test_an_output_named_like_the_cache_record_is_refused(tmp_path):
+    cache = ArtifactCache(tmp_path / "cache", FileHashes(tmp_path / "state"))
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / RECORD).write_text("{}")
+    with pytest.raises(BuildError, match=f"an output is named {RECORD}, a name the artifact cache reserves"):
+        cache.store("ab" * 32, tmp_path / "out", [RECORD])
+    assert not (tmp_path / "cache" / ENTRIES).exists()

@@ -85,7 +85,7 @@ def test_a_crash_while_loading_the_shared_context_is_contained(project, monkeypa
     (group,) = [b for b in plan(load(project.root / "models.toml")) if b.shared]
     loadable = dataclasses.replace(group.target.ep, shared_context_unloadable={})
     group = dataclasses.replace(group, target=dataclasses.replace(group.target, ep=loadable))
-    report = validate(group, Layout(project.artifacts))
+    report = validate(group, Layout(project.artifacts), project.root / "work")
     assert report["status"] == "failed" and "killed by SIGSEGV" in report["reason"]
 
 

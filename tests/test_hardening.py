@@ -21,6 +21,7 @@ import pytest
 
 from conftest import Project, ran
 from helpers import tree_bytes
+from rules.store.cache import ENTRIES, RECORD
 
 GOOD = '[models.tinycnn]\npath = "models/tinycnn.onnx"\ntargets = ["cpu"]\n\n[targets.cpu]\nep = "cpu"\n'
 QNN = '\n[targets.qnn]\nep = "qnn"\noptions = { soc_model = 60 }\n'
@@ -286,8 +287,8 @@ def assert_consistent(project: Project) -> None:
             assert (folder / "artifact.json").is_file() or folder.name == "groups", folder
     with sqlite3.connect(project.root / ".doit.db") as db:
         assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
-    for entry in project.cache.glob("entries/*/*"):
-        json.loads((entry / "entry.json").read_text())
+    for entry in (project.cache / ENTRIES).glob("*"):  # every entry in place is complete
+        json.loads((entry / RECORD).read_text())
 
 
 @pytest.mark.slow
@@ -305,7 +306,7 @@ def test_doit_killed_at_random_points_never_leaves_partial_artifacts(project):
         os.killpg(run.pid, signal.SIGKILL)
         run.wait()
         assert_consistent(project)
-        shutil.rmtree(project.cache / "entries", ignore_errors=True) if rng.random() < 0.2 else None
+        shutil.rmtree(project.cache / ENTRIES, ignore_errors=True) if rng.random() < 0.2 else None
     project.doit()
     assert_consistent(project)
     assert ran(project.doit()) <= {"unavailable"}

@@ -17,7 +17,7 @@ from conftest import Project, build_report, ran
 from conftest import clone as clone_project
 from helpers import perturb_weights, tree_bytes
 from rules.store import remote_cache
-from rules.store.cache import ArtifactCache
+from rules.store.cache import RECORD, ArtifactCache
 from rules.store.hashing import FileHashes
 from s3_server import ACCESS_KEY, SECRET_KEY, S3Server
 
@@ -278,6 +278,12 @@ def test_a_manifest_naming_a_file_outside_its_entry_is_refused(tmp_path, s3, mon
     assert remote.fetch(fingerprint, cache, "compile:m@t") is None
     assert "outside its entry" in capsys.readouterr().err
     assert not (tmp_path / "escape").exists() and not list((tmp_path / "cache").rglob("escape"))
+    other = "cd" * 32  # a file named as the local cache's own record would pass for it
+    assert remote.upload(other, source, digests, {}, "compile:m@t") > 100
+    tamper(s3, bucket, f"p/ac/{other}.json", lambda data: data.replace(b'"model.onnx"', b'"' + RECORD.encode() + b'"'))
+    assert remote.fetch(other, cache, "compile:m@t") is None
+    assert f"names a file {RECORD}, which the local cache reserves" in capsys.readouterr().err
+    assert cache.restore(other, tmp_path / "restored") is None
 
 
 def test_large_blobs_go_up_in_parts_create_only_and_come_back_verified(tmp_path, s3, monkeypatch):

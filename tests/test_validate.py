@@ -154,7 +154,7 @@ def test_structural_mode_catches_a_missing_binary(project):
     assert "passed validate:tinycnn@qnn-htp: structural" in done.stdout
     (project.artifacts / "qnn-htp" / "tinycnn" / "tinycnn_qnn.bin").unlink()
     build = next(b for b in plan(load(project.root / "models.toml")) if b.members[0].name == "tinycnn")
-    result = validate(build, Layout(project.artifacts))
+    result = validate(build, Layout(project.artifacts), project.root / "work")
     assert result["status"] == "failed" and "tinycnn_qnn.bin listed in artifact.json is missing" in result["reason"]
 
 
@@ -164,7 +164,7 @@ def test_structural_mode_catches_an_embed_mismatch(project):
     project.doit()
     build = next(b for b in plan(load(project.root / "models.toml")) if b.members[0].name == "tinycnn")
     embedded = dataclasses.replace(build.target, embed=True)
-    result = validate(dataclasses.replace(build, target=embedded), Layout(project.artifacts))
+    result = validate(dataclasses.replace(build, target=embedded), Layout(project.artifacts), project.root / "work")
     assert result["status"] == "failed" and "has embed_mode 0, the target says embed = true" in result["reason"]
 
 

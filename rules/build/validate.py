@@ -26,7 +26,7 @@ from ..errors import BuildError, ModelError, located
 from .graph import EP_CONTEXT, check_input_names, index_bound, known_shapes, static_dims
 from .graph import attributes as node_attributes
 from ..store.layout import Layout, write_json
-from ..store.publish import discard
+from ..store.publish import discard, publish_file
 from ..execute.requests import MemberValidation, ValidationReport, ValidationRequest
 
 REPORT = "validation.json"
@@ -76,51 +76,52 @@ def validation_request(build: Build, folder: Path) -> ValidationRequest:
             "run_blocked": build.target.ep.shared_context_unloadable.get(machine) if build.shared else None}
 
 
-def validate(build: Build, layout: Layout) -> ValidationReport:
-    """Validate the published artifact of `build`; write `validation.json` atomically and return the report.
+def validate(build: Build, layout: Layout, workdir: Path) -> ValidationReport:
+    """Validate the published artifact of `build`, its child working in `workdir`; return the report.
 
     A crash or timeout of the child becomes a `failed` report naming the signal or timeout."""
     started = time.monotonic()
     folder, target = build.out_dir(layout), build.target
     report = compiler(target).validate(build, layout)
     if report is None:
-        scratch = layout.scratch(f"validate.{build.kind}.{target.name}.{build.folder_name}.{os.getpid()}")
         timeout = sum(m.validation.timeout_s for m in build.members)
         try:
-            report = run_child("rules.build.validate", validation_request(build, folder), scratch, target.limits(timeout),
+            report = run_child("rules.build.validate", validation_request(build, folder), workdir,
+                               target.limits(timeout),
                                f"validate {'group ' if build.shared else ''}{build.name} ({target.ep.name})",
                                build.log(layout, "validate"), target.ep.fork_server, target.ep.warm_validations)
         except BuildError as exc:
             report = {"status": "failed", "reason": str(exc)}
-        finally:
-            discard(scratch)
     who = {"group": build.name} if build.shared else {"model": build.members[0].name}
     mode = "group" if build.shared else build.members[0].validation.mode
-    report = {"format": RULES_FORMAT, **who, "target": target.name, "ep": target.ep.name, "mode": mode,
-              "seconds": round(time.monotonic() - started, 3), **report}
-    write_json(folder / REPORT, report)
-    return report
+    return {"format": RULES_FORMAT, **who, "target": target.name, "ep": target.ep.name, "mode": mode,
+            "seconds": round(time.monotonic() - started, 3), **report}
 
 
 def cached_validation(label: str, fingerprint: str, workspace: Workspace, folder: Path,
-                      produce: Callable[[], dict[str, Any]],
+                      produce: Callable[[Path], dict[str, Any]],
                       identity: dict[str, Any]) -> tuple[dict[str, Any], Outcome]:
-    """A passed report for this exact artifact, settings and host restored from the caches, or `produce()`.
-    Only passed reports are stored: a failure or a skip is worth re-checking."""
+    """A passed report for this exact artifact, settings and host restored from the caches, or `produce(workdir)`;
+    either way written into the artifact `folder` as `validation.json`, atomically. Only passed reports are
+    stored: a failure or a skip is worth re-checking."""
     with workspace.cache.lock(fingerprint):
-        scratch = workspace.layout.scratch(f"validation.{fingerprint[:16]}.{os.getpid()}")
+        scratch = workspace.layout.scratch(f"validation.{fingerprint[:16]}.{os.getpid()}")  # created on first use
         try:
             found, outcome = restore(label, fingerprint, workspace, scratch)
             if found == [REPORT]:
                 report = {**json.loads((scratch / REPORT).read_text()), "restored_from_cache": outcome.origin}
                 write_json(folder / REPORT, report)
                 return report, outcome
-            discard(scratch)
-            report = produce()
+            if found is not None:  # an entry of other files: its links must not be written through
+                discard(scratch)
+            report = produce(scratch)
+            # written once, in the private scratch folder, then linked into the artifact folder and the cache (a
+            # copy of its own: another builder may replace `folder` meanwhile)
+            scratch.mkdir(parents=True, exist_ok=True)
+            write_json(scratch / REPORT, report)
+            publish_file(scratch / REPORT, folder / REPORT)
             uploaded = 0
-            if report["status"] == "passed":  # stored from a copy of its own: another builder may replace `folder`
-                scratch.mkdir(parents=True)
-                write_json(scratch / REPORT, report)
+            if report["status"] == "passed":
                 uploaded = store(label, fingerprint, workspace, scratch, [REPORT], identity)
             return report, Outcome(None, outcome.downloaded, uploaded)
         finally:

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from ..errors import BuildError, UserError
-from ..store.layout import write_json
 
 if TYPE_CHECKING:
     from ..build.stages import Stage
@@ -273,16 +272,14 @@ def run_stage(stage: Stage, workspace: Workspace, scratch: Path, fingerprint: st
 
 
 def run_validation(build: Build, workspace: Workspace) -> dict[str, Any]:
-    """Validate the published artifact of `build` on a worker; write `validation.json` here."""
+    """Validate the published artifact of `build` on a worker; its report."""
     folder = build.out_dir(workspace.layout)
     artifact = [path for path in sorted(folder.rglob("*")) if path.is_file()]
     external = [p for m in build.members for p in m.external]
     result = _run(workspace, "validate", f"validate:{build.name}", build,
                   [*artifact, *build.sources, *external, *build.validation_files, *build.target.option_files.values()],
                   target_resources(build.target))
-    report = {**result["report"], "worker": result["worker"]}
-    write_json(folder / "validation.json", report)
-    return report
+    return {**result["report"], "worker": result["worker"]}
 
 
 def run_operator_list(build: Build, workspace: Workspace) -> tuple[set[str], str]:

@@ -1,10 +1,11 @@
 """A content-addressed artifact cache that many builders and machines can share.
 
-An entry is a folder of output files named by the fingerprint of everything that shapes them, with `entry.json`
-recording every file's sha256. Entries are written under a temporary name and renamed into place, and a
-`filelock` per fingerprint makes concurrent builders (doit -n, several CI jobs) wait for each other instead of
-compiling the same fingerprint twice. A restore verifies every file; a corrupted or tampered entry is evicted
-with a warning and the caller rebuilds. With a size cap, least-recently-used entries are evicted.
+An entry is a folder of output files named by the fingerprint of everything that shapes them, with a record
+(`.epbuild-entry.json`) of every file's sha256 beside them. Entries are written under a temporary name and renamed
+into place, and a lock per fingerprint (`rules.store.locks`) makes concurrent builders (doit -n, several CI jobs)
+wait for each other instead of compiling the same fingerprint twice. A restore verifies every file; a corrupted
+or tampered entry is evicted with a warning and the caller rebuilds. With a size cap, least-recently-used entries
+are evicted. (Entries of the layout before `entries-v2/`, under `entries/`, are no longer read.)
 
 With a remote (`[cache] remote`, `rules.store.remote_cache`) the local cache is the first level: a local miss looks
 there, a remote hit is downloaded into the local cache, verified, and restored from it; what is produced is
@@ -32,13 +33,15 @@ from ..manifest.parse import CacheSpec
 from ..manifest.schema import s3_url
 from .hashing import FileHashes
 from .layout import Layout
-from .publish import discard, publish, scratch_dir
+from .locks import fingerprint_lock
+from .publish import discard, link_or_copy, publish, scratch_dir
 
 if TYPE_CHECKING:
     from ..execute.executor import ExecutorSettings
     from .remote_cache import RemoteCache
 
-ENTRY = "entry.json"
+ENTRIES = "entries-v2"  # <cache>/entries-v2/<fingerprint>/: the output files and RECORD beside them
+RECORD = ".epbuild-entry.json"  # every file's sha256; an entry without one is incomplete
 
 
 def default_dir() -> Path:
@@ -65,47 +68,34 @@ def remote_location(spec: CacheSpec) -> str | None:
     return url or None
 
 
-def _link_or_copy(source: Path, target: Path) -> None:
-    """A hard link where the file system allows one (entries and artifacts share bytes: a file changed in place
-    fails the sha256 check on the next restore and its entry is evicted), else a copy."""
-    try:
-        os.link(source, target)
-    except OSError:
-        shutil.copy2(source, target)
-
-
 class ArtifactCache:
     def __init__(self, folder: Path, hashes: FileHashes, max_bytes: int | None = None):
         self.folder, self.hashes, self.max_bytes = folder, hashes, max_bytes
 
     def _entry(self, fingerprint: str) -> Path:
-        return self.folder / "entries" / fingerprint[:2] / fingerprint
+        return self.folder / ENTRIES / fingerprint
 
     @contextmanager
     def lock(self, fingerprint: str) -> Iterator[None]:
         """Held while looking up, building and storing one fingerprint."""
-        from filelock import FileLock  # imported here: it costs ~10 ms, and task creation never locks
-
-        locks = self.folder / "locks"
-        locks.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(locks / f"{fingerprint}.lock")):
+        with fingerprint_lock(self.folder / "locks", fingerprint):
             yield
 
     def restore(self, fingerprint: str, destination: Path) -> list[str] | None:
-        """Put the entry's files into `destination` (hard links where possible); None on a miss.
+        """Put the entry's files into `destination` (hard links where possible); None on a miss, which leaves
+        `destination` untouched.
 
         Every file is checked against the sha256 recorded when it was stored; any mismatch evicts the entry."""
         entry = self._entry(fingerprint)
         try:
-            recorded = json.loads((entry / ENTRY).read_text())["files"]
+            recorded = json.loads((entry / RECORD).read_text())["files"]
         except (OSError, ValueError, KeyError):
             if entry.exists():
-                self._evict(entry, "its entry.json is unreadable")
+                self._evict(entry, f"its {RECORD} is unreadable")
             return None
         for name, digest in recorded.items():
-            path = entry / "files" / name
             try:
-                actual = self.hashes.sha256(path)
+                actual = self.hashes.sha256(entry / name)
             except OSError:
                 actual = "missing"
             if actual != digest:
@@ -113,9 +103,10 @@ class ArtifactCache:
                 return None
         destination.mkdir(parents=True, exist_ok=True)
         for name in recorded:
-            source, target = entry / "files" / name, destination / name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            _link_or_copy(source, target)
+            target = destination / name
+            if "/" in name:
+                target.parent.mkdir(parents=True, exist_ok=True)
+            link_or_copy(entry / name, target)
         os.utime(entry)  # recency for least-recently-used eviction
         return sorted(recorded)
 
@@ -127,27 +118,31 @@ class ArtifactCache:
 
     def store(self, fingerprint: str, source: Path, names: list[str],
               verified: dict[str, str] | None = None) -> dict[str, str]:
-        """Copy `names` from `source` into a new entry, atomically, and return their sha256s; an existing entry
-        is kept. With `verified` (their sha256s, checked while downloading) the files are moved, not copied."""
+        """Link or copy `names` from `source` into a new entry, atomically, and return their sha256s; an existing
+        entry is kept. With `verified` (their sha256s, checked while downloading), `source` is a staging folder
+        of this cache holding exactly those files, and becomes the entry."""
+        if RECORD in names:
+            raise BuildError(f"an output is named {RECORD}, a name the artifact cache reserves for its own record")
         entry = self._entry(fingerprint)
         if entry.exists():
             try:
-                return json.loads((entry / ENTRY).read_text())["files"]
+                return json.loads((entry / RECORD).read_text())["files"]
             except (OSError, ValueError, KeyError):
-                return {name: self.hashes.sha256(source / name) for name in names}
-        staging = self.staging(fingerprint)
+                if verified is None:
+                    return {name: self.hashes.sha256(source / name) for name in names}
+                shutil.rmtree(entry, ignore_errors=True)  # incomplete: replaced by the verified download
+        staging = source if verified is not None else self.staging(fingerprint)
         try:
-            (staging / "files").mkdir()
-            files = {}
-            for name in names:
-                (staging / "files" / name).parent.mkdir(parents=True, exist_ok=True)
-                if verified is not None:
-                    os.replace(source / name, staging / "files" / name)
-                    files[name] = verified[name]
-                else:
-                    _link_or_copy(source / name, staging / "files" / name)
-                    files[name] = self.hashes.sha256(staging / "files" / name)
-            (staging / ENTRY).write_text(json.dumps({"files": files, "stored": time.time()}, indent=1))
+            if verified is not None:
+                files = {name: verified[name] for name in names}
+            else:
+                files = {}
+                for name in names:
+                    if "/" in name:
+                        (staging / name).parent.mkdir(parents=True, exist_ok=True)
+                    link_or_copy(source / name, staging / name)
+                    files[name] = self.hashes.sha256(staging / name)
+            (staging / RECORD).write_text(json.dumps({"files": files, "stored": time.time()}, indent=1))
             entry.parent.mkdir(parents=True, exist_ok=True)
             os.replace(staging, entry)
         except OSError:
@@ -157,9 +152,12 @@ class ArtifactCache:
         self._enforce_cap()
         return files
 
+    def _entries(self) -> list[Path]:
+        return list((self.folder / ENTRIES).glob("*"))
+
     def usage(self) -> tuple[int, int]:
         """(entries, bytes) held now."""
-        entries = list((self.folder / "entries").glob("*/*"))
+        entries = self._entries()
         return len(entries), sum(p.stat().st_size for entry in entries for p in entry.rglob("*") if p.is_file())
 
     def _evict(self, entry: Path, why: str) -> None:
@@ -176,7 +174,7 @@ class ArtifactCache:
         if self.max_bytes is None:
             return
         entries = []
-        for entry in (self.folder / "entries").glob("*/*"):
+        for entry in self._entries():
             size = sum(p.stat().st_size for p in entry.rglob("*") if p.is_file())
             entries.append((entry.stat().st_mtime, size, entry))
         total = sum(size for _, size, _ in entries)
@@ -300,8 +298,9 @@ def cached_folder(label: str, fingerprint: str, workspace: Workspace, final: Pat
         try:
             found, outcome = restore(label, fingerprint, workspace, scratch)
             if found is None or (expected is not None and found != expected):
-                discard(scratch)
-                scratch.mkdir()
+                if found is not None:  # a miss leaves the scratch folder empty
+                    discard(scratch)
+                    scratch.mkdir()
                 produce(scratch)
                 produced = produced_files(scratch)
                 if expected is not None and produced != expected:

@@ -33,6 +33,28 @@ def publish(scratch: Path, final: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def link_or_copy(source: Path, target: Path) -> None:
+    """A hard link where the file system allows one (a cache entry and the artifacts restored from it share their
+    bytes: a file changed in place fails the sha256 check on the next restore and its entry is evicted), else a
+    copy."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
+def publish_file(source: Path, final: Path) -> None:
+    """Replace the file `final` with `source`'s bytes atomically, sharing them where possible: link beside it
+    under a private name, then rename."""
+    temporary = final.with_name(f".{final.name}.{os.getpid()}.tmp")
+    temporary.unlink(missing_ok=True)  # a leftover: never written through
+    try:
+        link_or_copy(source, temporary)
+        os.replace(temporary, final)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
 def discard(*folders: Path) -> None:
     for folder in folders:
         shutil.rmtree(folder, ignore_errors=True)

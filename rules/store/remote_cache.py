@@ -29,7 +29,7 @@ import time
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from .cache import ArtifactCache
+from .cache import RECORD, ArtifactCache
 from .publish import discard
 
 FORMAT = 1
@@ -198,6 +198,8 @@ class RemoteCache:
         for name, entry in files.items():
             if not _safe_name(name):
                 return {}, f"the manifest names a file outside its entry: {name!r}"
+            if name == RECORD:
+                return {}, f"the manifest names a file {RECORD}, which the local cache reserves for its record"
             if (not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str)
                     or not HEX64.fullmatch(entry["sha256"]) or not isinstance(entry.get("size"), int)
                     or entry["size"] < 0):
