@@ -6,7 +6,9 @@ against the one-process floor.
 
 1. COPIES (40) copies of the shipped tiny CNN for the `cpu` target, with the project on the disk and again on
    tmpfs (/dev/shm: this VM's disk, ext4 with online discard, slows down under minutes of file churn, which the
-   one-process floor, writing few files, does not feel): a clean serial `doit` (COPIES compiles and
+   one-process floor, writing few files, does not feel; each build and each floor starts after a `sync`, so
+   that the writes of the cleanup before it and the dirty pages of the build before it, flushed in the middle of
+   the next measurement otherwise, are not timed): a clean serial `doit` (COPIES compiles and
    COPIES validations, empty cache, no fork server running: each build gets its own TMPDIR, so it pays the
    server's start) in each mode, the median of REPEATS (3; fresh children once), and with warm workers once more
    with the fork server already running. The floor is the issue's: one Python process started for the same
@@ -61,6 +63,7 @@ def clean_build(folder: Path, mode: str, args: list[str], builds: int = 1) -> fl
             (folder / ".doit.db").unlink(missing_ok=True)
             cache = folder.with_name(f"{folder.name}-cache")
             shutil.rmtree(cache, ignore_errors=True)
+            os.sync()  # the removal's writes and the previous build's dirty pages land before timing, not in it
             env = {**environment(), "EPBUILD_CACHE_DIR": str(cache), "EPBUILD_FORK_SERVER": mode,
                    "EPBUILD_PROGRESS": "plain", "TMPDIR": servers}
             start = time.perf_counter()
@@ -102,6 +105,7 @@ def floor_work(folder: Path) -> float:
 
 def floor(folder: Path) -> tuple[float, float]:
     """(seconds of one Python process started for the work, imports included; the work alone once warm)."""
+    os.sync()  # as before each build
     start = time.perf_counter()
     done = subprocess.run([sys.executable, __file__, "--floor", str(folder)], env=environment(), check=True,
                           capture_output=True, text=True)

@@ -31,7 +31,7 @@ from .build.toolchains import Toolchain, check_operators, find_qaic, find_qairt,
 from .build.validate import REPORT, cached_validation, summary, validate
 from .errors import BuildError, UserError, closest
 from .execute.executor import executor_settings, run_operator_list, run_validation, unreachable, with_worker_toolchains
-from .execute.fork_server import prestart
+from .execute.fork_server import prestart, serving
 from .execute.host import capabilities
 from .fast_path import (
     DOIT_BASE,
@@ -436,9 +436,15 @@ class Project:
             raise self.executor_error(reason)
         self.workspace = Workspace(self.layout.root, *cache_location(self.manifest.cache),
                                    remote_location(self.manifest.cache), executor)
+        servers: set[str] = set()
         if is_default_run(requested) and not executor and not self.layout.configs.exists():
-            prestart(first_build_servers(self.manifest))  # their imports overlap reading the models
+            servers = first_build_servers(self.manifest)
+            prestart(servers)  # their imports overlap this process's start-up
         index = ExternalDataIndex(self.layout.state)
+        # a fork server running or starting anyway reads the models (it has onnx loaded), the CPU-only one first
+        reader = next((alias for alias in sorted(servers | {""}) if serving(alias)), None)
+        index.read([model.path for model in self.manifest.models.values()], reader,
+                   self.layout.scratch(f"read-models.{os.getpid()}"))
         external = {}
         for name, model in self.manifest.models.items():
             try:

@@ -79,3 +79,22 @@ def slow_model(path: Path, nodes: int = 60000) -> Path:
     model.ir_version = 8
     onnx.save(model, str(path))
     return path
+
+
+def model_with_location(root: Path, name: str, location: str) -> None:
+    """models/NAME: tinycnn with its first weight said to be in external file `location`."""
+    model = onnx.load(str(root / "models" / "tinycnn.onnx"))
+    tensor = model.graph.initializer[0]
+    tensor.ClearField("raw_data")
+    tensor.ClearField("float_data")
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    entry = tensor.external_data.add()
+    entry.key, entry.value = "location", location
+    (root / "models" / name).write_bytes(model.SerializeToString())
+
+
+def setup_failing_checker(root: Path) -> None:
+    """models/broken.onnx: tinycnn with a node input that names no tensor, which onnx.checker refuses."""
+    model = onnx.load(str(root / "models" / "tinycnn.onnx"))
+    model.graph.node[0].input[1] = "no_such_tensor"
+    (root / "models" / "broken.onnx").write_bytes(model.SerializeToString())

@@ -233,3 +233,20 @@ def test_an_output_named_like_the_cache_record_is_refused(tmp_path):
     with pytest.raises(BuildError, match=f"an output is named {RECORD}, a name the artifact cache reserves"):
         cache.store("ab" * 32, tmp_path / "out", [RECORD])
     assert not (tmp_path / "cache" / ENTRIES).exists()
+
+
+def test_an_adopted_staging_folder_becomes_the_entry_without_what_a_child_left_beside_the_outputs(tmp_path):
+    """A validation's child works in the folder that becomes its cache entry: files an EP wrote into its working
+    folder are not stored."""
+    cache = ArtifactCache(tmp_path / "cache", FileHashes(tmp_path / "state"))
+    staging = cache.staging("ab" * 32)
+    (staging / "validation.json").write_text('{"status": "passed"}\n')
+    (staging / "ep-profile.log").write_text("left by the EP")
+    (staging / "ep-cache").mkdir()
+    (staging / "ep-cache" / "blob").write_bytes(b"x")
+    digests = cache.store("ab" * 32, staging, ["validation.json"], adopt=True)
+    entry = tmp_path / "cache" / ENTRIES / ("ab" * 32)
+    assert not staging.exists() and sorted(p.name for p in entry.iterdir()) == [RECORD, "validation.json"]
+    assert digests == json.loads((entry / RECORD).read_text())["files"]
+    assert cache.restore("ab" * 32, tmp_path / "restored") == ["validation.json"]
+    assert (tmp_path / "restored" / "validation.json").read_text() == '{"status": "passed"}\n'

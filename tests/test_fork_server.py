@@ -84,7 +84,7 @@ def test_a_hung_job_is_killed_at_its_timeout(tmp_path, monkeypatch, crash_child,
     assert run_child("crash_child", {"action": "sleep"}, tmp_path / "b", Limits(60), "compile m@t", reuse=True)
 
 
-def test_a_warm_worker_runs_job_after_job_each_with_its_own_environment_and_peak(tmp_path, monkeypatch,
+def test_a_warm_worker_runs_job_after_job_each_with_its_own_environment_folder_and_peak(tmp_path, monkeypatch,
                                                                                  crash_child):
     def job(folder: str, request: dict, memory_gb: float | None = None) -> dict:
         return run_child("crash_child", request, tmp_path / folder, Limits(60, memory_gb), "validate m@t",
@@ -96,6 +96,7 @@ def test_a_warm_worker_runs_job_after_job_each_with_its_own_environment_and_peak
     monkeypatch.delenv("EPBUILD_TEST_MARK")
     second = job("b", {"action": "env", "name": "EPBUILD_TEST_MARK"})
     assert first["value"] == "first" and second["value"] is None and second["pid"] == first["pid"]
+    assert os.readlink(f"/proc/{first['pid']}/cwd") == "/"  # between jobs it holds no job's folder
     big = job("c", {"action": "allocate", "mb": 300})
     small = job("d", {"action": "sleep"})
     assert small["pid"] == first["pid"]  # still the same worker: it is below its memory bound again

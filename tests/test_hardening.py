@@ -20,33 +20,16 @@ import onnx
 import pytest
 
 from conftest import Project, ran
-from helpers import tree_bytes
+from helpers import model_with_location, setup_failing_checker, tree_bytes
 from rules.store.cache import ENTRIES, RECORD
 
 GOOD = '[models.tinycnn]\npath = "models/tinycnn.onnx"\ntargets = ["cpu"]\n\n[targets.cpu]\nep = "cpu"\n'
 QNN = '\n[targets.qnn]\nep = "qnn"\noptions = { soc_model = 60 }\n'
 
 
-def model_with_location(root: Path, name: str, location: str) -> None:
-    model = onnx.load(str(root / "models" / "tinycnn.onnx"))
-    tensor = model.graph.initializer[0]
-    tensor.ClearField("raw_data")
-    tensor.ClearField("float_data")
-    tensor.data_location = onnx.TensorProto.EXTERNAL
-    entry = tensor.external_data.add()
-    entry.key, entry.value = "location", location
-    (root / "models" / name).write_bytes(model.SerializeToString())
-
-
 def setup_symlink_escape(root: Path) -> None:
     (root / "models" / "outside.data").symlink_to("/etc/hostname")
     model_with_location(root, "linked.onnx", "outside.data")
-
-
-def setup_failing_checker(root: Path) -> None:
-    model = onnx.load(str(root / "models" / "tinycnn.onnx"))
-    model.graph.node[0].input[1] = "no_such_tensor"
-    (root / "models" / "broken.onnx").write_bytes(model.SerializeToString())
 
 
 def extra_model(name: str, path: str) -> str:

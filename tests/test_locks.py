@@ -31,12 +31,15 @@ def fingerprint(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-@pytest.fixture(params=["ofd", "filelock"])
+@pytest.fixture(params=["ofd", "flock", "filelock"])
 def mode(request, monkeypatch):
-    """Both implementations: Linux's one-file byte locks, and the lock file per fingerprint used elsewhere."""
+    """Every implementation: Linux's one-file byte locks, the lock file per fingerprint used elsewhere (flock), and
+    its Windows form (filelock)."""
     if request.param == "ofd" and not locks._OFD:
         pytest.skip("open-file-description locks are Linux-only")
     monkeypatch.setattr(locks, "_OFD", request.param == "ofd")
+    if request.param == "filelock":
+        monkeypatch.setattr(locks, "fcntl", None)
     return request.param
 
 
@@ -72,7 +75,8 @@ def test_threads_wait_for_the_same_fingerprint_and_not_for_another(tmp_path, mod
 def test_another_process_holding_the_lock_excludes_this_one_until_it_is_killed(tmp_path, mode):
     key = fingerprint("shared")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    script = HOLDER if mode == "ofd" else "import rules.store.locks as l; l._OFD = False\n" + HOLDER
+    switch = {"ofd": "", "flock": "l._OFD = False\n", "filelock": "l._OFD = False\nl.fcntl = None\n"}[mode]
+    script = "import rules.store.locks as l\n" + switch + HOLDER
     holder = subprocess.Popen([sys.executable, "-c", script, str(tmp_path), key], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True, env=env)
     try:

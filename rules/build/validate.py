@@ -105,27 +105,29 @@ def cached_validation(label: str, fingerprint: str, workspace: Workspace, folder
     either way written into the artifact `folder` as `validation.json`, atomically. Only passed reports are
     stored: a failure or a skip is worth re-checking."""
     with workspace.cache.lock(fingerprint):
-        scratch = workspace.layout.scratch(f"validation.{fingerprint[:16]}.{os.getpid()}")  # created on first use
+        restored = workspace.layout.scratch(f"validation.{fingerprint[:16]}.{os.getpid()}")  # made by a hit
         try:
-            found, outcome = restore(label, fingerprint, workspace, scratch)
+            found, outcome = restore(label, fingerprint, workspace, restored)
             if found == [REPORT]:
-                report = {**json.loads((scratch / REPORT).read_text()), "restored_from_cache": outcome.origin}
+                report = {**json.loads((restored / REPORT).read_text()), "restored_from_cache": outcome.origin}
                 write_json(folder / REPORT, report)
                 return report, outcome
-            if found is not None:  # an entry of other files: its links must not be written through
-                discard(scratch)
-            report = produce(scratch)
-            # written once, in the private scratch folder, then linked into the artifact folder and the cache (a
-            # copy of its own: another builder may replace `folder` meanwhile)
-            scratch.mkdir(parents=True, exist_ok=True)
-            write_json(scratch / REPORT, report)
-            publish_file(scratch / REPORT, folder / REPORT)
-            uploaded = 0
-            if report["status"] == "passed":
-                uploaded = store(label, fingerprint, workspace, scratch, [REPORT], identity)
+        finally:
+            discard(restored)
+        # the child works in the folder that becomes the cache entry: the report is written once, and linked
+        # into the artifact folder (the entry keeps its own link: another builder may replace `folder`)
+        staging = workspace.cache.staging(fingerprint)
+        try:
+            report = produce(staging)
+            if report["status"] != "passed":
+                write_json(folder / REPORT, report)
+                return report, Outcome(None, outcome.downloaded)
+            write_json(staging / REPORT, report)
+            publish_file(staging / REPORT, folder / REPORT)
+            uploaded = store(label, fingerprint, workspace, staging, [REPORT], identity, adopt=True)
             return report, Outcome(None, outcome.downloaded, uploaded)
         finally:
-            discard(scratch)
+            discard(staging)
 
 
 def summary(report: dict[str, Any]) -> str:

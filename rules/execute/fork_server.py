@@ -44,6 +44,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..store.locks import file_lock
 from .forked_jobs import WorkerHandle, run_many, run_one
 
 SWITCH = "EPBUILD_FORK_SERVER"  # "0": a plain child for every job; "fork": a forked child for every job, no warm
@@ -221,10 +222,21 @@ def prestart(aliases: set[str]) -> None:
         _PRESTARTED[key] = _launch(alias, path, log), time.monotonic()
 
 
+def serving(alias: str) -> bool:
+    """Whether the EP's server is running, or was started by this process (its warm workers are cheap to use)."""
+    if not enabled():
+        return False
+    key = _server_key(alias)
+    if key in _PRESTARTED:
+        return True
+    connection = _connect(_paths(key)[0])
+    if connection is not None:
+        connection.close()
+    return connection is not None
+
+
 def _server(alias: str) -> socket.socket | None:
     """A connection to the EP's server, starting it when none answers; None when it refuses (not fork-safe)."""
-    from filelock import FileLock
-
     key = _server_key(alias)
     if key in _REFUSED:
         return None
@@ -234,7 +246,7 @@ def _server(alias: str) -> socket.socket | None:
     connection = _connect(path)
     if connection is not None:
         return connection
-    with FileLock(str(lock)):
+    with file_lock(lock):
         connection = _connect(path)
         if connection is not None:
             return connection

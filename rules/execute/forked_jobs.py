@@ -104,6 +104,7 @@ def _one_of_many(request: dict[str, Any]) -> tuple[int, int, dict[str, Any] | No
         os.dup2(quiet, 1)
         os.dup2(quiet, 2)
         os.close(quiet)
+        os.chdir("/")  # nor does the worker hold on to the job's folder (a busy mount, a deleted folder kept)
     inline, child.INLINE_JOB = child.INLINE_JOB, None
     return code, _status_kb("VmHWM:"), inline.get("result") if inline else None
 

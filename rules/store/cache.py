@@ -72,7 +72,7 @@ class ArtifactCache:
     def __init__(self, folder: Path, hashes: FileHashes, max_bytes: int | None = None):
         self.folder, self.hashes, self.max_bytes = folder, hashes, max_bytes
 
-    def _entry(self, fingerprint: str) -> Path:
+    def entry_folder(self, fingerprint: str) -> Path:
         return self.folder / ENTRIES / fingerprint
 
     @contextmanager
@@ -86,7 +86,7 @@ class ArtifactCache:
         `destination` untouched.
 
         Every file is checked against the sha256 recorded when it was stored; any mismatch evicts the entry."""
-        entry = self._entry(fingerprint)
+        entry = self.entry_folder(fingerprint)
         try:
             recorded = json.loads((entry / RECORD).read_text())["files"]
         except (OSError, ValueError, KeyError):
@@ -116,32 +116,36 @@ class ArtifactCache:
         staging_root.mkdir(parents=True, exist_ok=True)
         return Path(tempfile.mkdtemp(prefix=f"{fingerprint[:16]}.", dir=staging_root))
 
-    def store(self, fingerprint: str, source: Path, names: list[str],
-              verified: dict[str, str] | None = None) -> dict[str, str]:
-        """Link or copy `names` from `source` into a new entry, atomically, and return their sha256s; an existing
-        entry is kept. With `verified` (their sha256s, checked while downloading), `source` is a staging folder
-        of this cache holding exactly those files, and becomes the entry."""
+    def store(self, fingerprint: str, source: Path, names: list[str], adopt: bool = False,
+              digests: dict[str, str] | None = None) -> dict[str, str]:
+        """Put `names` from `source` into a new entry, atomically, and return their sha256s; an existing entry is
+        kept. The files are linked (or copied) into a staging folder, unless `adopt`: then `source` is a staging
+        folder of this cache (`staging()`) that becomes the entry itself, anything else in it removed. `digests`:
+        their sha256s where already known (checked while downloading)."""
         if RECORD in names:
             raise BuildError(f"an output is named {RECORD}, a name the artifact cache reserves for its own record")
-        entry = self._entry(fingerprint)
+        entry = self.entry_folder(fingerprint)
         if entry.exists():
             try:
                 return json.loads((entry / RECORD).read_text())["files"]
             except (OSError, ValueError, KeyError):
-                if verified is None:
+                if not adopt:
                     return {name: self.hashes.sha256(source / name) for name in names}
-                shutil.rmtree(entry, ignore_errors=True)  # incomplete: replaced by the verified download
-        staging = source if verified is not None else self.staging(fingerprint)
+                shutil.rmtree(entry, ignore_errors=True)  # incomplete: replaced by the adopted folder
+        staging = source if adopt else self.staging(fingerprint)
         try:
-            if verified is not None:
-                files = {name: verified[name] for name in names}
+            if adopt:  # what a child left beside the outputs (its working folder) is not part of the entry
+                for leftover in set(os.listdir(staging)) - {name.split("/")[0] for name in names}:
+                    if (staging / leftover).is_dir():
+                        discard(staging / leftover)
+                    else:
+                        (staging / leftover).unlink()
             else:
-                files = {}
                 for name in names:
                     if "/" in name:
                         (staging / name).parent.mkdir(parents=True, exist_ok=True)
                     link_or_copy(source / name, staging / name)
-                    files[name] = self.hashes.sha256(staging / name)
+            files = dict(digests) if digests else {name: self.hashes.sha256(staging / name) for name in names}
             (staging / RECORD).write_text(json.dumps({"files": files, "stored": time.time()}, indent=1))
             entry.parent.mkdir(parents=True, exist_ok=True)
             os.replace(staging, entry)
@@ -266,13 +270,15 @@ def restore(label: str, fingerprint: str, workspace: Workspace, scratch: Path) -
 
 
 def store(label: str, fingerprint: str, workspace: Workspace, folder: Path, names: list[str],
-          identity: dict[str, Any]) -> int:
-    """Keep what was produced in the local cache and upload it to the remote; bytes uploaded."""
-    digests = workspace.cache.store(fingerprint, folder, names)
+          identity: dict[str, Any], adopt: bool = False) -> int:
+    """Keep what was produced in the local cache (with `adopt`, `folder` is a staging folder of the cache and
+    becomes the entry) and upload it to the remote; bytes uploaded."""
+    digests = workspace.cache.store(fingerprint, folder, names, adopt)
     remote = workspace.remote
     if remote is None or sorted(digests) != sorted(names):  # an older local entry holds other files: keep it local
         return 0
-    return remote.upload(fingerprint, folder, digests, identity, label)
+    return remote.upload(fingerprint, workspace.cache.entry_folder(fingerprint) if adopt else folder, digests,
+                         identity, label)
 
 
 def _holds(final: Path, scratch: Path, names: list[str], workspace: Workspace) -> bool:

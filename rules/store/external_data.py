@@ -1,7 +1,9 @@
 """Which external-data files a model references, without parsing models at every `doit list`.
 
 The answer for each model is cached in `artifacts/.state/external-data.json` under the model's (size, mtime_ns,
-inode); a model is parsed (with `onnx`, tensors not loaded) only when it changed. Locations that escape the
+inode); a model is read (with `onnx`, tensors not loaded, then `onnx.checker`) only when it changed. The models that
+changed are read in one job: in a warm worker of a fork server that is running or starting anyway, which has
+`onnx` loaded (importing it here cost a first build ~0.1 s), else in this process. Locations that escape the
 model's folder are refused before any of them is read.
 """
 
@@ -11,8 +13,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..errors import UserError
+from ..errors import BuildError, UserError
 from .layout import stat_key, write_json
+from .publish import discard
+
+READ_TIMEOUT_S = 600.0  # a multi-GB protobuf takes seconds to parse and check
 
 
 def _locations(model_path: Path) -> set[str]:
@@ -65,6 +70,25 @@ def check_location(model_path: Path, location: str) -> Path:
     return model_path.parent / candidate
 
 
+def read_models(paths: list[str], server: str | None, workdir: Path) -> dict[str, dict[str, Any]]:
+    """Per model path: {"locations": [...]} or {"error": why it cannot be used}. With `server` (a fork server's
+    alias), in one job in its warm worker, and in one job per model should that job crash or time out, so that
+    the error names its model."""
+    if server is None:
+        return _read_in_child({"models": paths})["models"]
+    from ..execute.child import Limits, run_child
+
+    try:
+        return run_child(__name__, {"models": paths}, workdir, Limits(READ_TIMEOUT_S), "reading the models",
+                         ep=server, reuse=True)["models"]
+    except BuildError as exc:
+        if len(paths) == 1:
+            return {paths[0]: {"error": f"reading it failed: {exc}"}}
+    finally:
+        discard(workdir)
+    return {path: answer for one in paths for path, answer in read_models([one], server, workdir).items()}
+
+
 class ExternalDataIndex:
     """Per-model external-data file lists, cached by file identity; `save()` writes only when something changed."""
 
@@ -74,17 +98,33 @@ class ExternalDataIndex:
             self.entries: dict[str, Any] = json.loads(self.path.read_text())
         except (OSError, ValueError):
             self.entries = {}
+        self.errors: dict[str, str] = {}  # not remembered: a model in error is read again next time
         self.changed = False
 
+    def read(self, model_paths: list[Path], server: str | None, workdir: Path) -> None:
+        """Read the models that changed since they were last read (`read_models`)."""
+        stale = {str(path): stat_key(path.stat()) for path in model_paths
+                 if str(path) not in self.errors and self._entry(path) is None}
+        if not stale:
+            return
+        for path, answer in read_models(list(stale), server, workdir).items():
+            if "error" in answer:
+                self.errors[path] = answer["error"]
+            else:
+                self.entries[path] = {"stat": stale[path], "locations": answer["locations"]}
+                self.changed = True
+
+    def _entry(self, model_path: Path) -> dict[str, Any] | None:
+        entry = self.entries.get(str(model_path))
+        return entry if entry is not None and entry["stat"] == stat_key(model_path.stat()) else None
+
     def files(self, model_path: Path) -> list[Path]:
-        key = str(model_path)
-        stat = stat_key(model_path.stat())
-        entry = self.entries.get(key)
-        if entry is None or entry["stat"] != stat:
-            entry = {"stat": stat, "locations": sorted(_locations(model_path))}
-            self.entries[key] = entry
-            self.changed = True
-        return [check_location(model_path, location) for location in entry["locations"]]
+        """The model's external-data files (read here if `read()` did not)."""
+        if self._entry(model_path) is None and str(model_path) not in self.errors:
+            self.read([model_path], None, model_path.parent)
+        if str(model_path) in self.errors:
+            raise UserError(model_path.name, None, self.errors[str(model_path)])
+        return [check_location(model_path, location) for location in self.entries[str(model_path)]["locations"]]
 
     def save(self) -> None:
         if not self.changed:
@@ -92,3 +132,25 @@ class ExternalDataIndex:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         write_json(self.path, self.entries, indent=None)
         self.changed = False
+
+
+# ---- child process ----
+
+def _read_in_child(request: dict[str, Any]) -> dict[str, Any]:
+    answers: dict[str, dict[str, Any]] = {}
+    for path in request["models"]:
+        try:
+            answers[path] = {"locations": sorted(_locations(Path(path)))}
+        except UserError as exc:
+            answers[path] = {"error": exc.message}
+    return {"models": answers}
+
+
+def main() -> None:
+    from ..execute.child import serve
+
+    serve(_read_in_child)
+
+
+if __name__ == "__main__":
+    main()

@@ -170,7 +170,8 @@ class RemoteCache:
                     self._refuse(key, fingerprint, label, f"{name}: {why}")
                     return None
                 downloaded += entry["size"]
-            cache.store(fingerprint, staging, sorted(files), verified={n: e["sha256"] for n, e in files.items()})
+            cache.store(fingerprint, staging, sorted(files), adopt=True,
+                        digests={n: e["sha256"] for n, e in files.items()})
         finally:
             discard(staging)
         return downloaded

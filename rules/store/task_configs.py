@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .layout import write_json
+from .locks import file_lock
 
 
 def digest(config: dict[str, Any]) -> str:
@@ -54,10 +55,8 @@ class ConfigRecord:
         changed = {task: self.current[task] for task in self.succeeded if self.recorded.get(task) != self.current[task]}
         if not changed:
             return
-        from filelock import FileLock
-
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(self.path.with_suffix(".lock"))):
+        with file_lock(self.path.with_suffix(".lock")):
             merged = {**_read(self.path), **changed}
             write_json(self.path, merged, indent=None)
         self.recorded.update(changed)

@@ -1,0 +1,92 @@
+"""Reading the models at task creation (external-data files, onnx.checker): in a fork server's warm worker or
+forked child the answers and errors are those of reading them in this process; a reading job that fails names
+each model; a first build's doit process never imports onnx."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import onnx
+import pytest
+
+from conftest import REPO
+from helpers import TWO_MODELS_CPU_QNN, model_with_location, setup_failing_checker
+from rules.execute.fork_server import SWITCH
+from rules.store import external_data
+from rules.store.external_data import read_models
+
+EXPECTED = {
+    "tinycnn.onnx": {"locations": []},
+    "weights.onnx": {"locations": ["weights.data"]},
+    "empty.onnx": {"error": "the model file is empty"},
+    "text.onnx": {"error": "not a readable ONNX model: "},
+    "broken.onnx": {"error": "fails onnx.checker: "},
+    "escape.onnx": {"error": "external data location '../../etc/passwd' escapes the model's folder; refused"},
+    "lost.onnx": {"error": "external data file 'lost.data' not found next to the model"},
+}
+
+
+def models(root: Path) -> list[str]:
+    """A good model, one with its weights in an external file, and one of each kind of unreadable model."""
+    (root / "models").mkdir()
+    shutil.copy(REPO / "models" / "tinycnn.onnx", root / "models")
+    model = onnx.load(str(root / "models" / "tinycnn.onnx"))
+    onnx.save_model(model, str(root / "models" / "weights.onnx"), save_as_external_data=True,
+                    location="weights.data", size_threshold=0)
+    (root / "models" / "empty.onnx").write_bytes(b"")
+    (root / "models" / "text.onnx").write_text("this is not a model")
+    setup_failing_checker(root)
+    model_with_location(root, "escape.onnx", "../../etc/passwd")
+    model_with_location(root, "lost.onnx", "lost.data")
+    return [str(root / "models" / name) for name in EXPECTED]
+
+
+def matches(answers: dict[str, dict], expected: dict[str, dict]) -> bool:
+    for path, answer in answers.items():
+        want = expected[Path(path).name]
+        if "error" in want and not answer.get("error", "").startswith(want["error"]):
+            return False
+        if "locations" in want and answer != want:
+            return False
+    return len(answers) == len(expected)
+
+
+@pytest.mark.parametrize("mode", ["1", "fork"])
+def test_models_read_by_a_fork_server_give_the_answers_and_errors_of_reading_them_here(tmp_path, monkeypatch,
+                                                                                        mode):
+    monkeypatch.setenv(SWITCH, mode)
+    paths = models(tmp_path)
+    here = read_models(paths, None, tmp_path / "work")
+    assert matches(here, EXPECTED), here
+    assert read_models(paths, "", tmp_path / "work") == here
+    assert not (tmp_path / "work").exists()
+
+
+def test_a_reading_job_that_fails_names_the_model_that_failed(tmp_path, monkeypatch):
+    """The models are read again one job each: the small one is answered, the slow one's error is its own."""
+    import numpy as np
+
+    paths = models(tmp_path)[:1]
+    weights = onnx.numpy_helper.from_array(np.zeros(16_000_000, np.float32), "w")  # 64 MB: ~0.1 s to read
+    graph = onnx.helper.make_graph([onnx.helper.make_node("Identity", ["w"], ["y"])], "big", [],
+                                   [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)], [weights])
+    onnx.save_model(onnx.helper.make_model(graph), str(tmp_path / "models" / "big.onnx"))
+    monkeypatch.setattr(external_data, "READ_TIMEOUT_S", 0.02)
+    answers = read_models([*paths, str(tmp_path / "models" / "big.onnx")], "", tmp_path / "work")
+    assert answers[paths[0]] == {"locations": []}
+    assert answers[str(tmp_path / "models" / "big.onnx")]["error"].startswith(
+        "reading it failed: reading the models: timed out after 0.02 s"), answers
+
+
+def test_a_first_build_never_imports_onnx_in_the_doit_process(project):
+    """Its fork servers, started while it loads, read the models (and external-data files are still found)."""
+    project.manifest(TWO_MODELS_CPU_QNN)
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "doit"],
+                          cwd=project.root, env=project.env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    imported = {line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines() if line.startswith("import time")}
+    assert "rules.tasks" in imported and not {"onnx", "numpy", "onnxruntime"} & imported
+    assert (project.artifacts / ".state" / "external-data.json").is_file()
