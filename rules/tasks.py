@@ -8,6 +8,7 @@ thin: they call plain functions (`rules.build.compile`, `rules.build.validate`, 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -49,7 +50,7 @@ from .manifest.targets import plan
 from .report.build_report import BuildReport, usage_text
 from .report.progress import LiveProgress, live_wanted, load_durations, save_durations
 from .report.task_graph import write_graph
-from .report.views import append_step_summary, write_views
+from .report.views import append_step_summary, template_prepared_meanwhile, write_views
 from .store.cache import Outcome, Workspace, cache_location, remote_location
 from .store.external_data import ExternalDataIndex
 from .store.hashing import FileHashes
@@ -443,8 +444,9 @@ class Project:
         index = ExternalDataIndex(self.layout.state)
         # a fork server running or starting anyway reads the models (it has onnx loaded), the CPU-only one first
         reader = next((alias for alias in sorted(servers | {""}) if serving(alias)), None)
-        index.read([model.path for model in self.manifest.models.values()], reader,
-                   self.layout.scratch(f"read-models.{os.getpid()}"))
+        with template_prepared_meanwhile() if servers else contextlib.nullcontext():
+            index.read([model.path for model in self.manifest.models.values()], reader,
+                       self.layout.scratch(f"read-models.{os.getpid()}"))
         external = {}
         for name, model in self.manifest.models.items():
             try:

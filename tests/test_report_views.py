@@ -222,3 +222,17 @@ def test_with_threads_doit_does_not_swap_sys_stdout_per_task(tmp_path, host_cach
     processes = Loaded(tmp_path / "models.toml", ["-n", "2"]).all_tasks()
     assert {str(t.get("io")) for t in threads if t.get("name")} == {"{'capture': False}"}
     assert all("io" not in t for t in processes)
+
+
+def test_the_page_template_is_compiled_while_a_first_build_waits_and_no_thread_outlives_the_wait():
+    import threading
+
+    from rules.report.views import report_template, template_prepared_meanwhile
+
+    report_template.cache_clear()
+    before = threading.active_count()
+    with template_prepared_meanwhile():
+        time.sleep(0.01)  # the build waits for its fork servers here
+    assert report_template.cache_info().currsize == 1 and threading.active_count() == before
+    assert "<html" in report_template().render(rows=[], groups=[], targets=[], by_place={}, cells=[], stages={},
+                                               counts={}, project="p", generated="now")

@@ -7,10 +7,15 @@ Everything comes from files a build leaves: `build-report.json` entries, and eac
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import html
 import json
 import os
+import threading
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -134,6 +139,30 @@ def _environment() -> Any:
     return environment
 
 
+@functools.cache
+def report_template() -> Any:
+    """report.html's compiled template, made once per process."""
+    return _environment().get_template("report.html.j2")
+
+
+@contextmanager
+def template_prepared_meanwhile() -> Iterator[None]:
+    """Import jinja2 and compile report.html's template in a thread while the block waits for something else (a
+    first build waits ~0.2 s for its fork servers to start, with a core to spare): the end of the build then
+    renders the page in ~10 ms instead of ~60 ms. No thread outlives the block."""
+
+    def prepare() -> None:
+        with contextlib.suppress(Exception):  # a broken template is reported where the page is written
+            report_template()
+
+    thread = threading.Thread(target=prepare, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        thread.join()
+
+
 def render_html(cells: list[Cell], entries: dict[str, dict[str, Any]], project: str) -> str:
     rows = list(dict.fromkeys(c.row for c in cells if not c.shared))
     groups = list(dict.fromkeys(c.row for c in cells if c.shared))
@@ -142,7 +171,7 @@ def render_html(cells: list[Cell], entries: dict[str, dict[str, Any]], project: 
     stages = {name: entry for name, entry in sorted(entries.items())
               if not name.startswith(("compile:", "validate:", "group:"))}
     counts = Counter(entry.get("status", "?") for entry in entries.values())
-    return _environment().get_template("report.html.j2").render(
+    return report_template().render(
         project=project, generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), rows=rows,
         groups=groups, targets=targets, by_place=by_place, cells=cells, stages=stages, counts=counts)
 
