@@ -442,11 +442,11 @@ class Project:
             servers = first_build_servers(self.manifest)
             prestart(servers)  # their imports overlap this process's start-up
         index = ExternalDataIndex(self.layout.state)
-        # a fork server running or starting anyway reads the models (it has onnx loaded), the CPU-only one first
-        reader = next((alias for alias in sorted(servers | {""}) if serving(alias)), None)
-        with template_prepared_meanwhile() if servers else contextlib.nullcontext():
-            index.read([model.path for model in self.manifest.models.values()], reader,
-                       self.layout.scratch(f"read-models.{os.getpid()}"))
+        unread = index.unread([model.path for model in self.manifest.models.values()])
+        if unread:  # read by a fork server running or starting anyway (it has onnx loaded), the CPU-only one first
+            reader = next((alias for alias in sorted(servers | {""}) if serving(alias)), None)
+            with template_prepared_meanwhile() if servers else contextlib.nullcontext():
+                index.read(unread, reader, self.layout.scratch(f"read-models.{os.getpid()}"))
         external = {}
         for name, model in self.manifest.models.items():
             try:

@@ -16,7 +16,7 @@ from conftest import REPO
 from helpers import TWO_MODELS_CPU_QNN, model_with_location, setup_failing_checker
 from rules.execute.fork_server import SWITCH
 from rules.store import external_data
-from rules.store.external_data import read_models
+from rules.store.external_data import ExternalDataIndex, read_models
 
 EXPECTED = {
     "tinycnn.onnx": {"locations": []},
@@ -90,3 +90,17 @@ def test_a_first_build_never_imports_onnx_in_the_doit_process(project):
     imported = {line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines() if line.startswith("import time")}
     assert "rules.tasks" in imported and not {"onnx", "numpy", "onnxruntime"} & imported
     assert (project.artifacts / ".state" / "external-data.json").is_file()
+
+
+def test_the_index_reads_a_model_again_only_when_it_has_changed(tmp_path):
+    model = Path(models(tmp_path)[0])
+    index = ExternalDataIndex(tmp_path / "state")
+    assert index.unread([model]) == [model]
+    index.read([model], "", tmp_path / "work")
+    index.save()
+    unchanged = ExternalDataIndex(tmp_path / "state")
+    assert unchanged.unread([model]) == [] and unchanged.files(model) == []
+    shutil.copy(tmp_path / "models" / "weights.onnx", model)  # now its weights are in weights.data
+    changed = ExternalDataIndex(tmp_path / "state")
+    assert changed.unread([model]) == [model]
+    assert changed.files(model) == [tmp_path / "models" / "weights.data"]

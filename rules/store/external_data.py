@@ -99,32 +99,42 @@ class ExternalDataIndex:
         except (OSError, ValueError):
             self.entries = {}
         self.errors: dict[str, str] = {}  # not remembered: a model in error is read again next time
+        self.current: set[str] = set()  # models whose entry matches the file, checked by this process
         self.changed = False
 
+    def unread(self, model_paths: list[Path]) -> list[Path]:
+        """The models that changed since they were last read (each stat'ed once per process)."""
+        stale = []
+        for path in model_paths:
+            key = str(path)
+            if key not in self.current:
+                entry = self.entries.get(key)
+                stat = stat_key(path.stat())
+                if entry is not None and entry["stat"] == stat:
+                    self.current.add(key)
+                else:
+                    stale.append(path)
+        return stale
+
     def read(self, model_paths: list[Path], server: str | None, workdir: Path) -> None:
-        """Read the models that changed since they were last read (`read_models`)."""
-        stale = {str(path): stat_key(path.stat()) for path in model_paths
-                 if str(path) not in self.errors and self._entry(path) is None}
-        if not stale:
-            return
-        for path, answer in read_models(list(stale), server, workdir).items():
+        """Read these models (`read_models`) and remember what they reference."""
+        stats = {str(path): stat_key(path.stat()) for path in model_paths}
+        for path, answer in read_models(list(stats), server, workdir).items():
             if "error" in answer:
                 self.errors[path] = answer["error"]
             else:
-                self.entries[path] = {"stat": stale[path], "locations": answer["locations"]}
+                self.entries[path] = {"stat": stats[path], "locations": answer["locations"]}
+                self.current.add(path)
                 self.changed = True
 
-    def _entry(self, model_path: Path) -> dict[str, Any] | None:
-        entry = self.entries.get(str(model_path))
-        return entry if entry is not None and entry["stat"] == stat_key(model_path.stat()) else None
-
     def files(self, model_path: Path) -> list[Path]:
-        """The model's external-data files (read here if `read()` did not)."""
-        if self._entry(model_path) is None and str(model_path) not in self.errors:
+        """The model's external-data files (read here if it changed and `read()` did not read it)."""
+        key = str(model_path)
+        if key not in self.errors and self.unread([model_path]):
             self.read([model_path], None, model_path.parent)
-        if str(model_path) in self.errors:
-            raise UserError(model_path.name, None, self.errors[str(model_path)])
-        return [check_location(model_path, location) for location in self.entries[str(model_path)]["locations"]]
+        if key in self.errors:
+            raise UserError(model_path.name, None, self.errors[key])
+        return [check_location(model_path, location) for location in self.entries[key]["locations"]]
 
     def save(self) -> None:
         if not self.changed:
