@@ -165,7 +165,14 @@ def _sources() -> list[tuple[str, int, int]]:
 
 
 def _server_key(alias: str) -> str:
-    load_env = sorted((k, v) for k, v in os.environ.items() if k.startswith(LOAD_TIME_PREFIXES))
+    """Which server serves this process's jobs for the EP: the interpreter, epbuild's sources and the variables
+    libraries read when they load must be the same."""
+    return _key(alias, tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(LOAD_TIME_PREFIXES))))
+
+
+@functools.lru_cache(maxsize=64)
+def _key(alias: str, load_env: tuple[tuple[str, str], ...]) -> str:
+    """(~0.3 ms: computed once per EP and environment, not per job)"""
     text = json.dumps([sys.executable, str(PACKAGE_ROOT), alias, _sources(), load_env])
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
