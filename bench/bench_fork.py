@@ -5,10 +5,10 @@ against the one-process floor.
     python bench/bench_fork.py [COPIES] [TINY] [REPEATS]
 
 1. COPIES (40) copies of the shipped tiny CNN for the `cpu` target, with the project on the disk and again on
-   tmpfs (/dev/shm: this VM's disk, ext4 with online discard, slows down under minutes of file churn, which the
-   one-process floor, writing few files, does not feel; each build and each floor starts after a `sync`, so
-   that the writes of the cleanup before it and the dirty pages of the build before it, flushed in the middle of
-   the next measurement otherwise, are not timed): a clean serial `doit` (COPIES compiles and
+   tmpfs (/dev/shm: this VM's disk, ext4 with online discard, takes 0.1-0.8 ms per file created, which a build
+   does ~10 times per model and the one-process floor 2-3 times; each build and each floor starts after a
+   `sync`, so that the cleanup before it and the dirty pages of the build before it are not written back in the
+   middle of the measurement): a clean serial `doit` (COPIES compiles and
    COPIES validations, empty cache, no fork server running: each build gets its own TMPDIR, so it pays the
    server's start) in each mode, the median of REPEATS (3; fresh children once), and with warm workers once more
    with the fork server already running. The floor is the issue's: one Python process started for the same

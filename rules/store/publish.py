@@ -1,7 +1,9 @@
-"""Atomic output folders: build in a scratch folder beside the final one, then swap it in with renames.
+"""Atomic outputs: build a folder in a scratch folder beside the final one, then swap it in with renames; put a
+single file in place by linking it beside its final name, then renaming.
 
-A reader sees either the previous complete folder or the new complete one, never a half-written mix; a failed
-build removes the stale folder too, so nothing under a final name looks like a good artifact for new settings.
+A reader sees either the previous complete folder or file or the new complete one, never a half-written mix; a
+failed build removes the stale folder too, so nothing under a final name looks like a good artifact for new
+settings.
 """
 
 from __future__ import annotations
