@@ -70,11 +70,11 @@ def check_location(model_path: Path, location: str) -> Path:
     return model_path.parent / candidate
 
 
-def read_models(paths: list[str], server: str | None, workdir: Path) -> dict[str, dict[str, Any]]:
+def read_models(paths: list[str], server: str | None, workdir: Path | None = None) -> dict[str, dict[str, Any]]:
     """Per model path: {"locations": [...]} or {"error": why it cannot be used}. With `server` (a fork server's
-    alias), in one job in its warm worker, and in one job per model should that job crash or time out, so that
-    the error names its model."""
-    if server is None:
+    alias), in one job in its warm worker working in `workdir` (removed after), and in one job per model should
+    that job crash or time out, so that the error names its model."""
+    if server is None or workdir is None:
         return _read_in_child({"models": paths})["models"]
     from ..execute.child import Limits, run_child
 
@@ -116,7 +116,7 @@ class ExternalDataIndex:
                     stale.append(path)
         return stale
 
-    def read(self, model_paths: list[Path], server: str | None, workdir: Path) -> None:
+    def read(self, model_paths: list[Path], server: str | None = None, workdir: Path | None = None) -> None:
         """Read these models (`read_models`) and remember what they reference."""
         stats = {str(path): stat_key(path.stat()) for path in model_paths}
         for path, answer in read_models(list(stats), server, workdir).items():
@@ -131,7 +131,7 @@ class ExternalDataIndex:
         """The model's external-data files (read here if it changed and `read()` did not read it)."""
         key = str(model_path)
         if key not in self.errors and self.unread([model_path]):
-            self.read([model_path], None, model_path.parent)
+            self.read([model_path])
         if key in self.errors:
             raise UserError(model_path.name, None, self.errors[key])
         return [check_location(model_path, location) for location in self.entries[key]["locations"]]
