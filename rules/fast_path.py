@@ -25,7 +25,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from .store.layout import Layout, stat_key, write_json
+from .store.layout import Layout, settled, stat_key, write_json
 
 PACKAGE = Path(__file__).resolve().parent
 DEP_FILE = ".doit.db"
@@ -34,7 +34,7 @@ DOIT_BASE = {"backend": "sqlite3", "dep_file": DEP_FILE, "verbosity": 2, "subtas
 RUN_OPTIONS = {"-n": 1, "--process": 1, "-P": 1, "--parallel-type": 1, "--continue": 0, "-c": 0}
 ENVIRONMENT = ("EPBUILD_", "QAIC_ROOT", "QNN_SDK_ROOT", "XDG_CACHE_HOME", "HOME", "PYTHONPATH", "PATH")
 OUTPUT_ONLY = ("EPBUILD_FAST_PATH", "EPBUILD_PROGRESS")  # change what a run prints, not its tasks
-FORMAT = 1
+FORMAT = 2
 
 
 def is_default_run(argv: list[str]) -> bool:
@@ -115,8 +115,13 @@ class Stamp:
             if identity is None:
                 return  # a run without them is not a steady state
             files[str(path)] = identity
-        if any(_identity(path) != identity for path, identity in checked.items()):
-            return  # a file changed while this run checked it
+        for path in checked:
+            try:
+                stat = os.stat(path)
+            except OSError:
+                return
+            if stat_key(stat) != checked[path] or not settled(stat):
+                return  # a file changed while this run checked it, or may still change under the same identity
         write_json(self.path, {"key": key, "files": files, "tasks": tasks, "skipped": skipped}, indent=None)
 
 

@@ -54,7 +54,7 @@ from .report.views import append_step_summary, template_prepared_meanwhile, writ
 from .store.cache import Outcome, Workspace, cache_location, remote_location
 from .store.external_data import ExternalDataIndex
 from .store.hashing import FileHashes
-from .store.layout import Layout, stat_key
+from .store.layout import Layout, settled, stat_key
 from .store.publish import discard
 from .store.task_configs import ConfigRecord
 
@@ -262,18 +262,18 @@ def show_cache(workspace: Workspace) -> None:
 
 
 class HashChecker(FileChangedChecker):
-    """doit's file checker on the shared hash memory: state is [size, mtime_ns, inode, sha256], and a file whose
-    identity changed but whose bytes did not (a fresh clone, a touch) is hashed once, not on every run. It keeps
-    the identity of every file it judged unchanged or found present (`checked`): a full no-op's stamp."""
+    """doit's file checker on the shared hash memory: state is [size, mtime_ns, ctime_ns, inode, sha256], and a file
+    whose identity changed but whose bytes did not (a fresh clone, a touch) is hashed once, not on every run. It
+    keeps the identity of every file it judged unchanged or found present (`checked`): a full no-op's stamp."""
 
     hashes: FileHashes  # set on a per-project subclass: doit instantiates the checker without arguments
     checked: dict[str, list[int]]
 
     def check_modified(self, file_path, file_stat, state):
-        if state is None or len(state) != 4:
+        if state is None or len(state) != 5:
             return True
         key = stat_key(file_stat)
-        if key != state[:3] and self.hashes.sha256(file_path, file_stat) != state[3]:
+        if key != state[:4] and self.hashes.sha256(file_path, file_stat) != state[4]:
             return True
         self.checked[file_path] = key
         return False
@@ -288,8 +288,10 @@ class HashChecker(FileChangedChecker):
     def get_state(self, dep, current_state):
         stat = os.stat(dep)
         key = stat_key(stat)
-        if current_state and current_state[:3] == key:
+        if current_state and current_state[:4] == key:
             return None
+        if not settled(stat):  # it may change again under this identity: compared by content next time
+            key = [*key[:2], -1, key[3]]
         return [*key, self.hashes.sha256(dep, stat)]
 
 

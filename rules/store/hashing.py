@@ -1,8 +1,9 @@
-"""Content hashes (sha256) remembered per (path, size, mtime_ns, inode): an unchanged file is never hashed twice.
+"""Content hashes (sha256) remembered per (path, size, mtime, ctime, inode): an unchanged file is never hashed twice.
 
 The memory is an append-only tab-separated file in `artifacts/.state/`, so it survives a doit run that was killed
 and is shared by concurrent builders (each appended line is one small write). doit's file checker uses it too
 (`rules.tasks`): after a fresh clone doit's own md5 checker re-hashes every file on every run, this one once.
+A file changed within the last clock tick (`layout.settled`) is hashed but its identity is not remembered.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .layout import stat_key, write_atomic
+from .layout import settled, stat_key, write_atomic
 
 CHUNK = 1 << 20
 COMPACT_SLACK = 1000  # superseded lines tolerated before the memory is rewritten
@@ -37,7 +38,7 @@ class FileHashes:
         self.log = state_dir / "hashes.tsv"
         self._known: dict[str, tuple[list[int], str]] | None = None
         self._appender: Any = None  # the memory, open for appending: one write per new hash, not an open
-        # digests by (device, size, mtime, inode) seen in this process: a file stored into the cache, published
+        # digests by (device, size, mtime, ctime, inode) seen in this process: a file stored into the cache, published
         # or restored by hard links is read once, not once per name (a 1 GB artifact took 0.6 s per name)
         self._by_identity: dict[tuple[int, ...], str] = {}
 
@@ -51,8 +52,8 @@ class FileHashes:
                     for line in handle:
                         lines += 1
                         fields = line.rstrip("\n").split("\t")
-                        if len(fields) == 5 and len(fields[4]) == 64:  # else a line cut short by a killed process
-                            self._known[fields[0]] = ([int(f) for f in fields[1:4]], fields[4])
+                        if len(fields) == 6 and len(fields[5]) == 64:  # else a line cut short by a killed process
+                            self._known[fields[0]] = ([int(f) for f in fields[1:5]], fields[5])
             except FileNotFoundError:
                 pass
             if lines > 2 * len(self._known) + COMPACT_SLACK:
@@ -79,6 +80,8 @@ class FileHashes:
             self._by_identity[identity] = remembered[1]
             return remembered[1]
         digest = self._by_identity.get(identity) or sha256_file(absolute)
+        if not settled(stat):
+            return digest  # it may change again under this identity: hashed again next time
         self._by_identity[identity] = digest
         self.known[absolute] = (key, digest)
         if "\t" not in absolute and "\n" not in absolute:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,9 +81,21 @@ class Layout:
         return self.state / "ops" / target / f"{model}.json"
 
 
+# The kernel stamps ctime from a clock that ticks every few milliseconds: a file changed this recently can change
+# again under the same identity, so its identity is not remembered yet (git's "racily clean" files).
+RACY_NS = 100_000_000
+
+
 def stat_key(stat: os.stat_result) -> list[int]:
-    """A file's identity without reading it: size, mtime and inode. Equal keys mean unchanged bytes."""
-    return [stat.st_size, stat.st_mtime_ns, stat.st_ino]
+    """A file's identity without reading it: size, mtime, ctime and inode. Equal keys mean unchanged bytes: an
+    in-place rewrite that restores size and mtime (`touch -r`, `cp -p`, `rsync -t`) still moves ctime, which no
+    user call can set."""
+    return [stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino]
+
+
+def settled(stat: os.stat_result) -> bool:
+    """Whether the file's identity can be remembered: its last change is older than one clock tick."""
+    return time.time_ns() - stat.st_ctime_ns > RACY_NS
 
 
 def write_atomic(path: Path, text: str) -> None:
