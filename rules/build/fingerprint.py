@@ -2,7 +2,9 @@
 and the portable fingerprints that key the artifact cache.
 
 For doit, files (model, external data, option files) are tracked through `file_dep` and everything else is in the
-task's settings, with paths relative to the manifest's folder. A fingerprint is a sha256 over the bytes of every
+task's settings, with paths relative to the manifest's folder. Both carry the digest of the epbuild code that runs
+in the jobs (`execute.provenance.code_digest`): upgrading epbuild rebuilds, and no cache serves an older rule's
+bytes. A fingerprint is a sha256 over the bytes of every
 input file and every setting that can change the output, with no absolute path, mtime or user name in it, so
 clones on other machines compute the same one; host properties enter only where the artifact is host-specific.
 """
@@ -24,6 +26,7 @@ from ..manifest.builds import Build, Member, ResolvedTarget
 from .compilers import compiler
 from ..store.hashing import FileHashes
 from ..execute.host import cpu_flags, package_version, toolchain_versions
+from ..execute.provenance import code_digest
 from .stages import Stage
 
 
@@ -61,14 +64,14 @@ def _shapes(member: Member) -> dict[str, list[int]]:
 
 def compile_config(build: Build, root: Path) -> dict[str, Any]:
     """A compile's settings for doit: members in order (the order shapes a shared binary) with their shapes."""
-    return {"rules_format": RULES_FORMAT, "kind": build.kind,
+    return {"rules_format": RULES_FORMAT, "code": code_digest(), "kind": build.kind,
             "members": [[relative(m.model.path, root), _shapes(m)] for m in build.members],
             **target_identity(build.target)}
 
 
 def validate_config(build: Build, root: Path) -> dict[str, Any]:
     target = build.target
-    return {"rules_format": RULES_FORMAT, "ep": target.ep.name, "device": target.device,
+    return {"rules_format": RULES_FORMAT, "code": code_digest(), "ep": target.ep.name, "device": target.device,
             "versions": toolchain_versions(target.ep),
             "members": [{"mode": v.mode, "thresholds": dict(sorted(v.thresholds.items())),
                          "inputs": relative(v.inputs, root) if v.inputs else None,
@@ -90,7 +93,7 @@ def _member_identity(member: Member, hashes: FileHashes) -> dict[str, Any]:
 
 
 def compile_fingerprint(build: Build, hashes: FileHashes) -> str:
-    return _digest({"kind": build.kind, "rules_format": RULES_FORMAT, "name": build.name if build.shared else None,
+    return _digest({"kind": build.kind, "rules_format": RULES_FORMAT, "code": code_digest(), "name": build.name if build.shared else None,
                     "members": [_member_identity(m, hashes) for m in build.members],
                     "target": target_identity(build.target, hashes)})
 
@@ -101,14 +104,14 @@ def validation_fingerprint(artifact_files: list[Path], config: dict[str, Any], e
     says how the artifact ran here."""
     settings = {**config, "members": [{k: v for k, v in m.items() if k not in ("inputs", "reference")}
                                                         for m in config["members"]]}
-    return _digest({"kind": "validate", "rules_format": RULES_FORMAT,
+    return _digest({"kind": "validate", "rules_format": RULES_FORMAT, "code": code_digest(),
                     "artifact": {path.name: hashes.sha256(path) for path in artifact_files},
                     "settings": settings, "files": sorted(hashes.sha256(path) for path in extra_files),
                     "host": {"machine": platform.machine(), "cpu_flags": cpu_flags()}})
 
 
 def stage_config(stage: Stage) -> dict[str, Any]:
-    return {"rules_format": RULES_FORMAT, "stage": stage.kind, "flavour": stage.flavour, "settings": stage.settings,
+    return {"rules_format": RULES_FORMAT, "code": code_digest(), "stage": stage.kind, "flavour": stage.flavour, "settings": stage.settings,
             "versions": {p: package_version(p) for p in ("onnxruntime", "onnx")}}
 
 

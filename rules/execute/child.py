@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BuildError, ModelError
+from . import provenance
 from .fork_server import ForkedJob, fork_job, leases_in_use
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
@@ -120,6 +121,7 @@ def run_child(module: str, request: dict[str, Any], workdir: Path, limits: Limit
     request_file, result_file = workdir / ".request.json", workdir / ".result.json"
     output_file = log if log is not None else workdir / ".output.txt"  # the child writes its log directly
     output_file.parent.mkdir(parents=True, exist_ok=True)
+    request = {**request, "provenance": provenance.expected()}  # the job refuses a process that loaded others
     inline = reuse and leases_in_use()  # a warm worker gets the request and answers over its lease
     if not inline:
         request_file.write_text(json.dumps(request))
@@ -186,6 +188,9 @@ def serve(function: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
     request_file, result_file = Path(sys.argv[1]), Path(sys.argv[2])
     request = INLINE_JOB["request"] if INLINE_JOB is not None else json.loads(request_file.read_text())
     try:
+        refused = provenance.check(request.get("provenance"))
+        if refused:
+            raise ModelError(refused)
         result = function(request)
         status = 0
     except Exception as exc:  # noqa: BLE001 - every failure is reported to the parent as text

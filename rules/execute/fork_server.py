@@ -44,8 +44,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..store.layout import stat_key
 from ..store.locks import file_lock
 from .forked_jobs import WorkerHandle, run_many, run_one
+from .provenance import expected, record_loaded
 
 SWITCH = "EPBUILD_FORK_SERVER"  # "0": a plain child for every job; "fork": a forked child for every job, no warm
 # workers; unset or "1": warm workers where the EP allows them
@@ -159,21 +161,22 @@ class ForkedJob:
 
 
 @functools.lru_cache(maxsize=1)
-def _sources() -> list[tuple[str, int, int]]:
+def _sources() -> list[tuple[str, list[int]]]:
     """epbuild's sources as this build process found them (looked at once: ~1 ms per job otherwise)."""
-    return sorted((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in (PACKAGE_ROOT / "rules").rglob("*.py"))
+    return sorted((str(p), stat_key(p.stat())) for p in (PACKAGE_ROOT / "rules").rglob("*.py"))
 
 
 def _server_key(alias: str) -> str:
-    """Which server serves this process's jobs for the EP: the interpreter, epbuild's sources and the variables
-    libraries read when they load must be the same."""
+    """Which server serves this process's jobs for the EP: the interpreter, the toolchain's package versions,
+    epbuild's sources and the variables libraries read when they load must be the same (a server started before
+    a package was replaced keeps the old one loaded)."""
     return _key(alias, tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(LOAD_TIME_PREFIXES))))
 
 
 @functools.lru_cache(maxsize=64)
 def _key(alias: str, load_env: tuple[tuple[str, str], ...]) -> str:
     """(~0.3 ms: computed once per EP and environment, not per job)"""
-    text = json.dumps([sys.executable, str(PACKAGE_ROOT), alias, _sources(), load_env])
+    text = json.dumps([sys.executable, str(PACKAGE_ROOT), alias, _sources(), load_env, expected()["versions"]])
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
@@ -353,6 +356,7 @@ def serve(path: Path, alias: str) -> None:
         from ..build.preprocess import shape_tools
 
         shape_tools()
+    record_loaded()  # what every job forked from here has loaded: a job expecting other versions refuses
     baseline = _threads()
     if alias and alias != SHAPE_STAGE:
         import onnxruntime as ort

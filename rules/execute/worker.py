@@ -81,7 +81,11 @@ def _check_versions(job: dict[str, Any]) -> None:
     """Defence in depth behind routing: a package version that differs from the fingerprint's refuses the job."""
     from ..build.toolchains import Toolchain, find_qaic, find_qairt
     from .host import package_version
+    from .provenance import code_digest
 
+    if job.get("code") != code_digest():
+        raise BuildError(f"{job['task']}: worker refused the job: it runs other epbuild code than the coordinator "
+                         "(install the same epbuild version on every worker)")
     for name in job["resources"]:
         if name.startswith("pkg:") and name.count(":") == 2:
             _, package, wanted = name.split(":")

@@ -1,0 +1,77 @@
+"""A job runs only in a process whose loaded packages and epbuild code are those its fingerprint names: the fork
+server's key holds the toolchain's versions, every job checks what its process loaded, and the code digest that
+fingerprints carry covers what the jobs run and nothing else."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from conftest import REPO
+from rules.errors import BuildError
+from rules.execute import fork_server, provenance
+from rules.execute.child import Limits, run_child
+from rules.execute.fork_server import SWITCH
+
+
+@pytest.fixture
+def crash_child(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", f"{REPO / 'tests'}")
+
+
+@pytest.mark.parametrize("mode", ["1", "fork", "0"])
+def test_a_job_refuses_a_process_that_loaded_other_versions(tmp_path, monkeypatch, crash_child, mode):
+    """The build expects onnxruntime 1.30.0 (the environment was changed under it): a warm worker, a forked
+    child and a fresh child each refuse, naming what they loaded."""
+    monkeypatch.setenv(SWITCH, mode)
+    assert run_child("crash_child", {"action": "sleep"}, tmp_path / "a", Limits(60), "compile m@t", reuse=True)
+    real = provenance.expected()
+    monkeypatch.setattr(provenance, "expected",
+                        lambda: {**real, "versions": {**real["versions"], "onnxruntime": "1.30.0"}})
+    with pytest.raises(BuildError, match=r"compile m@t: this job's process has onnxruntime 1\.32\.0 \(the build "
+                                         r"expects 1\.30\.0\) loaded: .* run it again"):
+        run_child("crash_child", {"action": "sleep"}, tmp_path / "b", Limits(60), "compile m@t", reuse=True)
+    monkeypatch.setattr(provenance, "expected", lambda: {**real, "code": "0" * 64})
+    with pytest.raises(BuildError, match="other epbuild code than the build's"):
+        run_child("crash_child", {"action": "sleep"}, tmp_path / "c", Limits(60), "compile m@t", reuse=True)
+
+
+def test_the_fork_server_key_names_the_toolchain_versions(monkeypatch):
+    """A server started before onnxruntime was replaced is not the one a later build's jobs go to."""
+    before = fork_server._server_key("qnn")
+    real = provenance.expected()
+    monkeypatch.setattr(fork_server, "expected",
+                        lambda: {**real, "versions": {**real["versions"], "onnxruntime": "1.30.0"}})
+    fork_server._key.cache_clear()
+    try:
+        assert fork_server._server_key("qnn") != before
+    finally:
+        fork_server._key.cache_clear()
+
+
+def test_the_code_digest_covers_the_job_modules_and_what_they_import(tmp_path, monkeypatch):
+    copy = tmp_path / "rules"
+    shutil.copytree(REPO / "rules", copy, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(provenance, "PACKAGE", copy)
+
+    def digest() -> str:
+        provenance.code_digest.cache_clear()
+        return provenance.code_digest()
+
+    try:
+        original = digest()
+        # a module only the compile child reaches through imports, and the shim's C source, shape outputs
+        for shaping in ("build/graph.py", "store/hashing.py", "build/shims/openvino_vendor.c"):
+            path = copy / shaping
+            saved = path.read_bytes()
+            path.write_bytes(saved + b"\n# changed\n")
+            assert digest() != original, shaping
+            path.write_bytes(saved)
+        # reports and the doit layer do not
+        for reporting in ("report/views.py", "tasks.py", "fast_path.py"):
+            path = copy / reporting
+            path.write_bytes(path.read_bytes() + b"\n# changed\n")
+            assert digest() == original, reporting
+    finally:
+        provenance.code_digest.cache_clear()
