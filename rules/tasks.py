@@ -53,7 +53,7 @@ from .report.task_graph import write_graph
 from .report.views import append_step_summary, template_prepared_meanwhile, write_views
 from .store.cache import Outcome, Workspace, cache_location, remote_location
 from .store.external_data import ExternalDataIndex
-from .store.hashing import FileHashes
+from .store.hashing import FileHashes, snapshot
 from .store.layout import Layout, settled, stat_key
 from .store.publish import discard
 from .store.task_configs import ConfigRecord
@@ -139,12 +139,14 @@ def run_validate(build: Build, workspace: Workspace, config: dict[str, Any]) -> 
     started = time.monotonic()
     layout = workspace.layout
     folder = build.out_dir(layout)
-    fingerprint = validation_fingerprint([folder / n for n in build.outputs], config,
-                                         [*build.sources, *build.validation_files], workspace.hashes)
+    artifact = [folder / n for n in build.outputs]
+    inputs = snapshot([*artifact, *build.sources, *build.validation_files])
+    fingerprint = validation_fingerprint(artifact, config, [*build.sources, *build.validation_files], workspace.hashes)
     try:
         produce = (lambda workdir: run_validation(build, workspace)) if workspace.executor else (
             lambda workdir: validate(build, layout, workdir))
-        report, outcome = cached_validation(f"validate:{build.name}", fingerprint, workspace, folder, produce, config)
+        report, outcome = cached_validation(f"validate:{build.name}", fingerprint, workspace, folder, produce, config,
+                                            inputs, build.target.name)
     except (OSError, BuildError) as exc:
         return failure(exc, f"validate:{build.name}: ")
     line = f"{report['status']} validate:{build.name}: {summary(report)}"
@@ -152,7 +154,7 @@ def run_validate(build: Build, workspace: Workspace, config: dict[str, Any]) -> 
         return TaskFailed(line)
     print(line + (f" (restored from the {outcome.origin} cache)" if outcome.restored else ""))
     status = "restored" if outcome.restored else "skipped" if report["status"] == "skipped" else "validated"
-    seconds = time.monotonic() - started if outcome.restored else report["seconds"]
+    seconds = time.monotonic() - started if outcome.restored else report.get("seconds", 0)
     return {"status": status, **outcome.report(), **({"worker": report["worker"]} if "worker" in report else {}),
             "fingerprint": fingerprint, "validation": line,
             "seconds": round(seconds, 3)}
@@ -438,7 +440,7 @@ class Project:
         elif executor and (reason := unreachable(executor)):
             raise self.executor_error(reason)
         self.workspace = Workspace(self.layout.root, *cache_location(self.manifest.cache),
-                                   remote_location(self.manifest.cache), executor)
+                                   remote_location(self.manifest.cache), executor, self.manifest.cache.hard_links)
         servers: set[str] = set()
         if is_default_run(requested) and not executor and not self.layout.configs.exists():
             servers = first_build_servers(self.manifest)

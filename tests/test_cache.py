@@ -173,8 +173,10 @@ def test_the_hash_memory_is_compacted_when_superseded_lines_pile_up(tmp_path, mo
     for round_ in range(10):  # each rewrite of the file appends one line
         kept.write_bytes(f"version {round_}".encode())
         os.utime(kept, ns=(round_ * 10**9, round_ * 10**9))
+        time.sleep(0.01)  # past the clock tick of the write: a file changed within it is not remembered
         memory.sha256(kept)
     gone.write_bytes(b"x")
+    time.sleep(0.01)
     memory.sha256(gone)
     gone.unlink()
     assert len(memory.log.read_text().splitlines()) == 11
@@ -185,7 +187,8 @@ def test_the_hash_memory_is_compacted_when_superseded_lines_pile_up(tmp_path, mo
 
 
 def test_a_file_under_several_names_is_read_once_until_it_changes(tmp_path, monkeypatch):
-    """The cache stores, publishes and restores by hard links: one read per file, not one per name."""
+    """With `[cache] hard_links` the cache stores, publishes and restores by hard links: one read per file, not one
+    per name."""
     from rules.store import hashing
 
     reads: list[str] = []
@@ -194,12 +197,14 @@ def test_a_file_under_several_names_is_read_once_until_it_changes(tmp_path, monk
     first, second = tmp_path / "scratch.onnx", tmp_path / "artifact.onnx"
     first.write_bytes(b"model bytes")
     os.link(first, second)
+    time.sleep(0.01)  # past the clock tick of the link (it moved ctime)
     memory = hashing.FileHashes(tmp_path / "state")
     assert memory.sha256(second) == memory.sha256(first) == real(first)
     assert reads == [str(second)]
     with open(first, "r+b") as handle:  # changed in place: both names see it
         handle.write(b"MODEL")
     os.utime(first, ns=(5 * 10**9, 5 * 10**9))
+    time.sleep(0.01)
     assert memory.sha256(second) == real(first)  # new content, read again
     assert len(reads) == 2
 

@@ -16,11 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from ..manifest.builds import SIDECAR, Build
+from ..store.layout import write_json
 from ..store.cache import Outcome, Workspace, cached_folder, with_download
+from ..store.hashing import snapshot
 from ..execute.child import serve
 from .compilers import compiler
 from ..manifest.eps import lookup
-from ..errors import ModelError, located
+from ..errors import BuildError, ModelError, located
 from ..execute.executor import run_build
 from .fingerprint import compile_fingerprint, target_identity
 from .graph import check_ep_contexts, missing_files, placement, static_dims
@@ -55,6 +57,7 @@ def compile_build(build: Build, workspace: Workspace) -> Compiled:
     """Compile `build` into its artifact folder (or restore it from the cache), atomically; raise BuildError
     naming the build."""
     started = time.monotonic()
+    inputs = snapshot(build.inputs)
     fingerprint = compile_fingerprint(build, workspace.hashes)
     final = build.out_dir(workspace.layout)
     usage: dict[str, float] = {}
@@ -69,7 +72,8 @@ def compile_build(build: Build, workspace: Workspace) -> Compiled:
             usage.update(compiler(build.target).produce(build, workspace, scratch) or {})
 
     expected = list(build.outputs) if compiler(build.target).exact_outputs else None
-    outcome = cached_folder(build.task, fingerprint, workspace, final, expected, produce, identity)
+    outcome = cached_folder(build.task, fingerprint, workspace, final, expected, produce, identity, inputs,
+                            lambda scratch: publishing(build, scratch))
     recorded = json.loads((final / SIDECAR).read_text())
     if "nodes" in recorded:
         nodes = recorded["nodes"]
@@ -80,6 +84,17 @@ def compile_build(build: Build, workspace: Workspace) -> Compiled:
     return Compiled(build.task, "restored" if outcome.restored else "compiled", fingerprint, final,
                     file_records(final, expected or recorded["files"], workspace), time.monotonic() - started, nodes,
                     usage or None, with_download(outcome, ran), ran.get("worker"))
+
+
+def publishing(build: Build, folder: Path) -> None:
+    """What a published folder holds beyond its cached bytes: the target's name in `artifact.json` (written anew,
+    never through a link into the cache), after the checks that judge the recorded result (`min_offload`)."""
+    recorded = json.loads((folder / SIDECAR).read_text())
+    if build.target.min_offload is not None and not build.target.is_cpu:
+        members = recorded.get("members") or {build.members[0].name: recorded}
+        for member in build.members:
+            check_offload(member.model.path.name, members[member.name]["nodes"], build.target.min_offload)
+    write_json(folder / SIDECAR, {**recorded, "target": build.target.name})
 
 
 # ---- child process ----
@@ -97,12 +112,13 @@ def inspect_output(path: Path, source_nodes: int, ep_name: str | None) -> Member
     return {"nodes": placement(source_nodes, model, ep_name), "ep_sdk_version": sdk, "binaries": binaries}
 
 
-def check_offload(name: str, nodes: dict[str, Any], min_offload: float | None) -> None:
-    """`min_offload`: the share of source nodes that must end inside EPContext nodes."""
-    if min_offload is None or nodes["offload"] >= min_offload:
+def check_offload(name: str, nodes: dict[str, Any], min_offload: float) -> None:
+    """`min_offload`: the share of source nodes that must end inside EPContext nodes (judged on the placement
+    `artifact.json` recorded, so a changed threshold restores rather than recompiles)."""
+    if nodes["offload"] >= min_offload:
         return
     left = ", ".join(f"{op} x{count}" for op, count in nodes["cpu_op_types"].items())
-    raise ModelError(f"{name}: only {nodes['offload']:.1%} of {nodes['source']} source nodes are in EPContext "
+    raise BuildError(f"{name}: only {nodes['offload']:.1%} of {nodes['source']} source nodes are in EPContext "
                      f"nodes, below min_offload = {min_offload:g}; left on CPU: {left}")
 
 
@@ -184,10 +200,7 @@ def _compile_in_child(request: CompileRequest) -> CompileResult:
     # Check after the last compile: a shared context binary is written only when sharing stops.
     results = []
     for member, source_nodes, _ in prepared:
-        found = inspect_output(Path(member["output"]), source_nodes, None if info.is_cpu else info.name)
-        if not info.is_cpu:
-            check_offload(Path(member["model"]).name, found["nodes"], request["min_offload"])
-        results.append(found)
+        results.append(inspect_output(Path(member["output"]), source_nodes, None if info.is_cpu else info.name))
     return {"members": results}
 
 

@@ -287,15 +287,16 @@ def compile_request(build: Build, scratch: Path) -> CompileRequest:
                      "entry": f"models.{m.name}"} for m in build.members],
         "manifest": build.manifest, "share": build.shared, "ep": target.ep.alias, "device": target.device,
         "compiler": target.compiler, "embed": target.embed, "options": target.session_options(),
-        "optimization_level": target.optimization_level, "min_offload": target.min_offload,
+        "optimization_level": target.optimization_level,
     }
 
 
 def sidecar(build: Build, results: list[MemberResult]) -> dict[str, Any]:
     """`artifact.json`: what a runtime needs to load the artifact (per member for a group), and how much of each
-    model the EP took."""
+    model the EP took. The target's name is not in the fingerprint, so it is added when the folder is published
+    (`compile.publishing`), never cached."""
     target = build.target
-    common = {"format": RULES_FORMAT, "target": target.name, "ep": target.ep.name, "ep_source": target.source,
+    common = {"format": RULES_FORMAT, "ep": target.ep.name, "ep_source": target.source,
               "device": target.device, "compiler": target.compiler, "files": list(build.outputs),
               "runtime_options": target.runtime_options(), "versions": toolchain_versions(target.ep),
               **({"vendor_shim": vendor_shim.identity()} if target.ep.vendor_shim and vendor_shim.active() else {})}
@@ -317,7 +318,7 @@ def sidecar(build: Build, results: list[MemberResult]) -> dict[str, Any]:
 
 def external_sidecar(build: Build, toolchain: Toolchain, source_nodes: int, files: list[str]) -> dict[str, Any]:
     (member,) = build.members
-    return {"format": RULES_FORMAT, "model": member.name, "target": build.target.name,
+    return {"format": RULES_FORMAT, "model": member.name,
             "compiler": build.target.compiler, "device": build.target.device, "files": files,
             "toolchain": {"name": toolchain.name, "version": toolchain.version}, "nodes": {"source": source_nodes},
             "inputs": {name: list(shape) for name, shape in member.model.inputs.items()}}

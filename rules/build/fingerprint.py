@@ -51,7 +51,7 @@ def target_identity(target: ResolvedTarget, hashes: FileHashes | None = None) ->
         options.update({key: f"file sha256 {hashes.sha256(path)}" for key, path in target.option_files.items()})
     return {"ep": target.ep.name, "ep_source": target.source, "device": target.device, "compiler": target.compiler,
             "embed": target.embed, "options": options, "option_files": sorted(target.option_files),
-            "optimization_level": target.optimization_level, "min_offload": target.min_offload,
+            "optimization_level": target.optimization_level,
             "versions": toolchain_versions(target.ep), "host": host_properties(target),
             "qaic": dataclasses.asdict(target.qaic) if target.qaic else None,
             "toolchain": compiler(target).identity(target),
@@ -63,10 +63,11 @@ def _shapes(member: Member) -> dict[str, list[int]]:
 
 
 def compile_config(build: Build, root: Path) -> dict[str, Any]:
-    """A compile's settings for doit: members in order (the order shapes a shared binary) with their shapes."""
+    """A compile's settings for doit: members in order (the order shapes a shared binary) with their shapes, and
+    `min_offload`, a check of the recorded placement that re-runs the task (a restore) but shapes no byte."""
     return {"rules_format": RULES_FORMAT, "code": code_digest(), "kind": build.kind,
             "members": [[relative(m.model.path, root), _shapes(m)] for m in build.members],
-            **target_identity(build.target)}
+            **target_identity(build.target), "min_offload": build.target.min_offload}
 
 
 def validate_config(build: Build, root: Path) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..store.cache import Outcome, Workspace, cached_folder, with_download
+from ..store.hashing import snapshot
 from ..execute.child import Limits, run_child, serve
 from ..errors import ModelError, located
 from ..execute.executor import run_stage as run_stage_remotely
@@ -298,6 +299,7 @@ def run_stage(stage: Stage, workspace: Workspace) -> tuple[Outcome, float, list[
     """Produce (or restore) the stage's output, atomically; (where from, seconds, tensors left dynamic, the Dask
     worker that produced it)."""
     started = time.monotonic()
+    inputs = snapshot([stage.input, *stage.input_external, *stage.calibration])
     fingerprint = stage_fingerprint(stage, workspace.hashes)
     answer: dict[str, Any] = {}
 
@@ -308,7 +310,7 @@ def run_stage(stage: Stage, workspace: Workspace) -> tuple[Outcome, float, list[
             answer["answer"] = produce_stage(stage, workspace, scratch)
 
     outcome = cached_folder(stage.task, fingerprint, workspace, stage.output.parent,
-                            sorted(p.name for p in stage.outputs), produce, stage_config(stage))
+                            sorted(p.name for p in stage.outputs), produce, stage_config(stage), inputs)
     return (with_download(outcome, answer), time.monotonic() - started, answer.get("answer", {}).get("dynamic", []),
             answer.get("worker"))
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from .. import RULES_FORMAT
 from ..manifest.builds import SIDECAR, Build, Member
-from ..store.cache import Outcome, Workspace, restore, store
+from ..store.cache import Outcome, Workspace, check_inputs, restore, store
 from ..execute.child import run_child, serve
 from .compilers import compiler
 from ..manifest.eps import EpInfo, lookup
@@ -26,7 +26,7 @@ from ..errors import BuildError, ModelError, located
 from .graph import EP_CONTEXT, check_input_names, index_bound, known_shapes, static_dims
 from .graph import attributes as node_attributes
 from ..store.layout import Layout, write_json
-from ..store.publish import discard, publish_file
+from ..store.publish import discard
 from ..execute.requests import MemberValidation, ValidationReport, ValidationRequest
 
 REPORT = "validation.json"
@@ -98,32 +98,37 @@ def validate(build: Build, layout: Layout, workdir: Path) -> ValidationReport:
             "seconds": round(time.monotonic() - started, 3), **report}
 
 
+NOT_CACHED = ("target", "seconds", "worker")  # outside the validation's fingerprint: never in a cached report
+NOT_PUBLISHED = ("seconds", "worker")  # timings and where it ran: in the build report, not beside the artifact
+
+
 def cached_validation(label: str, fingerprint: str, workspace: Workspace, folder: Path,
-                      produce: Callable[[Path], dict[str, Any]],
-                      identity: dict[str, Any]) -> tuple[dict[str, Any], Outcome]:
+                      produce: Callable[[Path], dict[str, Any]], identity: dict[str, Any],
+                      inputs: dict[Path, list[int] | None], target: str) -> tuple[dict[str, Any], Outcome]:
     """A passed report for this exact artifact, settings and host restored from the caches, or `produce(workdir)`;
-    either way written into the artifact `folder` as `validation.json`, atomically. Only passed reports are
-    stored: a failure or a skip is worth re-checking."""
+    either way written into the artifact `folder` as `validation.json`, atomically, with the `target` named
+    there: a restored report and a fresh one give the same file. Only passed reports are stored (without the
+    target's name, timings or the worker): a failure or a skip is worth re-checking."""
     with workspace.cache.lock(fingerprint):
         restored = workspace.layout.scratch(f"validation.{fingerprint[:16]}.{os.getpid()}")  # made by a hit
         try:
             found, outcome = restore(label, fingerprint, workspace, restored)
             if found == [REPORT]:
-                report = {**json.loads((restored / REPORT).read_text()), "restored_from_cache": outcome.origin}
+                check_inputs(label, inputs)
+                report = {**json.loads((restored / REPORT).read_text()), "target": target}
                 write_json(folder / REPORT, report)
                 return report, outcome
         finally:
             discard(restored)
-        # the child works in the folder that becomes the cache entry: the report is written once, and linked
-        # into the artifact folder (the entry keeps its own link: another builder may replace `folder`)
+        # the child works in the folder that becomes the cache entry
         staging = workspace.cache.staging(fingerprint)
         try:
             report = produce(staging)
+            check_inputs(label, inputs)  # the artifact or a reference was replaced while it ran
+            write_json(folder / REPORT, {k: v for k, v in report.items() if k not in NOT_PUBLISHED})
             if report["status"] != "passed":
-                write_json(folder / REPORT, report)
                 return report, Outcome(None, outcome.downloaded)
-            write_json(staging / REPORT, report)
-            publish_file(staging / REPORT, folder / REPORT)
+            write_json(staging / REPORT, {k: v for k, v in report.items() if k not in NOT_CACHED})
             uploaded = store(label, fingerprint, workspace, staging, [REPORT], identity, adopt=True)
             return report, Outcome(None, outcome.downloaded, uploaded)
         finally:

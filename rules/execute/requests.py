@@ -23,7 +23,6 @@ class CompileRequest(TypedDict):
     embed: bool
     options: dict[str, str]  # provider options, option files as absolute paths
     optimization_level: str | None  # CPU targets
-    min_offload: float | None
 
 
 class MemberResult(TypedDict):

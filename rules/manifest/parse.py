@@ -90,6 +90,7 @@ class CacheSpec:
     dir: Path | None
     max_size_mb: float | None
     remote: str | None
+    hard_links: bool = False
 
 
 @dataclass(frozen=True)
@@ -234,7 +235,7 @@ def parse(data: dict[str, Any], path: Path) -> Manifest:
         groups[name] = _group(groups_table.child(name), name, models, targets)
     cache = top.child("cache").read("cache")
     cache_spec = CacheSpec(path.parent / cache["dir"] if cache["dir"] else None, cache["max_size_mb"],
-                           cache["remote"])
+                           cache["remote"], cache["hard_links"])
     toolchains_table = top.child("toolchains")
     toolchains_table.only(("qaic",))
     toolchains = {name: path.parent / toolchains_table.child(name).read("toolchain")["root"]

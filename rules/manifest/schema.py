@@ -172,6 +172,10 @@ KEYS: tuple[Key, ...] = (
     Key("models", ("group",), list, "two or more models, compiled in this order", required=True),
     Key("dir", ("cache",), str, "the cache folder (EPBUILD_CACHE_DIR wins; default ~/.cache/epbuild)"),
     Key("max_size_mb", ("cache",), NUMBER, "size cap; least-recently-used entries are evicted", check=positive),
+    Key("hard_links", ("cache",), bool, "publish artifacts as hard links to the cache's files instead of copies: "
+        "saves the disk and the time of a copy for large models, but onnx refuses to load external data that has "
+        "several links, and an in-place edit of an artifact then changes the cache entry too (it is evicted on its "
+        "next restore)", False),
     Key("remote", ("cache",), str, "a shared S3-API cache, `s3://BUCKET/PREFIX` (EPBUILD_CACHE_REMOTE wins; "
         "endpoint and credentials from the standard AWS settings)", check=s3_url),
     Key("executor", ("top",), dict, "run builds on a Dask cluster"),

@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING, Any
 from ..errors import BuildError, UserError
 from ..manifest.parse import CacheSpec
 from ..manifest.schema import s3_url
-from .hashing import FileHashes
+from .hashing import FileHashes, changed_inputs
 from .layout import Layout
 from .locks import fingerprint_lock
-from .publish import discard, link_or_copy, publish, scratch_dir
+from .publish import copy_file, discard, publish, scratch_dir
 
 if TYPE_CHECKING:
     from ..execute.executor import ExecutorSettings
@@ -69,8 +69,9 @@ def remote_location(spec: CacheSpec) -> str | None:
 
 
 class ArtifactCache:
-    def __init__(self, folder: Path, hashes: FileHashes, max_bytes: int | None = None):
+    def __init__(self, folder: Path, hashes: FileHashes, max_bytes: int | None = None, hard_links: bool = False):
         self.folder, self.hashes, self.max_bytes = folder, hashes, max_bytes
+        self.hard_links = hard_links  # `[cache] hard_links`: entries and artifacts share their files
 
     def entry_folder(self, fingerprint: str) -> Path:
         return self.folder / ENTRIES / fingerprint
@@ -82,8 +83,8 @@ class ArtifactCache:
             yield
 
     def restore(self, fingerprint: str, destination: Path) -> list[str] | None:
-        """Put the entry's files into `destination` (hard links where possible); None on a miss, which leaves
-        `destination` untouched.
+        """Put copies of the entry's files into `destination`; None on a miss, which leaves `destination`
+        untouched.
 
         Every file is checked against the sha256 recorded when it was stored; any mismatch evicts the entry."""
         entry = self.entry_folder(fingerprint)
@@ -106,7 +107,8 @@ class ArtifactCache:
             target = destination / name
             if "/" in name:
                 target.parent.mkdir(parents=True, exist_ok=True)
-            link_or_copy(entry / name, target)
+            copy_file(entry / name, target, self.hard_links)
+            self.hashes.copied(target, recorded[name])
         os.utime(entry)  # recency for least-recently-used eviction
         return sorted(recorded)
 
@@ -144,7 +146,7 @@ class ArtifactCache:
                 for name in names:
                     if "/" in name:
                         (staging / name).parent.mkdir(parents=True, exist_ok=True)
-                    link_or_copy(source / name, staging / name)
+                    copy_file(source / name, staging / name, self.hard_links)
             files = dict(digests) if digests else {name: self.hashes.sha256(staging / name) for name in names}
             (staging / RECORD).write_text(json.dumps({"files": files, "stored": time.time()}, indent=1))
             entry.parent.mkdir(parents=True, exist_ok=True)
@@ -199,6 +201,7 @@ class Workspace:
     cache_max_bytes: int | None
     remote_url: str | None = None
     executor: ExecutorSettings | None = None  # a Dask cluster that produces what the caches miss
+    hard_links: bool = False  # `[cache] hard_links`
 
     @property
     def project_root(self) -> Path:
@@ -214,7 +217,7 @@ class Workspace:
 
     @functools.cached_property
     def cache(self) -> ArtifactCache:
-        return ArtifactCache(self.cache_dir, self.hashes, self.cache_max_bytes)
+        return ArtifactCache(self.cache_dir, self.hashes, self.cache_max_bytes, self.hard_links)
 
     @property
     def remote(self) -> RemoteCache | None:
@@ -291,13 +294,24 @@ def _holds(final: Path, scratch: Path, names: list[str], workspace: Workspace) -
         return False
 
 
+def check_inputs(label: str, inputs: dict[Path, list[int] | None]) -> None:
+    """Refuse to store or publish when an input changed after it was hashed: the job may have read other bytes
+    than its fingerprint names."""
+    moved = changed_inputs(inputs)
+    if moved:
+        raise BuildError(f"{label}: {moved[0].name} changed while {label} ran; run again")
+
+
 def cached_folder(label: str, fingerprint: str, workspace: Workspace, final: Path, expected: list[str] | None,
-                  produce: Callable[[Path], None], identity: dict[str, Any]) -> Outcome:
+                  produce: Callable[[Path], None], identity: dict[str, Any],
+                  inputs: dict[Path, list[int] | None], publishing: Callable[[Path], None] | None = None) -> Outcome:
     """Restore `fingerprint` from the caches, or run `produce(scratch)` and store what it wrote (exactly
     `expected`, or whatever the tool decides when None); then publish the folder atomically. `identity` (tool
-    versions, host) goes into the remote's manifest for people reading it. The fingerprint's lock is held
-    throughout, so two builders never produce it twice, and a failure leaves neither the scratch folder nor an
-    older `final` behind."""
+    versions, host) goes into the remote's manifest for people reading it; `inputs` are the identities the inputs
+    had before they were hashed (`hashing.snapshot`), checked before anything is stored or published;
+    `publishing(scratch)` adds what is not cached (names outside the fingerprint) and may refuse. The
+    fingerprint's lock is held throughout, so two builders never produce it twice, and a failure leaves neither
+    the scratch folder nor an older `final` behind."""
     with workspace.cache.lock(fingerprint):
         label_text = label.replace(":", ".").replace("@", ".").replace("[", ".")
         scratch = scratch_dir(workspace.layout.scratch_root, label_text)
@@ -308,12 +322,17 @@ def cached_folder(label: str, fingerprint: str, workspace: Workspace, final: Pat
                     discard(scratch)
                     scratch.mkdir()
                 produce(scratch)
+                check_inputs(label, inputs)
                 produced = produced_files(scratch)
                 if expected is not None and produced != expected:
                     raise BuildError(f"{label}: wrote {produced}, expected {expected}")
                 uploaded = store(label, fingerprint, workspace, scratch, produced, identity)
                 outcome = Outcome(None, outcome.downloaded, uploaded)
-            elif _holds(final, scratch, found, workspace):
+                found = None
+            check_inputs(label, inputs)
+            if publishing is not None:
+                publishing(scratch)
+            if found is not None and _holds(final, scratch, found, workspace):
                 # another builder has just published these very bytes: replacing the folder would pull it from
                 # under a compile of that builder that reads from it (a stage's output)
                 discard(scratch)

@@ -70,6 +70,12 @@ class FileHashes:
         self._known = kept
         self._appender = None  # it appended to the file just replaced
 
+    def copied(self, path: Path, digest: str) -> None:
+        """`path` was just copied from a file whose sha256 was verified as `digest`: not read again in this
+        process (a copy is new, so its identity is not remembered across processes yet)."""
+        stat = os.stat(path)
+        self._by_identity[(stat.st_dev, *stat_key(stat))] = digest
+
     def sha256(self, path: str | Path, stat: os.stat_result | None = None) -> str:
         absolute = os.path.abspath(path)
         stat = stat or os.stat(absolute)
@@ -90,3 +96,20 @@ class FileHashes:
                 self._appender = open(self.log, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 - kept open
             self._appender.write("\t".join([absolute, *map(str, key), digest]) + "\n")  # line-buffered: one write
         return digest
+
+
+def snapshot(paths: list[Path]) -> dict[Path, list[int] | None]:
+    """The identity of each input before it is hashed: compared again after the job (`changed_inputs`), so that
+    what a job read is what its fingerprint names."""
+    identities: dict[Path, list[int] | None] = {}
+    for path in paths:
+        try:
+            identities[path] = stat_key(os.stat(path))
+        except OSError:
+            identities[path] = None
+    return identities
+
+
+def changed_inputs(before: dict[Path, list[int] | None]) -> list[Path]:
+    """The inputs of `snapshot` whose identity is not what it was."""
+    return [path for path, identity in before.items() if snapshot([path])[path] != identity]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,9 +82,11 @@ class Layout:
         return self.state / "ops" / target / f"{model}.json"
 
 
-# The kernel stamps ctime from a clock that ticks every few milliseconds: a file changed this recently can change
-# again under the same identity, so its identity is not remembered yet (git's "racily clean" files).
-RACY_NS = 100_000_000
+# The kernel stamps ctime from its coarse clock, which ticks every few milliseconds: a file changed within the
+# current tick can change again under the same identity, so its identity is not remembered yet (git's "racily
+# clean" files). Where there is no coarse clock to read, a margin of several ticks stands in.
+COARSE_CLOCK = 5 if sys.platform.startswith("linux") else None  # CLOCK_REALTIME_COARSE (Python names it not)
+RACY_NS = 50_000_000
 
 
 def stat_key(stat: os.stat_result) -> list[int]:
@@ -94,7 +97,10 @@ def stat_key(stat: os.stat_result) -> list[int]:
 
 
 def settled(stat: os.stat_result) -> bool:
-    """Whether the file's identity can be remembered: its last change is older than one clock tick."""
+    """Whether the file's identity can be remembered: the clock that stamps changes has moved past its last
+    change, so any later change gets another ctime."""
+    if COARSE_CLOCK is not None:
+        return time.clock_gettime_ns(COARSE_CLOCK) > stat.st_ctime_ns
     return time.time_ns() - stat.st_ctime_ns > RACY_NS
 
 
