@@ -48,3 +48,7 @@ def task_unavailable():
 
 def task_graph():
     yield from project.graph_task()
+
+
+def task_prune():
+    yield from project.prune_task()

@@ -184,6 +184,9 @@ class UpToDate:
     def graph_task(self) -> Iterator[dict[str, Any]]:
         return self._cached("graph")
 
+    def prune_task(self) -> Iterator[dict[str, Any]]:
+        return self._cached("prune")
+
     def doit_config(self) -> dict[str, Any]:
         config: dict[str, Any] = dict(DOIT_BASE)
         if self.stamp is not None:

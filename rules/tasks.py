@@ -54,13 +54,14 @@ from .report.views import append_step_summary, template_prepared_meanwhile, writ
 from .store.cache import Outcome, Workspace, cache_location, remote_location
 from .store.external_data import ExternalDataIndex
 from .store.hashing import FileHashes, snapshot
-from .store.layout import Layout, settled, stat_key
+from .store.layout import STAGES, Layout, settled, stat_key
+from .store.orphans import orphans, prune
 from .store.publish import discard
-from .store.task_configs import ConfigRecord
+from .store.task_configs import ConfigRecord, published
 
 Task = dict[str, Any]
 INSPECTING = {"list", "info", "help", "clean", "forget", "ignore", "dumpdb", "strace", "tabcompletion", "reset-dep",
-              "backends", "cache", "unavailable", "graph"}  # doit commands and tasks that build nothing
+              "backends", "cache", "unavailable", "graph", "prune"}  # doit commands and tasks that build nothing
 FAILURES = (BuildError, UserError, OSError)
 
 
@@ -112,6 +113,7 @@ def run_compile(build: Build, workspace: Workspace) -> TaskFailed | dict[str, An
           f"{os.path.relpath(done.out_dir)}/{_origin(done.outcome)}")
     return {"status": done.status, **done.outcome.report(), **({"worker": done.worker} if done.worker else {}),
             "fingerprint": done.fingerprint, "files": done.files,
+            "_published": published([done.out_dir / f["name"] for f in done.files], workspace.hashes),
             "seconds": round(done.seconds, 3), **({"child": done.usage} if done.usage else {}),
             **({"nodes": nodes} if "in_ep" in nodes else {})}
 
@@ -131,7 +133,8 @@ def run_stage_task(stage: Stage, workspace: Workspace) -> TaskFailed | dict[str,
     print(f"{status} {stage.task}: {seconds:.1f} s -> {os.path.relpath(stage.output)}{_origin(outcome)}")
     return {"status": status, **outcome.report(), **({"worker": worker} if worker else {}),
             "seconds": round(seconds, 3),
-            "files": file_records(stage.output.parent, [p.name for p in stage.outputs], workspace)}
+            "files": file_records(stage.output.parent, [p.name for p in stage.outputs], workspace),
+            "_published": published(stage.outputs, workspace.hashes)}
 
 
 def run_validate(build: Build, workspace: Workspace, config: dict[str, Any]) -> TaskFailed | dict:
@@ -156,8 +159,8 @@ def run_validate(build: Build, workspace: Workspace, config: dict[str, Any]) -> 
     status = "restored" if outcome.restored else "skipped" if report["status"] == "skipped" else "validated"
     seconds = time.monotonic() - started if outcome.restored else report.get("seconds", 0)
     return {"status": status, **outcome.report(), **({"worker": report["worker"]} if "worker" in report else {}),
-            "fingerprint": fingerprint, "validation": line,
-            "seconds": round(seconds, 3)}
+            "fingerprint": fingerprint, "validation": line, **({"child": report["usage"]} if "usage" in report else {}),
+            "seconds": round(seconds, 3), "_published": published([folder / REPORT], workspace.hashes)}
 
 
 def run_ops(build: Build, workspace: Workspace, report: Path) -> TaskFailed | None:
@@ -175,6 +178,11 @@ def run_ops(build: Build, workspace: Workspace, report: Path) -> TaskFailed | No
     except BuildError as exc:
         return TaskFailed(f"ops:{build.name}: {exc}")
     return None
+
+
+def announce_edited(paths: list[str]) -> None:
+    """The one line for published files changed by hand since the build wrote them."""
+    print(f"warning: {', '.join(paths)} changed since it was published; restoring or rebuilding it")
 
 
 def refuse_unavailable(task: str, reason: str, named: bool) -> TaskFailed | dict[str, str]:
@@ -242,6 +250,17 @@ def show_graph(project: Project, model: str) -> TaskFailed | None:
     except (UserError, OSError) as exc:
         return TaskFailed(str(exc))
     return None
+
+
+def run_prune(project: Project, dry_run: bool) -> None:
+    """`doit prune [--dry-run]`: what no current task owns under artifacts/, removed (or listed)."""
+    found = orphans(project.layout, project.owned_paths())
+    for path in found:
+        print(f"{'would remove' if dry_run else 'removed'} {project.rel(path)}{'/' if path.is_dir() else ''}")
+    freed = prune(found, dry_run)
+    verb = "would free" if dry_run else "freed"
+    print(f"prune: {len(found)} orphaned output(s), {verb} {freed / 1e6:.1f} MB" if found else
+          "prune: nothing under artifacts/ is left over from removed models, targets, groups or stages")
 
 
 def show_cache(workspace: Workspace) -> None:
@@ -357,7 +376,7 @@ class BuildReporter(ConsoleReporter):
             if not self.project.threads:  # captured (verbosity 1): shown above the status area
                 self.write("".join(action.out for action in task.actions if action.out))
             self.live.finished(task.name)
-        self.project.configs.success(task.name)
+        self.project.configs.success(task.name, task.values.get("_published"))
         if ":" in task.name and task.values.get("status"):
             self.report.succeeded(task.name, task.values)
 
@@ -388,6 +407,7 @@ class BuildReporter(ConsoleReporter):
                 self.report.skipped(name, reason)
                 seen.add(name)
         layout = self.project.layout
+        self.report.keep_only(self.project.declared_tasks())  # a removed model's entries would keep CI red
         try:  # the views are for people: one that cannot be written is a warning, never a failed build
             if self.report.write() or not layout.html_report.exists():
                 write_views(layout, self.project.builds, self.report.entries)
@@ -477,7 +497,7 @@ class Project:
         self.probed = [path for t in used.values() for path in compiler(t).probed_files(t)]
         if executor:
             self.key = None  # the workers' toolchains count: no shortcut
-        self.configs = ConfigRecord(self.layout.configs)
+        self.configs = ConfigRecord(self.layout.configs, self.workspace.hashes)
 
     def executor_error(self, reason: str) -> UserError:
         if os.environ.get("EPBUILD_EXECUTOR"):
@@ -512,10 +532,13 @@ class Project:
         with (`config`; None: it always runs). With `-P thread`,
         doit's output capture is off: it swaps sys.stdout per running task, and CPython 3.11's print() holds a
         borrowed reference to sys.stdout, so a swap in another thread can free it mid-print (a segfault)."""
-        return {"basename": basename, "name": name, "doc": doc, "actions": [(action, args)],
+        task = f"{basename}:{name}"
+        unchanged = config is not None and self.configs.unchanged(task, config)
+        edited = [(announce_edited, [[self.rel(Path(p)) for p in self.configs.edited[task]]])] if (
+            task in self.configs.edited) else []
+        return {"basename": basename, "name": name, "doc": doc, "actions": [*edited, (action, args)],
                 "file_dep": [self.rel(p) for p in file_dep], "targets": [self.rel(p) for p in targets],
-                "uptodate": [config is not None and self.configs.unchanged(f"{basename}:{name}", config)],
-                **({"io": {"capture": False}} if self.threads else {}), **extra}
+                "uptodate": [unchanged], **({"io": {"capture": False}} if self.threads else {}), **extra}
 
     def _unavailable(self, basename: str, build: Build, doc: str) -> Task | None:
         """The task of a target this host cannot build: listed with the reason, refused by name; None if it can."""
@@ -610,13 +633,34 @@ class Project:
         generators = {"stages": self.stage_tasks, "compile": lambda: self.build_tasks("compile"),
                       "group": lambda: self.build_tasks("group"), "validate": self.validate_tasks,
                       "ops": self.ops_tasks, "backends": self.backends_task, "cache": self.cache_task,
-                      "unavailable": self.unavailable_task, "graph": self.graph_task}
+                      "unavailable": self.unavailable_task, "graph": self.graph_task, "prune": self.prune_task}
         Listing(self.layout).write(self.key, {name: [listed(task) for task in make()]
                                               for name, make in generators.items()})
 
     def all_tasks(self) -> list[Task]:
         return [*self.stage_tasks(), *self.build_tasks("compile"), *self.build_tasks("group"),
                 *self.validate_tasks(), *self.ops_tasks()]
+
+    def prune_task(self) -> Iterator[Task]:
+        yield {"basename": "prune", "doc": "remove what removed models, targets, groups and stages left under "
+               "artifacts/ (--dry-run: only list it)", "actions": [(run_prune, [self])], "uptodate": [False],
+               "verbosity": 2, "params": [{"name": "dry_run", "long": "dry-run", "type": bool, "default": False,
+                                           "help": "list what would be removed, remove nothing"}]}
+
+    def owned_paths(self) -> set[Path]:
+        """What the current tasks publish and log: artifact and group folders, stage outputs, log files."""
+        owned = set()
+        for build in self.builds:
+            owned |= {build.out_dir(self.layout), *(build.log(self.layout, step) for step in ("compile", "validate",
+                                                                                              "ops"))}
+        for stage in self.stages.values():
+            owned |= {stage.output.parent, self.layout.log(STAGES, stage.task.replace(":", "."))}
+        return owned
+
+    def declared_tasks(self) -> set[str]:
+        """Every task the manifest declares now, built here or not."""
+        return {*self.stages, *(name for build in self.builds for name in (*self.task_names(build),
+                                                                         f"ops:{build.name}"))}
 
     def graph_task(self) -> Iterator[Task]:
         yield {"basename": "graph", "doc": "the task graph as artifacts/graph.dot and graph.svg (--model M: one model)",

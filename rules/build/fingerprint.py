@@ -71,13 +71,15 @@ def compile_config(build: Build, root: Path) -> dict[str, Any]:
 
 
 def validate_config(build: Build, root: Path) -> dict[str, Any]:
+    """A validation's settings: not its time limit, which cannot change a passed result (a validation that timed
+    out failed, and a failed task runs again anyway)."""
     target = build.target
     return {"rules_format": RULES_FORMAT, "code": code_digest(), "ep": target.ep.name, "device": target.device,
             "versions": toolchain_versions(target.ep),
             "members": [{"mode": v.mode, "thresholds": dict(sorted(v.thresholds.items())),
                          "inputs": relative(v.inputs, root) if v.inputs else None,
-                         "reference": relative(v.reference, root) if v.reference else None,
-                         "timeout_s": v.timeout_s} for v in (m.validation for m in build.members)]}
+                         "reference": relative(v.reference, root) if v.reference else None}
+                        for v in (m.validation for m in build.members)]}
 
 
 def _digest(payload: dict[str, Any]) -> str:

@@ -98,8 +98,8 @@ def validate(build: Build, layout: Layout, workdir: Path) -> ValidationReport:
             "seconds": round(time.monotonic() - started, 3), **report}
 
 
-NOT_CACHED = ("target", "seconds", "worker")  # outside the validation's fingerprint: never in a cached report
-NOT_PUBLISHED = ("seconds", "worker")  # timings and where it ran: in the build report, not beside the artifact
+NOT_CACHED = ("target", "seconds", "usage", "worker")  # outside the validation's fingerprint: never cached
+NOT_PUBLISHED = ("seconds", "usage", "worker")  # timings and where it ran: in the build report, not beside the artifact
 
 
 def cached_validation(label: str, fingerprint: str, workspace: Workspace, folder: Path,

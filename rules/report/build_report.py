@@ -1,8 +1,8 @@
 """`artifacts/build-report.json` and the summary line: what every task did in the runs so far.
 
 One entry per task (status, fingerprint, files with sha256, seconds, child usage, node placement, reason), kept
-across runs: a no-op run marks entries up to date instead of forgetting them. Written atomically, one line per task
-so that diffs between CI runs stay readable.
+across runs while the manifest declares the task: a no-op run marks entries up to date instead of forgetting them.
+Written atomically, one line per task so that diffs between CI runs stay readable.
 """
 
 from __future__ import annotations
@@ -41,6 +41,10 @@ class BuildReport:
 
     def skipped(self, task: str, reason: str) -> None:
         self.entries[task] = {"status": "skipped", "reason": reason}
+
+    def keep_only(self, tasks: set[str]) -> None:
+        """Forget the tasks the manifest no longer declares: the reports describe the current manifest."""
+        self.entries = {name: entry for name, entry in self.entries.items() if name in tasks}
 
     def write(self) -> bool:
         """Write the report; False when it already said exactly this (the pages made from it are current)."""

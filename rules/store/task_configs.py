@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
-from .layout import write_json
+from .hashing import FileHashes
+from .layout import stat_key, write_json
 from .locks import file_lock
+
+Published = dict[str, list]  # path -> [*identity, sha256] of each file a task published
 
 
 def digest(config: dict[str, Any]) -> str:
@@ -33,26 +37,43 @@ def _read(path: Path) -> dict[str, str]:
 
 
 class ConfigRecord:
-    """Task name -> the digest of the settings it last succeeded with."""
+    """Task name -> [the digest of the settings it last succeeded with, the files it published then]."""
 
-    def __init__(self, path: Path):
-        self.path = path
+    def __init__(self, path: Path, hashes: FileHashes):
+        self.path, self.hashes = path, hashes
         self.recorded = _read(path)
         self.current: dict[str, str] = {}  # this run's digest of every task created
-        self.succeeded: set[str] = set()
+        self.succeeded: dict[str, Published] = {}
+        self.edited: dict[str, list[str]] = {}  # task -> its published files changed since
 
     def unchanged(self, task: str, config: dict[str, Any]) -> bool:
-        """Whether `task` last succeeded with these settings; remembers them for `succeeded`."""
+        """Whether `task` last succeeded with these settings and its published files are as it left them;
+        remembers the settings for `success`."""
         self.current[task] = value = digest(config)
-        return self.recorded.get(task) == value
+        recorded = self.recorded.get(task)
+        if not isinstance(recorded, list) or recorded[0] != value:
+            return False
+        edited = [path for path, identity in recorded[1].items() if self._changed(path, identity)]
+        if edited:
+            self.edited[task] = edited
+        return not edited
 
-    def success(self, task: str) -> None:
+    def _changed(self, path: str, identity: list) -> bool:
+        """A published file that exists with other bytes (a missing one is doit's to notice)."""
+        try:
+            stat = os.stat(path)
+        except OSError:
+            return False
+        return stat_key(stat) != identity[:4] and self.hashes.sha256(path, stat) != identity[4]
+
+    def success(self, task: str, published: Published | None) -> None:
         if task in self.current:
-            self.succeeded.add(task)
+            self.succeeded[task] = published or {}
 
     def save(self) -> None:
         """Record the tasks that succeeded in this run, merged with what another build recorded meanwhile."""
-        changed = {task: self.current[task] for task in self.succeeded if self.recorded.get(task) != self.current[task]}
+        changed = {task: [self.current[task], published] for task, published in self.succeeded.items()
+                   if self.recorded.get(task) != [self.current[task], published]}
         if not changed:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -60,3 +81,13 @@ class ConfigRecord:
             merged = {**_read(self.path), **changed}
             write_json(self.path, merged, indent=None)
         self.recorded.update(changed)
+
+
+def published(paths: list[Path], hashes: FileHashes) -> Published:
+    """What a task leaves for `ConfigRecord` to check next time: each file's identity and sha256, read together
+    (a file changed while it was hashed then shows another identity)."""
+    files: Published = {}
+    for path in paths:
+        stat = os.stat(path)
+        files[str(path.absolute())] = [*stat_key(stat), hashes.sha256(path, stat)]
+    return files
