@@ -105,11 +105,12 @@ class Stamp:
                 return None
         return stamp
 
-    def write(self, key: str, checked: dict[str, list[int]], probed: list[Path], tasks: int,
+    def write(self, key: str, checked: dict[str, list[int]], looked_at: list[Path], tasks: int,
               skipped: dict[str, str]) -> None:
-        """Record a full no-op: `checked` are the files doit judged unchanged, with the identity it saw; `probed`
-        the files outside the project that decided a target's toolchain, present or not."""
-        files: dict[str, list[int] | None] = {**{str(p): _identity(str(p)) for p in probed}, **checked}
+        """Record a full no-op: `checked` are the files doit judged unchanged, with the identity it saw;
+        `looked_at` every other file and folder task creation read or probed, present or not (a folder's identity
+        changes when an entry is added or removed)."""
+        files: dict[str, list[int] | None] = {**{str(p): _identity(str(p)) for p in looked_at}, **checked}
         for path in self.watched:
             identity = _identity(str(path))
             if identity is None:

@@ -420,7 +420,7 @@ class BuildReporter(ConsoleReporter):
             if self.project.key and not (self.failures or self.runtime_errors) and set(self.started) <= {"unavailable"}:
                 up_to_date = [name for name in self.uptodate if ":" in name]
                 skipped = self.project.skipped() if "unavailable" in seen else {}
-                Stamp(layout).write(self.project.key, self.project.checked, self.project.probed, len(up_to_date),
+                Stamp(layout).write(self.project.key, self.project.checked, self.project.looked_at, len(up_to_date),
                                     skipped)
             save_durations(layout.durations, self.durations, self.report.entries, set(self.started))
         except OSError as exc:
@@ -494,7 +494,9 @@ class Project:
             if reason:
                 self.unavailable[name] = reason
         self.stages = {stage.task: stage for b in self.builds for stage in b.stages}
-        self.probed = [path for t in used.values() for path in compiler(t).probed_files(t)]
+        # besides the tasks' files: what task creation looked at (toolchain probes, configs, calibration folders)
+        self.looked_at = [*(path for t in used.values() for path in compiler(t).probed_files(t)),
+                          *self.manifest.reads]
         if executor:
             self.key = None  # the workers' toolchains count: no shortcut
         self.configs = ConfigRecord(self.layout.configs, self.workspace.hashes)

@@ -205,9 +205,13 @@ def test_a_device_only_a_worker_offers_is_built_there(tmp_path, host_cache, clus
     assert entries["validate:tinycnn@ov"]["status"] == "validated"
 
 
-def test_a_worker_refuses_a_job_whose_versions_differ_from_its_own():
+def test_a_worker_refuses_a_job_whose_versions_or_epbuild_code_differ_from_its_own():
+    from rules.execute.provenance import code_digest
+
     with pytest.raises(BuildError, match=r"needs onnxruntime 0\.0\.1, this worker has 1"):
-        _check_versions({"task": "compile:m@cpu", "resources": {"pkg:onnxruntime:0.0.1": 1}})
+        _check_versions({"task": "compile:m@cpu", "resources": {"pkg:onnxruntime:0.0.1": 1}, "code": code_digest()})
+    with pytest.raises(BuildError, match="it runs other epbuild code than the coordinator"):
+        _check_versions({"task": "compile:m@cpu", "resources": {}, "code": "0" * 64})
 
 
 def test_a_worker_killed_mid_job_is_replaced_by_another(tmp_path, host_cache, cluster):

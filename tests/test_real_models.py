@@ -143,6 +143,10 @@ def test_min_offload_fails_naming_the_ops_left_on_cpu(project):
     assert ("only 80.0% of 5 source nodes are in EPContext nodes, below min_offload = 0.95; left on CPU: Det x1"
             in output(done))
     assert not (project.artifacts / "qnn" / "partial").exists()
+    # a check of the recorded placement, not part of the bytes: a lower threshold restores, no recompile
+    project.manifest(model_entry("partial", targets='["qnn"]') + TARGETS + "min_offload = 0.5\n")
+    done = project.doit()
+    assert "restored compile:partial@qnn" in done.stdout and (project.artifacts / "qnn" / "partial").is_dir()
 
 
 def test_constant_subgraphs_left_on_cpu_suggest_folding_and_folding_removes_them(project):

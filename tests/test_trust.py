@@ -39,9 +39,11 @@ def external_data_model(path: Path, seed: int = 0) -> Path:
     return path
 
 
-def rewrite_keeping_size_and_mtime(path: Path, offset: int = 100) -> None:
-    """What `cp -p`, `rsync -t` or `unzip -o` leave: other bytes, the same size, the old mtime."""
+def rewrite_keeping_size_and_mtime(path: Path, offset: int = -64) -> None:
+    """What `cp -p`, `rsync -t` or `unzip -o` leave: other bytes, the same size, the old mtime (`offset` < 0
+    counts from the end: inside the last weights of a small model)."""
     stat = path.stat()
+    offset = offset % stat.st_size
     with open(path, "r+b") as handle:
         handle.seek(offset)
         byte = handle.read(1)

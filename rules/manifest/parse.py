@@ -110,6 +110,9 @@ class Manifest:
     cache: CacheSpec
     toolchains: dict[str, Path]  # [toolchains.NAME] root
     executor: ExecutorSpec
+    # every file and folder reading the manifest looked at (models, configs, calibration folders, validation
+    # files): the no-op shortcut (`rules.fast_path`) holds only while each keeps its identity
+    reads: tuple[Path, ...] = ()
 
     @property
     def root(self) -> Path:
@@ -195,9 +198,18 @@ def check_name(file: Path, path: str, name: str) -> None:
         )
 
 
+_READS: list[Path] = []  # what the running `load` looked at
+
+
+def _looked_at(path: Path) -> Path:
+    _READS.append(path)
+    return path
+
+
 def load(path: str | Path) -> Manifest:
     """Read and validate a manifest; raises UserError naming the file and key path."""
-    path = Path(path).absolute()
+    _READS.clear()
+    path = _looked_at(Path(path).absolute())
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -242,7 +254,7 @@ def parse(data: dict[str, Any], path: Path) -> Manifest:
                   for name in toolchains_table.table}
     executor = top.child("executor").read("executor")
     return Manifest(path, models, targets, groups, cache_spec, toolchains,
-                    ExecutorSpec(executor["scheduler"], executor["wait_s"]))
+                    ExecutorSpec(executor["scheduler"], executor["wait_s"]), tuple(dict.fromkeys(_READS)))
 
 
 def _group(table: TableReader, name: str, models: dict[str, ModelSpec], targets: dict[str, TargetSpec]) -> GroupSpec:
@@ -271,7 +283,7 @@ def _group(table: TableReader, name: str, models: dict[str, ModelSpec], targets:
 
 def _model(table: TableReader, name: str, targets: dict[str, TargetSpec]) -> ModelSpec:
     values = table.read("model", skip=("validation", "quantize", "freeze"))
-    model_path = table.file.parent / values["path"]
+    model_path = _looked_at(table.file.parent / values["path"])
     if not model_path.is_file():
         table.fail(f"model file not found: {model_path}", "path")
     inputs: dict[str, tuple[int, ...]] = {}
@@ -318,7 +330,7 @@ def _quantize(model: TableReader) -> QuantizeSpec:
     calibration = values["calibration"]
     files: tuple[Path, ...] | None = None
     if calibration != "random":
-        folder = table.file.parent / calibration
+        folder = _looked_at(table.file.parent / calibration)  # a sample added or removed changes its identity
         if not folder.is_dir():
             table.fail(f"calibration folder not found: {folder} (a folder of .npz files, one sample each, or "
                        f"\"random\" for a fixed-seed smoke-test set)", "calibration")
@@ -336,7 +348,7 @@ def _validation(table: TableReader, model: bool) -> dict[str, Any]:
     settings: dict[str, Any] = {}
     for key in ("inputs", "reference"):
         if values[key] is not None:
-            path = table.file.parent / values[key]
+            path = _looked_at(table.file.parent / values[key])
             if not path.is_file():
                 table.fail(f"file {'is a folder' if path.is_dir() else 'not found'}: {path}", key)
             settings[key] = path.resolve()
@@ -404,7 +416,7 @@ def _winml_config(target: TableReader) -> tuple[dict[str, Any], list[str]]:
     import json
     import os
 
-    config_path = target.file.parent / target.get("config", str)
+    config_path = _looked_at(target.file.parent / target.get("config", str))
     try:
         data = json.loads(config_path.read_text())
     except FileNotFoundError:

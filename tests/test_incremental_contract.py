@@ -1,0 +1,201 @@
+"""The incrementality contract: for each kind of change, exactly these tasks execute, on the no-op fast path and
+on the full path (`EPBUILD_FAST_PATH=0`), and what a change rebuilds equals a clean build's bytes.
+
+One project is built once; each row applies its change, runs `doit`, compares the executed tasks with the row's,
+then undoes the change and runs again so the next row starts from the steady state. Package versions are covered
+by `test_provenance.py` (the fork server's key and each job's own check), not by switching installations here.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_trust import external_data_model, rewrite_keeping_size_and_mtime
+
+from conftest import REPO, Project, clone, ran
+from helpers import perturb_weights, tree_bytes
+
+MANIFEST = """
+[models.tinycnn]
+path = "models/tinycnn.onnx"
+quantize = { calibration = "models/calib/tinycnn/" }
+targets = ["cpu", "cpu-int8", "qnn-htp"]
+validation = { min_snr_db = 40 }
+
+[models.ext]
+path = "models/ext.onnx"
+targets = ["cpu"]
+
+[targets.cpu]
+ep = "cpu"
+
+[targets.cpu-int8]
+ep = "cpu"
+quantized = true
+
+[targets.qnn-htp]
+ep = "qnn"
+options = { soc_model = 60 }
+"""
+TINYCNN_CPU = {"compile:tinycnn@cpu", "validate:tinycnn@cpu"}
+TINYCNN_INT8 = {"quantize:tinycnn[generic]", "compile:tinycnn@cpu-int8", "validate:tinycnn@cpu-int8"}
+TINYCNN_QNN = {"shape:tinycnn", "compile:tinycnn@qnn-htp", "validate:tinycnn@qnn-htp"}
+EXT = {"compile:ext@cpu", "validate:ext@cpu"}
+TINYCNN = TINYCNN_CPU | TINYCNN_INT8 | TINYCNN_QNN
+
+
+def _manifest_edit(old: str, new: str) -> Callable[[Project], Callable[[], None]]:
+    def change(project: Project) -> Callable[[], None]:
+        project.manifest(MANIFEST.replace(old, new))
+        return lambda: project.manifest(MANIFEST)
+    return change
+
+
+def _file_edit(relative: str, edit: Callable[[Path], None]) -> Callable[[Project], Callable[[], None]]:
+    def change(project: Project) -> Callable[[], None]:
+        path = project.root / relative
+        saved = path.read_bytes()
+        edit(path)
+        return lambda: path.write_bytes(saved)
+    return change
+
+
+def _perturb_keeping_size_and_mtime(path: Path) -> None:
+    """Retrained weights of the same shape, the file's mtime restored (`cp -p`, `rsync -t`)."""
+    stat = path.stat()
+    perturb_weights(path, 2)
+    assert path.stat().st_size == stat.st_size
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+def _new_sample(project: Project) -> Callable[[], None]:
+    folder = project.root / "models" / "calib" / "tinycnn"
+    with np.load(folder / "0.npz") as sample:  # a wider range than the others: other quantization scales
+        np.savez(folder / "9.npz", **{k: v * 4 + 1 for k, v in sample.items()})
+    return lambda: (folder / "9.npz").unlink()
+
+
+def _environment(project: Project) -> Callable[[], None]:
+    project.env["EPBUILD_UNRELATED_SETTING"] = "1"
+    return lambda: project.env.pop("EPBUILD_UNRELATED_SETTING")
+
+
+def _touch(project: Project) -> Callable[[], None]:
+    model = project.root / "models" / "tinycnn.onnx"
+    model.write_bytes(model.read_bytes())  # a new mtime and ctime, the same bytes
+    return lambda: None
+
+
+def _epbuild_code(module: str) -> Callable[[Project], Callable[[], None]]:
+    """An upgrade of epbuild: the package from another folder, one of its modules changed."""
+    def change(project: Project) -> Callable[[], None]:
+        copy = project.root.parent / "upgraded"
+        if not copy.exists():
+            shutil.copytree(REPO / "rules", copy / "rules", ignore=shutil.ignore_patterns("__pycache__"))
+        path = copy / "rules" / module
+        saved = path.read_bytes()
+        path.write_bytes(saved + b"\n# a new release\n")
+        previous = project.env["PYTHONPATH"]
+        project.env["PYTHONPATH"] = str(copy)
+
+        def undo() -> None:
+            path.write_bytes(saved)
+            project.env["PYTHONPATH"] = previous
+        return undo
+    return change
+
+
+def _edit_artifact(project: Project) -> Callable[[], None]:
+    artifact = project.artifacts / "cpu" / "ext" / "ext.onnx"
+    rewrite_keeping_size_and_mtime(artifact, offset=20)
+    return lambda: None  # the build itself restores it
+
+
+CHANGES = {  # change -> the tasks that must execute
+    "model bytes": (_file_edit("models/tinycnn.onnx", lambda p: perturb_weights(p, 1)), TINYCNN),
+    "model bytes, size and mtime kept": (_file_edit("models/tinycnn.onnx", _perturb_keeping_size_and_mtime), TINYCNN),
+    "external data, size and mtime kept": (_file_edit("models/ext.onnx.data",
+                                                      lambda p: rewrite_keeping_size_and_mtime(p, 4000)), EXT),
+    "a calibration sample added": (_new_sample, {"quantize:tinycnn[generic]", "compile:tinycnn@cpu-int8",
+                                                 "validate:tinycnn@cpu-int8"}),
+    "a provider option": (_manifest_edit("soc_model = 60", "soc_model = 69"),
+                          {"compile:tinycnn@qnn-htp", "validate:tinycnn@qnn-htp"}),
+    "a validation threshold": (_manifest_edit("min_snr_db = 40", "min_snr_db = 30"),
+                               {"validate:tinycnn@cpu", "validate:tinycnn@cpu-int8", "validate:tinycnn@qnn-htp"}),
+    "a validation time limit": (_manifest_edit("min_snr_db = 40", "min_snr_db = 40, timeout_s = 100"), set()),
+    "min_offload (a check of the recorded placement)": (
+        _manifest_edit('soc_model = 60 }', 'soc_model = 60 }\nmin_offload = 0.5'), {"compile:tinycnn@qnn-htp"}),
+    "an unrelated environment variable": (_environment, set()),
+    "a model touched, bytes unchanged": (_touch, set()),
+    "epbuild code the jobs run": (_epbuild_code("build/graph.py"), TINYCNN | EXT),
+    "epbuild code of the reports": (_epbuild_code("report/views.py"), set()),
+    # the compile restores the folder; its validation report, replaced with it, is restored from the cache
+    "a published artifact edited by hand": (_edit_artifact, EXT),
+}
+
+
+@pytest.fixture(scope="module")
+def steady(tmp_path_factory, host_cache) -> Project:
+    root = tmp_path_factory.mktemp("contract") / "proj"
+    root.mkdir()
+    project = Project(root, host_cache)
+    project.env.pop("EPBUILD_FAST_PATH", None)
+    external_data_model(root / "models" / "ext.onnx")
+    project.manifest(MANIFEST)
+    project.doit()
+    return project
+
+
+def _executed(project: Project, fast: str) -> set[str]:
+    project.env["EPBUILD_FAST_PATH"] = fast
+    done = project.doit()
+    return ran(done) - {"unavailable"}
+
+
+@pytest.mark.parametrize("fast", ["1", "0"])
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_each_change_executes_exactly_its_tasks(steady, change, fast):
+    project = steady
+    _executed(project, "1")
+    assert _executed(project, "1") == set()  # steady: the full no-op above wrote the stamp; this run took it
+    apply, expected = CHANGES[change]
+    undo = apply(project)
+    try:
+        assert _executed(project, fast) == expected
+        assert _executed(project, fast) == set()  # and only once
+    finally:
+        undo()
+        _executed(project, "0")
+
+
+@pytest.mark.parametrize("change", ["model bytes", "a calibration sample added", "a provider option"])
+def test_what_a_change_rebuilds_equals_a_clean_build(steady, tmp_path, host_cache, change):
+    project = steady
+    apply, _ = CHANGES[change]
+    undo = apply(project)
+    try:
+        project.doit()
+        fresh = clone(tmp_path, host_cache, "clean", (project.root / "models.toml").read_text())
+        shutil.rmtree(fresh.root / "models")
+        shutil.copytree(project.root / "models", fresh.root / "models")
+        fresh.doit()
+        assert tree_bytes(fresh.artifacts) == tree_bytes(project.artifacts)
+    finally:
+        undo()
+        project.doit()
+
+
+def test_a_second_clone_sharing_the_cache_restores_everything_and_equals_the_first(steady, tmp_path, host_cache):
+    project = steady
+    second = clone(tmp_path, host_cache, "second", MANIFEST,
+                   EPBUILD_CACHE_DIR=str(project.cache))
+    shutil.rmtree(second.root / "models")
+    shutil.copytree(project.root / "models", second.root / "models")
+    done = second.doit()
+    assert "compiled " not in done.stdout and "restored compile:tinycnn@qnn-htp" in done.stdout
+    assert tree_bytes(second.artifacts) == tree_bytes(project.artifacts)
