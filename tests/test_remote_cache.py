@@ -4,6 +4,7 @@ server costs one warning, and no credential ever reaches an output."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -159,6 +160,36 @@ def test_tampered_blobs_and_manifests_are_refused_rebuilt_and_replaced(tmp_path,
     assert len(refusals(refused)) == len(TASKS) and {origins(other_key)[n] for n in COMPILES} == {"compiled"}
     assert_no_secret(done.stdout, done.stderr, again.stdout, again.stderr,
                      folders=(second.root, tmp_path / "b-cache"))
+
+
+def test_a_remote_with_every_blob_corrupted_is_repaired_by_one_build(tmp_path, host_cache, s3):
+    """A writer replacing a refused entry re-uploads every blob it has not verified, not only the first bad one it
+    found (successive builds used to refuse fewer and fewer entries: 32, 14, 9, 2, 0)."""
+    bucket = s3.new_bucket()
+    clone(tmp_path, host_cache, "a", s3, bucket).doit()
+    blobs = [key for key in s3.objects(bucket) if "/cas/sha256/" in key]
+    assert len(blobs) > len(TASKS)  # models, external data, binaries, artifact.json and validation reports
+    for key in blobs:
+        tamper(s3, bucket, key, lambda data: data + b"corrupted")
+    repairing = clone(tmp_path, host_cache, "b", s3, bucket).doit()
+    assert refusals(repairing) and all("does not match its sha256" in line for line in refusals(repairing))
+    third = clone(tmp_path, host_cache, "c", s3, bucket)
+    after = third.doit()
+    assert not refusals(after), after.stderr
+    assert {origins(third)[name] for name in TASKS} == {"remote"}
+
+
+def test_a_download_cut_off_is_reported_as_cut_off(tmp_path, s3, monkeypatch):
+    bucket = s3.new_bucket()
+    monkeypatch.setenv("EPBUILD_CACHE_READONLY", "")
+    for name, value in s3.env().items():
+        monkeypatch.setenv(name, value)
+    remote = remote_cache.RemoteCache(f"s3://{bucket}/p")
+    data = b"x" * 1000
+    digest = hashlib.sha256(data).hexdigest()
+    s3.client().put_object(Bucket=bucket, Key=f"p/cas/sha256/{digest}", Body=data[:400])  # a writer that died
+    why = remote._download(digest, len(data), tmp_path / "blob")
+    assert why == f"blob {digest[:16]} was cut off after 400 of 1000 bytes"
 
 
 def test_read_only_mode_restores_and_never_writes(tmp_path, host_cache, s3):

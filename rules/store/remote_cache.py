@@ -110,6 +110,7 @@ class RemoteCache:
         self._signing_key = key.encode() if key else None
         self.down: str | None = None  # why this process stopped using the remote
         self._bad: set[str] = set()  # object keys found bad here; a writer replaces them
+        self._verified: set[str] = set()  # blob keys whose remote bytes this process checked (download or own put)
         self._lock = threading.Lock()
         self._client: Any = None
 
@@ -223,8 +224,11 @@ class RemoteCache:
                     break
                 hasher.update(chunk)
                 out.write(chunk)
+        if received < size:
+            return f"blob {digest[:16]} was cut off after {received} of {size} bytes"
         if received != size or hasher.hexdigest() != digest:
             return f"blob {digest[:16]} does not match its sha256 (corrupted or tampered)"
+        self._verified.add(self._blob_key(digest))
         return None
 
     def _refuse(self, key: str, fingerprint: str, label: str, why: str) -> None:
@@ -240,19 +244,20 @@ class RemoteCache:
         """Upload the blobs of `folder`, then the manifest; bytes sent (0 when read-only or unavailable)."""
         if self.down or self.readonly:
             return 0
+        key = self._manifest_key(fingerprint)
+        replacing = key in self._bad  # its entry was refused: none of its blobs is trusted unless checked here
         try:
             sent, files = 0, {}
             for name, digest in sorted(digests.items()):
                 size = (folder / name).stat().st_size
                 files[name] = {"sha256": digest, "size": size}
-                sent += self._put_blob(digest, folder / name, size)
+                sent += self._put_blob(digest, folder / name, size, replacing)
             body: dict[str, Any] = {"format": FORMAT, "fingerprint": fingerprint, "task": label, "files": files,
                                     "identity": identity, "written": round(time.time())}
             if self._signing_key is not None:
                 body["signature"] = self._sign(body)
             manifest = json.dumps(body, indent=1, sort_keys=True).encode()
-            key = self._manifest_key(fingerprint)
-            if key in self._bad:
+            if replacing:
                 self.client.put_object(Bucket=self.bucket, Key=key, Body=manifest,
                                        ChecksumSHA256=_b64(hashlib.sha256(manifest).hexdigest()))
                 self._bad.discard(key)
@@ -268,28 +273,40 @@ class RemoteCache:
                 self._give_up(exc, f"uploading {label}")
             return 0
 
-    def _put_blob(self, digest: str, path: Path, size: int) -> int:
+    def _put_blob(self, digest: str, path: Path, size: int, replacing: bool) -> int:
+        """Upload one blob unless the remote holds it verified. Replacing a refused entry, every blob this process
+        has not verified is written again (one bad blob is rarely alone: a later build would otherwise find the
+        next one); otherwise an existing blob is kept unless the server's own checksum of it disagrees."""
         key = self._blob_key(digest)
-        if key in self._bad:  # a corrupted copy: the verified bytes replace it
-            self.client.delete_object(Bucket=self.bucket, Key=key)
+        if key in self._verified:
+            return 0
+        distrusted = key in self._bad or replacing
+        exists, checksum = (True, None) if distrusted else self._head(key)
+        if distrusted or checksum not in (None, _b64(digest)):
+            with contextlib.suppress(*_errors()):
+                self.client.delete_object(Bucket=self.bucket, Key=key)
             self._bad.discard(key)
-        elif self._exists(key):
+        elif exists:
             return 0
         if size > SINGLE_PUT_LIMIT:
             self._create_in_parts(key, path)
         else:
             with open(path, "rb") as body:
                 self._create(key, body, digest)
+        self._verified.add(key)  # the server checked the sha256 sent with it
         return size
 
-    def _exists(self, key: str) -> bool:
+    def _head(self, key: str) -> tuple[bool, str | None]:
+        """Whether the blob exists, and the sha256 the server recorded when it was written (None for a blob
+        written in parts, or on a server that keeps none)."""
         try:
-            self.client.head_object(Bucket=self.bucket, Key=key)
+            head = self.client.head_object(Bucket=self.bucket, Key=key, ChecksumMode="ENABLED")
         except _error_answer() as exc:
             if _code(exc) in MISSING:
-                return False
+                return False, None
             raise
-        return True
+        checksum = head.get("ChecksumSHA256")
+        return True, checksum if checksum and "-" not in checksum else None
 
     def _create(self, key: str, body: Any, digest: str) -> None:
         """A create-only put with the sha256 the server checks; losing a race to an identical write is fine."""
