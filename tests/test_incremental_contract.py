@@ -3,13 +3,16 @@ on the full path (`EPBUILD_FAST_PATH=0`), and what a change rebuilds equals a cl
 
 One project is built once; each row applies its change, runs `doit`, compares the executed tasks with the row's,
 then undoes the change and runs again so the next row starts from the steady state. Package versions are covered
-by `test_provenance.py` (the fork server's key and each job's own check), not by switching installations here.
+by switching onnx to another version for the same interpreter (`--target` folder in front of the path) and by
+`test_provenance.py` (the fork server's key, each job's own check of what its process loaded).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -110,6 +113,20 @@ def _epbuild_code(module: str) -> Callable[[Project], Callable[[], None]]:
     return change
 
 
+def _other_onnx(project: Project) -> Callable[[], None]:
+    """onnx 1.23.1 in front of the installed one, for the same interpreter: every job's toolchain changes."""
+    folder = project.root.parent / "onnx-1.23.1"
+    if not folder.exists():
+        done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(folder),
+                               "onnx==1.23.1"], capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            shutil.rmtree(folder, ignore_errors=True)
+            pytest.skip(f"onnx 1.23.1 cannot be installed here: {done.stderr.strip()[-300:]}")
+    previous = project.env["PYTHONPATH"]
+    project.env["PYTHONPATH"] = f"{folder}{os.pathsep}{previous}"
+    return lambda: project.env.update(PYTHONPATH=previous)
+
+
 def _edit_artifact(project: Project) -> Callable[[], None]:
     artifact = project.artifacts / "cpu" / "ext" / "ext.onnx"
     rewrite_keeping_size_and_mtime(artifact, offset=20)
@@ -133,6 +150,7 @@ CHANGES = {  # change -> the tasks that must execute
     "an unrelated environment variable": (_environment, set()),
     "a model touched, bytes unchanged": (_touch, set()),
     "epbuild code the jobs run": (_epbuild_code("build/graph.py"), TINYCNN | EXT),
+    "another onnx version": (_other_onnx, TINYCNN | EXT),
     "epbuild code of the reports": (_epbuild_code("report/views.py"), set()),
     # the compile restores the folder; its validation report, replaced with it, is restored from the cache
     "a published artifact edited by hand": (_edit_artifact, EXT),

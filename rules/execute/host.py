@@ -35,8 +35,9 @@ def package_version(distribution: str) -> str | None:
 
 
 def toolchain_versions(info: EpInfo) -> dict[str, str | None]:
-    """The package versions that shape an artifact of this EP."""
-    versions = {"onnxruntime": package_version("onnxruntime")}
+    """The package versions that shape an artifact of this EP: onnx reads and checks every model and artifact
+    in the jobs (placement, external data, EPContext attributes)."""
+    versions = {"onnxruntime": package_version("onnxruntime"), "onnx": package_version("onnx")}
     if info.package and info.package != "onnxruntime":
         versions[info.package] = package_version(info.package)
     return versions
