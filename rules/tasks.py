@@ -113,7 +113,8 @@ def run_compile(build: Build, workspace: Workspace) -> TaskFailed | dict[str, An
           f"{os.path.relpath(done.out_dir)}/{_origin(done.outcome)}")
     return {"status": done.status, **done.outcome.report(), **({"worker": done.worker} if done.worker else {}),
             "fingerprint": done.fingerprint, "files": done.files,
-            "_published": published([done.out_dir / f["name"] for f in done.files], workspace.hashes),
+            "_published": published([done.out_dir / f["name"] for f in done.files], workspace.hashes,
+                                    workspace.project_root),
             "seconds": round(done.seconds, 3), **({"child": done.usage} if done.usage else {}),
             **({"nodes": nodes} if "in_ep" in nodes else {})}
 
@@ -134,7 +135,7 @@ def run_stage_task(stage: Stage, workspace: Workspace) -> TaskFailed | dict[str,
     return {"status": status, **outcome.report(), **({"worker": worker} if worker else {}),
             "seconds": round(seconds, 3),
             "files": file_records(stage.output.parent, [p.name for p in stage.outputs], workspace),
-            "_published": published(stage.outputs, workspace.hashes)}
+            "_published": published(stage.outputs, workspace.hashes, workspace.project_root)}
 
 
 def run_validate(build: Build, workspace: Workspace, config: dict[str, Any]) -> TaskFailed | dict:
@@ -160,7 +161,8 @@ def run_validate(build: Build, workspace: Workspace, config: dict[str, Any]) -> 
     seconds = time.monotonic() - started if outcome.restored else report.get("seconds", 0)
     return {"status": status, **outcome.report(), **({"worker": report["worker"]} if "worker" in report else {}),
             "fingerprint": fingerprint, "validation": line, **({"child": report["usage"]} if "usage" in report else {}),
-            "seconds": round(seconds, 3), "_published": published([folder / REPORT], workspace.hashes)}
+            "seconds": round(seconds, 3), "_published": published([folder / REPORT], workspace.hashes,
+                                                                          workspace.project_root)}
 
 
 def run_ops(build: Build, workspace: Workspace, report: Path) -> TaskFailed | None:
@@ -499,7 +501,7 @@ class Project:
                           *self.manifest.reads]
         if executor:
             self.key = None  # the workers' toolchains count: no shortcut
-        self.configs = ConfigRecord(self.layout.configs, self.workspace.hashes)
+        self.configs = ConfigRecord(self.layout.configs, self.workspace.hashes, self.root)
 
     def executor_error(self, reason: str) -> UserError:
         if os.environ.get("EPBUILD_EXECUTOR"):
@@ -536,7 +538,7 @@ class Project:
         borrowed reference to sys.stdout, so a swap in another thread can free it mid-print (a segfault)."""
         task = f"{basename}:{name}"
         unchanged = config is not None and self.configs.unchanged(task, config)
-        edited = [(announce_edited, [[self.rel(Path(p)) for p in self.configs.edited[task]]])] if (
+        edited = [(announce_edited, [[self.rel(self.root / p) for p in self.configs.edited[task]]])] if (
             task in self.configs.edited) else []
         return {"basename": basename, "name": name, "doc": doc, "actions": [*edited, (action, args)],
                 "file_dep": [self.rel(p) for p in file_dep], "targets": [self.rel(p) for p in targets],

@@ -28,7 +28,7 @@ MANIFEST = """
 path = "models/tinycnn.onnx"
 quantize = { calibration = "models/calib/tinycnn/" }
 targets = ["cpu", "cpu-int8", "qnn-htp"]
-validation = { min_snr_db = 40 }
+validation = { min_snr_db = 40, inputs = "models/tinycnn_inputs.npz" }
 
 [models.ext]
 path = "models/ext.onnx"
@@ -43,8 +43,11 @@ quantized = true
 
 [targets.qnn-htp]
 ep = "qnn"
-options = { soc_model = 60 }
+config = "configs/qnn.json"   # a WinMLBuildConfig: its compile.provider_options
 """
+QNN_CONFIG = '{"compile": {"provider_options": {"backend_type": "htp", "soc_model": "60"}}}'
+TINYCNN_VALIDATIONS = {"validate:tinycnn@cpu", "validate:tinycnn@cpu-int8", "validate:tinycnn@qnn-htp"}
+QNN_COMPILE = {"compile:tinycnn@qnn-htp", "validate:tinycnn@qnn-htp"}
 TINYCNN_CPU = {"compile:tinycnn@cpu", "validate:tinycnn@cpu"}
 TINYCNN_INT8 = {"quantize:tinycnn[generic]", "compile:tinycnn@cpu-int8", "validate:tinycnn@cpu-int8"}
 TINYCNN_QNN = {"shape:tinycnn", "compile:tinycnn@qnn-htp", "validate:tinycnn@qnn-htp"}
@@ -74,6 +77,10 @@ def _perturb_keeping_size_and_mtime(path: Path) -> None:
     perturb_weights(path, 2)
     assert path.stat().st_size == stat.st_size
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+def _inputs(path: Path, seed: int = 0) -> None:
+    np.savez(path, x=np.random.default_rng(seed).standard_normal((1, 3, 64, 64)).astype(np.float32))
 
 
 def _new_sample(project: Project) -> Callable[[], None]:
@@ -140,13 +147,16 @@ CHANGES = {  # change -> the tasks that must execute
                                                       lambda p: rewrite_keeping_size_and_mtime(p, 4000)), EXT),
     "a calibration sample added": (_new_sample, {"quantize:tinycnn[generic]", "compile:tinycnn@cpu-int8",
                                                  "validate:tinycnn@cpu-int8"}),
-    "a provider option": (_manifest_edit("soc_model = 60", "soc_model = 69"),
-                          {"compile:tinycnn@qnn-htp", "validate:tinycnn@qnn-htp"}),
-    "a validation threshold": (_manifest_edit("min_snr_db = 40", "min_snr_db = 30"),
-                               {"validate:tinycnn@cpu", "validate:tinycnn@cpu-int8", "validate:tinycnn@qnn-htp"}),
+    "a provider option in the manifest": (_manifest_edit('config = "', 'options = { soc_model = 69 }\nconfig = "'),
+                                          QNN_COMPILE),
+    "a WinMLBuildConfig file": (_file_edit("configs/qnn.json", lambda p: p.write_text(QNN_CONFIG.replace("60", "69"))),
+                                QNN_COMPILE),
+    "a validation threshold": (_manifest_edit("min_snr_db = 40", "min_snr_db = 30"), TINYCNN_VALIDATIONS),
+    "the validation inputs file": (_file_edit("models/tinycnn_inputs.npz", lambda p: _inputs(p, seed=1)),
+                                   TINYCNN_VALIDATIONS),
     "a validation time limit": (_manifest_edit("min_snr_db = 40", "min_snr_db = 40, timeout_s = 100"), set()),
     "min_offload (a check of the recorded placement)": (
-        _manifest_edit('soc_model = 60 }', 'soc_model = 60 }\nmin_offload = 0.5'), {"compile:tinycnn@qnn-htp"}),
+        _manifest_edit('config = "', 'min_offload = 0.5\nconfig = "'), {"compile:tinycnn@qnn-htp"}),
     "an unrelated environment variable": (_environment, set()),
     "a model touched, bytes unchanged": (_touch, set()),
     "epbuild code the jobs run": (_epbuild_code("build/graph.py"), TINYCNN | EXT),
@@ -164,6 +174,8 @@ def steady(tmp_path_factory, host_cache) -> Project:
     project = Project(root, host_cache)
     project.env.pop("EPBUILD_FAST_PATH", None)
     external_data_model(root / "models" / "ext.onnx")
+    _inputs(root / "models" / "tinycnn_inputs.npz")
+    (root / "configs" / "qnn.json").write_text(QNN_CONFIG)
     project.manifest(MANIFEST)
     project.doit()
     return project
@@ -191,7 +203,13 @@ def test_each_change_executes_exactly_its_tasks(steady, change, fast):
         _executed(project, "0")
 
 
-@pytest.mark.parametrize("change", ["model bytes", "a calibration sample added", "a provider option"])
+def _same_inputs(project: Project, other: Project) -> None:
+    for folder in ("models", "configs"):
+        shutil.rmtree(other.root / folder)
+        shutil.copytree(project.root / folder, other.root / folder)
+
+
+@pytest.mark.parametrize("change", ["model bytes", "a calibration sample added", "a WinMLBuildConfig file"])
 def test_what_a_change_rebuilds_equals_a_clean_build(steady, tmp_path, host_cache, change):
     project = steady
     apply, _ = CHANGES[change]
@@ -199,8 +217,7 @@ def test_what_a_change_rebuilds_equals_a_clean_build(steady, tmp_path, host_cach
     try:
         project.doit()
         fresh = clone(tmp_path, host_cache, "clean", (project.root / "models.toml").read_text())
-        shutil.rmtree(fresh.root / "models")
-        shutil.copytree(project.root / "models", fresh.root / "models")
+        _same_inputs(project, fresh)
         fresh.doit()
         assert tree_bytes(fresh.artifacts) == tree_bytes(project.artifacts)
     finally:
@@ -212,8 +229,7 @@ def test_a_second_clone_sharing_the_cache_restores_everything_and_equals_the_fir
     project = steady
     second = clone(tmp_path, host_cache, "second", MANIFEST,
                    EPBUILD_CACHE_DIR=str(project.cache))
-    shutil.rmtree(second.root / "models")
-    shutil.copytree(project.root / "models", second.root / "models")
+    _same_inputs(project, second)
     done = second.doit()
     assert "compiled " not in done.stdout and "restored compile:tinycnn@qnn-htp" in done.stdout
     assert tree_bytes(second.artifacts) == tree_bytes(project.artifacts)

@@ -13,12 +13,12 @@ from rules.store.task_configs import ConfigRecord, published
 
 def test_a_task_without_a_record_or_with_other_settings_runs(tmp_path):
     path = tmp_path / "configs.json"
-    first = ConfigRecord(path, FileHashes(tmp_path))
+    first = ConfigRecord(path, FileHashes(tmp_path), tmp_path)
     assert not first.unchanged("compile:a@cpu", {"ep": "cpu"})
     assert not first.unchanged("compile:b@cpu", {"ep": "cpu"})
     first.success("compile:a@cpu", {})
     first.save()  # b did not succeed: it stays unrecorded
-    again = ConfigRecord(path, FileHashes(tmp_path))
+    again = ConfigRecord(path, FileHashes(tmp_path), tmp_path)
     assert again.unchanged("compile:a@cpu", {"ep": "cpu"})
     assert not again.unchanged("compile:a@cpu", {"ep": "cpu", "level": 2})
     assert not again.unchanged("compile:b@cpu", {"ep": "cpu"})
@@ -26,21 +26,21 @@ def test_a_task_without_a_record_or_with_other_settings_runs(tmp_path):
 
 def test_two_builds_at_once_merge_their_records(tmp_path):
     path = tmp_path / "configs.json"
-    one, two = ConfigRecord(path, FileHashes(tmp_path)), ConfigRecord(path, FileHashes(tmp_path))
+    one, two = ConfigRecord(path, FileHashes(tmp_path), tmp_path), ConfigRecord(path, FileHashes(tmp_path), tmp_path)
     one.unchanged("compile:a@cpu", {"x": 1})
     two.unchanged("compile:b@cpu", {"x": 2})
     one.success("compile:a@cpu", {})
     two.success("compile:b@cpu", {})
     one.save()
     two.save()
-    merged = ConfigRecord(path, FileHashes(tmp_path))
+    merged = ConfigRecord(path, FileHashes(tmp_path), tmp_path)
     assert merged.unchanged("compile:a@cpu", {"x": 1}) and merged.unchanged("compile:b@cpu", {"x": 2})
 
 
 def test_an_unreadable_record_means_every_task_runs(tmp_path):
     path = tmp_path / "configs.json"
     path.write_text("{not json")
-    record = ConfigRecord(path, FileHashes(tmp_path))
+    record = ConfigRecord(path, FileHashes(tmp_path), tmp_path)
     assert not record.unchanged("compile:a@cpu", {})
     record.success("compile:a@cpu", {})
     record.save()
@@ -50,18 +50,18 @@ def test_an_unreadable_record_means_every_task_runs(tmp_path):
 def test_a_published_file_changed_since_makes_its_task_run_and_a_touched_one_does_not(tmp_path):
     path, artifact = tmp_path / "configs.json", tmp_path / "model.onnx"
     artifact.write_bytes(b"compiled bytes")
-    record = ConfigRecord(path, FileHashes(tmp_path))
+    record = ConfigRecord(path, FileHashes(tmp_path), tmp_path)
     record.unchanged("compile:a@cpu", {})
-    record.success("compile:a@cpu", published([artifact], record.hashes))
+    record.success("compile:a@cpu", published([artifact], record.hashes, tmp_path))
     record.save()
     os.utime(artifact, ns=(10**9, 10**9))  # touched: another identity, the same bytes
-    assert ConfigRecord(path, FileHashes(tmp_path)).unchanged("compile:a@cpu", {})
+    assert ConfigRecord(path, FileHashes(tmp_path), tmp_path).unchanged("compile:a@cpu", {})
     stat = artifact.stat()
     artifact.write_bytes(b"COMPILED bytes")  # the same size, the mtime restored: ctime still moves
     os.utime(artifact, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    again = ConfigRecord(path, FileHashes(tmp_path))
+    again = ConfigRecord(path, FileHashes(tmp_path), tmp_path)
     assert not again.unchanged("compile:a@cpu", {})
-    assert again.edited == {"compile:a@cpu": [str(artifact)]}
+    assert again.edited == {"compile:a@cpu": ["model.onnx"]}
 
 
 MANIFEST = """

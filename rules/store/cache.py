@@ -147,7 +147,9 @@ class ArtifactCache:
                     if "/" in name:
                         (staging / name).parent.mkdir(parents=True, exist_ok=True)
                     copy_file(source / name, staging / name, self.hard_links)
-            files = dict(digests) if digests else {name: self.hashes.sha256(staging / name) for name in names}
+            # hashed from `source` (the copy has the same bytes): the published folder keeps those files, whose
+            # digests this process then knows
+            files = dict(digests) if digests else {name: self.hashes.sha256(source / name) for name in names}
             (staging / RECORD).write_text(json.dumps({"files": files, "stored": time.time()}, indent=1))
             entry.parent.mkdir(parents=True, exist_ok=True)
             os.replace(staging, entry)

@@ -19,7 +19,7 @@ from .hashing import FileHashes
 from .layout import stat_key, write_json
 from .locks import file_lock
 
-Published = dict[str, list]  # path -> [*identity, sha256] of each file a task published
+Published = dict[str, list]  # path (relative to the project) -> [*identity, sha256] of each file a task published
 
 
 def digest(config: dict[str, Any]) -> str:
@@ -39,8 +39,8 @@ def _read(path: Path) -> dict[str, str]:
 class ConfigRecord:
     """Task name -> [the digest of the settings it last succeeded with, the files it published then]."""
 
-    def __init__(self, path: Path, hashes: FileHashes):
-        self.path, self.hashes = path, hashes
+    def __init__(self, path: Path, hashes: FileHashes, root: Path):
+        self.path, self.hashes, self.root = path, hashes, root
         self.recorded = _read(path)
         self.current: dict[str, str] = {}  # this run's digest of every task created
         self.succeeded: dict[str, Published] = {}
@@ -53,12 +53,12 @@ class ConfigRecord:
         recorded = self.recorded.get(task)
         if not isinstance(recorded, list) or recorded[0] != value:
             return False
-        edited = [path for path, identity in recorded[1].items() if self._changed(path, identity)]
+        edited = [path for path, identity in recorded[1].items() if self._changed(self.root / path, identity)]
         if edited:
             self.edited[task] = edited
         return not edited
 
-    def _changed(self, path: str, identity: list) -> bool:
+    def _changed(self, path: Path, identity: list) -> bool:
         """A published file that exists with other bytes (a missing one is doit's to notice)."""
         try:
             stat = os.stat(path)
@@ -83,11 +83,11 @@ class ConfigRecord:
         self.recorded.update(changed)
 
 
-def published(paths: list[Path], hashes: FileHashes) -> Published:
+def published(paths: list[Path], hashes: FileHashes, root: Path) -> Published:
     """What a task leaves for `ConfigRecord` to check next time: each file's identity and sha256, read together
-    (a file changed while it was hashed then shows another identity)."""
+    (a file changed while it was hashed then shows another identity), by its path inside the project `root`."""
     files: Published = {}
     for path in paths:
         stat = os.stat(path)
-        files[str(path.absolute())] = [*stat_key(stat), hashes.sha256(path, stat)]
+        files[Path(os.path.relpath(path, root)).as_posix()] = [*stat_key(stat), hashes.sha256(path, stat)]
     return files
