@@ -1,6 +1,6 @@
 """Build every target in models.toml: `doit`, `doit list`, `doit compile:MODEL@TARGET`.
 
-EPBUILD_MANIFEST names another manifest (relative to this folder).
+EPBUILD_MANIFEST names another manifest (relative to this folder; empty: models.toml).
 """
 
 import os
@@ -10,7 +10,7 @@ from pathlib import Path
 from rules.fast_path import load_project
 
 # the command line's task names: a task this host cannot build fails when named, and is skipped otherwise
-project = load_project(Path(__file__).parent / os.environ.get("EPBUILD_MANIFEST", "models.toml"), sys.argv[1:])
+project = load_project(Path(__file__).parent / (os.environ.get("EPBUILD_MANIFEST") or "models.toml"), sys.argv[1:])
 DOIT_CONFIG = project.doit_config()
 
 

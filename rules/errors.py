@@ -7,6 +7,8 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+MESSAGE_LIMIT = 500  # a user error is one line: whatever value it quotes, it stays readable
+
 
 class UserError(Exception):
     """A problem in the manifest, a model or an input file, named by file and key path.
@@ -22,7 +24,8 @@ class UserError(Exception):
 
     def __str__(self) -> str:
         where = [part for part in (self.file, self.key_path) if part]
-        return ": ".join([*where, self.message])
+        text = ": ".join([*where, self.message]).replace("\r", "\\r").replace("\n", "\\n")
+        return text if len(text) <= MESSAGE_LIMIT else f"{text[:MESSAGE_LIMIT - 1]}…"
 
 
 class BuildError(Exception):

@@ -225,9 +225,19 @@ def shortcut(manifest: Path, argv: list[str]) -> UpToDate | None:
     return UpToDate(stamp=stamp) if stamp is not None else None
 
 
+def _interrupted(kind: type[BaseException], value: BaseException, trace: Any) -> None:
+    """Ctrl-C: one line instead of a traceback (the exit status stays 130). doit has saved what finished, and
+    the fork servers end the jobs of this build as its connections close."""
+    if issubclass(kind, KeyboardInterrupt):
+        sys.stderr.write("interrupted: the build stopped; finished tasks are kept, and a rerun does the rest\n")
+        return
+    sys.__excepthook__(kind, value, trace)
+
+
 def load_project(manifest_path: str | Path, requested: Iterable[str] = ()) -> Any:
     """dodo.py's entry: the stand-in when a shortcut holds (nothing heavy is imported then), else the full project
     (`rules.tasks.Project`)."""
+    sys.excepthook = _interrupted
     requested = list(requested)
     quick = shortcut(Path(manifest_path), requested)
     if quick is not None:

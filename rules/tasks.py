@@ -56,6 +56,7 @@ from .store.external_data import ExternalDataIndex
 from .store.hashing import FileHashes, snapshot
 from .store.layout import STAGES, Layout, settled, stat_key
 from .store.orphans import orphans, prune
+from .store.owners import owner_tag, sweep
 from .store.publish import discard
 from .store.task_configs import ConfigRecord, published
 
@@ -182,11 +183,6 @@ def run_ops(build: Build, workspace: Workspace, report: Path) -> TaskFailed | No
     return None
 
 
-def announce_edited(paths: list[str]) -> None:
-    """The one line for published files changed by hand since the build wrote them."""
-    print(f"warning: {', '.join(paths)} changed since it was published; restoring or rebuilding it")
-
-
 def refuse_unavailable(task: str, reason: str, named: bool) -> TaskFailed | dict[str, str]:
     """Asked for by name (`named`), a task this host cannot build fails; reached through `doit compile` or
     `doit validate` it is skipped with its reason, like in the default run."""
@@ -255,7 +251,12 @@ def show_graph(project: Project, model: str) -> TaskFailed | None:
 
 
 def run_prune(project: Project, dry_run: bool) -> None:
-    """`doit prune [--dry-run]`: what no current task owns under artifacts/, removed (or listed)."""
+    """`doit prune [--dry-run]`: what no current task owns under artifacts/, removed (or listed); and the scratch
+    folders of killed builds, removed."""
+    if not dry_run:
+        swept, freed = sweep([project.layout.scratch_root, project.workspace.cache_dir / "tmp"])
+        if swept:
+            print(f"prune: removed {len(swept)} scratch folder(s) of killed builds, freed {freed / 1e6:.1f} MB")
     found = orphans(project.layout, project.owned_paths())
     for path in found:
         print(f"{'would remove' if dry_run else 'removed'} {project.rel(path)}{'/' if path.is_dir() else ''}")
@@ -291,6 +292,8 @@ class HashChecker(FileChangedChecker):
 
     hashes: FileHashes  # set on a per-project subclass: doit instantiates the checker without arguments
     checked: dict[str, list[int]]
+    published: dict[str, list]  # target -> [*identity, sha256] its task recorded when it published it
+    edited: set[str]  # published targets found changed since: their tasks run again
 
     def check_modified(self, file_path, file_stat, state):
         if state is None or len(state) != 5:
@@ -302,9 +305,16 @@ class HashChecker(FileChangedChecker):
         return False
 
     def exists(self, file_path):
+        """Present, and as its task published it: a published file changed since counts as missing, so that its
+        task restores or rebuilds it (a touched one is hashed once and found unchanged)."""
         try:
-            self.checked[file_path] = stat_key(os.stat(file_path))
+            stat = os.stat(file_path)
         except OSError:
+            return False
+        key = self.checked[file_path] = stat_key(stat)
+        recorded = self.published.get(file_path)
+        if recorded and key != recorded[:4] and self.hashes.sha256(file_path, stat) != recorded[4]:
+            self.edited.add(file_path)
             return False
         return True
 
@@ -366,6 +376,10 @@ class BuildReporter(ConsoleReporter):
             super().write(text)
 
     def execute_task(self, task):
+        edited = [target for target in task.targets if target in self.project.edited]
+        if edited:
+            self.write(f"warning: {', '.join(edited)} changed since it was published; restoring or rebuilding "
+                       f"it\n")
         if self.live is not None:
             self.live.started(task.name)
         elif task.name != "backends":  # its output, --json included, stays clean for machines
@@ -444,6 +458,7 @@ class Project:
         # a plain `doit list` or default run: its outcome may let the next one skip loading (rules.fast_path)
         self.key = project_key(manifest_path) if requested == ["list"] or is_default_run(requested) else None
         self.checked: dict[str, list[int]] = {}
+        self.edited: set[str] = set()  # published files found changed since (the file checker fills it)
         self.shard = shard_of(os.environ.get("EPBUILD_SHARD"))
         self.live = command not in INSPECTING and live_wanted(sys.stdout)  # a status area under the task lines
         self.threads = thread_mode(requested)
@@ -456,6 +471,9 @@ class Project:
             raise UserError(self.manifest.path.name, None, f"{self.layout.root} is a symbolic link (to "
                             f"{os.readlink(self.layout.root)}); outputs are written only inside the project: "
                             "make artifacts/ a plain folder")
+        self.writable = self._check_writable(command)
+        if self.writable and command not in INSPECTING:  # what killed builds left behind
+            sweep([self.layout.scratch_root, Path(cache_location(self.manifest.cache)[0]) / "tmp"])
         executor = executor_settings(self.manifest.executor.scheduler, self.manifest.executor.wait_s)
         if executor and command in INSPECTING:
             executor = None  # listing or inspecting needs no cluster
@@ -472,14 +490,15 @@ class Project:
         if unread:  # read by a fork server running or starting anyway (it has onnx loaded), the CPU-only one first
             reader = next((alias for alias in sorted(servers | {""}) if serving(alias)), None)
             with template_prepared_meanwhile() if servers else contextlib.nullcontext():
-                index.read(unread, reader, self.layout.scratch(f"read-models.{os.getpid()}"))
+                index.read(unread, reader, self.layout.scratch(f"read-models.{owner_tag()}"))
         external = {}
         for name, model in self.manifest.models.items():
             try:
                 external[name] = tuple(index.files(model.path))
             except UserError as exc:
                 raise UserError(self.manifest.path.name, f"models.{name}.path", f"{exc.file}: {exc.message}") from None
-        index.save()
+        if self.writable:
+            index.save()
         self.builds = plan(self.manifest, external)
         if executor:  # the workers' toolchains and devices count, not this host's
             try:
@@ -488,7 +507,8 @@ class Project:
                 raise self.executor_error(str(exc)) from None
         used = {b.target.name: b.target for b in self.builds if not b.target.is_cpu}
         needs_probe = not executor and any(compiler(t).in_onnxruntime for t in used.values())
-        shim = vendor_shim.prepare(self.workspace.cache_dir) if any(t.ep.vendor_shim for t in used.values()) else {}
+        shim = (vendor_shim.prepare(self.workspace.cache_dir, self.layout.state)
+                if any(t.ep.vendor_shim for t in used.values()) else {})
         self.caps = {**capabilities(self.layout.state), "vendor_shim": shim} if needs_probe else {}
         self.unavailable: dict[str, str] = {}
         for name, target in used.items():
@@ -501,7 +521,25 @@ class Project:
                           *self.manifest.reads]
         if executor:
             self.key = None  # the workers' toolchains count: no shortcut
-        self.configs = ConfigRecord(self.layout.configs, self.workspace.hashes, self.root)
+        self.configs = ConfigRecord(self.layout.configs)
+
+    def _check_writable(self, command: str | None) -> bool:
+        """Whether artifacts/ takes files: a build needs it (one line and exit 2 when not); listing and the other
+        inspecting commands go on without saving their state, with one warning."""
+        probe = self.layout.state / f".writable.{os.getpid()}"
+        try:
+            self.layout.state.mkdir(parents=True, exist_ok=True)
+            probe.write_bytes(b"")
+            probe.unlink()
+            return True
+        except OSError as exc:
+            where = self.rel(self.layout.root)
+            if command not in INSPECTING:
+                raise UserError(self.manifest.path.name, None, f"{where}/ is not writable: {exc.strerror or exc}; "
+                                "outputs are written there (make it writable, or build in a copy)") from None
+            print(f"warning: {where}/ is not writable ({exc.strerror or exc}): nothing is saved for the next run",
+                  file=sys.stderr)
+            return False
 
     def executor_error(self, reason: str) -> UserError:
         if os.environ.get("EPBUILD_EXECUTOR"):
@@ -521,8 +559,10 @@ class Project:
                    for name in self.task_names(b)]
         if self.unavailable:
             default.append("unavailable")
-        checker = type("ProjectHashChecker", (HashChecker,), {"hashes": FileHashes(self.layout.state), "checked": {}})
-        self.checked = checker.checked
+        published = {self.rel(self.root / path): identity for path, identity in self.configs.published_files().items()}
+        checker = type("ProjectHashChecker", (HashChecker,), {"hashes": FileHashes(self.layout.state), "checked": {},
+                                                              "published": published, "edited": set()})
+        self.checked, self.edited = checker.checked, checker.edited
         reporter = type("ProjectBuildReporter", (BuildReporter,), {"project": self})
         # Live: doit captures each task's output (verbosity 1) and the reporter prints it above the status area;
         # threads share one sys.stdout, which doit's capture would race on, so there the status area catches prints.
@@ -536,11 +576,8 @@ class Project:
         with (`config`; None: it always runs). With `-P thread`,
         doit's output capture is off: it swaps sys.stdout per running task, and CPython 3.11's print() holds a
         borrowed reference to sys.stdout, so a swap in another thread can free it mid-print (a segfault)."""
-        task = f"{basename}:{name}"
-        unchanged = config is not None and self.configs.unchanged(task, config)
-        edited = [(announce_edited, [[self.rel(self.root / p) for p in self.configs.edited[task]]])] if (
-            task in self.configs.edited) else []
-        return {"basename": basename, "name": name, "doc": doc, "actions": [*edited, (action, args)],
+        unchanged = config is not None and self.configs.unchanged(f"{basename}:{name}", config)
+        return {"basename": basename, "name": name, "doc": doc, "actions": [(action, args)],
                 "file_dep": [self.rel(p) for p in file_dep], "targets": [self.rel(p) for p in targets],
                 "uptodate": [unchanged], **({"io": {"capture": False}} if self.threads else {}), **extra}
 
@@ -722,6 +759,6 @@ def load_full_project(manifest_path: Path, requested: list[str]) -> Project:
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    if requested == ["list"]:
+    if requested == ["list"] and project.writable:
         project.save_listing()
     return project

@@ -1,5 +1,6 @@
 """A child for run_child tests: dies by the signal named in its request, sleeps (past its timeout), holds memory,
-or answers with its pid and an environment variable (what a warm worker carries from job to job)."""
+answers with its pid and an environment variable (what a warm worker carries from job to job), or exits 0
+without an answer."""
 
 import os
 import signal
@@ -14,6 +15,8 @@ def _misbehave(request: dict) -> dict:
     if request["action"] == "allocate":
         held = bytearray(request["mb"] << 20)
         held[::4096] = b"x" * len(held[::4096])  # touch every page
+    if request["action"] == "vanish":  # ends without an answer, as a worker that died flushing its log
+        os._exit(0)
     if request["action"] == "env":
         return {"pid": os.getpid(), "value": os.environ.get(request["name"])}
     time.sleep(request.get("seconds", 0))

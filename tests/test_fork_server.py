@@ -73,6 +73,13 @@ def test_a_crash_ends_only_its_job(tmp_path, monkeypatch, crash_child, mode, sig
     assert answer["pid"] != before["pid"]  # a warm worker died with the crash: a new one runs the next job
 
 
+@pytest.mark.parametrize("mode", ["1", "fork", "0"])
+def test_a_job_that_ends_without_its_answer_is_a_failure_never_a_success(tmp_path, monkeypatch, crash_child, mode):
+    monkeypatch.setenv(SWITCH, mode)
+    with pytest.raises(BuildError, match="compile m@t: the child exited without its answer"):
+        run_child("crash_child", {"action": "vanish"}, tmp_path / "a", Limits(60), "compile m@t", reuse=True)
+
+
 @pytest.mark.parametrize("mode", ["1", "fork"])
 def test_a_hung_job_is_killed_at_its_timeout(tmp_path, monkeypatch, crash_child, mode):
     monkeypatch.setenv(SWITCH, mode)
@@ -244,3 +251,42 @@ def test_a_warm_worker_takes_its_request_and_answers_over_the_lease(tmp_path, mo
         pass
     assert ended[0] == 0 and job.result == {"pid": job.pid, "value": "1"}
     assert not list(tmp_path.glob("no-*"))
+
+
+def _job_processes(root: Path) -> list[int]:
+    """Processes working inside `root` (a job's folder is its scratch folder there)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.readlink(entry / "cwd").startswith(str(root / "artifacts")):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.mark.parametrize("mode", ["1", "fork"])
+@pytest.mark.parametrize("signal_name", ["SIGKILL", "SIGTERM", "SIGINT"])
+def test_a_killed_build_leaves_no_job_running(project, mode, signal_name):
+    """The job belongs to the fork server, not to doit: the server ends it when its client's connection closes."""
+    from helpers import slow_model
+
+    slow_model(project.root / "models" / "slow.onnx", nodes=200000)
+    project.manifest('[models.slow]\npath = "models/slow.onnx"\ntargets = ["cpu"]\n'
+                     '[targets.cpu]\nep = "cpu"\nvalidate = false\ntimeout_s = 600\n')
+    project.env[SWITCH] = mode
+    build = subprocess.Popen([sys.executable, "-m", "doit"], cwd=project.root, env=project.env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not _job_processes(project.root) and time.monotonic() < deadline and build.poll() is None:
+        time.sleep(0.05)
+    assert _job_processes(project.root), "the compile never started"
+    os.killpg(build.pid, getattr(signal, signal_name))  # the build's own process group, as a terminal's Ctrl-C
+    errors = build.communicate(timeout=30)[1]
+    time.sleep(2)
+    assert not _job_processes(project.root)
+    if signal_name == "SIGINT":  # Python ends itself by SIGINT after the line: a shell sees exit status 130
+        assert build.returncode in (130, -signal.SIGINT) and "Traceback" not in errors
+        assert errors.strip().splitlines()[-1] == ("interrupted: the build stopped; finished tasks are kept, and a "
+                                                   "rerun does the rest")

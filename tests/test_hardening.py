@@ -174,7 +174,7 @@ def test_catalogue_has_at_least_thirty_cases():
 
 def test_an_option_value_the_ep_rejects_fails_that_target_only(project):
     project.manifest(GOOD.replace('targets = ["cpu"]', 'targets = ["cpu", "qnn"]') +
-                     '[targets.qnn]\nep = "qnn"\noptions = { qnn_context_priority = "bogus" }\n')
+                     '[targets.qnn]\nep = "qnn"\noptions = { enable_htp_fp16_precision = 1 }\n')  # no soc_model
     done = project.doit("--continue", check=False)
     assert done.returncode != 0 and "Traceback" not in done.stdout + done.stderr
     assert "compile tinycnn@qnn (QNNExecutionProvider): " in done.stdout + done.stderr

@@ -205,7 +205,7 @@ def test_freeze_errors_name_the_key(project):
     assert "freeze.rate: the model has no input 'rate'; its inputs: x, sr" in output(done)
     project.manifest(model_entry("vad", 'freeze = { sr = "high" }', '["cpu"]') + TARGETS)
     done = project.doit(check=False)
-    assert done.returncode == 2 and "models.vad.freeze.sr: must be a number or a list of numbers" in done.stderr
+    assert done.returncode == 2 and "models.vad.freeze.sr: must be a finite number or a list of them" in done.stderr
 
 
 def test_external_data_as_torch_writes_it_gives_self_contained_artifacts(project):

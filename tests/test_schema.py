@@ -27,10 +27,13 @@ def test_every_key_has_a_known_scope_and_a_doc():
 @pytest.mark.parametrize("table, message", [
     ({"embedd": True}, "targets.t.embedd: unknown key (did you mean 'embed'?)"),
     ({"compiler": "ortt"}, "targets.t.compiler: 'ortt' is not valid (did you mean 'ort'?); valid: ort, ort_session"),
-    ({"timeout_s": 0}, "targets.t.timeout_s: must be a positive number, found 0"),
+    ({"timeout_s": 0}, "targets.t.timeout_s: must be a positive number up to 1e+12, found 0"),
+    ({"timeout_s": float("inf")}, "targets.t.timeout_s: must be a positive number up to 1e+12, found inf"),
+    ({"max_memory_gb": float("nan")}, "targets.t.max_memory_gb: must be a positive number up to 1e+12, found nan"),
     ({"min_offload": 1.5}, "targets.t.min_offload: must be a fraction between 0 and 1"),
     ({"embed": "yes"}, "targets.t.embed: must be a boolean, found a string 'yes'"),
     ({"timeout_s": True}, "targets.t.timeout_s: must be a number, found a boolean True"),
+    ({"embed": "a\nb" * 50}, "targets.t.embed: must be a boolean, found a string 'a\\nba\\nb"),
 ])
 def test_reader_checks_each_key_as_declared(table, message):
     with pytest.raises(UserError) as raised:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 from conftest import ran
 from rules.store.hashing import FileHashes
@@ -13,12 +14,12 @@ from rules.store.task_configs import ConfigRecord, published
 
 def test_a_task_without_a_record_or_with_other_settings_runs(tmp_path):
     path = tmp_path / "configs.json"
-    first = ConfigRecord(path, FileHashes(tmp_path), tmp_path)
+    first = ConfigRecord(path)
     assert not first.unchanged("compile:a@cpu", {"ep": "cpu"})
     assert not first.unchanged("compile:b@cpu", {"ep": "cpu"})
     first.success("compile:a@cpu", {})
     first.save()  # b did not succeed: it stays unrecorded
-    again = ConfigRecord(path, FileHashes(tmp_path), tmp_path)
+    again = ConfigRecord(path)
     assert again.unchanged("compile:a@cpu", {"ep": "cpu"})
     assert not again.unchanged("compile:a@cpu", {"ep": "cpu", "level": 2})
     assert not again.unchanged("compile:b@cpu", {"ep": "cpu"})
@@ -26,42 +27,51 @@ def test_a_task_without_a_record_or_with_other_settings_runs(tmp_path):
 
 def test_two_builds_at_once_merge_their_records(tmp_path):
     path = tmp_path / "configs.json"
-    one, two = ConfigRecord(path, FileHashes(tmp_path), tmp_path), ConfigRecord(path, FileHashes(tmp_path), tmp_path)
+    one, two = ConfigRecord(path), ConfigRecord(path)
     one.unchanged("compile:a@cpu", {"x": 1})
     two.unchanged("compile:b@cpu", {"x": 2})
     one.success("compile:a@cpu", {})
     two.success("compile:b@cpu", {})
     one.save()
     two.save()
-    merged = ConfigRecord(path, FileHashes(tmp_path), tmp_path)
+    merged = ConfigRecord(path)
     assert merged.unchanged("compile:a@cpu", {"x": 1}) and merged.unchanged("compile:b@cpu", {"x": 2})
 
 
 def test_an_unreadable_record_means_every_task_runs(tmp_path):
     path = tmp_path / "configs.json"
     path.write_text("{not json")
-    record = ConfigRecord(path, FileHashes(tmp_path), tmp_path)
+    record = ConfigRecord(path)
     assert not record.unchanged("compile:a@cpu", {})
     record.success("compile:a@cpu", {})
     record.save()
     assert json.loads(path.read_text()) == {"compile:a@cpu": [record.current["compile:a@cpu"], {}]}
 
 
-def test_a_published_file_changed_since_makes_its_task_run_and_a_touched_one_does_not(tmp_path):
+def test_a_published_file_changed_since_counts_as_missing_and_a_touched_one_does_not(tmp_path, monkeypatch):
+    from rules.tasks import HashChecker
+
+    monkeypatch.chdir(tmp_path)
     path, artifact = tmp_path / "configs.json", tmp_path / "model.onnx"
     artifact.write_bytes(b"compiled bytes")
-    record = ConfigRecord(path, FileHashes(tmp_path), tmp_path)
+    time.sleep(0.01)
+    record = ConfigRecord(path)
     record.unchanged("compile:a@cpu", {})
-    record.success("compile:a@cpu", published([artifact], record.hashes, tmp_path))
+    record.success("compile:a@cpu", published([artifact], FileHashes(tmp_path), tmp_path))
     record.save()
+
+    def checker() -> HashChecker:
+        kind = type("Checker", (HashChecker,), {"hashes": FileHashes(tmp_path), "checked": {}, "edited": set(),
+                                                "published": ConfigRecord(path).published_files()})
+        return kind()
+
     os.utime(artifact, ns=(10**9, 10**9))  # touched: another identity, the same bytes
-    assert ConfigRecord(path, FileHashes(tmp_path), tmp_path).unchanged("compile:a@cpu", {})
+    assert checker().exists("model.onnx")
     stat = artifact.stat()
     artifact.write_bytes(b"COMPILED bytes")  # the same size, the mtime restored: ctime still moves
     os.utime(artifact, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    again = ConfigRecord(path, FileHashes(tmp_path), tmp_path)
-    assert not again.unchanged("compile:a@cpu", {})
-    assert again.edited == {"compile:a@cpu": ["model.onnx"]}
+    edited = checker()
+    assert not edited.exists("model.onnx") and edited.edited == {"model.onnx"}
 
 
 MANIFEST = """
@@ -86,7 +96,9 @@ def test_a_setting_changed_and_changed_back_runs_each_time_and_a_failure_is_not_
     project.manifest(MANIFEST.replace("LEVEL", "normal"))
     assert ran(project.doit(), "compile:") == {"compile:tinycnn@qnn"}
     before = json.loads(record.read_text())
-    project.manifest(MANIFEST.replace("LEVEL", "bogus"))
+    # settings the EP refuses at compile time (fp16 precision without a SoC model)
+    project.manifest(MANIFEST.replace('soc_model = 60, qnn_context_priority = "LEVEL"',
+                                      'enable_htp_fp16_precision = 1, qnn_context_priority = "normal"'))
     failed = project.doit(check=False)
     assert failed.returncode != 0 and ran(failed, "compile:") == {"compile:tinycnn@qnn"}
     assert json.loads(record.read_text()) == before  # the failed settings are not recorded

@@ -9,6 +9,7 @@ exactly those there). `skipped` means only "this host cannot run this artifact" 
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import time
@@ -26,10 +27,12 @@ from ..errors import BuildError, ModelError, located
 from .graph import EP_CONTEXT, check_input_names, index_bound, known_shapes, static_dims
 from .graph import attributes as node_attributes
 from ..store.layout import Layout, write_json
-from ..store.publish import discard
+from ..store.owners import owner_tag
+from ..store.publish import discard, scratch_dir
 from ..execute.requests import MemberValidation, ValidationReport, ValidationRequest
 
 REPORT = "validation.json"
+GENERATED_LIMIT = 4 * 2**30  # bytes of one generated validation input
 SEED = 0
 DEFAULT_THRESHOLDS = {
     # fp32 artifacts match the CPU reference to rounding; fp16 keeps ~3 decimal digits; a QDQ artifact is
@@ -110,7 +113,7 @@ def cached_validation(label: str, fingerprint: str, workspace: Workspace, folder
     there: a restored report and a fresh one give the same file. Only passed reports are stored (without the
     target's name, timings or the worker): a failure or a skip is worth re-checking."""
     with workspace.cache.lock(fingerprint):
-        restored = workspace.layout.scratch(f"validation.{fingerprint[:16]}.{os.getpid()}")  # made by a hit
+        restored = workspace.layout.scratch(f"validation.{fingerprint[:16]}.{owner_tag()}")  # made by a hit
         try:
             found, outcome = restore(label, fingerprint, workspace, restored)
             if found == [REPORT]:
@@ -120,8 +123,13 @@ def cached_validation(label: str, fingerprint: str, workspace: Workspace, folder
                 return report, outcome
         finally:
             discard(restored)
-        # the child works in the folder that becomes the cache entry
-        staging = workspace.cache.staging(fingerprint)
+        # the child works in the folder that becomes the cache entry (in artifacts/.scratch when the cache is not
+        # writable)
+        try:
+            staging = workspace.cache.staging(fingerprint)
+        except OSError as exc:
+            workspace.cache.give_up(exc, "staging")
+            staging = scratch_dir(workspace.layout.scratch_root, f"validation.{fingerprint[:16]}")
         try:
             report = produce(staging)
             check_inputs(label, inputs)  # the artifact or a reference was replaced while it ran
@@ -255,10 +263,17 @@ def make_inputs(session: Any, source: Any, request: dict[str, Any]) -> tuple[dic
     model_shapes = None
     for name, info in signature.items():
         shape = shapes.get(name) or info.shape
+        if any(d == 0 for d in shape):
+            raise ModelError(f"input '{name}' has a zero-size dimension ({shape}): nothing to generate; give "
+                             "validation.inputs or another shape in inputs")
         if not all(isinstance(d, int) and d > 0 for d in shape):
             raise ModelError(f"input '{name}' has symbolic shape {info.shape}: set inputs.{name} in the model's "
                              f"manifest entry or give validation.inputs")
         dtype = _dtype(info.type)
+        size = math.prod(shape) * dtype.itemsize  # before any allocation: a typo in `inputs` can ask for TiBs
+        if size > GENERATED_LIMIT:
+            raise ModelError(f"input '{name}' of shape {shape} would take {size / 2**30:,.1f} GiB to generate (at "
+                             f"most {GENERATED_LIMIT / 2**30:g} GiB); check inputs.{name} or give validation.inputs")
         if dtype.kind == "f":
             feeds[name] = rng.standard_normal(shape).astype(dtype)
         elif dtype.kind == "b" or "mask" in name.lower():

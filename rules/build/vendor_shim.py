@@ -70,17 +70,23 @@ def build(cache_dir: Path) -> Path:
     return library
 
 
-def prepare(cache_dir: Path) -> dict[str, str]:
-    """On hosts that need it, build the shim and point children at it. Returns {"library": path} when OpenVINO
-    runs through the shim, {"reason": why not} when it is needed and cannot be built, {} when not needed."""
+def prepare(*folders: Path) -> dict[str, str]:
+    """On hosts that need it, build the shim (in the first of `folders` that takes it: the cache, else the
+    project's state) and point children at it. Returns {"library": path} when OpenVINO runs through the shim,
+    {"reason": why not} when it is needed and cannot be built, {} when not needed."""
     if not needed():
         os.environ.pop(SHIM_LIBRARY, None)
         return {}
-    try:
-        library = build(cache_dir)
-    except (OSError, subprocess.SubprocessError) as exc:
+    reason = ""
+    for folder in folders:
+        try:
+            library = build(folder)
+            break
+        except (OSError, subprocess.SubprocessError) as exc:
+            reason = str(exc)
+    else:
         os.environ.pop(SHIM_LIBRARY, None)
-        return {"reason": str(exc)}
+        return {"reason": reason}
     os.environ[SHIM_LIBRARY] = str(library)
     return {"library": str(library)}
 

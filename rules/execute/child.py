@@ -27,6 +27,7 @@ from typing import Any
 from ..errors import BuildError, ModelError
 from . import provenance
 from .fork_server import ForkedJob, fork_job, leases_in_use
+from .forked_jobs import resident_bytes
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 PROGRESS_EVERY_S = 30.0
@@ -51,14 +52,6 @@ def _tail(text: str, lines: int = 12) -> str:
     kept = errors[-lines:] + exceptions[-1:] if errors or exceptions else [
         line for line in all_lines if not line.startswith(("Traceback", "  "))][-lines:]
     return "\n".join(f"    {line}" for line in kept)
-
-
-def _resident_bytes(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/statm", encoding="ascii") as handle:
-            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
 
 
 class _PlainChild:
@@ -95,7 +88,7 @@ def _wait(child: _PlainChild | ForkedJob, limits: Limits, what: str) -> tuple[in
         if ended:
             peak = max(peak, ended[1] * 1024)  # kilobytes on Linux
             return ended[0], time.monotonic() - started, peak / 2**20, killed
-        resident = _resident_bytes(child.pid)
+        resident = resident_bytes(child.pid)
         peak = max(peak, resident)
         now = time.monotonic()
         if killed is None and limit_bytes and resident > limit_bytes:
@@ -127,7 +120,8 @@ def run_child(module: str, request: dict[str, Any], workdir: Path, limits: Limit
         request_file.write_text(json.dumps(request))
     arguments = [str(request_file), str(result_file)]
     try:
-        child = fork_job(module, ep, arguments, output_file, workdir, reuse, request if inline else None)
+        child = fork_job(module, ep, arguments, output_file, workdir, reuse, request if inline else None,
+                         {"timeout_s": limits.timeout_s, "max_memory_gb": limits.max_memory_gb})
         if child is None:
             if inline:
                 request_file.write_text(json.dumps(request))
@@ -142,19 +136,22 @@ def run_child(module: str, request: dict[str, Any], workdir: Path, limits: Limit
         if log is None:
             output_file.unlink(missing_ok=True)
     see_log = f" (full output: {log})" if log is not None else ""
-    result: dict[str, Any] = getattr(child, "result", None) or {}
-    if not result and result_file.exists():
+    answer: dict[str, Any] | None = getattr(child, "result", None)
+    if answer is None and result_file.exists():
         try:
-            result = json.loads(result_file.read_text())
-        except ValueError:  # cut short, e.g. by a full disk: judge by the exit status and the child's output
-            result = {"error": f"its result file was unreadable\n{_tail(text)}"} if code else {}
+            answer = json.loads(result_file.read_text())
+        except ValueError:  # cut short, e.g. by a full disk
+            answer = {"error": f"its result file was cut short (a full disk?){see_log}\n{_tail(text)}"}
         result_file.unlink()
+    result: dict[str, Any] = answer if isinstance(answer, dict) else {}
     if killed:
         raise BuildError(f"{what}: {killed} after {seconds:.0f} s, peak {peak_mb / 1024:.2f} GB{see_log}\n"
                          f"{_tail(text)}")
     if code < 0:
         name = signal.Signals(-code).name
         raise BuildError(f"{what}: the child process was killed by {name}{see_log}\n{_tail(text)}")
+    if answer is None and code == 0:  # never a success without its answer: a worker that died flushing its log
+        raise BuildError(f"{what}: the child exited without its answer{see_log}\n{_tail(text)}")
     if code != 0 or "error" in result:
         if "error" not in result:
             raise BuildError(f"{what}: exited with status {code}{see_log}\n{_tail(text)}")

@@ -5,7 +5,9 @@ The server never compiles or creates a session itself: every job runs in a child
 state and calls the job module's `main()` as `python -m MODULE request result` would, so outputs stay
 byte-identical to a fresh child's and a crash or hang ends only that child. The client
 (`rules.execute.child.run_child`) enforces the time and memory limits on the child's pid exactly as for a plain
-child; the server reaps it and reports its exit status and peak memory.
+child; the server reaps it and reports its exit status and peak memory. A job never outlives its client: the
+server ends a forked job when its client's connection closes (the build killed or crashed) and holds its limits
+itself too (`JobGuard`), and kills a warm worker whose client is gone and that does not let go within a second.
 
 Jobs whose EP gives the same outputs when repeated in one process (`EpInfo.warm_compiles`, `warm_validations`) may
 run in a warm worker instead: a child forked the same way and leased to one thread of one build process, which
@@ -46,7 +48,7 @@ from typing import Any
 
 from ..store.layout import stat_key
 from ..store.locks import file_lock
-from .forked_jobs import WorkerHandle, run_many, run_one
+from .forked_jobs import WorkerHandle, resident_bytes, run_many, run_one
 from .provenance import expected, record_loaded
 
 SWITCH = "EPBUILD_FORK_SERVER"  # "0": a plain child for every job; "fork": a forked child for every job, no warm
@@ -317,7 +319,7 @@ def leases_in_use() -> bool:
 
 
 def fork_job(module: str, alias: str, arguments: list[str], output: Path, workdir: Path, reuse: bool = False,
-             job: dict[str, Any] | None = None) -> ForkedJob | None:
+             job: dict[str, Any] | None = None, limits: dict[str, float | None] | None = None) -> ForkedJob | None:
     """Ask the EP's server (alias "" for CPU-only work) to fork `python -m module *arguments` in `workdir` with
     stdout and stderr into `output`, or with `reuse` to run it in this thread's warm worker (which takes `job`,
     the request, over the lease instead of from a file, and answers with its result: `ForkedJob.result`); None
@@ -325,7 +327,7 @@ def fork_job(module: str, alias: str, arguments: list[str], output: Path, workdi
     if not enabled():
         return None
     request = {"module": module, "arguments": arguments, "output": str(output), "cwd": str(workdir),
-               "env": dict(os.environ), "path": sys.path}
+               "env": dict(os.environ), "path": sys.path, "limits": limits or {}}
     if reuse and leases_in_use():
         if job is not None:
             request["job"] = job
@@ -344,6 +346,45 @@ def fork_job(module: str, alias: str, arguments: list[str], output: Path, workdi
 
 
 # ---- the server ----
+
+ORPHAN_GRACE_S = 1.0  # a warm worker whose client is gone and that does not let go within this is killed
+LIMIT_GRACE_S = 2.0  # the server's own limits trail the client's, so a living client reports first
+
+
+def client_gone(connection: socket.socket) -> bool:
+    """Whether the client's end of `connection` closed (a readable socket with nothing to read)."""
+    try:
+        return connection.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
+class JobGuard:
+    """A forked job's time and memory limits, enforced by the server itself: they hold even when the build
+    process that asked for the job has died."""
+
+    def __init__(self, pid: int, limits: dict[str, float | None]):
+        self.pid = pid
+        timeout = limits.get("timeout_s")
+        self.deadline = time.monotonic() + timeout + LIMIT_GRACE_S if timeout else None
+        memory = limits.get("max_memory_gb")
+        self.max_bytes = memory * 2**30 * 1.1 if memory else None
+        self.killed = False
+
+    def exceeded(self) -> bool:
+        if self.killed:
+            return False
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            return True
+        return self.max_bytes is not None and resident_bytes(self.pid) > self.max_bytes
+
+    def kill(self) -> None:
+        if not self.killed:
+            self.killed = True
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
 
 def serve(path: Path, alias: str) -> None:
     """Preload, register the EP, check that no thread was started, then fork a child per job request, or lease a
@@ -384,6 +425,7 @@ def serve(path: Path, alias: str) -> None:
     signal.set_wakeup_fd(wake[1])
     signal.signal(signal.SIGCHLD, lambda *_: None)
     jobs: dict[int, socket.socket] = {}  # pid of a child forked for one job -> its client
+    guards: dict[int, JobGuard] = {}  # the same pids -> the job's limits, held here even if its client dies
     workers: dict[int, WorkerHandle] = {}
 
     def server_sockets() -> list[socket.socket]:
@@ -398,6 +440,7 @@ def serve(path: Path, alias: str) -> None:
             if pid == 0:
                 run_one(request, [*server_sockets(), connection], wake)
             jobs[pid] = connection
+            guards[pid] = JobGuard(pid, request.get("limits") or {})
             return pid
         worker = next((w for w in workers.values() if w.client is None), None)
         if worker is None:
@@ -414,7 +457,19 @@ def serve(path: Path, alias: str) -> None:
     last_job = time.monotonic()
     while True:
         leased = [w.control for w in workers.values() if w.client]
-        readable = select.select([listener, wake[0], *leased], [], [], 0.2)[0]
+        clients = [*jobs.values(), *(w.client for w in workers.values() if w.client and not w.orphaned_at)]
+        readable = select.select([listener, wake[0], *leased, *clients], [], [], 0.2)[0]
+        # a job never outlives its build: a client gone (killed, crashed) ends its forked job at once, and its warm
+        # worker unless that lets go within a second (a client that just finished closes its lease the same way)
+        for pid, connection in list(jobs.items()):
+            if (connection in readable and client_gone(connection)) or guards[pid].exceeded():
+                guards[pid].kill()
+        for worker in workers.values():
+            if worker.client in readable and client_gone(worker.client):
+                worker.orphaned_at = time.monotonic()
+            if worker.orphaned_at and time.monotonic() - worker.orphaned_at > ORPHAN_GRACE_S:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(worker.pid, signal.SIGKILL)
         if wake[0] in readable:
             with contextlib.suppress(BlockingIOError):
                 while os.read(wake[0], 4096):
@@ -443,6 +498,7 @@ def serve(path: Path, alias: str) -> None:
             if pid in workers:  # retired (its client has its last answer), or killed or crashed during a job
                 workers.pop(pid).end(end)
             elif pid in jobs:
+                guards.pop(pid, None)
                 connection = jobs.pop(pid)
                 with contextlib.suppress(OSError):
                     connection.sendall(end)

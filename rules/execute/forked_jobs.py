@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import signal
 import socket
@@ -21,6 +22,7 @@ from typing import Any
 
 WORKER_MAX_JOBS = 200
 WORKER_MAX_GROWTH_MB = 256
+ALARM_GRACE_S = 2.0  # a warm worker's own time limit trails its client's, so a living client reports first
 
 
 def enter_job(request: dict[str, Any]) -> None:
@@ -72,6 +74,15 @@ def run_one(request: dict[str, Any], server_sockets: list[socket.socket], wake: 
         os._exit(70)
 
 
+def resident_bytes(pid: int) -> int:
+    """A process's resident memory now (0 once it has gone)."""
+    try:
+        with open(f"/proc/{pid}/statm", encoding="ascii") as handle:
+            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def _status_kb(field: str) -> int:
     with open("/proc/self/status", encoding="ascii") as status:
         line = next((line for line in status if line.startswith(field)), f"{field} 0 kB")
@@ -87,8 +98,11 @@ def _one_of_many(request: dict[str, Any]) -> tuple[int, int, dict[str, Any] | No
         clear.write("5")  # reset the peak (VmHWM) so that it is this job's own
     child.INLINE_JOB = {"request": request["job"]} if "job" in request else None
     code = 0
+    timeout = (request.get("limits") or {}).get("timeout_s")
     try:
         enter_job(request)
+        if timeout:  # the job's time limit holds here too, should its client die: SIGALRM ends this worker
+            signal.alarm(math.ceil(timeout + ALARM_GRACE_S))
         run_module(request["module"])
     except SystemExit as exc:  # child.serve ends every job this way here
         code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
@@ -98,6 +112,7 @@ def _one_of_many(request: dict[str, Any]) -> tuple[int, int, dict[str, Any] | No
         traceback.print_exc()
         code = 70
     finally:
+        signal.alarm(0)
         sys.stdout.flush()
         sys.stderr.flush()
         quiet = os.open(os.devnull, os.O_WRONLY)  # nothing between jobs lands in the last job's output
@@ -130,7 +145,8 @@ def run_many(control: socket.socket, server_sockets: list[socket.socket], wake: 
                 code, peak_kb, result = _one_of_many(json.loads(line))
                 jobs += 1
                 retire = code != 0 or jobs >= WORKER_MAX_JOBS or _status_kb("VmRSS:") > bound_kb
-                answer = {"code": code, "maxrss": peak_kb, "retire": retire, **({"result": result} if result else {})}
+                answer = {"code": code, "maxrss": peak_kb, "retire": retire,
+                          **({"result": result} if result is not None else {})}
                 client.sendall(json.dumps(answer).encode() + b"\n")
                 if retire:
                     return
@@ -147,6 +163,7 @@ class WorkerHandle:
     def __init__(self, pid: int, control: socket.socket):
         self.pid, self.control = pid, control
         self.client: socket.socket | None = None
+        self.orphaned_at: float | None = None  # when its client's end closed while it was still leased
 
     def lease(self, connection: socket.socket) -> None:
         self.client = connection
@@ -157,6 +174,7 @@ class WorkerHandle:
         """Its client let it go."""
         self.client.close()
         self.client = None
+        self.orphaned_at = None
 
     def end(self, status_line: bytes) -> None:
         """It has exited: its client (if any) reads this as the end of the job it ran; the server lets it go."""

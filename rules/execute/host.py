@@ -96,8 +96,11 @@ def capabilities(state_dir: Path) -> dict[str, Any]:
     else:
         result = json.loads(done.stdout)
     result["key"] = key
-    state_dir.mkdir(parents=True, exist_ok=True)
-    write_json(cache, result, indent=1)
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        write_json(cache, result, indent=1)
+    except OSError:
+        pass  # a read-only artifacts folder (`doit list` there): probed again next time
     return result
 
 

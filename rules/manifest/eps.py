@@ -7,6 +7,7 @@ read at task-creation time.
 
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import dataclass, field
 
@@ -28,6 +29,9 @@ class EpInfo:
     platform: str | None = None  # sys.platform prefix the EP exists on, None for any
     known_options: frozenset[str] | None = None  # None: this EP's option names are not checked
     ignored_options: dict[str, str] = field(default_factory=dict)  # accepted by the EP, silently ignored: why
+    # the documented values of options whose other values the EP ignores without a word (QNN's `backend_type =
+    # "tpu"` compiles for the HTP); a pattern where only the form is known (a SoC model is a number)
+    option_values: dict[str, tuple[str, ...] | re.Pattern[str]] = field(default_factory=dict)
     required_defaults: dict[str, str] = field(default_factory=dict)
     runtime_options: frozenset[str] = frozenset()  # options a runtime must pass again when loading the artifact
     binary_suffix: str | None = None  # context binary: <stem><suffix>, None when the EP writes none
@@ -62,6 +66,19 @@ class EpInfo:
         return self.name == "CPUExecutionProvider"
 
 
+QNN_OPTION_VALUES: dict[str, tuple[str, ...] | re.Pattern[str]] = {  # onnxruntime-qnn 2.7.0's documented values
+    "backend_type": ("cpu", "gpu", "htp", "saver", "ir"),
+    "htp_performance_mode": ("burst", "balanced", "default", "high_performance", "high_power_saver",
+                             "low_balanced", "extreme_power_saver", "low_power_saver", "power_saver",
+                             "sustained_high_performance"),
+    "qnn_context_priority": ("low", "normal", "normal_high", "high"),
+    "htp_graph_finalization_optimization_mode": ("0", "1", "2", "3"),
+    "profiling_level": ("off", "basic", "detailed", "optrace"),
+    "soc_model": re.compile(r"[0-9]+"),
+    "htp_arch": re.compile(r"[0-9]+"),
+    "vtcm_mb": re.compile(r"[0-9]+"),
+    "device_id": re.compile(r"[0-9]+"),
+}
 QNN_OPTIONS = frozenset(
     {
         # change the compiled bytes
@@ -94,7 +111,7 @@ REGISTRY: dict[str, EpInfo] = {
         EpInfo(
             "qnn", "QNNExecutionProvider", "npu", ("npu", "gpu", "cpu"), "pypi",
             package="onnxruntime-qnn", module="onnxruntime_qnn",
-            known_options=QNN_OPTIONS,
+            known_options=QNN_OPTIONS, option_values=QNN_OPTION_VALUES,
             required_defaults={"backend_type": "htp"},
             runtime_options=frozenset({"backend_type", "backend_path", "htp_performance_mode",
                                        "rpc_control_latency", "qnn_context_priority", "device_id",

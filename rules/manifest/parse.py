@@ -6,6 +6,7 @@ Only the TOML is read here: no model file is opened, so loading stays cheap at t
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 from dataclasses import dataclass
@@ -149,7 +150,7 @@ class TableReader:
             value = self.get(name, key.kind, key.default, key.required)
             if name in self.table:
                 if key.choices is not None and value not in key.choices:
-                    self.fail(f"'{value}' is not valid{closest(value, key.choices)}; valid: "
+                    self.fail(f"{shown(value)} is not valid{closest(value, key.choices)}; valid: "
                               f"{', '.join(key.choices)}", name)
                 problem = key.check(value) if key.check else None
                 if problem:
@@ -164,11 +165,17 @@ class TableReader:
             return default
         value = self.table[key]
         if not isinstance(value, kind) or (isinstance(value, bool) and bool not in _kinds(kind)):
-            self.fail(f"must be {_kind_name(kind)}, found {_type_name(value)} {value!r}", key)
+            self.fail(f"must be {_kind_name(kind)}, found {_type_name(value)} {shown(value)}", key)
         return value
 
     def child(self, key: str) -> TableReader:
         return TableReader(self.file, f"{self.path}.{key}" if self.path else key, self.table.get(key, {}))
+
+
+def shown(value: Any, limit: int = 80) -> str:
+    """A value as an error message quotes it: repr (newlines escaped), cut to `limit` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit - 5]}… ({len(text)} characters)"
 
 
 def _type_name(value: Any) -> str:
@@ -189,16 +196,39 @@ def _kind_name(kind: type | tuple[type, ...]) -> str:
     return " or ".join(names.get(k, k.__name__) for k in kinds)
 
 
+NAME_LIMIT = 64  # model, target and group names become parts of file names (<model>.<target>.compile.log ...)
+REPORT_NAMES = ("report.html", "build-report.json", "junit.xml", "graph.dot", "graph.svg")  # beside the folders
+
+
 def check_name(file: Path, path: str, name: str) -> None:
-    """Names become path parts and task names: letters, digits, '-', '_', '.'; no leading '.'."""
+    """Names become path parts and task names: letters, digits, '-', '_', '.'; no leading '.'; short enough
+    for every path built from them; not the name of a report beside the artifact folders."""
     if not NAME_PATTERN.match(name):
-        raise UserError(
-            file.name, path,
-            f"invalid name '{name}': use letters, digits, '-', '_' and '.' only, not starting with '.'",
-        )
+        raise UserError(file.name, path, f"invalid name {shown(name)}: use letters, digits, '-', '_' and '.' only, "
+                        "not starting with '.'")
+    if len(name) > NAME_LIMIT:
+        raise UserError(file.name, path, f"name of {len(name)} characters: at most {NAME_LIMIT} (it becomes part of "
+                        "file and folder names)")
+    if name in REPORT_NAMES:
+        raise UserError(file.name, path, f"'{name}' is the name of a report in artifacts/; choose another name")
 
 
 _READS: list[Path] = []  # what the running `load` looked at
+MAX_DEPTH = 16  # tables and arrays inside one another; the deepest real key path is 5
+
+
+def _check_depth(path: Path, data: dict[str, Any]) -> None:
+    """Refuse nesting deeper than any manifest key: the readers below walk values recursively."""
+    todo: list[tuple[Any, tuple[str, ...]]] = [(data, ())]
+    while todo:
+        value, where = todo.pop()
+        if len(where) > MAX_DEPTH:
+            shown = ".".join(where[:3]).replace(".[", "[")
+            raise UserError(path.name, f"{shown}…", f"nested more than {MAX_DEPTH} levels deep")
+        if isinstance(value, dict):
+            todo.extend((v, (*where, str(k))) for k, v in value.items())
+        elif isinstance(value, list):
+            todo.extend((v, (*where, f"[{i}]")) for i, v in enumerate(value))
 
 
 def _looked_at(path: Path) -> Path:
@@ -210,16 +240,25 @@ def load(path: str | Path) -> Manifest:
     """Read and validate a manifest; raises UserError naming the file and key path."""
     _READS.clear()
     path = _looked_at(Path(path).absolute())
+    if path.exists() and not path.is_file():  # a FIFO would block the read forever
+        raise UserError(path.name, None, f"{path} is not a regular file; give a manifest file")
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise UserError(path.name, None, f"manifest not found at {path}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(path.name, None, f"cannot read the manifest: {exc}") from None
+    if text.startswith("\ufeff"):
+        raise UserError(path.name, None, "starts with a UTF-8 byte-order mark, which TOML does not allow: save it "
+                        "as UTF-8 without BOM")
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise UserError(path.name, None, f"TOML syntax error: {exc}") from None
+    except RecursionError:
+        raise UserError(path.name, None, "arrays or inline tables nested too deep for a manifest (TOML syntax "
+                        "error)") from None
+    _check_depth(path, data)
     return parse(data, path)
 
 
@@ -284,14 +323,16 @@ def _group(table: TableReader, name: str, models: dict[str, ModelSpec], targets:
 def _model(table: TableReader, name: str, targets: dict[str, TargetSpec]) -> ModelSpec:
     values = table.read("model", skip=("validation", "quantize", "freeze"))
     model_path = _looked_at(table.file.parent / values["path"])
+    if model_path.suffix.lower() != ".onnx":
+        table.fail(f"must name an .onnx model file, found {shown(values['path'])}", "path")
     if not model_path.is_file():
         table.fail(f"model file not found: {model_path}", "path")
     inputs: dict[str, tuple[int, ...]] = {}
     inputs_table = table.child("inputs")
     for input_name in inputs_table.table:
         shape = inputs_table.get(input_name, list)
-        if not shape or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape):
-            inputs_table.fail(f"must be a list of positive integers, found {shape!r}", input_name)
+        if not shape or not all(isinstance(d, int) and not isinstance(d, bool) and 0 < d < 2**31 for d in shape):
+            inputs_table.fail(f"must be a list of positive integers below 2^31, found {shown(shape)}", input_name)
         inputs[input_name] = tuple(shape)
     wanted = values["targets"]
     if wanted is None:
@@ -299,8 +340,10 @@ def _model(table: TableReader, name: str, targets: dict[str, TargetSpec]) -> Mod
     for index, target in enumerate(wanted):
         if not isinstance(target, str) or target not in targets:
             valid = ", ".join(targets) or "none declared"
-            table.fail(f"unknown target {target!r}{closest(str(target), targets)}; declared targets: {valid}",
+            table.fail(f"unknown target {shown(target)}{closest(str(target), targets)}; declared targets: {valid}",
                        f"targets[{index}]")
+        if wanted.index(target) != index:
+            table.fail(f"'{target}' is listed twice", f"targets[{index}]")
     return ModelSpec(name, model_path, inputs, tuple(wanted), _validation(table.child("validation"), model=True),
                      optimize=values["optimize"], quantize=_quantize(table) if "quantize" in table.table else None,
                      squash=values["squash"], freeze=_freeze(table, inputs))
@@ -316,8 +359,9 @@ def _freeze(model: TableReader, inputs: dict[str, tuple[int, ...]]) -> dict[str,
     frozen = {}
     for name, value in table.table.items():
         values = value if isinstance(value, list) else [value]
-        if not values or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-            table.fail(f"must be a number or a list of numbers, found {value!r}", name)
+        if not values or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                                 and abs(v) < 2**63 for v in values):
+            table.fail(f"must be a finite number or a list of them, found {shown(value)}", name)
         if name in inputs:
             table.fail("is also fixed in `inputs`; a frozen input is no longer an input", name)
         frozen[name] = tuple(values)
@@ -358,25 +402,34 @@ def _validation(table: TableReader, model: bool) -> dict[str, Any]:
     return settings
 
 
-def _merged_target(targets: TableReader, name: str, chain: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The target's table with `extends` applied: own keys win, `options` merge per key."""
-    if name in chain:
-        cycle = " -> ".join([*chain, name])
-        raise UserError(targets.file.name, f"targets.{chain[0]}.extends", f"extends cycle: {cycle}")
-    own = targets.child(name)
-    parent_name = own.get("extends", str)
-    if parent_name is None:
-        return dict(own.table)
-    if parent_name not in targets.table:
-        own.fail(f"unknown target '{parent_name}'{closest(parent_name, targets.table)}", "extends")
-    merged = _merged_target(targets, parent_name, (*chain, name))
-    inherited = {key: merged.get(key) for key in ("options", "validation")}
-    merged.update({k: v for k, v in own.table.items() if k != "extends"})
-    for key, parent_table in inherited.items():
-        if isinstance(parent_table, dict) and isinstance(own.table.get(key), dict):
-            merged[key] = {**parent_table, **own.table[key]}
-    if "option_files" in own.table and isinstance(own.table["option_files"], list):
-        merged["option_files"] = sorted({*merged.get("option_files", []), *own.table["option_files"]})
+EXTENDS_DEPTH = 32  # a chain of `extends` longer than this is a generated manifest gone wrong
+
+
+def _merged_target(targets: TableReader, name: str) -> dict[str, Any]:
+    """The target's table with `extends` applied: own keys win, `options` merge per key. The chain is walked
+    iteratively, so neither a cycle nor a long chain can exhaust the stack."""
+    chain = [name]
+    while (parent := targets.child(chain[-1]).get("extends", str)) is not None:
+        if parent not in targets.table:
+            targets.child(chain[-1]).fail(f"unknown target '{parent}'{closest(parent, targets.table)}", "extends")
+        if parent in chain:
+            raise UserError(targets.file.name, f"targets.{name}.extends",
+                            f"extends cycle: {' -> '.join([*chain, parent])}")
+        if len(chain) >= EXTENDS_DEPTH:
+            raise UserError(targets.file.name, f"targets.{name}.extends",
+                            f"extends chain longer than {EXTENDS_DEPTH} targets ({' -> '.join(chain[:4])} -> ...)")
+        chain.append(parent)
+    merged = dict(targets.child(chain[-1]).table)
+    for child in reversed(chain[:-1]):
+        own = targets.child(child).table
+        inherited = {key: merged.get(key) for key in ("options", "validation")}
+        merged.update({k: v for k, v in own.items() if k != "extends"})
+        for key, parent_table in inherited.items():
+            if isinstance(parent_table, dict) and isinstance(own.get(key), dict):
+                merged[key] = {**parent_table, **own[key]}
+        if "option_files" in own and isinstance(own["option_files"], list):
+            merged["option_files"] = sorted({*merged.get("option_files", []), *own["option_files"]})
+    merged.pop("extends", None)
     return merged
 
 

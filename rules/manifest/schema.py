@@ -28,12 +28,19 @@ SCOPES = {
 }
 
 
+LARGEST = 1e12  # no limit, size or threshold of a build comes near: a bigger number is a typo (or inf)
+
+
 def positive(value: Any) -> str | None:
-    return None if value > 0 else f"must be a positive number, found {value!r}"
+    return None if 0 < value <= LARGEST else f"must be a positive number up to {LARGEST:g}, found {value!r}"
 
 
 def non_negative(value: Any) -> str | None:
-    return None if value >= 0 else f"must be a non-negative number, found {value!r}"
+    return None if 0 <= value <= LARGEST else f"must be a number from 0 to {LARGEST:g}, found {value!r}"
+
+
+def npz_file(value: Any) -> str | None:
+    return None if value.endswith(".npz") else f"must name an .npz file (numpy.savez), found {value!r}"
 
 
 def fraction(value: Any) -> str | None:
@@ -144,10 +151,11 @@ KEYS: tuple[Key, ...] = (
     Key("min_offload", ("target",), NUMBER, "EP targets: the share of source nodes that must end inside EPContext "
         "nodes, e.g. 0.95; below it the compile fails listing the op types left on CPU", check=fraction),
     # validation
-    Key("inputs", ("validation",), str, "an `.npz` of inputs, keys = input names (default: generated, fixed seed)"),
+    Key("inputs", ("validation",), str, "an `.npz` of inputs, keys = input names (default: generated, fixed seed)",
+        check=npz_file),
     Key("reference", ("validation",), str, "models only: another model to compare with (default: the source)"),
     Key("timeout_s", ("validation",), NUMBER, "wall-time limit of the validation child (default 600)",
-        check=non_negative),
+        check=positive),
     Key("max_abs_error", ("validation",), NUMBER, "threshold per output", check=non_negative),
     Key("mean_abs_error", ("validation",), NUMBER, "threshold per output", check=non_negative),
     Key("max_rel_error", ("validation",), NUMBER, "threshold per output", check=non_negative),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,10 @@ def parse_ep(file: str, path: str, text: str | None, device: str | None) -> tupl
     """`qnn`, `QNNExecutionProvider` or `openvino@pypi` -> (EpInfo, source). Without an EP, the device picks it."""
     if text is None:
         return lookup(DEFAULT_EP[device or "npu"]), "default"
-    alias, _, source = text.partition("@")
+    alias, at, source = text.partition("@")
+    if at and not source:
+        raise UserError(file, path, f"'{text}' names no EP source after '@'; valid: {', '.join(SOURCES)} "
+                                    f"(e.g. '{alias}@{SOURCES[0]}'), or '{alias}' alone")
     info = lookup(alias)
     if info is None:
         raise UserError(file, path, f"unknown EP '{alias}'{closest(alias, valid_ep_names())}; "
@@ -100,6 +104,13 @@ def _options(spec: TargetSpec, ep: EpInfo, file: str, where: str) -> dict[str, s
         if text is None:
             raise UserError(file, f"{where}.options.{key}",
                             f"must be a string, number or boolean, found {type(value).__name__}")
+        allowed = ep.option_values.get(key)
+        if isinstance(allowed, tuple) and text not in allowed:
+            raise UserError(file, f"{where}.options.{key}", f"{text!r} is not a value {ep.name} knows"
+                            f"{closest(text, allowed)} (it would be ignored without a word); valid: "
+                            f"{', '.join(allowed)}")
+        if isinstance(allowed, re.Pattern) and not allowed.fullmatch(text):
+            raise UserError(file, f"{where}.options.{key}", f"must be a number, found {text!r}")
         options[key] = text
     if not ({"backend_type", "backend_path"} & options.keys()):
         options.update(ep.required_defaults)

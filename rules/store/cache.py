@@ -14,6 +14,7 @@ stored locally and uploaded.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -34,6 +35,7 @@ from ..manifest.schema import s3_url
 from .hashing import FileHashes, changed_inputs
 from .layout import Layout
 from .locks import fingerprint_lock
+from .owners import owner_tag
 from .publish import copy_file, discard, publish, scratch_dir
 
 if TYPE_CHECKING:
@@ -69,17 +71,34 @@ def remote_location(spec: CacheSpec) -> str | None:
 
 
 class ArtifactCache:
+    """The local cache. It is never a point of failure: a folder that cannot be written (read-only, full) costs one
+    warning, and the build goes on restoring what it can and storing nothing."""
+
     def __init__(self, folder: Path, hashes: FileHashes, max_bytes: int | None = None, hard_links: bool = False):
         self.folder, self.hashes, self.max_bytes = folder, hashes, max_bytes
         self.hard_links = hard_links  # `[cache] hard_links`: entries and artifacts share their files
+        self.unusable: str | None = None  # why this process stopped writing to it
+
+    def give_up(self, exc: OSError, action: str) -> None:
+        """The one warning of this process about the local cache; later stores are skipped."""
+        if self.unusable is None:
+            self.unusable = f"{exc.strerror or exc}{f': {exc.filename}' if exc.filename else ''}"
+            print(f"warning: local cache {self.folder} unusable while {action} ({self.unusable}); building without "
+                  "storing in it for the rest of this process", file=sys.stderr)
 
     def entry_folder(self, fingerprint: str) -> Path:
         return self.folder / ENTRIES / fingerprint
 
     @contextmanager
     def lock(self, fingerprint: str) -> Iterator[None]:
-        """Held while looking up, building and storing one fingerprint."""
-        with fingerprint_lock(self.folder / "locks", fingerprint):
+        """Held while looking up, building and storing one fingerprint (not held where the cache's folder takes no
+        lock file: then concurrent builders may both produce it)."""
+        with contextlib.ExitStack() as held:
+            if self.unusable is None:
+                try:
+                    held.enter_context(fingerprint_lock(self.folder / "locks", fingerprint))
+                except OSError as exc:
+                    self.give_up(exc, "locking")
             yield
 
     def restore(self, fingerprint: str, destination: Path) -> list[str] | None:
@@ -109,14 +128,17 @@ class ArtifactCache:
                 target.parent.mkdir(parents=True, exist_ok=True)
             copy_file(entry / name, target, self.hard_links)
             self.hashes.copied(target, recorded[name])
-        os.utime(entry)  # recency for least-recently-used eviction
+        with contextlib.suppress(OSError):  # a read-only cache restores all the same
+            os.utime(entry)  # recency for least-recently-used eviction
         return sorted(recorded)
 
     def staging(self, fingerprint: str) -> Path:
         """A private folder inside the cache (so entries are renamed into place, never copied across disks)."""
+        if self.unusable is not None:
+            raise OSError(self.unusable)
         staging_root = self.folder / "tmp"
         staging_root.mkdir(parents=True, exist_ok=True)
-        return Path(tempfile.mkdtemp(prefix=f"{fingerprint[:16]}.", dir=staging_root))
+        return Path(tempfile.mkdtemp(prefix=f"{fingerprint[:16]}.{owner_tag()}.", dir=staging_root))
 
     def store(self, fingerprint: str, source: Path, names: list[str], adopt: bool = False,
               digests: dict[str, str] | None = None) -> dict[str, str]:
@@ -126,6 +148,16 @@ class ArtifactCache:
         their sha256s where already known (checked while downloading)."""
         if RECORD in names:
             raise BuildError(f"an output is named {RECORD}, a name the artifact cache reserves for its own record")
+        if self.unusable is not None:
+            return {}
+        try:
+            return self._store(fingerprint, source, names, adopt, digests)
+        except OSError as exc:
+            self.give_up(exc, "storing")
+            return {}
+
+    def _store(self, fingerprint: str, source: Path, names: list[str], adopt: bool,
+               digests: dict[str, str] | None) -> dict[str, str]:
         entry = self.entry_folder(fingerprint)
         if entry.exists():
             try:
@@ -170,7 +202,7 @@ class ArtifactCache:
 
     def _evict(self, entry: Path, why: str) -> None:
         print(f"warning: cache entry {entry.name[:16]} evicted: {why}; rebuilding", file=sys.stderr)
-        doomed = self.folder / "tmp" / f"evicted.{entry.name}.{os.getpid()}"
+        doomed = self.folder / "tmp" / f"evicted.{entry.name}.{owner_tag()}"
         doomed.parent.mkdir(parents=True, exist_ok=True)
         try:
             os.replace(entry, doomed)
@@ -267,7 +299,12 @@ def restore(label: str, fingerprint: str, workspace: Workspace, scratch: Path) -
     if found is not None:
         return found, Outcome("local")
     remote = workspace.remote
-    downloaded = remote.fetch(fingerprint, workspace.cache, label) if remote else None
+    downloaded = None
+    if remote and workspace.cache.unusable is None:  # a download lands in the local cache first
+        try:
+            downloaded = remote.fetch(fingerprint, workspace.cache, label)
+        except OSError as exc:
+            workspace.cache.give_up(exc, "downloading")
     if downloaded is None:
         return None, Outcome(None)
     found = workspace.cache.restore(fingerprint, scratch)

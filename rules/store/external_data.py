@@ -45,6 +45,8 @@ def _locations(model_path: Path) -> set[str]:
                     visit(subgraph)
 
     visit(model.graph)
+    if not model.graph.output:
+        raise UserError(model_path.name, None, "the model has no outputs: nothing to compile or compare")
     for location in found:  # refused here, before the checker reads anything
         check_location(model_path, location)
     try:
@@ -67,6 +69,9 @@ def check_location(model_path: Path, location: str) -> Path:
                         f"external data location '{location}' resolves outside the model's folder; refused")
     if not resolved.is_file():
         raise UserError(model_path.name, None, f"external data file '{location}' not found next to the model")
+    if resolved == model_path.resolve():
+        raise UserError(model_path.name, None, f"external data location '{location}' is the model file itself; "
+                        "refused (re-save the model with its weights in a .data file of their own)")
     return model_path.parent / candidate
 
 

@@ -15,6 +15,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .owners import owner_tag
+
 FICLONE = 0x40049409  # linux/fs.h: share the source's extents copy-on-write (btrfs, XFS, bcachefs)
 
 
@@ -22,7 +24,7 @@ def scratch_dir(parent: Path, label: str) -> Path:
     """A fresh private folder under `parent` (the artifacts' scratch folder), so the final rename cannot cross
     filesystems."""
     parent.mkdir(parents=True, exist_ok=True)
-    folder = Path(tempfile.mkdtemp(prefix=f"{label}.", dir=parent))
+    folder = Path(tempfile.mkdtemp(prefix=f"{label}.{owner_tag()}.", dir=parent))
     folder.chmod(0o755)  # mkdtemp makes it private; a published artifact folder is read by others
     return folder
 
@@ -32,7 +34,7 @@ def publish(scratch: Path, final: Path) -> None:
     final.parent.mkdir(parents=True, exist_ok=True)
     old = None
     if final.exists():
-        old = Path(tempfile.mkdtemp(prefix="replaced.", dir=scratch.parent))
+        old = Path(tempfile.mkdtemp(prefix=f"replaced.{owner_tag()}.", dir=scratch.parent))
         os.replace(final, old / "previous")
     os.replace(scratch, final)
     if old is not None:

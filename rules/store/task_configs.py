@@ -5,6 +5,11 @@ but costs an `inspect.signature` call and a JSON decode of saved values per task
 no-op `doit` at 1000 targets. Here task creation compares each task's digest with this record once and hands doit
 a plain bool. The build's reporter records a task's digest when it succeeds; a task with no record, or another
 digest, runs. Two builds at once merge their records under a lock, each writing only the tasks it ran.
+
+With its settings the record keeps the identity and sha256 of every file the task published (`published`): doit's
+file checker (`rules.tasks.HashChecker`) takes a published file changed since (an `onnx.save` over it, a hex edit)
+for a missing target, so the task runs again and restores it from the cache or rebuilds it. A touched but unchanged
+file is hashed once.
 """
 
 from __future__ import annotations
@@ -39,32 +44,22 @@ def _read(path: Path) -> dict[str, str]:
 class ConfigRecord:
     """Task name -> [the digest of the settings it last succeeded with, the files it published then]."""
 
-    def __init__(self, path: Path, hashes: FileHashes, root: Path):
-        self.path, self.hashes, self.root = path, hashes, root
+    def __init__(self, path: Path):
+        self.path = path
         self.recorded = _read(path)
         self.current: dict[str, str] = {}  # this run's digest of every task created
         self.succeeded: dict[str, Published] = {}
-        self.edited: dict[str, list[str]] = {}  # task -> its published files changed since
 
     def unchanged(self, task: str, config: dict[str, Any]) -> bool:
-        """Whether `task` last succeeded with these settings and its published files are as it left them;
-        remembers the settings for `success`."""
+        """Whether `task` last succeeded with these settings; remembers them for `success`."""
         self.current[task] = value = digest(config)
         recorded = self.recorded.get(task)
-        if not isinstance(recorded, list) or recorded[0] != value:
-            return False
-        edited = [path for path, identity in recorded[1].items() if self._changed(self.root / path, identity)]
-        if edited:
-            self.edited[task] = edited
-        return not edited
+        return isinstance(recorded, list) and recorded[0] == value
 
-    def _changed(self, path: Path, identity: list) -> bool:
-        """A published file that exists with other bytes (a missing one is doit's to notice)."""
-        try:
-            stat = os.stat(path)
-        except OSError:
-            return False
-        return stat_key(stat) != identity[:4] and self.hashes.sha256(path, stat) != identity[4]
+    def published_files(self) -> dict[str, list]:
+        """Every published file of the record (path relative to the project -> [*identity, sha256])."""
+        return {path: identity for entry in self.recorded.values() if isinstance(entry, list)
+                for path, identity in entry[1].items()}
 
     def success(self, task: str, published: Published | None) -> None:
         if task in self.current:

@@ -1,0 +1,240 @@
+"""Hostile and mistaken manifests get one `error:` line naming models.toml and the key path, exit 2, no traceback:
+deep nesting, long `extends` chains, numbers out of range, duplicated targets, names that cannot become file
+names, a byte-order mark; and a fixed-seed fuzzer over the shipped manifest."""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from rules.errors import UserError
+from rules.manifest.parse import load
+
+SHIPPED = (REPO / "models.toml").read_text()
+TARGET_LINE = 'optimization_level = "extended"'
+
+
+def _with(text: str, old: str, new: str) -> str:
+    assert old in text
+    return text.replace(old, new, 1)
+
+
+CASES = {
+    "inline tables 400 deep": ("x = " + "{a = " * 400 + "1" + "}" * 400 + "\n" + SHIPPED,
+                               "models.toml: arrays or inline tables nested too deep"),
+    "arrays 2000 deep": ("x = " + "[" * 2000 + "]" * 2000 + "\n" + SHIPPED,
+                         "models.toml: arrays or inline tables nested too deep"),
+    "an extends chain of 1200 targets": (
+        SHIPPED + "".join(f'\n[targets.t{i}]\nextends = "{"qnn-htp" if i == 0 else f"t{i - 1}"}"\n'
+                          for i in range(1200)), "extends chain longer than 32 targets"),
+    "an extends cycle": (SHIPPED + '\n[targets.a]\nextends = "b"\n[targets.b]\nextends = "a"\n',
+                         "targets.a.extends: extends cycle: a -> b -> a"),
+    "max_size_mb = inf": (SHIPPED + "\n[cache]\nmax_size_mb = inf\n",
+                          "cache.max_size_mb: must be a positive number up to 1e+12, found inf"),
+    "max_size_mb = 1e308": (SHIPPED + "\n[cache]\nmax_size_mb = 1e308\n", "found 1e+308"),
+    "a dimension of 2^63": (_with(SHIPPED, "x = [1, 3, 32, 32]", "x = [9223372036854775808, 3, 32, 32]"),
+                            "models.dynbatch.inputs.x: must be a list of positive integers below 2^31"),
+    "validation timeout_s = 0": (_with(SHIPPED, TARGET_LINE, TARGET_LINE + "\nvalidation = { timeout_s = 0 }"),
+                                 "targets.cpu.validation.timeout_s: must be a positive number"),
+    "freeze = inf": (_with(SHIPPED, "inputs = { x = [1, 3, 32, 32] }", "freeze = { x = inf }"),
+                     "models.dynbatch.freeze.x: must be a finite number or a list of them, found inf"),
+    "a target listed twice": (_with(SHIPPED, 'targets = ["cpu", "qnn-htp"]\n\n[models.tinycnn_qdq]',
+                                    'targets = ["cpu", "cpu"]\n\n[models.tinycnn_qdq]'),
+                              "models.dynbatch.targets[1]: 'cpu' is listed twice"),
+    "a model path to a .json": (_with(SHIPPED, 'path = "models/encoder.onnx"', 'path = "configs/openvino_f32.json"'),
+                                "models.encoder.path: must name an .onnx model file"),
+    "a UTF-8 byte-order mark": ("\ufeff" + SHIPPED, "models.toml: starts with a UTF-8 byte-order mark"),
+    "a target named like a report": (SHIPPED + '\n[targets."report.html"]\nep = "cpu"\n',
+                                     "targets.report.html: 'report.html' is the name of a report in artifacts/"),
+    "a model name of 250 characters": (_with(SHIPPED, "[models.dynbatch]", "[models." + "d" * 250 + "]"),
+                                       "name of 250 characters: at most 64"),
+    "validation inputs that are not an .npz": (
+        _with(SHIPPED, TARGET_LINE, TARGET_LINE + '\nvalidation = { inputs = "configs/openvino_f32.json" }'),
+        "targets.cpu.validation.inputs: must name an .npz file"),
+    "a 5 MB value": (_with(SHIPPED, TARGET_LINE, TARGET_LINE + '\nembed = "' + "a\\n" * 2_500_000 + '"'),
+                     "targets.cpu.embed: must be a boolean, found a string 'a\\na\\n"),
+}
+
+
+@pytest.fixture
+def folder(tmp_path) -> Path:
+    shutil.copytree(REPO / "models", tmp_path / "models")
+    shutil.copytree(REPO / "configs", tmp_path / "configs")
+    return tmp_path
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_hostile_manifest_is_one_short_line(folder, case):
+    text, expected = CASES[case]
+    (folder / "models.toml").write_text(text, encoding="utf-8")
+    with pytest.raises(UserError) as raised:
+        load(folder / "models.toml")
+    message = f"models.toml: {raised.value}" if not str(raised.value).startswith("models.toml") else str(raised.value)
+    assert expected in message
+    assert "\n" not in message and len(message) < 400
+
+
+def test_an_ep_with_an_empty_source_is_refused_in_doit_list(project):
+    project.manifest(_with(SHIPPED, 'ep = "openvino@pypi"', 'ep = "openvino@"'))
+    done = project.doit("list", check=False)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip() == ("error: models.toml: targets.openvino-cpu.ep: 'openvino@' names no EP source "
+                                   "after '@'; valid: pypi, bundled, nuget, catalog (e.g. 'openvino@pypi'), or "
+                                   "'openvino' alone")
+
+
+MUTATIONS = 300
+
+
+def _mutants(seed: int = 26) -> list[str]:
+    """Deletions, typos, wrong types, extreme numbers, unicode, nesting and cycles applied to the shipped
+    manifest's lines."""
+    rng = random.Random(seed)
+    lines = SHIPPED.splitlines()
+    values = ["inf", "-1", "0", "nan", "1e308", "9223372036854775808", '""', '"\u00e9\u4e2d\U0001f600"', "[]", "{}",
+              "true", '"../../etc/passwd"', "[[[[1]]]]", '{ a = { b = { c = 1 } } }', '"x\\ny"', "-0.0"]
+    found = []
+    for _ in range(MUTATIONS):
+        mutant = list(lines)
+        for _ in range(rng.randint(1, 3)):
+            at = rng.randrange(len(mutant))
+            line = mutant[at]
+            kind = rng.randrange(6)
+            if kind == 0:
+                del mutant[at]
+            elif kind == 1 and "=" in line:
+                key, _, _ = line.partition("=")
+                mutant[at] = f"{key}= {rng.choice(values)}"
+            elif kind == 2 and line:
+                spot = rng.randrange(len(line))
+                mutant[at] = line[:spot] + rng.choice("x_.[]{}\"'=@ \u00e9") + line[spot + 1:]
+            elif kind == 3:
+                mutant.insert(at, rng.choice(['[targets.loop]\nextends = "loop"', '[models.empty]',
+                                              '[groups.g]\ntarget = "cpu"\nmodels = ["tinycnn", "tinycnn"]',
+                                              'extends = "qnn-htp"', "[cache]\nmax_size_mb = 1e400"]))
+            elif kind == 4:
+                mutant[at] = re.sub(r"\d+", lambda m: rng.choice(["0", "-5", "99999999999999999999"]), line)
+            else:
+                mutant[at] = line.replace('"', "", 1)
+        found.append("\n".join(mutant) + "\n")
+    return found
+
+
+def test_a_fuzzed_manifest_is_built_or_refused_in_one_line_never_a_traceback(folder, host_cache):
+    """300 fixed-seed mutations through everything task creation does (`rules.tasks.Project`, as `doit list`;
+    ~6 s, so in the default suite)."""
+    from rules.tasks import Project
+
+    state = folder / "artifacts" / ".state"
+    state.mkdir(parents=True)
+    shutil.copy(host_cache, state / "host.json")
+    refused = accepted = 0
+    for index, text in enumerate(_mutants()):
+        (folder / "models.toml").write_text(text, encoding="utf-8")
+        try:
+            Project(folder / "models.toml", ["list"])
+            accepted += 1
+        except UserError as exc:
+            line = str(exc)
+            assert "\n" not in line and len(line) < 600, (index, line)
+            assert line.startswith(("models.toml", "EPBUILD_")), (index, line)
+            refused += 1
+    assert refused + accepted == MUTATIONS and refused > MUTATIONS // 2
+
+
+def test_a_manifest_that_is_not_a_regular_file_is_refused_without_blocking(tmp_path):
+    fifo = tmp_path / "models.toml"
+    os.mkfifo(fifo)
+    with pytest.raises(UserError, match="is not a regular file; give a manifest file"):
+        load(fifo)
+
+
+def test_an_empty_epbuild_manifest_means_the_default(project):
+    project.manifest('[models.tinycnn]\npath = "models/tinycnn.onnx"\ntargets = ["cpu"]\n[targets.cpu]\nep = "cpu"\n')
+    project.env["EPBUILD_MANIFEST"] = ""
+    assert "compile:tinycnn@cpu" in project.doit("list").stdout
+
+
+def test_a_read_only_artifacts_folder_lists_with_a_warning_and_refuses_a_build_in_one_line(project, tmp_path):
+    project.manifest('[models.tinycnn]\npath = "models/tinycnn.onnx"\ntargets = ["cpu"]\n[targets.cpu]\nep = "cpu"\n')
+    project.doit("list")
+    mounted = subprocess.run(["mount", "--bind", "-o", "ro", str(project.artifacts), str(project.artifacts)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"a read-only bind mount is not permitted here: {mounted.stderr.strip()}")
+    subprocess.run(["mount", "-o", "remount,ro,bind", str(project.artifacts)], capture_output=True)
+    try:
+        project.env["EPBUILD_FAST_PATH"] = "0"
+        listed = project.doit("list", check=False)
+        assert listed.returncode == 0 and "compile:tinycnn@cpu" in listed.stdout, listed.stderr
+        assert "warning: artifacts/ is not writable" in listed.stderr and "Traceback" not in listed.stderr
+        built = project.doit(check=False)
+        assert built.returncode == 2 and "Traceback" not in built.stderr
+        assert built.stderr.strip().startswith("error: models.toml: artifacts/ is not writable: Read-only file system")
+    finally:
+        subprocess.run(["umount", str(project.artifacts)], capture_output=True)
+
+
+def test_a_declared_shape_too_large_to_generate_is_refused_before_any_allocation(project):
+    from onnx import TensorProto, helper, save
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "dyn",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", "c"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", "c"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    save(model, str(project.root / "models" / "dyn.onnx"))
+    project.manifest('[models.dyn]\npath = "models/dyn.onnx"\ninputs = { x = [1000000, 1000000] }\n'
+                     'targets = ["cpu"]\n[targets.cpu]\nep = "cpu"\n')
+    done = project.doit(check=False)
+    assert done.returncode == 1 and "internal error" not in done.stdout + done.stderr
+    assert ("input 'x' of shape [1000000, 1000000] would take 3,725.3 GiB to generate (at most 4 GiB); check "
+            "inputs.x or give validation.inputs") in done.stdout + done.stderr
+    graph.input[0].CopyFrom(helper.make_tensor_value_info("x", TensorProto.FLOAT, [0, 4]))  # static, zero-size
+    graph.output[0].CopyFrom(helper.make_tensor_value_info("y", TensorProto.FLOAT, [0, 4]))
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9),
+         str(project.root / "models" / "dyn.onnx"))
+    project.manifest('[models.dyn]\npath = "models/dyn.onnx"\ntargets = ["cpu"]\n[targets.cpu]\nep = "cpu"\n')
+    done = project.doit(check=False)
+    assert "input 'x' has a zero-size dimension ([0, 4]): nothing to generate" in done.stdout + done.stderr
+
+
+def test_models_that_cannot_work_are_refused_before_any_build(project):
+    from onnx import TensorProto, helper, save
+
+    from helpers import model_with_location
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "no_outputs",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])], [])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    save(model, str(project.root / "models" / "noout.onnx"))
+    model_with_location(project.root, "itself.onnx", "itself.onnx")  # its external data: the model file
+    for name, expected in (("noout", "noout.onnx: the model has no outputs: nothing to compile or compare"),
+                           ("itself", "external data location 'itself.onnx' is the model file itself")):
+        project.manifest(f'[models.{name}]\npath = "models/{name}.onnx"\ntargets = ["cpu"]\n'
+                         '[targets.cpu]\nep = "cpu"\n')
+        done = project.doit("list", check=False)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        assert done.stderr.startswith(f"error: models.toml: models.{name}.path: ") and expected in done.stderr
+        assert done.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize(("option", "expected"), [
+    ('backend_type = "tpu"', "targets.qnn-htp.options.backend_type: 'tpu' is not a value QNNExecutionProvider "
+                             "knows (did you mean 'htp'?) (it would be ignored without a word); valid: cpu, gpu, "
+                             "htp, saver, ir"),
+    ('soc_model = "sm8650"', "targets.qnn-htp.options.soc_model: must be a number, found 'sm8650'"),
+])
+def test_qnn_option_values_the_ep_would_ignore_are_refused(project, option, expected):
+    shipped_options = 'options = { backend_type = "htp", soc_model = 60 }'
+    project.manifest(_with(SHIPPED, shipped_options, f"options = {{ {option} }}"))
+    done = project.doit("list", check=False)
+    assert done.returncode == 2 and done.stderr.strip() == f"error: models.toml: {expected}"
