@@ -6,8 +6,8 @@ state and calls the job module's `main()` as `python -m MODULE request result` w
 byte-identical to a fresh child's and a crash or hang ends only that child. The client
 (`rules.execute.child.run_child`) enforces the time and memory limits on the child's pid exactly as for a plain
 child; the server reaps it and reports its exit status and peak memory. A job never outlives its client: the
-server ends a forked job when its client's connection closes (the build killed or crashed) and holds its limits
-itself too (`JobGuard`), and kills a warm worker whose client is gone and that does not let go within a second.
+server ends a forked job, and kills a warm worker, whose client process is gone (the build killed or crashed),
+and holds a forked job's limits itself too (`JobGuard`).
 
 Jobs whose EP gives the same outputs when repeated in one process (`EpInfo.warm_compiles`, `warm_validations`) may
 run in a warm worker instead: a child forked the same way and leased to one thread of one build process, which
@@ -48,6 +48,7 @@ from typing import Any
 
 from ..store.layout import stat_key
 from ..store.locks import file_lock
+from ..store.owners import owner_gone, owner_tag
 from .forked_jobs import WorkerHandle, resident_bytes, run_many, run_one
 from .provenance import expected, record_loaded
 
@@ -306,7 +307,7 @@ def _lease(alias: str) -> _Lease | None:
     if key in _LEASES:
         return _LEASES[key]
     connection = _server(alias)
-    answer = _ask(connection, {"lease": True}) if connection is not None else None
+    answer = _ask(connection, {"lease": True, "client": owner_tag()}) if connection is not None else None
     if answer is None:
         return None
     lease = _LEASES[key] = _Lease(key, connection, answer.pid)
@@ -327,7 +328,7 @@ def fork_job(module: str, alias: str, arguments: list[str], output: Path, workdi
     if not enabled():
         return None
     request = {"module": module, "arguments": arguments, "output": str(output), "cwd": str(workdir),
-               "env": dict(os.environ), "path": sys.path, "limits": limits or {}}
+               "env": dict(os.environ), "path": sys.path, "limits": limits or {}, "client": owner_tag()}
     if reuse and leases_in_use():
         if job is not None:
             request["job"] = job
@@ -347,26 +348,15 @@ def fork_job(module: str, alias: str, arguments: list[str], output: Path, workdi
 
 # ---- the server ----
 
-ORPHAN_GRACE_S = 1.0  # a warm worker whose client is gone and that does not let go within this is killed
 LIMIT_GRACE_S = 2.0  # the server's own limits trail the client's, so a living client reports first
 
 
-def client_gone(connection: socket.socket) -> bool:
-    """Whether the client's end of `connection` closed (a readable socket with nothing to read)."""
-    try:
-        return connection.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
-    except BlockingIOError:
-        return False
-    except OSError:
-        return True
-
-
 class JobGuard:
-    """A forked job's time and memory limits, enforced by the server itself: they hold even when the build
-    process that asked for the job has died."""
+    """A forked job's time and memory limits, enforced by the server itself, and its client (`owner_tag`): they
+    hold even when the build process that asked for the job has died."""
 
-    def __init__(self, pid: int, limits: dict[str, float | None]):
-        self.pid = pid
+    def __init__(self, pid: int, limits: dict[str, float | None], client: str):
+        self.pid, self.client = pid, client
         timeout = limits.get("timeout_s")
         self.deadline = time.monotonic() + timeout + LIMIT_GRACE_S if timeout else None
         memory = limits.get("max_memory_gb")
@@ -440,7 +430,7 @@ def serve(path: Path, alias: str) -> None:
             if pid == 0:
                 run_one(request, [*server_sockets(), connection], wake)
             jobs[pid] = connection
-            guards[pid] = JobGuard(pid, request.get("limits") or {})
+            guards[pid] = JobGuard(pid, request.get("limits") or {}, request.get("client", ""))
             return pid
         worker = next((w for w in workers.values() if w.client is None), None)
         if worker is None:
@@ -451,23 +441,20 @@ def serve(path: Path, alias: str) -> None:
                 run_many(worker_end, [*server_sockets(), connection], wake)
             worker_end.close()
             worker = workers[pid] = WorkerHandle(pid, control)
-        worker.lease(connection)
+        worker.lease(connection, request.get("client", ""))
         return worker.pid
 
     last_job = time.monotonic()
     while True:
         leased = [w.control for w in workers.values() if w.client]
-        clients = [*jobs.values(), *(w.client for w in workers.values() if w.client and not w.orphaned_at)]
-        readable = select.select([listener, wake[0], *leased, *clients], [], [], 0.2)[0]
-        # a job never outlives its build: a client gone (killed, crashed) ends its forked job at once, and its warm
-        # worker unless that lets go within a second (a client that just finished closes its lease the same way)
-        for pid, connection in list(jobs.items()):
-            if (connection in readable and client_gone(connection)) or guards[pid].exceeded():
-                guards[pid].kill()
+        readable = select.select([listener, wake[0], *leased], [], [], 0.2)[0]
+        # a job never outlives its build: the process that asked for it gone (killed, crashed) ends its forked job
+        # and its warm worker (a pid and its start time: a reused pid is another process)
+        for guard in guards.values():
+            if owner_gone(guard.client) or guard.exceeded():
+                guard.kill()
         for worker in workers.values():
-            if worker.client in readable and client_gone(worker.client):
-                worker.orphaned_at = time.monotonic()
-            if worker.orphaned_at and time.monotonic() - worker.orphaned_at > ORPHAN_GRACE_S:
+            if worker.client is not None and owner_gone(worker.client_tag):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(worker.pid, signal.SIGKILL)
         if wake[0] in readable:

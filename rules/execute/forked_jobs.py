@@ -163,10 +163,10 @@ class WorkerHandle:
     def __init__(self, pid: int, control: socket.socket):
         self.pid, self.control = pid, control
         self.client: socket.socket | None = None
-        self.orphaned_at: float | None = None  # when its client's end closed while it was still leased
+        self.client_tag = ""  # the leasing process (`owner_tag`): gone, the worker is killed
 
-    def lease(self, connection: socket.socket) -> None:
-        self.client = connection
+    def lease(self, connection: socket.socket, client_tag: str) -> None:
+        self.client, self.client_tag = connection, client_tag
         with contextlib.suppress(OSError):  # if it has just died, its end is reported when it is reaped
             socket.send_fds(self.control, [b"lease"], [connection.fileno()])
 
@@ -174,7 +174,7 @@ class WorkerHandle:
         """Its client let it go."""
         self.client.close()
         self.client = None
-        self.orphaned_at = None
+        self.client_tag = ""
 
     def end(self, status_line: bytes) -> None:
         """It has exited: its client (if any) reads this as the end of the job it ran; the server lets it go."""
