@@ -559,7 +559,9 @@ class Project:
                    for name in self.task_names(b)]
         if self.unavailable:
             default.append("unavailable")
-        published = {self.rel(self.root / path): identity for path, identity in self.configs.published_files().items()}
+        recorded = self.configs.published_files()  # paths relative to the project; doit's are relative to its folder
+        inside = self.rel(self.root)
+        published = recorded if inside == "." else {os.path.join(inside, p): v for p, v in recorded.items()}
         checker = type("ProjectHashChecker", (HashChecker,), {"hashes": FileHashes(self.layout.state), "checked": {},
                                                               "published": published, "edited": set()})
         self.checked, self.edited = checker.checked, checker.edited
