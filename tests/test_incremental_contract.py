@@ -134,6 +134,13 @@ def _other_onnx(project: Project) -> Callable[[], None]:
     return lambda: project.env.update(PYTHONPATH=previous)
 
 
+def _edit_cache_entry(project: Project) -> Callable[[], None]:
+    entry = next(path for path in (project.cache / "entries-v2").glob("*/ext.onnx"))
+    saved = entry.read_bytes()
+    rewrite_keeping_size_and_mtime(entry, offset=20)
+    return lambda: entry.write_bytes(saved)
+
+
 def _edit_artifact(project: Project) -> Callable[[], None]:
     artifact = project.artifacts / "cpu" / "ext" / "ext.onnx"
     rewrite_keeping_size_and_mtime(artifact, offset=20)
@@ -164,6 +171,14 @@ CHANGES = {  # change -> the tasks that must execute
     "epbuild code of the reports": (_epbuild_code("report/views.py"), set()),
     # the compile restores the folder; its validation report, replaced with it, is restored from the cache
     "a published artifact edited by hand": (_edit_artifact, EXT),
+    "a cache entry edited by hand": (_edit_cache_entry, set()),  # read only on a restore, which verifies it
+    "embed on the NPU target": (_manifest_edit('config = "', 'embed = true\nconfig = "'), QNN_COMPILE),
+    "a quantization setting": (_manifest_edit('calibration = "models/calib/tinycnn/"',
+                                              'calibration = "models/calib/tinycnn/", activation_type = "uint16"'),
+                               TINYCNN_INT8),
+    "the cpu target's optimization level": (_manifest_edit('[targets.cpu]\nep = "cpu"\n',
+                                                           '[targets.cpu]\nep = "cpu"\noptimization_level = "basic"\n'),
+                                            TINYCNN_CPU | EXT),
 }
 
 
