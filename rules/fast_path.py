@@ -227,7 +227,7 @@ def shortcut(manifest: Path, argv: list[str]) -> UpToDate | None:
 
 def _interrupted(kind: type[BaseException], value: BaseException, trace: Any) -> None:
     """Ctrl-C: one line instead of a traceback (the exit status stays 130). doit has saved what finished, and
-    the fork servers end the jobs of this build as its connections close."""
+    the fork servers end the jobs of this build once its process is gone."""
     if issubclass(kind, KeyboardInterrupt):
         sys.stderr.write("interrupted: the build stopped; finished tasks are kept, and a rerun does the rest\n")
         return

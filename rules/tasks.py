@@ -159,7 +159,7 @@ def run_validate(build: Build, workspace: Workspace, config: dict[str, Any]) -> 
         return TaskFailed(line)
     print(line + (f" (restored from the {outcome.origin} cache)" if outcome.restored else ""))
     status = "restored" if outcome.restored else "skipped" if report["status"] == "skipped" else "validated"
-    seconds = time.monotonic() - started if outcome.restored else report.get("seconds", 0)
+    seconds = time.monotonic() - started if outcome.restored else report["seconds"]
     return {"status": status, **outcome.report(), **({"worker": report["worker"]} if "worker" in report else {}),
             "fingerprint": fingerprint, "validation": line, **({"child": report["usage"]} if "usage" in report else {}),
             "seconds": round(seconds, 3), "_published": published([folder / REPORT], workspace.hashes,

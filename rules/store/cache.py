@@ -33,7 +33,7 @@ from ..errors import BuildError, UserError
 from ..manifest.parse import CacheSpec
 from ..manifest.schema import s3_url
 from .hashing import FileHashes, changed_inputs
-from .layout import Layout
+from .layout import Layout, size_of
 from .locks import fingerprint_lock
 from .owners import owner_tag
 from .publish import copy_file, discard, publish, scratch_dir
@@ -198,7 +198,7 @@ class ArtifactCache:
     def usage(self) -> tuple[int, int]:
         """(entries, bytes) held now."""
         entries = self._entries()
-        return len(entries), sum(p.stat().st_size for entry in entries for p in entry.rglob("*") if p.is_file())
+        return len(entries), sum(size_of(entry) for entry in entries)
 
     def _evict(self, entry: Path, why: str) -> None:
         print(f"warning: cache entry {entry.name[:16]} evicted: {why}; rebuilding", file=sys.stderr)
@@ -215,7 +215,7 @@ class ArtifactCache:
             return
         entries = []
         for entry in self._entries():
-            size = sum(p.stat().st_size for p in entry.rglob("*") if p.is_file())
+            size = size_of(entry)
             entries.append((entry.stat().st_mtime, size, entry))
         total = sum(size for _, size, _ in entries)
         for _, size, entry in sorted(entries):

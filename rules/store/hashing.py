@@ -112,4 +112,5 @@ def snapshot(paths: list[Path]) -> dict[Path, list[int] | None]:
 
 def changed_inputs(before: dict[Path, list[int] | None]) -> list[Path]:
     """The inputs of `snapshot` whose identity is not what it was."""
-    return [path for path, identity in before.items() if snapshot([path])[path] != identity]
+    now = snapshot(list(before))
+    return [path for path, identity in before.items() if now[path] != identity]

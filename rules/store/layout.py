@@ -104,6 +104,13 @@ def settled(stat: os.stat_result) -> bool:
     return time.time_ns() - stat.st_ctime_ns > RACY_NS
 
 
+def size_of(path: Path) -> int:
+    """Bytes a file, or every file under a folder, holds."""
+    if not path.is_dir():
+        return path.lstat().st_size
+    return sum(p.lstat().st_size for p in path.rglob("*") if p.is_file())
+
+
 def write_atomic(path: Path, text: str) -> None:
     """Write beside `path` under a private name and rename: readers see the old file or the new one, whole.
     The folder must exist: a writer never creates a folder that looks like an artifact."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .layout import Layout
+from .layout import Layout, size_of
 from .publish import discard
 
 KEPT = {".state", ".scratch", ".logs"}  # the build's own state; scratch folders belong to running builds
@@ -40,12 +40,6 @@ def orphans(layout: Layout, owned: set[Path]) -> list[Path]:
     if layout.logs.is_dir():
         found.extend(log for log in sorted(layout.logs.rglob("*")) if log.is_file() and log not in owned)
     return found
-
-
-def size_of(path: Path) -> int:
-    if path.is_file():
-        return path.stat().st_size
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
 def prune(paths: list[Path], dry_run: bool) -> int:

@@ -79,8 +79,9 @@ class ConfigRecord:
 
 
 def published(paths: list[Path], hashes: FileHashes, root: Path) -> Published:
-    """What a task leaves for `ConfigRecord` to check next time: each file's identity and sha256, read together
-    (a file changed while it was hashed then shows another identity), by its path inside the project `root`."""
+    """What a task leaves in the record for doit's file checker to compare next time: each file's identity and
+    sha256, read together (a file changed while it was hashed then shows another identity), by its path inside the
+    project `root`."""
     files: Published = {}
     for path in paths:
         stat = os.stat(path)
