@@ -34,6 +34,11 @@ validation = { min_snr_db = 40, inputs = "models/tinycnn_inputs.npz" }
 path = "models/ext.onnx"
 targets = ["cpu"]
 
+[models.dyn]
+path = "models/dynbatch.onnx"
+inputs = { x = [1, 3, 32, 32] }
+targets = ["cpu", "ov"]
+
 [targets.cpu]
 ep = "cpu"
 
@@ -44,7 +49,13 @@ quantized = true
 [targets.qnn-htp]
 ep = "qnn"
 config = "configs/qnn.json"   # a WinMLBuildConfig: its compile.provider_options
+
+[targets.ov]
+ep = "openvino"
+options = { load_config = "configs/openvino_f32.json" }
+option_files = ["load_config"]
 """
+QNN_TARGET = 'config = "configs/qnn.json"'  # the qnn-htp line that manifest edits put keys in front of
 QNN_CONFIG = '{"compile": {"provider_options": {"backend_type": "htp", "soc_model": "60"}}}'
 TINYCNN_VALIDATIONS = {"validate:tinycnn@cpu", "validate:tinycnn@cpu-int8", "validate:tinycnn@qnn-htp"}
 QNN_COMPILE = {"compile:tinycnn@qnn-htp", "validate:tinycnn@qnn-htp"}
@@ -52,6 +63,8 @@ TINYCNN_CPU = {"compile:tinycnn@cpu", "validate:tinycnn@cpu"}
 TINYCNN_INT8 = {"quantize:tinycnn[generic]", "compile:tinycnn@cpu-int8", "validate:tinycnn@cpu-int8"}
 TINYCNN_QNN = {"shape:tinycnn", "compile:tinycnn@qnn-htp", "validate:tinycnn@qnn-htp"}
 EXT = {"compile:ext@cpu", "validate:ext@cpu"}
+DYN_OV = {"compile:dyn@ov", "validate:dyn@ov"}
+DYN = {"compile:dyn@cpu", "validate:dyn@cpu", "shape:dyn"} | DYN_OV
 TINYCNN = TINYCNN_CPU | TINYCNN_INT8 | TINYCNN_QNN
 
 
@@ -59,6 +72,14 @@ def _manifest_edit(old: str, new: str) -> Callable[[Project], Callable[[], None]
     def change(project: Project) -> Callable[[], None]:
         project.manifest(MANIFEST.replace(old, new))
         return lambda: project.manifest(MANIFEST)
+    return change
+
+
+def _new_stage(old: str, new: str) -> Callable[[Project], Callable[[], None]]:
+    """A stage added to a model; the undo prunes its output, else the next application finds it up to date."""
+    def change(project: Project) -> Callable[[], None]:
+        undo = _manifest_edit(old, new)(project)
+        return lambda: (undo(), project.doit("prune"))
     return change
 
 
@@ -154,7 +175,7 @@ CHANGES = {  # change -> the tasks that must execute
                                                       lambda p: rewrite_keeping_size_and_mtime(p, 4000)), EXT),
     "a calibration sample added": (_new_sample, {"quantize:tinycnn[generic]", "compile:tinycnn@cpu-int8",
                                                  "validate:tinycnn@cpu-int8"}),
-    "a provider option in the manifest": (_manifest_edit('config = "', 'options = { soc_model = 69 }\nconfig = "'),
+    "a provider option in the manifest": (_manifest_edit(QNN_TARGET, 'options = { soc_model = 69 }\n' + QNN_TARGET),
                                           QNN_COMPILE),
     "a WinMLBuildConfig file": (_file_edit("configs/qnn.json", lambda p: p.write_text(QNN_CONFIG.replace("60", "69"))),
                                 QNN_COMPILE),
@@ -163,22 +184,41 @@ CHANGES = {  # change -> the tasks that must execute
                                    TINYCNN_VALIDATIONS),
     "a validation time limit": (_manifest_edit("min_snr_db = 40", "min_snr_db = 40, timeout_s = 100"), set()),
     "min_offload (a check of the recorded placement)": (
-        _manifest_edit('config = "', 'min_offload = 0.5\nconfig = "'), {"compile:tinycnn@qnn-htp"}),
+        _manifest_edit(QNN_TARGET, 'min_offload = 0.5\n' + QNN_TARGET), {"compile:tinycnn@qnn-htp"}),
     "an unrelated environment variable": (_environment, set()),
     "a model touched, bytes unchanged": (_touch, set()),
-    "epbuild code the jobs run": (_epbuild_code("build/graph.py"), TINYCNN | EXT),
-    "another onnx version": (_other_onnx, TINYCNN | EXT),
+    "epbuild code the jobs run": (_epbuild_code("build/graph.py"), TINYCNN | EXT | DYN),
+    "another onnx version": (_other_onnx, TINYCNN | EXT | DYN),
     "epbuild code of the reports": (_epbuild_code("report/views.py"), set()),
     # the compile restores the folder; its validation report, replaced with it, is restored from the cache
     "a published artifact edited by hand": (_edit_artifact, EXT),
     "a cache entry edited by hand": (_edit_cache_entry, set()),  # read only on a restore, which verifies it
-    "embed on the NPU target": (_manifest_edit('config = "', 'embed = true\nconfig = "'), QNN_COMPILE),
+    "embed on the NPU target": (_manifest_edit(QNN_TARGET, 'embed = true\n' + QNN_TARGET), QNN_COMPILE),
     "a quantization setting": (_manifest_edit('calibration = "models/calib/tinycnn/"',
                                               'calibration = "models/calib/tinycnn/", activation_type = "uint16"'),
                                TINYCNN_INT8),
     "the cpu target's optimization level": (_manifest_edit('[targets.cpu]\nep = "cpu"\n',
                                                            '[targets.cpu]\nep = "cpu"\noptimization_level = "basic"\n'),
-                                            TINYCNN_CPU | EXT),
+                                            TINYCNN_CPU | EXT | {"compile:dyn@cpu", "validate:dyn@cpu"}),
+    "an option file's bytes (OpenVINO's load_config)": (
+        _file_edit("configs/openvino_f32.json",
+                   lambda p: p.write_text('{"CPU": {"INFERENCE_PRECISION_HINT": "f32", "NUM_STREAMS": "1"}}')),
+        DYN_OV),
+    "a model's input shapes": (_manifest_edit("x = [1, 3, 32, 32]", "x = [2, 3, 32, 32]"), DYN),
+    "the compiler of a target": (_manifest_edit(QNN_TARGET, 'compiler = "ort_session"\n' + QNN_TARGET), QNN_COMPILE),
+    "a key set to its default value": (_manifest_edit(QNN_TARGET, 'device = "npu"\n' + QNN_TARGET), set()),
+    "a compile time and memory limit": (_manifest_edit(QNN_TARGET, 'timeout_s = 900\nmax_memory_gb = 8\n' + QNN_TARGET),
+                                        set()),
+    "an optimize stage": (_new_stage('path = "models/tinycnn.onnx"',
+                                     'path = "models/tinycnn.onnx"\noptimize = "basic"'),
+                          TINYCNN - {"shape:tinycnn"} | {"optimize:tinycnn"}),  # shape runs on the unchanged source
+    "a squash stage": (_new_stage('path = "models/ext.onnx"', 'path = "models/ext.onnx"\nsquash = true'),
+                       EXT | {"squash:ext"}),
+    "structural validation on one target": (
+        _manifest_edit('quantized = true\n', 'quantized = true\nvalidate = "structural"\n'),
+        {"validate:tinycnn@cpu-int8"}),
+    "a model's target list reordered": (_manifest_edit('targets = ["cpu", "cpu-int8", "qnn-htp"]',
+                                                       'targets = ["qnn-htp", "cpu", "cpu-int8"]'), set()),
 }
 
 
