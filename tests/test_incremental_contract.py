@@ -22,6 +22,7 @@ from test_trust import external_data_model, rewrite_keeping_size_and_mtime
 
 from conftest import REPO, Project, clone, ran
 from helpers import perturb_weights, tree_bytes
+from real_models import sample_rate_branches
 
 MANIFEST = """
 [models.tinycnn]
@@ -38,6 +39,11 @@ targets = ["cpu"]
 path = "models/dynbatch.onnx"
 inputs = { x = [1, 3, 32, 32] }
 targets = ["cpu", "ov"]
+
+[models.vad]
+path = "models/vad.onnx"
+freeze = { sr = 16000 }
+targets = ["cpu"]
 
 [targets.cpu]
 ep = "cpu"
@@ -65,6 +71,7 @@ TINYCNN_QNN = {"shape:tinycnn", "compile:tinycnn@qnn-htp", "validate:tinycnn@qnn
 EXT = {"compile:ext@cpu", "validate:ext@cpu"}
 DYN_OV = {"compile:dyn@ov", "validate:dyn@ov"}
 DYN = {"compile:dyn@cpu", "validate:dyn@cpu", "shape:dyn"} | DYN_OV
+VAD = {"freeze:vad", "compile:vad@cpu", "validate:vad@cpu"}
 TINYCNN = TINYCNN_CPU | TINYCNN_INT8 | TINYCNN_QNN
 
 
@@ -187,8 +194,8 @@ CHANGES = {  # change -> the tasks that must execute
         _manifest_edit(QNN_TARGET, 'min_offload = 0.5\n' + QNN_TARGET), {"compile:tinycnn@qnn-htp"}),
     "an unrelated environment variable": (_environment, set()),
     "a model touched, bytes unchanged": (_touch, set()),
-    "epbuild code the jobs run": (_epbuild_code("build/graph.py"), TINYCNN | EXT | DYN),
-    "another onnx version": (_other_onnx, TINYCNN | EXT | DYN),
+    "epbuild code the jobs run": (_epbuild_code("build/graph.py"), TINYCNN | EXT | DYN | VAD),
+    "another onnx version": (_other_onnx, TINYCNN | EXT | DYN | VAD),
     "epbuild code of the reports": (_epbuild_code("report/views.py"), set()),
     # the compile restores the folder; its validation report, replaced with it, is restored from the cache
     "a published artifact edited by hand": (_edit_artifact, EXT),
@@ -199,7 +206,8 @@ CHANGES = {  # change -> the tasks that must execute
                                TINYCNN_INT8),
     "the cpu target's optimization level": (_manifest_edit('[targets.cpu]\nep = "cpu"\n',
                                                            '[targets.cpu]\nep = "cpu"\noptimization_level = "basic"\n'),
-                                            TINYCNN_CPU | EXT | {"compile:dyn@cpu", "validate:dyn@cpu"}),
+                                            TINYCNN_CPU | EXT | VAD - {"freeze:vad"}
+                                            | {"compile:dyn@cpu", "validate:dyn@cpu"}),
     "an option file's bytes (OpenVINO's load_config)": (
         _file_edit("configs/openvino_f32.json",
                    lambda p: p.write_text('{"CPU": {"INFERENCE_PRECISION_HINT": "f32", "NUM_STREAMS": "1"}}')),
@@ -217,6 +225,7 @@ CHANGES = {  # change -> the tasks that must execute
     "structural validation on one target": (
         _manifest_edit('quantized = true\n', 'quantized = true\nvalidate = "structural"\n'),
         {"validate:tinycnn@cpu-int8"}),
+    "a frozen input's value": (_manifest_edit("sr = 16000", "sr = 8000"), VAD),
     "a model's target list reordered": (_manifest_edit('targets = ["cpu", "cpu-int8", "qnn-htp"]',
                                                        'targets = ["qnn-htp", "cpu", "cpu-int8"]'), set()),
 }
@@ -229,6 +238,7 @@ def steady(tmp_path_factory, host_cache) -> Project:
     project = Project(root, host_cache)
     project.env.pop("EPBUILD_FAST_PATH", None)
     external_data_model(root / "models" / "ext.onnx")
+    sample_rate_branches(root / "models" / "vad.onnx")
     _inputs(root / "models" / "tinycnn_inputs.npz")
     (root / "configs" / "qnn.json").write_text(QNN_CONFIG)
     project.manifest(MANIFEST)
