@@ -290,3 +290,22 @@ def test_a_killed_build_leaves_no_job_running(project, mode, signal_name):
         assert build.returncode in (130, -signal.SIGINT) and "Traceback" not in errors
         assert errors.strip().splitlines()[-1] == ("interrupted: the build stopped; finished tasks are kept, and a "
                                                    "rerun does the rest")
+
+
+@pytest.mark.parametrize("reuse", [False, True], ids=["forked child", "warm worker"])
+@pytest.mark.parametrize("limit", ["time", "memory"])
+def test_the_server_holds_a_jobs_limits_when_its_client_does_not(tmp_path, monkeypatch, crash_child, reuse, limit):
+    """A client that never polls (as a build process stopped or stuck would): the server kills the job itself."""
+    monkeypatch.setenv(SWITCH, "1")
+    request = {"action": "allocate", "mb": 600, "seconds": 60} if limit == "memory" else {"action": "sleep",
+                                                                                           "seconds": 60}
+    limits = {"max_memory_gb": 0.2} if limit == "memory" else {"timeout_s": 1}
+    (tmp_path / "request.json").write_text(json.dumps(request))
+    started = time.monotonic()
+    job = fork_job("crash_child", "", ["request.json", "result.json"], tmp_path / "out.txt", tmp_path, reuse=reuse,
+                   job=request, limits=limits)
+    while (ended := job.wait(0.2)) is None and time.monotonic() - started < 30:
+        pass
+    # the server's kill, or for a warm worker's time its own alarm (both trail the client's limit by 2 s)
+    assert ended is not None and ended[0] in (-signal.SIGKILL, -signal.SIGALRM if reuse else -signal.SIGKILL)
+    assert time.monotonic() - started < 15

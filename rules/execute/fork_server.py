@@ -7,7 +7,7 @@ byte-identical to a fresh child's and a crash or hang ends only that child. The 
 (`rules.execute.child.run_child`) enforces the time and memory limits on the child's pid exactly as for a plain
 child; the server reaps it and reports its exit status and peak memory. A job never outlives its client: the
 server ends a forked job, and kills a warm worker, whose client process is gone (the build killed or crashed),
-and holds a forked job's limits itself too (`JobGuard`).
+and holds each job's limits itself too (`JobGuard`; a warm worker tells it the limits of the job it starts).
 
 Jobs whose EP gives the same outputs when repeated in one process (`EpInfo.warm_compiles`, `warm_validations`) may
 run in a warm worker instead: a child forked the same way and leased to one thread of one build process, which
@@ -49,7 +49,7 @@ from typing import Any
 from ..store.layout import stat_key
 from ..store.locks import file_lock
 from ..store.owners import owner_gone, owner_tag
-from .forked_jobs import WorkerHandle, resident_bytes, run_many, run_one
+from .forked_jobs import JobGuard, WorkerHandle, run_many, run_one
 from .provenance import expected, record_loaded
 
 SWITCH = "EPBUILD_FORK_SERVER"  # "0": a plain child for every job; "fork": a forked child for every job, no warm
@@ -348,34 +348,6 @@ def fork_job(module: str, alias: str, arguments: list[str], output: Path, workdi
 
 # ---- the server ----
 
-LIMIT_GRACE_S = 2.0  # the server's own limits trail the client's, so a living client reports first
-
-
-class JobGuard:
-    """A forked job's time and memory limits, enforced by the server itself, and its client (`owner_tag`): they
-    hold even when the build process that asked for the job has died."""
-
-    def __init__(self, pid: int, limits: dict[str, float | None], client: str):
-        self.pid, self.client = pid, client
-        timeout = limits.get("timeout_s")
-        self.deadline = time.monotonic() + timeout + LIMIT_GRACE_S if timeout else None
-        memory = limits.get("max_memory_gb")
-        self.max_bytes = memory * 2**30 * 1.1 if memory else None
-        self.killed = False
-
-    def exceeded(self) -> bool:
-        if self.killed:
-            return False
-        if self.deadline is not None and time.monotonic() > self.deadline:
-            return True
-        return self.max_bytes is not None and resident_bytes(self.pid) > self.max_bytes
-
-    def kill(self) -> None:
-        if not self.killed:
-            self.killed = True
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signal.SIGKILL)
-
 def serve(path: Path, alias: str) -> None:
     """Preload, register the EP, check that no thread was started, then fork a child per job request, or lease a
     warm worker to a client that asks for one, until idle."""
@@ -450,7 +422,7 @@ def serve(path: Path, alias: str) -> None:
         readable = select.select([listener, wake[0], *leased], [], [], 0.2)[0]
         # a job never outlives its build: the process that asked for it gone (killed, crashed) ends its forked job
         # and its warm worker (a pid and its start time: a reused pid is another process)
-        for guard in guards.values():
+        for guard in [*guards.values(), *(w.guard for w in workers.values() if w.guard)]:
             if owner_gone(guard.client) or guard.exceeded():
                 guard.kill()
         for worker in workers.values():
@@ -462,9 +434,8 @@ def serve(path: Path, alias: str) -> None:
                 while os.read(wake[0], 4096):
                     pass
         for worker in list(workers.values()):
-            if worker.control in readable and worker.control in leased and worker.control.recv(64):
-                worker.free()  # its client let it go
-                last_job = time.monotonic()
+            if worker.control in readable and worker.control in leased and worker.heard(worker.control.recv(4096)):
+                last_job = time.monotonic()  # its client let it go
         if listener in readable:
             connection, _ = listener.accept()
             connection.settimeout(10)

@@ -18,6 +18,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from typing import Any
 
 WORKER_MAX_JOBS = 200
@@ -142,7 +143,10 @@ def run_many(control: socket.socket, server_sockets: list[socket.socket], wake: 
             client = socket.socket(fileno=descriptors[0])
             client.setblocking(True)
             for line in client.makefile("rb"):  # until the client lets it go
-                code, peak_kb, result = _one_of_many(json.loads(line))
+                request = json.loads(line)
+                _tell(control, {"job": request.get("limits") or {}})  # the server holds its limits meanwhile
+                code, peak_kb, result = _one_of_many(request)
+                _tell(control, {"idle": True})
                 jobs += 1
                 retire = code != 0 or jobs >= WORKER_MAX_JOBS or _status_kb("VmRSS:") > bound_kb
                 answer = {"code": code, "maxrss": peak_kb, "retire": retire,
@@ -151,10 +155,42 @@ def run_many(control: socket.socket, server_sockets: list[socket.socket], wake: 
                 if retire:
                     return
             client.close()
-            control.sendall(b"free\n")
+            _tell(control, {"free": True})
     finally:
         os._exit(0)
 
+
+def _tell(control: socket.socket, message: dict[str, Any]) -> None:
+    control.sendall(json.dumps(message).encode() + b"\n")
+
+
+LIMIT_GRACE_S = 2.0  # the server's own limits trail the client's, so a living client reports first
+
+
+class JobGuard:
+    """A job's time and memory limits, enforced by the server itself on a forked child or a warm worker, and its
+    client (`owner_tag`): they hold even when the build process that asked for the job has died."""
+
+    def __init__(self, pid: int, limits: dict[str, float | None], client: str):
+        self.pid, self.client = pid, client
+        timeout = limits.get("timeout_s")
+        self.deadline = time.monotonic() + timeout + LIMIT_GRACE_S if timeout else None
+        memory = limits.get("max_memory_gb")
+        self.max_bytes = memory * 2**30 * 1.1 if memory else None
+        self.killed = False
+
+    def exceeded(self) -> bool:
+        if self.killed:
+            return False
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            return True
+        return self.max_bytes is not None and resident_bytes(self.pid) > self.max_bytes
+
+    def kill(self) -> None:
+        if not self.killed:
+            self.killed = True
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
 
 class WorkerHandle:
     """The server's side of a warm worker: its control socket, and the connection of the client it is leased to
@@ -164,17 +200,26 @@ class WorkerHandle:
         self.pid, self.control = pid, control
         self.client: socket.socket | None = None
         self.client_tag = ""  # the leasing process (`owner_tag`): gone, the worker is killed
+        self.guard: JobGuard | None = None  # the limits of the job it runs now
+        self.heard_so_far = b""
 
     def lease(self, connection: socket.socket, client_tag: str) -> None:
         self.client, self.client_tag = connection, client_tag
         with contextlib.suppress(OSError):  # if it has just died, its end is reported when it is reaped
             socket.send_fds(self.control, [b"lease"], [connection.fileno()])
 
-    def free(self) -> None:
-        """Its client let it go."""
-        self.client.close()
-        self.client = None
-        self.client_tag = ""
+    def heard(self, data: bytes) -> bool:
+        """Take what the worker said on its control socket (a job started with its limits, ended, or the client
+        let it go); whether it is free now."""
+        *lines, self.heard_so_far = (self.heard_so_far + data).split(b"\n")
+        freed = False
+        for line in lines:
+            message = json.loads(line)
+            self.guard = JobGuard(self.pid, message["job"], self.client_tag) if "job" in message else None
+            if "free" in message:
+                self.client.close()
+                self.client, self.client_tag, freed = None, "", True
+        return freed
 
     def end(self, status_line: bytes) -> None:
         """It has exited: its client (if any) reads this as the end of the job it ran; the server lets it go."""
