@@ -46,7 +46,7 @@ from .fast_path import (
 from .manifest.builds import Build
 from .manifest.eps import lookup
 from .manifest.parse import Manifest, load
-from .manifest.targets import plan
+from .manifest.targets import plan, resolve_targets
 from .report.build_report import BuildReport, usage_text
 from .report.progress import LiveProgress, live_wanted, load_durations, save_durations
 from .report.task_graph import write_graph
@@ -466,6 +466,9 @@ class Project:
         self.root = self.manifest.root
         self.requested = frozenset(requested)
         self.rel = _Relative(Path.cwd())
+        resolved = resolve_targets(self.manifest)
+        for warning in (w for target in resolved.values() for w in target.warnings):
+            print(warning, file=sys.stderr)
         self.layout = Layout(self.root / "artifacts")
         if self.layout.root.is_symlink():
             raise UserError(self.manifest.path.name, None, f"{self.layout.root} is a symbolic link (to "
@@ -499,7 +502,7 @@ class Project:
                 raise UserError(self.manifest.path.name, f"models.{name}.path", f"{exc.file}: {exc.message}") from None
         if self.writable:
             index.save()
-        self.builds = plan(self.manifest, external)
+        self.builds = plan(self.manifest, external, resolved)
         if executor:  # the workers' toolchains and devices count, not this host's
             try:
                 self.builds = with_worker_toolchains(self.builds, executor)

@@ -9,6 +9,7 @@ import random
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -238,3 +239,59 @@ def test_qnn_option_values_the_ep_would_ignore_are_refused(project, option, expe
     project.manifest(_with(SHIPPED, shipped_options, f"options = {{ {option} }}"))
     done = project.doit("list", check=False)
     assert done.returncode == 2 and done.stderr.strip() == f"error: models.toml: {expected}"
+
+
+def _written(root: Path) -> dict[str, int]:
+    return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in root.rglob("*") if "__pycache__" not in p.parts}
+
+
+WHERE = re.compile(r"^error: models\.toml: (TOML syntax error: .*line \d+|[^\s:]+: \S)")  # a key path, or the line
+
+
+@pytest.mark.slow
+def test_every_fuzzed_manifest_through_doit_exits_2_in_one_line_and_writes_nothing(project):
+    """The same 300 mutations as `doit list` runs them (~1 min): a refusal is exit 2, one `error: models.toml:` line
+    with the key path (or the TOML line), nothing written; an accepted manifest lists its tasks."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    mutants = _mutants()
+    folders = []
+    for index, text in enumerate(mutants):
+        folder = project.root.parent / f"m{index}"
+        shutil.copytree(project.root, folder, symlinks=True)
+        (folder / "models.toml").write_text(text, encoding="utf-8")
+        folders.append(folder)
+    before = [_written(folder) for folder in folders]
+
+    def listing(folder: Path) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "doit", "list"], cwd=folder, env=project.env,
+                              capture_output=True, text=True, timeout=120)
+
+    with ThreadPoolExecutor(os.cpu_count() or 2) as pool:
+        results = list(pool.map(listing, folders))
+    refused = 0
+    for index, done in enumerate(results):
+        assert "Traceback" not in done.stdout + done.stderr and "internal error" not in done.stderr, (index, done)
+        if done.returncode == 0:
+            assert "compile:" in done.stdout or "unavailable" in done.stdout, (index, done.stdout[-300:])
+            continue
+        refused += 1
+        assert done.returncode == 2, (index, done.returncode, done.stderr)
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and WHERE.match(lines[0]), (index, lines)
+        assert _written(folders[index]) == before[index], (index, lines)
+    assert refused > MUTATIONS // 2
+
+
+def test_a_soc_model_no_device_has_is_built_with_one_warning_naming_the_known_ones(project):
+    manifest = ('[models.tinycnn]\npath = "models/tinycnn.onnx"\ntargets = ["npu"]\n'
+                '[targets.npu]\nep = "qnn"\noptions = { soc_model = SOC }\n')
+    project.manifest(manifest.replace("SOC", "61"))
+    done = project.doit("list")
+    assert "compile:tinycnn@npu" in done.stdout
+    (warning,) = done.stderr.strip().splitlines()
+    assert warning.startswith("warning: models.toml: targets.npu.options.soc_model: 61 is not a soc_model epbuild "
+                              "knows, and QNNExecutionProvider compiles without checking it; known: 30 (SM8350), ")
+    assert "60 (SC8380XP)" in warning
+    project.manifest(manifest.replace("SOC", "60"))
+    assert project.doit("list").stderr == ""

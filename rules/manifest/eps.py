@@ -32,6 +32,9 @@ class EpInfo:
     # the documented values of options whose other values the EP ignores without a word (QNN's `backend_type =
     # "tpu"` compiles for the HTP); a pattern where only the form is known (a SoC model is a number)
     option_values: dict[str, tuple[str, ...] | re.Pattern[str]] = field(default_factory=dict)
+    # values known to be meaningful where the EP accepts any of the form without a word (an unknown SoC model
+    # compiles for some default SoC): another value gets a warning, not a refusal, since new SoCs appear
+    known_values: dict[str, dict[str, str]] = field(default_factory=dict)
     required_defaults: dict[str, str] = field(default_factory=dict)
     runtime_options: frozenset[str] = frozenset()  # options a runtime must pass again when loading the artifact
     binary_suffix: str | None = None  # context binary: <stem><suffix>, None when the EP writes none
@@ -79,6 +82,16 @@ QNN_OPTION_VALUES: dict[str, tuple[str, ...] | re.Pattern[str]] = {  # onnxrunti
     "vtcm_mb": re.compile(r"[0-9]+"),
     "device_id": re.compile(r"[0-9]+"),
 }
+# QNN's SoC model numbers (QnnTypes.h's QNN_SOC_MODEL_*, as the QNN SDK's "Supported Snapdragon devices" table
+# lists them) and HTP architectures
+QNN_KNOWN_VALUES = {
+    "soc_model": {"30": "SM8350", "36": "SM8450", "39": "SA8295", "42": "SM8475", "43": "SM8550", "45": "SXR1230P",
+                  "46": "SSG2115P", "52": "SA8255", "53": "SXR2230P", "57": "SM8650", "58": "SSG2125P",
+                  "60": "SC8380XP", "62": "SA8540", "68": "SM8635", "69": "SM8750", "72": "SA8797", "75": "SXR2330P",
+                  "77": "QCS9100", "85": "SM8735", "87": "SM8850", "93": "QCM6490", "95": "SAR2230P",
+                  "96": "SW6100", "97": "SM8845"},
+    "htp_arch": {arch: f"v{arch}" for arch in ("68", "69", "73", "75", "79", "81")},
+}
 QNN_OPTIONS = frozenset(
     {
         # change the compiled bytes
@@ -111,7 +124,7 @@ REGISTRY: dict[str, EpInfo] = {
         EpInfo(
             "qnn", "QNNExecutionProvider", "npu", ("npu", "gpu", "cpu"), "pypi",
             package="onnxruntime-qnn", module="onnxruntime_qnn",
-            known_options=QNN_OPTIONS, option_values=QNN_OPTION_VALUES,
+            known_options=QNN_OPTIONS, option_values=QNN_OPTION_VALUES, known_values=QNN_KNOWN_VALUES,
             required_defaults={"backend_type": "htp"},
             runtime_options=frozenset({"backend_type", "backend_path", "htp_performance_mode",
                                        "rpc_control_latency", "qnn_context_priority", "device_id",

@@ -82,7 +82,7 @@ def resolve_target(spec: TargetSpec, manifest: Manifest) -> ResolvedTarget:
     elif spec.optimization_level is not None:
         raise UserError(file, f"{where}.optimization_level", "applies only to ep = \"cpu\"")
     options = _options(spec, ep, file, where)
-    return ResolvedTarget(
+    return ResolvedTarget(warnings=_unknown_values(options, ep, file, where),
         name=spec.name, ep=ep, source=source, device=device, compiler=spec.compiler, embed=spec.embed,
         options=dict(sorted(options.items())), option_files=_option_files(spec, options, manifest),
         optimization_level=(spec.optimization_level or CPU_DEFAULT_LEVEL) if ep.is_cpu else None,
@@ -115,6 +115,17 @@ def _options(spec: TargetSpec, ep: EpInfo, file: str, where: str) -> dict[str, s
     if not ({"backend_type", "backend_path"} & options.keys()):
         options.update(ep.required_defaults)
     return options
+
+
+def _unknown_values(options: dict[str, str], ep: EpInfo, file: str, where: str) -> tuple[str, ...]:
+    """Warnings for values of the right form that no documented device has: the EP takes them without a word."""
+    found = []
+    for key, known in ep.known_values.items():
+        if key in options and options[key] not in known:
+            listed = ", ".join(f"{value} ({name})" for value, name in known.items())
+            found.append(f"warning: {file}: {where}.options.{key}: {options[key]} is not a {key} epbuild knows, "
+                         f"and {ep.name} compiles without checking it; known: {listed}")
+    return tuple(found)
 
 
 def _option_files(spec: TargetSpec, options: dict[str, str], manifest: Manifest) -> dict[str, Path]:
@@ -183,16 +194,25 @@ def check_group(spec: GroupSpec, manifest: Manifest, target: ResolvedTarget) -> 
                                                  "rejects it): use a target with embed = false")
 
 
-def plan(manifest: Manifest, external: dict[str, tuple[Path, ...]] | None = None) -> list[Build]:
-    """Every build the manifest asks for: each (model, target) compile in manifest order, then each group;
-    `external` holds each model's external-data files."""
-    external = external or {}
+def resolve_targets(manifest: Manifest) -> dict[str, ResolvedTarget]:
+    """Every target resolved and every group checked against its target: the manifest's errors that need no
+    model file, found before anything is read or written."""
     resolved = {name: resolve_target(spec, manifest) for name, spec in manifest.targets.items()}
+    for spec in manifest.groups.values():
+        check_group(spec, manifest, resolved[spec.target])
+    return resolved
+
+
+def plan(manifest: Manifest, external: dict[str, tuple[Path, ...]] | None = None,
+         resolved: dict[str, ResolvedTarget] | None = None) -> list[Build]:
+    """Every build the manifest asks for: each (model, target) compile in manifest order, then each group;
+    `external` holds each model's external-data files, `resolved` the targets (`resolve_targets`)."""
+    external = external or {}
+    resolved = resolved or resolve_targets(manifest)
     builds = [_build(f"{model.name}@{name}", resolved[name], [model], manifest, external, shared=False)
               for model in manifest.models.values() for name in model.targets]
     for spec in manifest.groups.values():
         target = resolved[spec.target]
-        check_group(spec, manifest, target)
         builds.append(_build(spec.name, target, [manifest.models[m] for m in spec.models], manifest, external,
                              shared=True))
     return builds
