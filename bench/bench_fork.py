@@ -77,12 +77,12 @@ def clean_build(folder: Path, mode: str, args: list[str], builds: int = 1) -> fl
 
 def floor_work(folder: Path) -> float:
     """In this process: the compiles and validations, then the same again, timed (the work once warm)."""
-    from rules.build.compile import _compile_in_child
-    from rules.build.compilers import compile_request
-    from rules.build.validate import _validate_in_child, validation_request
-    from rules.manifest.parse import load
-    from rules.manifest.targets import plan
-    from rules.store.layout import Layout
+    from epbuild.manifest.parse import load
+    from epbuild.manifest.targets import plan
+    from epbuild.steps.compile import _compile_in_child
+    from epbuild.steps.compilers import compile_request
+    from epbuild.steps.validate import _validate_in_child, validation_request
+    from epbuild.store.layout import Layout
 
     layout = Layout(folder / "artifacts")
     builds = plan(load(folder / "models.toml"))
@@ -118,7 +118,7 @@ def server_start() -> float:
     with tempfile.TemporaryDirectory() as tmp:
         socket_path = Path(tmp) / "s.sock"
         start = time.perf_counter()
-        server = subprocess.Popen([sys.executable, "-m", "rules.execute.fork_server", str(socket_path), "qnn"],
+        server = subprocess.Popen([sys.executable, "-m", "epbuild.execute.fork_server", str(socket_path), "qnn"],
                                   env=environment(), stdout=subprocess.PIPE, text=True)
         line = server.stdout.readline()
         seconds = time.perf_counter() - start
@@ -133,7 +133,7 @@ def empty_job(mode: str, repeats: int = 20) -> float:
     """Median seconds of a job that does nothing (tests/crash_child sleeping 0 s): the start-up alone."""
     import statistics
 
-    from rules.execute.child import Limits, run_child
+    from epbuild.execute.child import Limits, run_child
 
     os.environ["EPBUILD_FORK_SERVER"] = mode
     os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests"), str(REPO)])

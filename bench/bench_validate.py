@@ -22,12 +22,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from rules.build.compilers import compiler  # noqa: E402
-from rules.build.validate import _validate_in_child, validate, validation_request  # noqa: E402
-from rules.execute.host import capabilities  # noqa: E402
-from rules.manifest.parse import load  # noqa: E402
-from rules.manifest.targets import plan  # noqa: E402
-from rules.store.layout import Layout  # noqa: E402
+from epbuild.execute.host import capabilities  # noqa: E402
+from epbuild.manifest.parse import load  # noqa: E402
+from epbuild.manifest.targets import plan  # noqa: E402
+from epbuild.steps.compilers import compiler  # noqa: E402
+from epbuild.steps.validate import _validate_in_child, validate, validation_request  # noqa: E402
+from epbuild.store.layout import Layout  # noqa: E402
 
 sys.path.insert(0, str(REPO / "bench"))
 from record import save  # noqa: E402

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+SOURCE = REPO / "rules"  # the folder that holds the epbuild package: children and doit import it from there
+sys.path.insert(0, str(SOURCE))
 sys.path.insert(0, str(REPO / "tests"))
 
 
@@ -28,7 +29,7 @@ class Project:
         if host_cache.exists():
             shutil.copy(host_cache, state / "host.json")
         self.cache = root.with_name(f"{root.name}-cache")
-        self.env = {**os.environ, "PYTHONPATH": str(REPO), "EPBUILD_CACHE_DIR": str(self.cache)}
+        self.env = {**os.environ, "PYTHONPATH": str(SOURCE), "EPBUILD_CACHE_DIR": str(self.cache)}
 
     @property
     def artifacts(self) -> Path:
@@ -69,8 +70,8 @@ def ran(done: subprocess.CompletedProcess, prefix: str = "") -> set[str]:
 @pytest.fixture(scope="session")
 def host_cache(tmp_path_factory) -> Path:
     """Probe the host once per test session; every project starts with the result."""
-    from rules.build import vendor_shim
-    from rules.execute.host import capabilities
+    from epbuild.execute.host import capabilities
+    from epbuild.steps import vendor_shim
 
     state = tmp_path_factory.mktemp("host")
     vendor_shim.prepare(tmp_path_factory.mktemp("cache"))  # as doit does on non-Intel hosts
@@ -90,7 +91,7 @@ def openvino_reason(host_cache) -> str | None:
     """Why OpenVINO cannot build here (its plugin offers devices on Intel hardware only), None where it can."""
     import json
 
-    from rules.execute.host import unavailable_reason
-    from rules.manifest.eps import REGISTRY
+    from epbuild.execute.host import unavailable_reason
+    from epbuild.manifest.eps import REGISTRY
 
     return unavailable_reason(REGISTRY["openvino"], "pypi", "cpu", json.loads(host_cache.read_text()))

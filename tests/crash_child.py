@@ -6,7 +6,7 @@ import os
 import signal
 import time
 
-from rules.execute.child import serve
+from epbuild.execute.child import serve
 
 
 def _misbehave(request: dict) -> dict:

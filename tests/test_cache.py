@@ -12,10 +12,10 @@ import time
 import pytest
 
 from conftest import Project, ran
+from epbuild.errors import BuildError
+from epbuild.store.cache import ENTRIES, RECORD, ArtifactCache
+from epbuild.store.hashing import FileHashes
 from helpers import TWO_MODELS_CPU_QNN, perturb_weights, tree_bytes
-from rules.errors import BuildError
-from rules.store.cache import ENTRIES, RECORD, ArtifactCache
-from rules.store.hashing import FileHashes
 
 MANIFEST = """
 [models.tinycnn]
@@ -165,7 +165,7 @@ def test_no_op_run_hashes_nothing_and_a_touched_tree_is_hashed_once(tmp_path, ho
 
 
 def test_the_hash_memory_is_compacted_when_superseded_lines_pile_up(tmp_path, monkeypatch):
-    from rules.store import hashing
+    from epbuild.store import hashing
 
     monkeypatch.setattr(hashing, "COMPACT_SLACK", 5)
     kept, gone = tmp_path / "kept.bin", tmp_path / "gone.bin"
@@ -189,7 +189,7 @@ def test_the_hash_memory_is_compacted_when_superseded_lines_pile_up(tmp_path, mo
 def test_a_file_under_several_names_is_read_once_until_it_changes(tmp_path, monkeypatch):
     """With `[cache] hard_links` the cache stores, publishes and restores by hard links: one read per file, not one
     per name."""
-    from rules.store import hashing
+    from epbuild.store import hashing
 
     reads: list[str] = []
     real = hashing.sha256_file

@@ -1,4 +1,4 @@
-"""Builds on a real Dask cluster on loopback: a scheduler and `python -m rules.execute.worker` processes, each with
+"""Builds on a real Dask cluster on loopback: a scheduler and `python -m epbuild.execute.worker` processes, each with
 its own working folder and its own resources; and CI shards."""
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, build_report, clone, ran
+from conftest import REPO, SOURCE, build_report, clone, ran
+from epbuild.errors import BuildError
+from epbuild.execute.worker import _check_versions, relocate
+from epbuild.steps import vendor_shim
 from helpers import TWO_MODELS_CPU_QNN, single_op_model, tree_bytes
-from rules.build import vendor_shim
-from rules.errors import BuildError
-from rules.execute.worker import _check_versions, relocate
 
 MANIFEST = TWO_MODELS_CPU_QNN + """
 [executor]
@@ -54,15 +54,15 @@ class Cluster:
         """A worker named `name`; `fake_versions` installs package metadata claiming other versions first on its
         path, as on a host where another release is installed."""
         workdir = self.tmp_path / f"worker-{name}"
-        env = {**os.environ, "PYTHONPATH": str(REPO), **env}
+        env = {**os.environ, "PYTHONPATH": str(SOURCE), **env}
         if fake_versions:
             site = self.tmp_path / f"site-{name}"
             for package, version in fake_versions.items():
                 info = site / f"{package.replace('-', '_')}-{version}.dist-info"
                 info.mkdir(parents=True)
                 (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package}\nVersion: {version}\n")
-            env["PYTHONPATH"] = f"{site}{os.pathsep}{REPO}"
-        self._start(f"worker-{name}", [sys.executable, "-m", "rules.execute.worker", self.address, "--workdir",
+            env["PYTHONPATH"] = f"{site}{os.pathsep}{SOURCE}"
+        self._start(f"worker-{name}", [sys.executable, "-m", "epbuild.execute.worker", self.address, "--workdir",
                                        str(workdir), "--name", name, "--nthreads", "1", "--no-nanny", "--no-dashboard",
                                        "--host", "127.0.0.1"], env)
         return workdir
@@ -206,7 +206,7 @@ def test_a_device_only_a_worker_offers_is_built_there(tmp_path, host_cache, clus
 
 
 def test_a_worker_refuses_a_job_whose_versions_or_epbuild_code_differ_from_its_own():
-    from rules.execute.provenance import code_digest
+    from epbuild.execute.provenance import code_digest
 
     with pytest.raises(BuildError, match=r"needs onnxruntime 0\.0\.1, this worker has 1"):
         _check_versions({"task": "compile:m@cpu", "resources": {"pkg:onnxruntime:0.0.1": 1}, "code": code_digest()})
@@ -264,8 +264,8 @@ def test_shards_partition_the_build_and_their_union_is_everything(tmp_path, host
 
 
 def test_relocate_moves_every_path_under_the_project_and_nothing_else(tmp_path):
-    from rules.manifest.parse import load
-    from rules.manifest.targets import plan
+    from epbuild.manifest.parse import load
+    from epbuild.manifest.targets import plan
 
     (tmp_path / "models").mkdir()
     shutil.copy(REPO / "models" / "tinycnn.onnx", tmp_path / "models" / "m.onnx")

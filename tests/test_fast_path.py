@@ -1,4 +1,4 @@
-"""The no-op stamp and the cached listing (rules.fast_path): taken only when nothing task creation or doit's
+"""The no-op stamp and the cached listing (epbuild.fast_path): taken only when nothing task creation or doit's
 checks read has changed, and every change that matters takes the full path again."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import os
 import pytest
 
 from conftest import ran
+from epbuild.fast_path import is_default_run
 from helpers import TWO_MODELS_CPU_QNN, perturb_weights
-from rules.fast_path import is_default_run
 
 FAST = "no input, output or setting changed since the last full check"
 MANIFEST = TWO_MODELS_CPU_QNN + """

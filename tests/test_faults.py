@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import clone, ran
-from rules.store.owners import owner_gone, owner_tag
+from epbuild.store.owners import owner_gone, owner_tag
 
 MANIFEST = '[models.tinycnn]\npath = "models/tinycnn.onnx"\ntargets = ["cpu"]\n[targets.cpu]\nep = "cpu"\n'
 
@@ -77,7 +77,7 @@ def test_a_full_cache_builds_without_storing(tmp_path, host_cache):
 
 
 def test_the_openvino_vendor_shim_is_built_where_it_can_be(tmp_path):
-    from rules.build import vendor_shim
+    from epbuild.steps import vendor_shim
 
     if not vendor_shim.needed():
         pytest.skip("this host's CPU needs no vendor-id shim for OpenVINO")

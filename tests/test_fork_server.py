@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, Project
+from conftest import REPO, SOURCE, Project
+from epbuild.errors import BuildError
+from epbuild.execute.child import Limits, run_child
+from epbuild.execute.fork_server import SWITCH, fork_job
 from helpers import OPENVINO_CPU_TARGET, TWO_MODELS_CPU_QNN, tree_bytes
-from rules.errors import BuildError
-from rules.execute.child import Limits, run_child
-from rules.execute.fork_server import SWITCH, fork_job
 
 MANIFEST = TWO_MODELS_CPU_QNN + """
 """ + OPENVINO_CPU_TARGET + """
@@ -57,7 +57,7 @@ def test_warm_workers_forked_and_fresh_children_give_byte_identical_artifacts(tm
 @pytest.fixture
 def crash_child(monkeypatch):
     """tests/ on this process's path: the forked child gets it from the request, a fresh one from PYTHONPATH."""
-    monkeypatch.setenv("PYTHONPATH", f"{REPO / 'tests'}{os.pathsep}{REPO}")
+    monkeypatch.setenv("PYTHONPATH", f"{REPO / 'tests'}{os.pathsep}{SOURCE}")
 
 
 @pytest.mark.parametrize("mode", ["1", "fork", "0"])
@@ -118,7 +118,7 @@ def test_a_warm_worker_is_leased_to_one_thread_at_a_time(tmp_path, monkeypatch, 
     worker); a worker its client let go serves the next client."""
     import threading
 
-    from rules.execute import fork_server
+    from epbuild.execute import fork_server
 
     monkeypatch.setenv(SWITCH, "1")
 
@@ -161,21 +161,21 @@ def test_a_forked_job_starts_in_milliseconds(tmp_path, crash_child):
 
 
 def test_an_ep_whose_registration_starts_threads_keeps_plain_children(tmp_path):
-    script = ("import sys, threading, time\nfrom pathlib import Path\nimport rules.execute.host\n"
-              "rules.execute.host.register_plugin = lambda ort, info: threading.Thread(target=time.sleep, args=(30,), "
-              "daemon=True).start()\n"
-              "from rules.execute.fork_server import serve\nserve(Path(sys.argv[1]), 'qnn')\n")
+    script = ("import sys, threading, time\nfrom pathlib import Path\nimport epbuild.execute.host\n"
+              "epbuild.execute.host.register_plugin = lambda ort, info: threading.Thread(target=time.sleep, "
+              "args=(30,), daemon=True).start()\n"
+              "from epbuild.execute.fork_server import serve\nserve(Path(sys.argv[1]), 'qnn')\n")
     socket_path = tmp_path / "server.sock"
     done = subprocess.run([sys.executable, "-c", script, str(socket_path)], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(SOURCE)})
     assert done.returncode == 0 and not socket_path.exists()
     assert "refused: registering QNNExecutionProvider started 1 thread(s)" in done.stdout
 
 
 def test_a_server_whose_socket_is_replaced_leaves(tmp_path):
     socket_path = tmp_path / "server.sock"
-    server = subprocess.Popen([sys.executable, "-m", "rules.execute.fork_server", str(socket_path), ""],
-                              env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, text=True)
+    server = subprocess.Popen([sys.executable, "-m", "epbuild.execute.fork_server", str(socket_path), ""],
+                              env={**os.environ, "PYTHONPATH": str(SOURCE)}, stdout=subprocess.PIPE, text=True)
     try:
         assert "serving cpu jobs" in server.stdout.readline()
         socket_path.unlink()
@@ -193,19 +193,19 @@ def test_without_fork_the_plain_child_path_runs(tmp_path, monkeypatch, crash_chi
 
 
 def test_a_first_full_build_starts_its_fork_servers_while_it_loads(project, monkeypatch):
-    import rules.tasks
+    import epbuild.tasks
 
     started: list[set[str]] = []
-    monkeypatch.setattr(rules.tasks, "prestart", started.append)
+    monkeypatch.setattr(epbuild.tasks, "prestart", started.append)
     monkeypatch.chdir(project.root)
     project.manifest(TWO_MODELS_CPU_QNN)
     manifest = project.root / "models.toml"
-    rules.tasks.Project(manifest, ["-n", "2"])
+    epbuild.tasks.Project(manifest, ["-n", "2"])
     assert started == [{"", "qnn"}]  # the CPU-only work's server and QNN's
-    rules.tasks.Project(manifest, ["compile:tinycnn@cpu"])  # one task named: maybe nothing else runs
-    rules.tasks.Project(manifest, ["list"])
+    epbuild.tasks.Project(manifest, ["compile:tinycnn@cpu"])  # one task named: maybe nothing else runs
+    epbuild.tasks.Project(manifest, ["list"])
     project.doit("compile:tinycnn@cpu")  # a settings record exists now: a later build may have little to do
-    rules.tasks.Project(manifest, [])
+    epbuild.tasks.Project(manifest, [])
     assert len(started) == 1
 
 
@@ -213,7 +213,7 @@ def test_a_prestarted_server_serves_the_first_job(monkeypatch, crash_child):
     import shutil
     import tempfile
 
-    from rules.execute import fork_server
+    from epbuild.execute import fork_server
 
     servers = Path(tempfile.mkdtemp(prefix="epb", dir="/tmp"))  # a server of this test's own (socket paths are short)
     monkeypatch.setattr(tempfile, "tempdir", str(servers))
@@ -234,7 +234,7 @@ def test_a_prestarted_server_serves_the_first_job(monkeypatch, crash_child):
 def test_a_long_tmpdir_keeps_the_sockets_under_tmp(tmp_path, monkeypatch):
     import tempfile
 
-    from rules.execute import fork_server
+    from epbuild.execute import fork_server
 
     long_root = tmp_path / ("deep" * 20)
     long_root.mkdir()

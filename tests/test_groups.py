@@ -9,12 +9,12 @@ import shutil
 import pytest
 
 from conftest import REPO, ran
+from epbuild.errors import UserError
+from epbuild.manifest.parse import load
+from epbuild.manifest.targets import plan
+from epbuild.steps.validate import validate
+from epbuild.store.layout import Layout
 from helpers import ep_context_nodes, perturb_weights
-from rules.build.validate import validate
-from rules.errors import UserError
-from rules.manifest.parse import load
-from rules.manifest.targets import plan
-from rules.store.layout import Layout
 
 MEMBERS = """
 [models.tinycnn]

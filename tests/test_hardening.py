@@ -20,8 +20,8 @@ import onnx
 import pytest
 
 from conftest import Project, ran
+from epbuild.store.cache import ENTRIES, RECORD
 from helpers import model_with_location, setup_failing_checker, tree_bytes
-from rules.store.cache import ENTRIES, RECORD
 
 GOOD = '[models.tinycnn]\npath = "models/tinycnn.onnx"\ntargets = ["cpu"]\n\n[targets.cpu]\nep = "cpu"\n'
 QNN = '\n[targets.qnn]\nep = "qnn"\noptions = { soc_model = 60 }\n'
@@ -234,7 +234,7 @@ def test_a_compile_child_killed_by_a_signal_fails_that_task_and_the_rest_builds(
                      '[models.encoder]\npath = "models/encoder.onnx"\n')
     run = subprocess.Popen([sys.executable, "-m", "doit", "--continue"], cwd=project.root, env=project.env,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert kill_child_when_running(run, "rules.build.compile", sig)
+    assert kill_child_when_running(run, "epbuild.steps.compile", sig)
     stdout, stderr = run.communicate(timeout=600)
     assert run.returncode != 0 and f"the child process was killed by {name}" in stdout + stderr
     assert "Traceback" not in stdout + stderr
@@ -249,7 +249,7 @@ def test_a_validation_child_killed_fails_that_validation_and_the_next_run_retrie
     project.doit("compile")
     run = subprocess.Popen([sys.executable, "-m", "doit", "--continue"], cwd=project.root, env=project.env,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert kill_child_when_running(run, "rules.build.validate", signal.SIGKILL)
+    assert kill_child_when_running(run, "epbuild.steps.validate", signal.SIGKILL)
     stdout, stderr = run.communicate(timeout=600)
     assert "the child process was killed by SIGKILL" in stdout + stderr
     report = json.loads((project.artifacts / "qnn" / "tinycnn" / "validation.json").read_text())

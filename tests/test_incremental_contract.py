@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from test_trust import external_data_model, rewrite_keeping_size_and_mtime
 
-from conftest import REPO, Project, clone, ran
+from conftest import SOURCE, Project, clone, ran
 from helpers import perturb_weights, tree_bytes
 from real_models import sample_rate_branches
 
@@ -134,8 +134,8 @@ def _epbuild_code(module: str) -> Callable[[Project], Callable[[], None]]:
     def change(project: Project) -> Callable[[], None]:
         copy = project.root.parent / "upgraded"
         if not copy.exists():
-            shutil.copytree(REPO / "rules", copy / "rules", ignore=shutil.ignore_patterns("__pycache__"))
-        path = copy / "rules" / module
+            shutil.copytree(SOURCE / "epbuild", copy / "epbuild", ignore=shutil.ignore_patterns("__pycache__"))
+        path = copy / "epbuild" / module
         saved = path.read_bytes()
         path.write_bytes(saved + b"\n# a new release\n")
         previous = project.env["PYTHONPATH"]
@@ -194,7 +194,7 @@ CHANGES = {  # change -> the tasks that must execute
         _manifest_edit(QNN_TARGET, 'min_offload = 0.5\n' + QNN_TARGET), {"compile:tinycnn@qnn-htp"}),
     "an unrelated environment variable": (_environment, set()),
     "a model touched, bytes unchanged": (_touch, set()),
-    "epbuild code the jobs run": (_epbuild_code("build/graph.py"), TINYCNN | EXT | DYN | VAD),
+    "epbuild code the jobs run": (_epbuild_code("steps/graph.py"), TINYCNN | EXT | DYN | VAD),
     "another onnx version": (_other_onnx, TINYCNN | EXT | DYN | VAD),
     "epbuild code of the reports": (_epbuild_code("report/views.py"), set()),
     # the compile restores the folder; its validation report, replaced with it, is restored from the cache

@@ -13,14 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from rules.store import locks
-from rules.store.locks import SHARED_FILE, fingerprint_lock
+from conftest import SOURCE
+from epbuild.store import locks
+from epbuild.store.locks import SHARED_FILE, fingerprint_lock
 
 REPO = Path(__file__).resolve().parent.parent
 HOLDER = """
 import sys
 from pathlib import Path
-from rules.store.locks import fingerprint_lock
+from epbuild.store.locks import fingerprint_lock
 with fingerprint_lock(Path(sys.argv[1]), sys.argv[2]):
     print("held", flush=True)
     sys.stdin.read()
@@ -74,9 +75,9 @@ def test_threads_wait_for_the_same_fingerprint_and_not_for_another(tmp_path, mod
 
 def test_another_process_holding_the_lock_excludes_this_one_until_it_is_killed(tmp_path, mode):
     key = fingerprint("shared")
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": str(SOURCE)}
     switch = {"ofd": "", "flock": "l._OFD = False\n", "filelock": "l._OFD = False\nl.fcntl = None\n"}[mode]
-    script = "import rules.store.locks as l\n" + switch + HOLDER
+    script = "import epbuild.store.locks as l\n" + switch + HOLDER
     holder = subprocess.Popen([sys.executable, "-c", script, str(tmp_path), key], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True, env=env)
     try:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from conftest import REPO
-from rules.errors import UserError
-from rules.manifest.parse import load
-from rules.manifest.targets import plan
+from epbuild.errors import UserError
+from epbuild.manifest.parse import load
+from epbuild.manifest.targets import plan
 
 MODEL = '[models.m]\npath = "models/tinycnn.onnx"\n'
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from rules.errors import UserError
-from rules.manifest.parse import load
+from epbuild.errors import UserError
+from epbuild.manifest.parse import load
 
 SHIPPED = (REPO / "models.toml").read_text()
 TARGET_LINE = 'optimization_level = "extended"'
@@ -129,9 +129,9 @@ def _mutants(seed: int = 26) -> list[str]:
 
 
 def test_a_fuzzed_manifest_is_built_or_refused_in_one_line_never_a_traceback(folder, host_cache):
-    """300 fixed-seed mutations through everything task creation does (`rules.tasks.Project`, as `doit list`;
+    """300 fixed-seed mutations through everything task creation does (`epbuild.tasks.Project`, as `doit list`;
     ~6 s, so in the default suite)."""
-    from rules.tasks import Project
+    from epbuild.tasks import Project
 
     state = folder / "artifacts" / ".state"
     state.mkdir(parents=True)

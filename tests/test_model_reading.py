@@ -13,10 +13,10 @@ import onnx
 import pytest
 
 from conftest import REPO
+from epbuild.execute.fork_server import SWITCH
+from epbuild.store import external_data
+from epbuild.store.external_data import ExternalDataIndex, read_models
 from helpers import TWO_MODELS_CPU_QNN, model_with_location, setup_failing_checker
-from rules.execute.fork_server import SWITCH
-from rules.store import external_data
-from rules.store.external_data import ExternalDataIndex, read_models
 
 EXPECTED = {
     "tinycnn.onnx": {"locations": []},
@@ -90,7 +90,7 @@ def test_a_first_build_never_imports_onnx_in_the_doit_process(project):
                           cwd=project.root, env=project.env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
     imported = {line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines() if line.startswith("import time")}
-    assert "rules.tasks" in imported and not {"onnx", "numpy", "onnxruntime"} & imported
+    assert "epbuild.tasks" in imported and not {"onnx", "numpy", "onnxruntime"} & imported
     assert (project.artifacts / ".state" / "external-data.json").is_file()
 
 

@@ -1,5 +1,6 @@
 """OpenVINO on this host: on non-Intel x86-64 CPUs through epbuild's vendor-id shim, which is compiled from
-rules/build/shims/openvino_vendor.c with the system C compiler; without the shim or a compiler, a clear reason."""
+rules/epbuild/steps/shims/openvino_vendor.c with the system C compiler; without the shim or a compiler, a clear
+reason."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import json
 import pytest
 
 from conftest import ran
+from epbuild.steps import vendor_shim
 from helpers import ep_context_nodes
-from rules.build import vendor_shim
 
 OPENVINO = """
 [models.tinycnn]

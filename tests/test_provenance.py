@@ -8,11 +8,11 @@ import shutil
 
 import pytest
 
-from conftest import REPO
-from rules.errors import BuildError
-from rules.execute import fork_server, provenance
-from rules.execute.child import Limits, run_child
-from rules.execute.fork_server import SWITCH
+from conftest import REPO, SOURCE
+from epbuild.errors import BuildError
+from epbuild.execute import fork_server, provenance
+from epbuild.execute.child import Limits, run_child
+from epbuild.execute.fork_server import SWITCH
 
 
 @pytest.fixture
@@ -51,8 +51,8 @@ def test_the_fork_server_key_names_the_toolchain_versions(monkeypatch):
 
 
 def test_the_code_digest_covers_the_job_modules_and_what_they_import(tmp_path, monkeypatch):
-    copy = tmp_path / "rules"
-    shutil.copytree(REPO / "rules", copy, ignore=shutil.ignore_patterns("__pycache__"))
+    copy = tmp_path / "epbuild"
+    shutil.copytree(SOURCE / "epbuild", copy, ignore=shutil.ignore_patterns("__pycache__"))
     monkeypatch.setattr(provenance, "PACKAGE", copy)
 
     def digest() -> str:
@@ -62,7 +62,7 @@ def test_the_code_digest_covers_the_job_modules_and_what_they_import(tmp_path, m
     try:
         original = digest()
         # a module only the compile child reaches through imports, and the shim's C source, shape outputs
-        for shaping in ("build/graph.py", "store/hashing.py", "build/shims/openvino_vendor.c"):
+        for shaping in ("steps/graph.py", "store/hashing.py", "steps/shims/openvino_vendor.c"):
             path = copy / shaping
             saved = path.read_bytes()
             path.write_bytes(saved + b"\n# changed\n")

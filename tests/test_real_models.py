@@ -11,6 +11,8 @@ import onnx
 import pytest
 
 from conftest import ran
+from epbuild.errors import ModelError
+from epbuild.execute.child import describe
 from helpers import ep_context_nodes
 from real_models import (
     external_data_mlp,
@@ -23,8 +25,6 @@ from real_models import (
     sample_rate_branches,
     token_encoder,
 )
-from rules.errors import ModelError
-from rules.execute.child import describe
 
 TARGETS = """
 [targets.cpu]
@@ -258,9 +258,9 @@ def test_unexpected_exceptions_are_internal_errors(exc, expected):
 
 
 def test_an_internal_error_names_epbuild_and_the_log(monkeypatch, tmp_path):
-    from rules.execute.child import Limits, run_child
+    from epbuild.execute.child import Limits, run_child
 
-    (tmp_path / "buggy.py").write_text("from rules.execute.child import serve\n"
+    (tmp_path / "buggy.py").write_text("from epbuild.execute.child import serve\n"
                                        "serve(lambda request: {}['missing'])\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))

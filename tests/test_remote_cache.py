@@ -16,10 +16,10 @@ from test_cache import MANIFEST as CACHE_MANIFEST
 
 from conftest import Project, build_report, ran
 from conftest import clone as clone_project
+from epbuild.store import remote_cache
+from epbuild.store.cache import RECORD, ArtifactCache
+from epbuild.store.hashing import FileHashes
 from helpers import perturb_weights, tree_bytes
-from rules.store import remote_cache
-from rules.store.cache import RECORD, ArtifactCache
-from rules.store.hashing import FileHashes
 from s3_server import ACCESS_KEY, SECRET_KEY, S3Server
 
 SIGNING_KEY = "epbuild-signing-key-never-print-93ac"

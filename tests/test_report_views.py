@@ -213,7 +213,7 @@ def test_a_report_that_cannot_be_written_is_a_warning_not_a_failed_build(tmp_pat
 def test_with_threads_doit_does_not_swap_sys_stdout_per_task(tmp_path, host_cache, monkeypatch):
     """CPython 3.11's print() borrows sys.stdout: doit swapping it per task in another thread crashed builds with
     `-P thread` about once in 50 runs (segfault). Capture is off there; processes keep it."""
-    from rules.tasks import Project as Loaded
+    from epbuild.tasks import Project as Loaded
 
     project = Project(tmp_path, host_cache)
     project.manifest(SMALL)
@@ -227,7 +227,7 @@ def test_with_threads_doit_does_not_swap_sys_stdout_per_task(tmp_path, host_cach
 def test_the_page_template_is_compiled_while_a_first_build_waits_and_no_thread_outlives_the_wait():
     import threading
 
-    from rules.report.views import report_template, template_prepared_meanwhile
+    from epbuild.report.views import report_template, template_prepared_meanwhile
 
     report_template.cache_clear()
     before = threading.active_count()

@@ -6,17 +6,17 @@ from __future__ import annotations
 import pytest
 
 from conftest import REPO
-from rules.errors import UserError
-from rules.manifest.parse import TableReader
-from rules.manifest.schema import KEYS, SCOPES, keys, readme_table
+from epbuild.errors import UserError
+from epbuild.manifest.parse import TableReader
+from epbuild.manifest.schema import KEYS, SCOPES, keys, readme_table
 
 
 def test_readme_key_table_is_the_schema():
     text = (REPO / "README.md").read_text()
     start, end = text.index("<!-- keys:start -->\n"), text.index("<!-- keys:end -->")
     assert text[start + len("<!-- keys:start -->\n"):end].strip() == readme_table(), (
-        "README key table differs from rules/manifest/schema.py: paste `python -m rules.manifest.schema` between the "
-        "markers")
+        "README key table differs from rules/epbuild/manifest/schema.py: paste `python -m epbuild.manifest.schema` "
+        "between the markers")
 
 
 def test_every_key_has_a_known_scope_and_a_doc():

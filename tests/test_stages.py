@@ -11,9 +11,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from conftest import ran
-from rules.build.preprocess import squash
-from rules.errors import ModelError, UserError
-from rules.manifest.parse import load
+from epbuild.errors import ModelError, UserError
+from epbuild.manifest.parse import load
+from epbuild.steps.preprocess import squash
 
 TARGETS = """
 [targets.qnn-htp]

@@ -8,8 +8,8 @@ import os
 import time
 
 from conftest import ran
-from rules.store.hashing import FileHashes
-from rules.store.task_configs import ConfigRecord, published
+from epbuild.store.hashing import FileHashes
+from epbuild.store.task_configs import ConfigRecord, published
 
 
 def test_a_task_without_a_record_or_with_other_settings_runs(tmp_path):
@@ -49,7 +49,7 @@ def test_an_unreadable_record_means_every_task_runs(tmp_path):
 
 
 def test_a_published_file_changed_since_counts_as_missing_and_a_touched_one_does_not(tmp_path, monkeypatch):
-    from rules.tasks import HashChecker
+    from epbuild.tasks import HashChecker
 
     monkeypatch.chdir(tmp_path)
     path, artifact = tmp_path / "configs.json", tmp_path / "model.onnx"

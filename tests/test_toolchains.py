@@ -11,11 +11,11 @@ import onnx
 import pytest
 
 from conftest import REPO, ran
+from epbuild.errors import UserError
+from epbuild.manifest.parse import TableReader, load
+from epbuild.manifest.targets import plan
+from epbuild.steps.toolchains import QaicOptions, check_qaic, qaic_command
 from helpers import ep_context_nodes
-from rules.build.toolchains import QaicOptions, check_qaic, qaic_command
-from rules.errors import UserError
-from rules.manifest.parse import TableReader, load
-from rules.manifest.targets import plan
 
 STANDINS = REPO / "tests" / "standins"
 

@@ -16,8 +16,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from conftest import build_report, clone, ran
+from epbuild.store.cache import ENTRIES
 from helpers import slow_model, tree_bytes
-from rules.store.cache import ENTRIES
 
 CPU = """
 [targets.cpu]

@@ -10,12 +10,12 @@ import shutil
 import pytest
 
 from conftest import REPO, ran
-from rules.build.validate import validate
-from rules.errors import BuildError
-from rules.execute.child import Limits, run_child
-from rules.manifest.parse import load
-from rules.manifest.targets import plan
-from rules.store.layout import Layout
+from epbuild.errors import BuildError
+from epbuild.execute.child import Limits, run_child
+from epbuild.manifest.parse import load
+from epbuild.manifest.targets import plan
+from epbuild.steps.validate import validate
+from epbuild.store.layout import Layout
 
 QNN = """
 [models.tinycnn]

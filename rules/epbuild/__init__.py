@@ -1,0 +1,35 @@
+"""Declarative, incremental build rules that turn ONNX models into EP-specific compiled artifacts.
+
+Only the doit layer (`epbuild.tasks`, `epbuild.dodo`, `epbuild.command`) knows doit; every other module is plain
+Python that tests call directly.
+"""
+
+import sys
+
+RULES_FORMAT = 1
+"""Bumped whenever a change to these rules changes what an artifact contains; part of every task's config."""
+
+
+def _refuse_a_dodo_file_without_tasks() -> None:
+    """A dodo.py that imports epbuild but defines no task would make doit build nothing and exit 0: doit's task
+    loader is wrapped so that it says what to write instead. Only inside a doit process, before it loads tasks."""
+    loader = sys.modules.get("doit.loader")
+    if loader is None or getattr(loader.load_tasks, "epbuild_checked", False):
+        return
+    original = loader.load_tasks
+
+    def load_tasks(namespace, *args, **kwargs):
+        tasks = original(namespace, *args, **kwargs)
+        if not tasks and any(getattr(value, "__name__", "").startswith("epbuild") or
+                             str(getattr(value, "__module__", "")).startswith("epbuild")
+                             for value in namespace.values()):
+            print("error: dodo.py imports epbuild but defines no task: write `from epbuild.dodo import *` (every "
+                  "task of models.toml), or run `epbuild` without a dodo.py", file=sys.stderr)
+            raise SystemExit(2)
+        return tasks
+
+    load_tasks.epbuild_checked = True
+    loader.load_tasks = load_tasks
+
+
+_refuse_a_dodo_file_without_tasks()

@@ -1,0 +1,56 @@
+"""The `epbuild` command: doit's command line over epbuild's tasks, with no dodo.py needed.
+
+    epbuild [--manifest PATH] [doit's arguments]   epbuild, epbuild list, epbuild -n 4, epbuild compile:M@T,
+                                                   epbuild backends, epbuild prune --dry-run, epbuild info TASK
+    epbuild worker tcp://HOST:8786 [...]           a Dask worker for `[executor]` builds
+
+It runs from the manifest's folder (default: ./models.toml, else EPBUILD_MANIFEST), as doit runs from a dodo.py's,
+with the same tasks, state and artifacts: `doit` and `epbuild` are interchangeable in one project.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+USAGE = "usage: epbuild [--manifest PATH] [doit command and arguments] | epbuild worker tcp://HOST:PORT [...]"
+
+
+def _split_manifest(argv: list[str]) -> tuple[str | None, list[str]]:
+    """`--manifest PATH` or `--manifest=PATH` taken out of the arguments."""
+    for index, argument in enumerate(argv):
+        if argument == "--manifest":
+            if index + 1 >= len(argv):
+                raise SystemExit(f"error: --manifest needs a path\n{USAGE}")
+            return argv[index + 1], argv[:index] + argv[index + 2:]
+        if argument.startswith("--manifest="):
+            return argument.split("=", 1)[1], argv[:index] + argv[index + 1:]
+    return None, argv
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["worker"]:
+        from .execute.worker import main as worker
+
+        worker(argv[1:])
+        return 0
+    given, argv = _split_manifest(argv)
+    manifest = Path(given or os.environ.get("EPBUILD_MANIFEST") or "models.toml").absolute()
+    if not manifest.parent.is_dir():
+        print(f"error: {given or manifest}: no such folder {manifest.parent}", file=sys.stderr)
+        return 2
+    os.chdir(manifest.parent)  # as doit does for a dodo.py: relative paths are the project's
+    if manifest.name == "models.toml":
+        os.environ.pop("EPBUILD_MANIFEST", None)
+    else:
+        os.environ["EPBUILD_MANIFEST"] = manifest.name
+    sys.argv = ["epbuild", *argv]  # what epbuild.dodo reads, as it reads doit's
+
+    from doit.cmd_base import ModuleTaskLoader
+    from doit.doit_cmd import DoitMain
+
+    from . import dodo
+
+    return DoitMain(ModuleTaskLoader(dodo)).run(argv)

@@ -1,0 +1,203 @@
+"""Fresh child processes for compiles, stages and validations, with bounded time and memory.
+
+A fresh process gives byte-identical outputs for identical inputs (a second compile in one process differs),
+and a crash inside an EP (SIGSEGV, abort) or a hang ends that one child, not doit. Where it serves, the EP's fork
+server (`execute.fork_server`) forks that fresh process from an already-initialised one, else a new Python starts.
+The parent enforces the time and memory limits (resident memory is polled: address-space limits would refuse the
+large virtual reservations EP libraries make without using them), prints a progress line while a long child runs,
+measures its wall time and peak memory, and names the signal, the timeout or the limit. The child reports its own
+errors as JSON, telling the model's problems and the EP's own words from internal errors of epbuild.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import BuildError, ModelError
+from . import forked_jobs, provenance
+from .fork_server import ForkedJob, fork_job, leases_in_use
+from .forked_jobs import resident_bytes
+from .python_path import child_import_path
+
+PROGRESS_EVERY_S = 30.0
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one child may use: wall time, and resident memory (None: unlimited)."""
+
+    timeout_s: float
+    max_memory_gb: float | None = None
+
+
+def _tail(text: str, lines: int = 12) -> str:
+    """The child's last meaningful lines: logged errors and the final exception, not Python traceback frames."""
+    all_lines = [line.rstrip() for line in text.strip().splitlines() if line.strip()]
+    errors = [line for line in all_lines if "[E:" in line or "<E>" in line]
+    exceptions = [line for line in all_lines if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Fail)\b", line)]
+    kept = errors[-lines:] + exceptions[-1:] if errors or exceptions else [
+        line for line in all_lines if not line.startswith(("Traceback", "  "))][-lines:]
+    return "\n".join(f"    {line}" for line in kept)
+
+
+class _PlainChild:
+    """A child this process started itself: waited for with wait4, which also gives its peak memory."""
+
+    def __init__(self, process: subprocess.Popen):
+        self.process = process
+        self.pid = process.pid
+
+    def poll(self) -> tuple[int, int] | None:
+        """(exit code, peak resident kB) once it has ended, else None."""
+        pid, status, usage = os.wait4(self.pid, os.WNOHANG)
+        return (os.waitstatus_to_exitcode(status), usage.ru_maxrss) if pid else None
+
+    def wait(self, timeout: float) -> tuple[int, int] | None:
+        ended = self.poll()
+        if ended is None:
+            time.sleep(timeout)
+            ended = self.poll()
+        return ended
+
+    def kill(self) -> None:
+        self.process.kill()  # our own child only; waited for by poll
+
+
+def _wait(child: _PlainChild | ForkedJob, limits: Limits, what: str) -> tuple[int, float, float, str | None]:
+    """Wait for the child within its limits: (exit code, seconds, peak resident MB, why it was killed or None)."""
+    started = time.monotonic()
+    limit_bytes = limits.max_memory_gb * 2**30 if limits.max_memory_gb else None
+    peak, pause, next_progress = 0, 0.002, started + PROGRESS_EVERY_S
+    killed = None
+    while True:
+        ended = child.wait(pause)
+        if ended:
+            peak = max(peak, ended[1] * 1024)  # kilobytes on Linux
+            return ended[0], time.monotonic() - started, peak / 2**20, killed
+        resident = resident_bytes(child.pid)
+        peak = max(peak, resident)
+        now = time.monotonic()
+        if killed is None and limit_bytes and resident > limit_bytes:
+            killed = f"exceeded {limits.max_memory_gb:g} GB of memory ({resident / 2**30:.2f} GB resident); killed"
+            child.kill()
+        elif killed is None and now - started > limits.timeout_s:
+            killed = f"timed out after {limits.timeout_s:g} s; killed"
+            child.kill()
+        if now >= next_progress:
+            print(f"still running {what}: {now - started:.0f} s, {resident / 2**30:.2f} GB resident", flush=True)
+            next_progress += PROGRESS_EVERY_S
+        pause = min(pause * 2, 0.1)
+
+
+def run_child(module: str, request: dict[str, Any], workdir: Path, limits: Limits, what: str,
+              log: Path | None = None, ep: str = "", reuse: bool = False) -> dict[str, Any]:
+    """Run `python -m module request.json result.json` within `limits`, forked by the fork server of EP alias
+    `ep` ("" for CPU-only work) where it serves (with `reuse`, in one of its warm workers), else as a fresh
+    process; return its result with `usage` (seconds, peak_mb) added, or raise BuildError naming `what` and the
+    cause."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    # removed before returning, so `workdir` may be the folder the child writes its outputs into
+    request_file, result_file = workdir / ".request.json", workdir / ".result.json"
+    output_file = log if log is not None else workdir / ".output.txt"  # the child writes its log directly
+    output_file.parent.mkdir(parents=True, exist_ok=True)
+    request = {**request, "provenance": provenance.expected()}  # the job refuses a process that loaded others
+    inline = reuse and leases_in_use()  # a warm worker gets the request and answers over its lease
+    if not inline:
+        request_file.write_text(json.dumps(request))
+    arguments = [str(request_file), str(result_file)]
+    try:
+        child = fork_job(module, ep, arguments, output_file, workdir, reuse, request if inline else None,
+                         {"timeout_s": limits.timeout_s, "max_memory_gb": limits.max_memory_gb})
+        if child is None:
+            if inline:
+                request_file.write_text(json.dumps(request))
+            env = {**os.environ, "PYTHONPATH": child_import_path()}
+            with open(output_file, "w", encoding="utf-8") as output:
+                child = _PlainChild(subprocess.Popen([sys.executable, "-m", module, *arguments], stdout=output,
+                                                     stderr=subprocess.STDOUT, env=env, cwd=workdir))
+        code, seconds, peak_mb, killed = _wait(child, limits, what)
+        text = output_file.read_text(encoding="utf-8", errors="replace")
+    finally:
+        request_file.unlink(missing_ok=True)
+        if log is None:
+            output_file.unlink(missing_ok=True)
+    see_log = f" (full output: {log})" if log is not None else ""
+    answer: dict[str, Any] | None = getattr(child, "result", None)
+    if answer is None and result_file.exists():
+        try:
+            answer = json.loads(result_file.read_text())
+        except ValueError:  # cut short, e.g. by a full disk
+            answer = {"error": f"its result file was cut short (a full disk?){see_log}\n{_tail(text)}"}
+        result_file.unlink()
+    result: dict[str, Any] = answer if isinstance(answer, dict) else {}
+    if killed:
+        raise BuildError(f"{what}: {killed} after {seconds:.0f} s, peak {peak_mb / 1024:.2f} GB{see_log}\n"
+                         f"{_tail(text)}")
+    if code < 0:
+        name = signal.Signals(-code).name
+        raise BuildError(f"{what}: the child process was killed by {name}{see_log}\n{_tail(text)}")
+    if answer is None and code == 0:  # never a success without its answer: a worker that died flushing its log
+        raise BuildError(f"{what}: the child exited without its answer{see_log}\n{_tail(text)}")
+    if code != 0 or "error" in result:
+        if "error" not in result:
+            raise BuildError(f"{what}: exited with status {code}{see_log}\n{_tail(text)}")
+        if result.get("internal"):
+            raise BuildError(f"{what}: internal error in epbuild: {result['error']}, see {log or 'the output'}")
+        logged = "\n".join(line for line in text.splitlines() if "[E:" in line or "<E>" in line)
+        raise BuildError(f"{what}: {result['error']}" + (f"\n{_tail(logged)}" if logged else ""))
+    result["usage"] = {"seconds": round(seconds, 3), "peak_mb": round(peak_mb, 1)}
+    return result
+
+
+def describe(exc: BaseException) -> dict[str, Any]:
+    """An exception as the parent reports it: ours and the toolchain's as their text, anything else as an
+    internal error (a bug of epbuild, not a problem of the user's model)."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, ModelError):
+        return {"error": text}
+    module = type(exc).__module__ or ""
+    if module.startswith(("onnxruntime", "onnx")):
+        return {"error": text}
+    frames = traceback.extract_tb(exc.__traceback__)
+    inside = next((f.filename for f in reversed(frames) if f"{os.sep}site-packages{os.sep}" in f.filename), None)
+    if inside and frames and frames[-1].filename == inside:
+        package = inside.split(f"{os.sep}site-packages{os.sep}", 1)[1].split(os.sep, 1)[0]
+        return {"error": f"{package} failed: {type(exc).__name__}: {text}"}
+    return {"error": f"{type(exc).__name__}: {text}", "internal": True}
+
+
+def serve(function: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    """The child's main: read the request, call `function`, write its result or its error as JSON."""
+    request_file, result_file = Path(sys.argv[1]), Path(sys.argv[2])
+    inline = forked_jobs.INLINE_JOB  # in a warm worker: the request came over the lease, the answer goes back so
+    request = inline["request"] if inline is not None else json.loads(request_file.read_text())
+    try:
+        refused = provenance.check(request.get("provenance"))
+        if refused:
+            raise ModelError(refused)
+        result = function(request)
+        status = 0
+    except Exception as exc:  # noqa: BLE001 - every failure is reported to the parent as text
+        traceback.print_exc()
+        result = describe(exc)
+        status = 1
+    if inline is not None:
+        inline["result"] = result
+    else:
+        result_file.write_text(json.dumps(result))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if forked_jobs.REUSED_PROCESS:
+        sys.exit(status)  # back to the fork server's warm worker, which runs the next job
+    os._exit(status)  # skip EP library teardown at exit, which can abort after a good compile

@@ -1,0 +1,299 @@
+"""Running compiles, stages and validations on a Dask cluster while doit stays the coordinator.
+
+With `EPBUILD_EXECUTOR=tcp://scheduler:8786` (or `[executor] scheduler`), the step that produces an output (a
+cache miss) becomes a Dask task (`execute.worker.run_job`) with resources derived from its target, so it runs only
+on a worker whose host has the EP or toolchain and the exact package versions of the fingerprint. Inputs travel
+by content; outputs come back by content and are verified and published by the coordinator exactly as a local
+compile's. Cache lookups, locks and publishing stay here. `distributed` is imported only when an executor is set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib
+import os
+import pickle
+import platform
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from ..errors import BuildError, UserError
+from .provenance import code_digest
+
+if TYPE_CHECKING:
+    from ..manifest.builds import Build, ResolvedTarget
+    from ..steps.stages import Stage
+    from ..store.cache import Workspace
+
+RESULT_CAP = 1 << 30  # bytes of outputs one Dask result may carry
+OUTSIDE = "_outside"  # where files from outside the coordinator's project land on a worker
+POLL_S = 2.0
+
+
+@dataclass(frozen=True)
+class ExecutorSettings:
+    address: str  # tcp://host:port of the Dask scheduler
+    wait_s: float  # how long a job may wait for a worker that can run it
+
+
+def executor_settings(scheduler: str | None, wait_s: float) -> ExecutorSettings | None:
+    """EPBUILD_EXECUTOR when set (empty: run locally), else `[executor] scheduler`."""
+    address = os.environ.get("EPBUILD_EXECUTOR", scheduler)
+    if not address:
+        return None
+    parts = urlsplit(address)
+    if parts.scheme not in ("tcp", "tls") or not parts.hostname or not parts.port:
+        source = "EPBUILD_EXECUTOR" if "EPBUILD_EXECUTOR" in os.environ else "models.toml: executor.scheduler"
+        raise UserError(source, None, f"must be a Dask scheduler address such as tcp://scheduler:8786, found "
+                                      f"{address!r}")
+    return ExecutorSettings(address, wait_s)
+
+
+def unreachable(settings: ExecutorSettings) -> str | None:
+    """Why the scheduler's port does not answer (checked once before a build), or None."""
+    parts = urlsplit(settings.address)
+    try:
+        socket.create_connection((parts.hostname, parts.port), timeout=5).close()
+    except OSError as exc:
+        return f"the Dask scheduler {settings.address} is unreachable: {exc.strerror or exc}"
+    return None
+
+
+_CLIENTS: dict[str, Any] = {}
+_CLIENTS_LOCK = threading.Lock()
+
+
+def _client(settings: ExecutorSettings) -> Any:
+    with _CLIENTS_LOCK:
+        if settings.address not in _CLIENTS:
+            from distributed import Client
+
+            _CLIENTS[settings.address] = Client(settings.address, timeout="10s", set_as_default=False)
+        return _CLIENTS[settings.address]
+
+
+def target_resources(target: ResolvedTarget) -> dict[str, int]:
+    """What a job for `target` needs from a worker: its EP or toolchain, package versions, machine, CPU class
+    where the artifact is host-specific."""
+    from ..steps.compilers import compiler
+    from ..steps.fingerprint import host_properties
+    from .host import toolchain_versions
+
+    needs = {f"host:{platform.machine()}"}
+    backend = compiler(target)
+    if backend.in_onnxruntime:
+        needs.add(f"ep:{target.ep.name}:{target.device}")
+        needs |= {f"pkg:{name}:{version}" for name, version in toolchain_versions(target.ep).items() if version}
+    else:
+        needs.add(f"toolchain:{target.compiler}")
+        identity = backend.identity(target)
+        if isinstance(identity, dict) and identity.get("version"):
+            needs.add(f"pkg:{target.compiler}:{identity['version']}")
+    if host_properties(target):
+        needs.add(cpu_class())
+    return dict.fromkeys(sorted(needs), 1)
+
+
+async def _identity(address: str) -> dict[str, Any]:
+    from distributed.core import rpc
+
+    async with rpc(address, timeout=10) as scheduler:
+        return await scheduler.identity()
+
+
+def worker_resources(settings: ExecutorSettings) -> dict[str, set[str]]:
+    """Each connected worker's resource names. One request on a private event loop: a Dask client would leave
+    threads behind in the process that doit then forks for `-n N`."""
+    import asyncio
+
+    try:
+        identity = asyncio.run(asyncio.wait_for(_identity(settings.address), 15))
+    except (OSError, TimeoutError) as exc:
+        raise BuildError(f"the Dask scheduler {settings.address} did not answer: {exc}") from None
+    return {info.get("name") or address: set(info.get("resources", {}))
+            for address, info in identity["workers"].items()}
+
+
+def _version_key(version: str) -> tuple[Any, ...]:
+    return tuple((0, int(part)) if part.isdigit() else (1, part) for part in version.replace("-", ".").split("."))
+
+
+def with_worker_toolchains(builds: list[Build], settings: ExecutorSettings) -> list[Build]:
+    """Builds whose external toolchain (qaic, qairt) this host lacks take the version the workers offer, the newest
+    when they differ, so the fingerprint names the toolchain that will compile; unchanged when no worker has it."""
+    from ..steps.compilers import compiler
+
+    lacking = {b.target.name for b in builds
+               if not compiler(b.target).in_onnxruntime and isinstance(compiler(b.target).toolchain(b.target), str)}
+    if not lacking:
+        return builds
+    offered = set().union(*worker_resources(settings).values())
+    targets: dict[str, ResolvedTarget] = {}
+    for build in builds:
+        tool = build.target.compiler
+        versions = [name.split(":", 2)[2] for name in offered if name.startswith(f"pkg:{tool}:")]
+        if build.target.name in lacking and versions:
+            newest = max(versions, key=_version_key)
+            targets[build.target.name] = dataclasses.replace(build.target, toolchain_version=newest)
+    return [dataclasses.replace(b, target=targets.get(b.target.name, b.target)) for b in builds]
+
+
+def cpu_class() -> str:
+    """A worker resource naming this host's CPU features: host-specific artifacts build only where they match."""
+    from .host import cpu_flags
+
+    return "cpu:" + hashlib.sha256((cpu_flags() or "").encode()).hexdigest()[:12]
+
+
+def stage_resources() -> dict[str, int]:
+    from .host import package_version
+
+    return dict.fromkeys(sorted({f"host:{platform.machine()}", *(
+        f"pkg:{p}:{package_version(p)}" for p in ("onnxruntime", "onnx"))}), 1)
+
+
+class Job:
+    """Unpickles (on the worker) into the result of `epbuild.execute.worker.run_job(job)`."""
+
+    def __init__(self, job: dict[str, Any]):
+        self.job = job
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _on_the_worker, (self.job,)
+
+
+def _on_the_worker(job: dict[str, Any]) -> dict[str, Any]:
+    """What a `Job` unpickles into: the worker's side (`execute.worker`, which runs the steps) is imported there, by
+    its name, and never by the coordinator's side here."""
+    return importlib.import_module("epbuild.execute.worker").run_job(job)
+
+
+def _relative(path: Path, root: Path) -> str:
+    """Where an input lands on the worker: its place in the project, or a content-named folder outside it."""
+    if path.is_relative_to(root):
+        return path.relative_to(root).as_posix()
+    return f"{OUTSIDE}/{hashlib.sha256(str(path).encode()).hexdigest()[:16]}/{path.name}"
+
+
+def _wait_for_worker(client: Any, needs: dict[str, int], settings: ExecutorSettings, task: str) -> None:
+    """Dask waits forever for a worker with the resources; this waits `wait_s` and then names what is missing."""
+    deadline = time.monotonic() + settings.wait_s
+    while True:
+        workers = client.scheduler_info(n_workers=-1)["workers"]
+        lacking = {info.get("name") or address: sorted(set(needs) - set(info.get("resources", {})))
+                   for address, info in workers.items()}
+        if any(not missing for missing in lacking.values()):
+            return
+        if time.monotonic() >= deadline:
+            offered = "; ".join(f"{name} lacks {', '.join(missing)}" for name, missing in lacking.items())
+            raise BuildError(f"{task}: no Dask worker can run it after {settings.wait_s:.0f} s: it needs "
+                             f"{', '.join(needs)}" + (f"; {offered}" if offered else "; no worker is connected"))
+        time.sleep(POLL_S)
+
+
+def _keep_logs(logs: dict[str, bytes], folder: Path) -> None:
+    """A job's logs from the worker, in this project's log folder where a local run would have left them."""
+    for name, data in logs.items():
+        path = folder / name
+        if path.resolve().is_relative_to(folder.resolve()):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+
+
+def _run(workspace: Workspace, kind: str, task: str, what: Any, inputs: list[Path], needs: dict[str, int],
+         through: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run one job; `through` (remote URL, fingerprint, identity) sends its outputs through the remote cache."""
+    from distributed.scheduler import KilledWorker
+
+    settings, root = workspace.executor, workspace.project_root
+    assert settings is not None
+    client = _client(settings)
+    _wait_for_worker(client, needs, settings, task)
+    files = {_relative(path, root): path.read_bytes() for path in dict.fromkeys(inputs)}
+    job = {"kind": kind, "task": task, "what": what, "root": str(root), "files": files, "resources": needs,
+           "result_cap": RESULT_CAP, "code": code_digest(), **(through or {})}
+    # The scheduler unpickles what it is given; as bytes for pickle.loads, the job needs no `rules` there.
+    future = client.submit(pickle.loads, pickle.dumps(Job(job)), resources=needs, pure=False,
+                           key=f"{task}-{uuid.uuid4().hex[:8]}")
+    try:
+        while True:
+            try:
+                result = future.result(timeout=POLL_S)
+                break
+            except TimeoutError:
+                _wait_for_worker(client, needs, settings, task)  # the workers that could run it may have left
+    except KilledWorker as exc:
+        raise BuildError(f"{task}: the Dask workers running it died ({exc})") from None
+    except OSError as exc:  # the connection to the scheduler was lost
+        raise BuildError(f"{task}: lost the Dask scheduler {settings.address}: {exc}") from None
+    finally:
+        future.release()
+    _keep_logs(result.get("logs", {}), workspace.layout.logs)
+    if "error" in result:
+        raise BuildError(f"{result['error']} (on Dask worker {result['worker']})")
+    for name, data in result["files"].items():
+        if hashlib.sha256(data).hexdigest() != result["digests"][name]:
+            raise BuildError(f"{task}: {name} from worker {result['worker']} does not match its sha256")
+    return result
+
+
+def _write(result: dict[str, Any], scratch: Path, workspace: Workspace, fingerprint: str, task: str) -> int:
+    """The outputs into `scratch`: from the result, or (uploaded by the worker) through the remote and the local
+    cache, verified on the way like any remote hit; bytes downloaded from the remote."""
+    if result.get("via_remote"):
+        remote = workspace.remote
+        downloaded = remote.fetch(fingerprint, workspace.cache, task) if remote else None
+        if downloaded is None or workspace.cache.restore(fingerprint, scratch) is None:
+            raise BuildError(f"{task}: worker {result['worker']} uploaded the outputs, but they could not be "
+                             "fetched from the remote cache")
+        return downloaded
+    for name, data in result["files"].items():
+        (scratch / name).parent.mkdir(parents=True, exist_ok=True)
+        (scratch / name).write_bytes(data)
+    return 0
+
+
+def _through(workspace: Workspace, fingerprint: str, identity: dict[str, Any]) -> dict[str, Any] | None:
+    if workspace.remote_url is None:
+        return None
+    return {"remote": workspace.remote_url, "fingerprint": fingerprint, "identity": identity}
+
+
+def run_build(build: Build, workspace: Workspace, scratch: Path, fingerprint: str,
+              identity: dict[str, Any]) -> dict[str, Any]:
+    """Compile `build` on a worker into `scratch`; the child's `usage`, the `worker`'s name, bytes `downloaded`."""
+    result = _run(workspace, "compile", build.task, build, build.inputs, target_resources(build.target),
+                  _through(workspace, fingerprint, identity))
+    return {**result, "downloaded": _write(result, scratch, workspace, fingerprint, build.task)}
+
+
+def run_stage(stage: Stage, workspace: Workspace, scratch: Path, fingerprint: str,
+              identity: dict[str, Any]) -> dict[str, Any]:
+    """Run a stage on a worker into `scratch`; the child's `answer`, the `worker`'s name, bytes `downloaded`."""
+    result = _run(workspace, "stage", stage.task, stage, [stage.input, *stage.input_external, *stage.calibration],
+                  stage_resources(), _through(workspace, fingerprint, identity))
+    return {**result, "downloaded": _write(result, scratch, workspace, fingerprint, stage.task)}
+
+
+def run_validation(build: Build, workspace: Workspace) -> dict[str, Any]:
+    """Validate the published artifact of `build` on a worker; its report."""
+    folder = build.out_dir(workspace.layout)
+    artifact = [path for path in sorted(folder.rglob("*")) if path.is_file()]
+    external = [p for m in build.members for p in m.external]
+    result = _run(workspace, "validate", f"validate:{build.name}", build,
+                  [*artifact, *build.sources, *external, *build.validation_files, *build.target.option_files.values()],
+                  target_resources(build.target))
+    return {**result["report"], "worker": result["worker"]}
+
+
+def run_operator_list(build: Build, workspace: Workspace) -> tuple[set[str], str]:
+    """The ONNX operators a worker's qaic-compile supports, and its version, for the `ops:` check."""
+    result = _run(workspace, "ops", f"ops:{build.name}", build, [], target_resources(build.target))
+    return set(result["answer"]), result["version"]

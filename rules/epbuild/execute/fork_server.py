@@ -1,0 +1,486 @@
+"""A fork server per EP: one process imports ONNX Runtime, onnx and numpy and registers the EP's plugin library
+once, then forks a fresh child per job, so a job starts in milliseconds instead of the ~0.3 s a new Python pays.
+
+The server never compiles or creates a session itself: every job runs in a child forked from the same clean
+state and calls the job module's `main()` as `python -m MODULE request result` would, so outputs stay
+byte-identical to a fresh child's and a crash or hang ends only that child. The client
+(`epbuild.execute.child.run_child`) enforces the time and memory limits on the child's pid exactly as for a plain
+child; the server reaps it and reports its exit status and peak memory. A job never outlives its client: the
+server ends a forked job, and kills a warm worker, whose client process is gone (the build killed or crashed),
+and holds each job's limits itself too (`JobGuard`; a warm worker tells it the limits of the job it starts).
+
+Jobs whose EP gives the same outputs when repeated in one process (`EpInfo.warm_compiles`, `warm_validations`) may
+run in a warm worker instead: a child forked the same way and leased to one thread of one build process, which
+sends it its jobs directly, one at a time, so the ~5 ms a fresh child pays for its first session is paid once
+and a job costs two messages. A crash or hang still ends only the job running in it (the client kills the
+worker's pid; the server reaps it, writes its end to the client, and the client leases a new worker for its next
+job); a worker retires after a failed job, after 200 jobs, or when it holds 256 MB more than when it was forked
+(`epbuild.execute.forked_jobs`), and its reported peak memory is each job's own (the kernel's high-water mark is
+reset before every job). Since a worker serves one client at a time, a client's late kill can only hit its own
+worker, which it then lets go.
+
+Fork safety is checked, not assumed: a server whose EP registration starts threads (a thread holding a lock at
+fork time can deadlock the child) refuses to serve, and that EP keeps plain children. So do platforms without
+fork (Windows) and `EPBUILD_FORK_SERVER=0`. A server is shared by every build process with the same Python,
+epbuild sources and load-time environment (keyed by them); it exits after `IDLE_S` without jobs, and its
+workers with it.
+
+    python -m epbuild.execute.fork_server --detach SOCKET EP_ALIAS   (started by `fork_job`, never by hand)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from ..store.layout import stat_key
+from ..store.locks import file_lock
+from ..store.owners import owner_gone, owner_tag
+from .forked_jobs import JobGuard, WorkerHandle, run_many, run_one
+from .provenance import expected, record_loaded
+from .python_path import IMPORT_ROOT, child_import_path
+
+SWITCH = "EPBUILD_FORK_SERVER"  # "0": a plain child for every job; "fork": a forked child for every job, no warm
+# workers; unset or "1": warm workers where the EP allows them
+# The shape stage's server also loads onnxruntime's shape tools with sympy: in every other server that larger heap
+# made each forked job ~15 ms slower (the child's allocations copy more of the inherited pages).
+SHAPE_STAGE = "shape-stage"
+IDLE_S = 30.0
+START_TIMEOUT_S = 120.0
+# What EP libraries, BLAS and Python may read when they load: a server serves only builds that agree on these.
+LOAD_TIME_PREFIXES = ("ORT_", "OV_", "OPENVINO", "QNN_", "ADSP_", "LD_", "OMP_", "OPENBLAS_", "MKL_", "KMP_",
+                      "TBB_", "PYTHON", "EPBUILD_OPENVINO", "CUDA", "PATH")
+# numpy.random: numpy imports it lazily, and every validation child needs it. Not onnxruntime.quantization: only
+# quantize stages use it (~50 ms of a stage that calibrates for seconds), and it made every server start ~30 ms
+# later and every forked child's inherited heap larger.
+PRELOAD = ("numpy", "numpy.random", "onnx", "onnx.shape_inference", "onnxruntime", "epbuild.steps.compile",
+           "epbuild.steps.validate", "epbuild.steps.preprocess")
+SERVER_PRELOAD = {SHAPE_STAGE: [("epbuild.steps.preprocess", "shape_tools")]}  # one server's calls after PRELOAD
+
+
+def enabled() -> bool:
+    return hasattr(os, "fork") and sys.platform.startswith("linux") and os.environ.get(SWITCH, "1") != "0"
+
+
+def _threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+# ---- the client: in the build process ----
+
+_REFUSED: dict[str, str] = {}  # server key -> why it cannot serve (this process then uses plain children)
+_PRESTARTED: dict[str, tuple[subprocess.Popen, float]] = {}  # server key -> its starter, when it was run
+
+
+class _Lease:
+    """A warm worker held by one thread of this process: its jobs go to it directly, one at a time, without the
+    server; the server only forks it, and reports its end should it die. Dropped after a failed job, a kill, or
+    when the worker retires."""
+
+    def __init__(self, key: tuple[str, int, int], connection: socket.socket, pid: int):
+        self.key, self.connection, self.pid = key, connection, pid
+        self.killed = False
+
+    def drop(self) -> None:
+        _LEASES.pop(self.key, None)
+        self.connection.close()
+
+
+_LEASES: dict[tuple[str, int, int], _Lease] = {}  # (server socket, process, thread) -> its warm worker
+
+
+def _forget_inherited_leases() -> None:
+    """In a child forked from the build process (doit -n): the parent's leases are not this process's to use, and
+    their copies here would keep the workers leased after the parent let them go."""
+    for lease in _LEASES.values():
+        lease.connection.close()
+    _LEASES.clear()
+
+
+os.register_at_fork(after_in_child=_forget_inherited_leases)
+
+
+class ForkedJob:
+    """A job of this process in a forked child or a leased warm worker: the pid, and the exit status once it comes
+    (from the server for a child, from the worker, or from the server should the worker die)."""
+
+    def __init__(self, connection: socket.socket, pid: int, lease: _Lease | None = None):
+        self.connection = connection
+        self.pid = pid
+        self.lease = lease
+        self.buffer = b""
+        self.result: dict[str, Any] | None = None  # a warm worker's answer to an inline request
+
+    def _done(self) -> None:
+        if self.lease is None:
+            self.connection.close()
+
+    def poll(self) -> tuple[int, int] | None:
+        """(exit code, peak resident kB) once the job has ended, else None."""
+        ended = False
+        while b"\n" not in self.buffer and select.select([self.connection], [], [], 0)[0]:
+            data = self.connection.recv(65536)
+            ended = not data
+            if ended:
+                break
+            self.buffer += data
+        if b"\n" in self.buffer:
+            answer = json.loads(self.buffer.split(b"\n", 1)[0])
+            self.result = answer.get("result")
+            self._done()
+            if self.lease and (self.lease.killed or answer["code"] != 0 or answer.get("retire")):
+                self.lease.drop()
+            return answer["code"], answer["maxrss"]
+        if ended:  # the server ended without a word: the child is lost with it
+            self.connection.close()
+            if self.lease:
+                self.lease.drop()
+            return -9, 0
+        return None
+
+    def wait(self, timeout: float) -> tuple[int, int] | None:
+        """poll() after waiting up to `timeout` for the end: it is seen the moment it comes."""
+        if b"\n" not in self.buffer:
+            select.select([self.connection], [], [], timeout)
+        return self.poll()
+
+    def kill(self) -> None:
+        if self.lease:
+            self.lease.killed = True  # it may have finished meanwhile: the lease ends with this job either way
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, 9)  # this process's own child or leased worker; the server reaps it and reports
+
+
+@functools.lru_cache(maxsize=1)
+def _sources() -> list[tuple[str, list[int]]]:
+    """epbuild's sources as this build process found them (looked at once: ~1 ms per job otherwise)."""
+    return sorted((str(p), stat_key(p.stat())) for p in (IMPORT_ROOT / "epbuild").rglob("*.py"))
+
+
+def _server_key(alias: str) -> str:
+    """Which server serves this process's jobs for the EP: the interpreter, the toolchain's package versions,
+    epbuild's sources and the variables libraries read when they load must be the same (a server started before
+    a package was replaced keeps the old one loaded)."""
+    return _key(alias, tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(LOAD_TIME_PREFIXES))))
+
+
+@functools.lru_cache(maxsize=64)
+def _key(alias: str, load_env: tuple[tuple[str, str], ...]) -> str:
+    """(~0.3 ms: computed once per EP and environment, not per job)"""
+    text = json.dumps([sys.executable, str(IMPORT_ROOT), alias, _sources(), load_env, expected()["versions"]])
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def _folder() -> Path:
+    """Where the servers' sockets live: under TMPDIR, or /tmp when TMPDIR is too long for a socket's path (107
+    bytes on Linux, and a server binds `.<key>.sock.<pid>` there)."""
+    root = tempfile.gettempdir()
+    folder = Path(root if len(root) < 40 else "/tmp") / f"epbuild-fork-{os.getuid()}"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    return folder
+
+
+def _connect(path: Path) -> socket.socket | None:
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        connection.connect(str(path))
+        return connection
+    except OSError:
+        connection.close()
+        return None
+
+
+def _paths(key: str) -> tuple[Path, Path, Path]:
+    """A server's socket and log, and the lock held while starting it: one of 16, so that start locks do not
+    pile up in the folder with every change of epbuild's sources."""
+    folder = _folder()
+    return folder / f"{key}.sock", folder / f"{key}.log", folder / f"start-{int(key[:4], 16) % 16}.lock"
+
+
+def _launch(alias: str, path: Path, log: Path) -> subprocess.Popen:
+    """Start the server; the starter exits as soon as it has forked the server off (`--detach`)."""
+    env = {**os.environ, "PYTHONPATH": child_import_path()}
+    with open(log, "w", encoding="utf-8") as output:
+        return subprocess.Popen([sys.executable, "-m", "epbuild.execute.fork_server", "--detach", str(path), alias],
+                                env=env, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                cwd=path.parent)
+
+
+def prestart(aliases: set[str]) -> None:
+    """Start these EPs' servers now without waiting for them, so that their imports overlap the build's own
+    start-up (the first job then finds its server ready, or waits less)."""
+    if not enabled():
+        return
+    for alias in sorted(aliases):
+        key = _server_key(alias)
+        if key in _REFUSED or key in _PRESTARTED:
+            continue
+        path, log, _ = _paths(key)
+        connection = _connect(path)
+        if connection is not None:
+            connection.close()
+            continue
+        _PRESTARTED[key] = _launch(alias, path, log), time.monotonic()
+
+
+def serving(alias: str) -> bool:
+    """Whether the EP's server is running, or was started by this process (its warm workers are cheap to use)."""
+    if not enabled():
+        return False
+    key = _server_key(alias)
+    if key in _PRESTARTED:
+        return True
+    connection = _connect(_paths(key)[0])
+    if connection is not None:
+        connection.close()
+    return connection is not None
+
+
+def _server(alias: str) -> socket.socket | None:
+    """A connection to the EP's server, starting it when none answers; None when it refuses (not fork-safe)."""
+    key = _server_key(alias)
+    if key in _REFUSED:
+        return None
+    for starter, _ in _PRESTARTED.values():
+        starter.poll()  # reaps a starter that has exited
+    path, log, lock = _paths(key)
+    connection = _connect(path)
+    if connection is not None:
+        return connection
+    with file_lock(lock):
+        connection = _connect(path)
+        if connection is not None:
+            return connection
+        starter, started = _PRESTARTED.pop(key, (None, 0.0))
+        # a server lives at least IDLE_S: prestarted since and not answering, it is still starting (or refused)
+        if starter is None or time.monotonic() - started > IDLE_S:
+            starter = _launch(alias, path, log)
+        starter.wait(timeout=60)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            connection = _connect(path)
+            if connection is not None:
+                return connection
+            text = log.read_text(errors="replace")
+            if "refused:" in text or "Traceback" in text:
+                _REFUSED[key] = text.strip().splitlines()[-1]
+                return None
+            time.sleep(0.01)
+    _REFUSED[key] = f"the fork server did not start within {START_TIMEOUT_S:.0f} s (log: {log})"
+    return None
+
+
+def _ask(connection: socket.socket, request: dict[str, Any]) -> ForkedJob | None:
+    """Send a request to the server: the job (or lease) with the pid it answers, None when the server is gone."""
+    try:
+        connection.sendall(json.dumps(request).encode() + b"\n")
+        answer = b""
+        while b"\n" not in answer:
+            data = connection.recv(4096)
+            if not data:
+                raise OSError("the fork server closed the connection")
+            answer += data
+    except OSError:
+        connection.close()
+        return None
+    first, rest = answer.split(b"\n", 1)
+    job = ForkedJob(connection, json.loads(first)["pid"])
+    job.buffer = rest  # a forked child's exit status may already have come with its pid
+    return job
+
+
+def _lease(alias: str) -> _Lease | None:
+    """This thread's warm worker on the EP's server, leased now if it holds none."""
+    key = (str(_paths(_server_key(alias))[0]), os.getpid(), threading.get_ident())
+    if key in _LEASES:
+        return _LEASES[key]
+    connection = _server(alias)
+    answer = _ask(connection, {"lease": True, "client": owner_tag()}) if connection is not None else None
+    if answer is None:
+        return None
+    lease = _LEASES[key] = _Lease(key, connection, answer.pid)
+    return lease
+
+
+def leases_in_use() -> bool:
+    """Whether jobs that allow it run in a leased warm worker (else a forked child each, or a plain child)."""
+    return enabled() and os.environ.get(SWITCH) != "fork"
+
+
+def fork_job(module: str, alias: str, arguments: list[str], output: Path, workdir: Path, reuse: bool = False,
+             job: dict[str, Any] | None = None, limits: dict[str, float | None] | None = None) -> ForkedJob | None:
+    """Ask the EP's server (alias "" for CPU-only work) to fork `python -m module *arguments` in `workdir` with
+    stdout and stderr into `output`, or with `reuse` to run it in this thread's warm worker (which takes `job`,
+    the request, over the lease instead of from a file, and answers with its result: `ForkedJob.result`); None
+    when this job must use a plain child."""
+    if not enabled():
+        return None
+    request = {"module": module, "arguments": arguments, "output": str(output), "cwd": str(workdir),
+               "env": dict(os.environ), "path": sys.path, "limits": limits or {}, "client": owner_tag()}
+    if reuse and leases_in_use():
+        if job is not None:
+            request["job"] = job
+        for _ in range(2):  # a worker that retired or died since its last job: lease another once
+            lease = _lease(alias)
+            if lease is None:
+                return None
+            try:
+                lease.connection.sendall(json.dumps(request).encode() + b"\n")
+                return ForkedJob(lease.connection, lease.pid, lease)
+            except OSError:
+                lease.drop()
+        return None
+    connection = _server(alias)
+    return _ask(connection, request) if connection is not None else None
+
+
+# ---- the server ----
+
+def serve(path: Path, alias: str) -> None:
+    """Preload, register the EP, check that no thread was started, then fork a child per job request, or lease a
+    warm worker to a client that asks for one, until idle."""
+    import importlib
+
+    for module in PRELOAD:
+        importlib.import_module(module)
+    for module, function in SERVER_PRELOAD.get(alias, ()):
+        getattr(importlib.import_module(module), function)()
+    record_loaded()  # what every job forked from here has loaded: a job expecting other versions refuses
+    baseline = _threads()
+    if alias and alias != SHAPE_STAGE:
+        import onnxruntime as ort
+
+        from ..manifest.eps import lookup
+        from .host import register_plugin
+
+        info = lookup(alias)
+        register_plugin(ort, info)
+        if _threads() > baseline:
+            print(f"refused: registering {info.name} started {_threads() - baseline} thread(s); forking after it is "
+                  "not safe, so its jobs run in plain children", flush=True)
+            return
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}")
+    listener.bind(str(temporary))
+    listener.listen(64)
+    os.replace(temporary, path)  # clients see a listening server or none
+    identity = path.stat().st_ino
+    print(f"serving {alias or 'cpu'} jobs on {path} (pid {os.getpid()}, {baseline} threads)", flush=True)
+    # a child's end wakes the loop at once: SIGCHLD writes a byte into this pipe (Python's wakeup fd)
+    wake = os.pipe()
+    for descriptor in wake:
+        os.set_blocking(descriptor, False)
+    signal.set_wakeup_fd(wake[1])
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    jobs: dict[int, socket.socket] = {}  # pid of a child forked for one job -> its client
+    guards: dict[int, JobGuard] = {}  # the same pids -> the job's limits, held here even if its client dies
+    workers: dict[int, WorkerHandle] = {}
+
+    def server_sockets() -> list[socket.socket]:
+        owned = [listener, *jobs.values()]
+        for worker in workers.values():
+            owned += [worker.control] + ([worker.client] if worker.client else [])
+        return owned
+
+    def start(request: dict[str, Any], connection: socket.socket) -> int:
+        if not request.get("lease"):
+            pid = os.fork()
+            if pid == 0:
+                run_one(request, [*server_sockets(), connection], wake)
+            jobs[pid] = connection
+            guards[pid] = JobGuard(pid, request.get("limits") or {}, request.get("client", ""))
+            return pid
+        worker = next((w for w in workers.values() if w.client is None), None)
+        if worker is None:
+            control, worker_end = socket.socketpair()
+            pid = os.fork()
+            if pid == 0:
+                control.close()
+                run_many(worker_end, [*server_sockets(), connection], wake)
+            worker_end.close()
+            worker = workers[pid] = WorkerHandle(pid, control)
+        worker.lease(connection, request.get("client", ""))
+        return worker.pid
+
+    last_job = time.monotonic()
+    while True:
+        leased = [w.control for w in workers.values() if w.client]
+        readable = select.select([listener, wake[0], *leased], [], [], 0.2)[0]
+        # a job never outlives its build: the process that asked for it gone (killed, crashed) ends its forked job
+        # and its warm worker (a pid and its start time: a reused pid is another process)
+        for guard in [*guards.values(), *(w.guard for w in workers.values() if w.guard)]:
+            if owner_gone(guard.client) or guard.exceeded():
+                guard.kill()
+        for worker in workers.values():
+            if worker.client is not None and owner_gone(worker.client_tag):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(worker.pid, signal.SIGKILL)
+        if wake[0] in readable:
+            with contextlib.suppress(BlockingIOError):
+                while os.read(wake[0], 4096):
+                    pass
+        for worker in list(workers.values()):
+            if worker.control in readable and worker.control in leased and worker.heard(worker.control.recv(4096)):
+                last_job = time.monotonic()  # its client let it go
+        if listener in readable:
+            connection, _ = listener.accept()
+            connection.settimeout(10)
+            try:
+                request = json.loads(connection.makefile("rb").readline())
+            except (OSError, ValueError):
+                connection.close()
+                continue
+            sys.stdout.flush()
+            pid = start(request, connection)
+            with contextlib.suppress(OSError):
+                connection.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+        while jobs or workers:
+            pid, status, usage = os.wait4(-1, os.WNOHANG)
+            if not pid:
+                break
+            end = json.dumps({"code": os.waitstatus_to_exitcode(status), "maxrss": usage.ru_maxrss}).encode() + b"\n"
+            if pid in workers:  # retired (its client has its last answer), or killed or crashed during a job
+                workers.pop(pid).end(end)
+            elif pid in jobs:
+                guards.pop(pid, None)
+                connection = jobs.pop(pid)
+                with contextlib.suppress(OSError):
+                    connection.sendall(end)
+                connection.close()
+            last_job = time.monotonic()
+        try:
+            replaced = path.stat().st_ino != identity
+        except OSError:
+            replaced = True
+        working = jobs or any(worker.client for worker in workers.values())
+        if not working and (replaced or time.monotonic() - last_job > IDLE_S):
+            break
+    if not replaced:
+        path.unlink(missing_ok=True)
+        path.with_suffix(".log").unlink(missing_ok=True)
+
+
+def main(argv: list[str]) -> None:
+    detach, (path, alias) = argv[0] == "--detach", argv[-2:]
+    if detach and os.fork():  # the starter waits for this first process only; the server is not its child
+        os._exit(0)
+    if detach:
+        os.setsid()
+    serve(Path(path), alias)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,231 @@
+"""The processes a fork server (`epbuild.execute.fork_server`) forks, and the server's handle on a warm worker.
+
+A forked process first drops what belongs to the server (its signal handling, sockets and wakeup pipe), then
+becomes a job as `python -m MODULE request result` would: the job's folder, its output file as stdout and
+stderr, its environment, `sys.path` and argv, and the module's `main()`. `run_one` runs one job and exits;
+`run_many` (a warm worker) is leased to one client at a time and runs the jobs it sends, one at a time; it
+retires after a failed job, after `WORKER_MAX_JOBS`, or when it holds more than `WORKER_MAX_GROWTH_MB` beyond
+what it held when forked (so a job's memory limit, polled on the worker's resident memory, sees at most that
+much of earlier jobs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import signal
+import socket
+import sys
+import time
+from typing import Any
+
+WORKER_MAX_JOBS = 200
+WORKER_MAX_GROWTH_MB = 256
+ALARM_GRACE_S = 2.0  # a warm worker's own time limit trails its client's, so a living client reports first
+REUSED_PROCESS = False  # set in a warm worker, which runs one job after another (`child.serve` returns there)
+# In a warm worker, the job's request as its client sent it over the lease, and serve()'s answer for it: no files.
+INLINE_JOB: dict[str, Any] | None = None
+
+
+def enter_job(request: dict[str, Any]) -> None:
+    """Become the job's process: its folder, its output file as stdout and stderr, its environment and argv."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.chdir(request["cwd"])
+    output = os.open(request["output"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(output, 1)
+    os.dup2(output, 2)
+    os.close(output)
+    os.environ.clear()
+    os.environ.update(request["env"])
+    sys.path[:] = request["path"]
+    sys.argv = [request["module"], *request["arguments"]]
+
+
+def leave_server(server_sockets: list[socket.socket], wake: tuple[int, int]) -> None:
+    """In a forked child: drop what belongs to the server (its signal handling, listener, connections, pipe)."""
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for descriptor in wake:
+        os.close(descriptor)
+    for server_socket in server_sockets:
+        server_socket.close()
+
+
+def run_module(name: str) -> None:
+    """What `python -m name` runs: the module's main() (every child module has one; it is not re-executed, so a
+    warm worker does not rebuild its classes for every job)."""
+    import importlib
+
+    importlib.import_module(name).main()
+
+
+def run_one(request: dict[str, Any], server_sockets: list[socket.socket], wake: tuple[int, int]) -> None:
+    """In the forked child: become `python -m module arguments` in the job's folder, output into its file."""
+    try:
+        leave_server(server_sockets, wake)
+        enter_job(request)
+        run_module(request["module"])
+    except BaseException:  # noqa: BLE001 - anything here must end the child, never return into the server
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(70)
+
+
+def resident_bytes(pid: int) -> int:
+    """A process's resident memory now (0 once it has gone)."""
+    try:
+        with open(f"/proc/{pid}/statm", encoding="ascii") as handle:
+            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _status_kb(field: str) -> int:
+    with open("/proc/self/status", encoding="ascii") as status:
+        line = next((line for line in status if line.startswith(field)), f"{field} 0 kB")
+    return int(line.split()[1])
+
+
+def _one_of_many(request: dict[str, Any]) -> tuple[int, int, dict[str, Any] | None]:
+    """Run one job in this warm worker as `python -m module arguments` would: (exit code, its peak resident kB,
+    its result when the request came inline)."""
+    global INLINE_JOB
+    with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w", encoding="ascii") as clear:
+        clear.write("5")  # reset the peak (VmHWM) so that it is this job's own
+    INLINE_JOB = {"request": request["job"]} if "job" in request else None
+    code = 0
+    timeout = (request.get("limits") or {}).get("timeout_s")
+    try:
+        enter_job(request)
+        if timeout:  # the job's time limit holds here too, should its client die: SIGALRM ends this worker
+            signal.alarm(math.ceil(timeout + ALARM_GRACE_S))
+        run_module(request["module"])
+    except SystemExit as exc:  # `child.serve` ends every job this way here
+        code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+    except BaseException:  # noqa: BLE001 - a job's failure is its exit code, the worker goes on or retires
+        import traceback
+
+        traceback.print_exc()
+        code = 70
+    finally:
+        signal.alarm(0)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        quiet = os.open(os.devnull, os.O_WRONLY)  # nothing between jobs lands in the last job's output
+        os.dup2(quiet, 1)
+        os.dup2(quiet, 2)
+        os.close(quiet)
+        os.chdir("/")  # nor does the worker hold on to the job's folder (a busy mount, a deleted folder kept)
+    inline, INLINE_JOB = INLINE_JOB, None
+    return code, _status_kb("VmHWM:"), inline.get("result") if inline else None
+
+
+def run_many(control: socket.socket, server_sockets: list[socket.socket], wake: tuple[int, int]) -> None:
+    """A warm worker forked from the server: leased to one client at a time (the server passes the client's
+    connection), it runs the jobs that client sends, one at a time, answering each directly; when the client lets
+    it go it tells the server and waits for the next lease, until it retires."""
+    global REUSED_PROCESS
+    try:
+        leave_server(server_sockets, wake)
+        REUSED_PROCESS = True
+        bound_kb = _status_kb("VmRSS:") + WORKER_MAX_GROWTH_MB * 1024
+        jobs = 0
+        while True:
+            _, descriptors, _, _ = socket.recv_fds(control, 64, 1)
+            if not descriptors:  # the server has gone
+                return
+            client = socket.socket(fileno=descriptors[0])
+            client.setblocking(True)
+            for line in client.makefile("rb"):  # until the client lets it go
+                request = json.loads(line)
+                _tell(control, {"job": request.get("limits") or {}})  # the server holds its limits meanwhile
+                code, peak_kb, result = _one_of_many(request)
+                _tell(control, {"idle": True})
+                jobs += 1
+                retire = code != 0 or jobs >= WORKER_MAX_JOBS or _status_kb("VmRSS:") > bound_kb
+                answer = {"code": code, "maxrss": peak_kb, "retire": retire,
+                          **({"result": result} if result is not None else {})}
+                client.sendall(json.dumps(answer).encode() + b"\n")
+                if retire:
+                    return
+            client.close()
+            _tell(control, {"free": True})
+    finally:
+        os._exit(0)
+
+
+def _tell(control: socket.socket, message: dict[str, Any]) -> None:
+    control.sendall(json.dumps(message).encode() + b"\n")
+
+
+LIMIT_GRACE_S = 2.0  # the server's own limits trail the client's, so a living client reports first
+
+
+class JobGuard:
+    """A job's time and memory limits, enforced by the server itself on a forked child or a warm worker, and its
+    client (`owner_tag`): they hold even when the build process that asked for the job has died."""
+
+    def __init__(self, pid: int, limits: dict[str, float | None], client: str):
+        self.pid, self.client = pid, client
+        timeout = limits.get("timeout_s")
+        self.deadline = time.monotonic() + timeout + LIMIT_GRACE_S if timeout else None
+        memory = limits.get("max_memory_gb")
+        self.max_bytes = memory * 2**30 * 1.1 if memory else None
+        self.killed = False
+
+    def exceeded(self) -> bool:
+        if self.killed:
+            return False
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            return True
+        return self.max_bytes is not None and resident_bytes(self.pid) > self.max_bytes
+
+    def kill(self) -> None:
+        if not self.killed:
+            self.killed = True
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+
+class WorkerHandle:
+    """The server's side of a warm worker: its control socket, and the connection of the client it is leased to
+    (the server keeps a copy, to report the worker's end should it die during a job)."""
+
+    def __init__(self, pid: int, control: socket.socket):
+        self.pid, self.control = pid, control
+        self.client: socket.socket | None = None
+        self.client_tag = ""  # the leasing process (`owner_tag`): gone, the worker is killed
+        self.guard: JobGuard | None = None  # the limits of the job it runs now
+        self.heard_so_far = b""
+
+    def lease(self, connection: socket.socket, client_tag: str) -> None:
+        self.client, self.client_tag = connection, client_tag
+        with contextlib.suppress(OSError):  # if it has just died, its end is reported when it is reaped
+            socket.send_fds(self.control, [b"lease"], [connection.fileno()])
+
+    def heard(self, data: bytes) -> bool:
+        """Take what the worker said on its control socket (a job started with its limits, ended, or the client
+        let it go); whether it is free now."""
+        *lines, self.heard_so_far = (self.heard_so_far + data).split(b"\n")
+        freed = False
+        for line in lines:
+            message = json.loads(line)
+            self.guard = JobGuard(self.pid, message["job"], self.client_tag) if "job" in message else None
+            if "free" in message:
+                self.client.close()
+                self.client, self.client_tag, freed = None, "", True
+        return freed
+
+    def end(self, status_line: bytes) -> None:
+        """It has exited: its client (if any) reads this as the end of the job it ran; the server lets it go."""
+        if self.client is not None:
+            with contextlib.suppress(OSError):
+                self.client.sendall(status_line)
+            self.client.close()
+        self.control.close()

@@ -1,0 +1,199 @@
+"""What this host can build: installed EP packages, registered EP devices, and why a target is unavailable.
+
+Probing needs onnxruntime and the plugin libraries, which cost a second; it runs once in a child process and is
+cached in `artifacts/.state/host.json`, keyed by package versions and the machine, so task creation reads a
+small JSON file instead. The in-child helpers (`register_plugin`, `select_ep_device`) are shared by the compile
+and validation children.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.metadata
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..manifest.eps import REGISTRY, EpInfo, platform_reason
+from ..store.layout import write_json
+
+SHIM_LIBRARY = "EPBUILD_OPENVINO_SHIM"  # the built vendor-id shim (epbuild.steps.vendor_shim), for children
+SHIM_PLUGIN = "EPBUILD_OPENVINO_PLUGIN"  # the real plugin library the shim loads
+
+
+@functools.cache
+def package_version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def toolchain_versions(info: EpInfo) -> dict[str, str | None]:
+    """The package versions that shape an artifact of this EP: onnx reads and checks every model and artifact
+    in the jobs (placement, external data, EPContext attributes)."""
+    versions = {"onnxruntime": package_version("onnxruntime"), "onnx": package_version("onnx")}
+    if info.package and info.package != "onnxruntime":
+        versions[info.package] = package_version(info.package)
+    return versions
+
+
+def _cpuinfo(keys: tuple[str, ...]) -> str | None:
+    """The first /proc/cpuinfo line starting with one of `keys`, its value; None where there is none."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith(keys):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+@functools.cache
+def cpu_model() -> str:
+    return _cpuinfo(("model name",)) or platform.processor()
+
+
+@functools.cache
+def cpu_vendor() -> str:
+    return _cpuinfo(("vendor_id",)) or ""
+
+
+@functools.cache
+def cpu_flags() -> str:
+    """The CPU's instruction-set features as one digest: artifacts tied to this host's ISA are keyed by it."""
+    flags = _cpuinfo(("flags", "Features"))
+    return hashlib.sha256(" ".join(sorted(flags.split())).encode()).hexdigest() if flags else platform.processor()
+
+
+def probe_key() -> dict[str, Any]:
+    """What the probe's answer depends on; a change re-probes."""
+    packages = sorted({info.package for info in REGISTRY.values() if info.package})
+    return {"python": [sys.prefix, sys.version], "platform": sys.platform, "machine": platform.machine(),
+            "node": platform.node(), "cpu": cpu_model(), "packages": {p: package_version(p) for p in packages},
+            "vendor_shim": Path(os.environ[SHIM_LIBRARY]).parent.name if os.environ.get(SHIM_LIBRARY) else None}
+
+
+def capabilities(state_dir: Path) -> dict[str, Any]:
+    """The cached probe result, probing in a child process when the key changed."""
+    cache = state_dir / "host.json"
+    key = probe_key()
+    try:
+        cached = json.loads(cache.read_text())
+        if cached.get("key") == key:
+            return cached
+    except (OSError, ValueError):
+        pass
+    done = subprocess.run([sys.executable, "-m", "epbuild.execute.host"], capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        result = {"error": f"host probe failed ({done.returncode}): {done.stderr.strip()[-500:]}", "eps": {}}
+    else:
+        result = json.loads(done.stdout)
+    result["key"] = key
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        write_json(cache, result, indent=1)
+    except OSError:
+        pass  # a read-only artifacts folder (`doit list` there): probed again next time
+    return result
+
+
+def package_reason(info: EpInfo, source: str) -> str | None:
+    """Why this host cannot even name the EP's toolchain (platform, delivery, package), or None. A Dask
+    coordinator needs only this: the package's version enters the fingerprint, the device is the workers' concern."""
+    reason = platform_reason(info)
+    if reason:
+        return reason
+    if source in ("nuget", "catalog"):
+        return f"{info.name} from '{source}' is delivered only through Windows ML on Windows"
+    if info.package and package_version(info.package) is None:
+        return f"{info.name} needs the '{info.package}' package: pip install {info.package}"
+    return None
+
+
+def unavailable_reason(info: EpInfo, source: str, device: str, caps: dict[str, Any]) -> str | None:
+    """Why this host cannot build for (EP, source, device), with how to fix it; None when it can."""
+    reason = package_reason(info, source)
+    if reason:
+        return reason
+    found = caps.get("eps", {}).get(info.name)
+    if found is None:
+        return f"{info.name} is not offered by this onnxruntime build ({caps.get('error', 'not registered')})"
+    if found.get("error"):
+        return f"{info.name} failed to register: {found['error']}"
+    shim = caps.get("vendor_shim", {})
+    if info.vendor_shim and shim.get("reason") and not found["devices"]:
+        return (f"{info.name} offers no device on this {caps['key']['cpu']} CPU without its vendor-id shim: "
+                f"{shim['reason']}")
+    if not found["devices"]:
+        return (f"{info.name} registered but offers no device on this host (CPU: {caps['key']['cpu']})"
+                f"{info.no_device_hint}")
+    key = info.device_metadata
+    if key and not any(d.get(key, "").upper().startswith(device.upper()) for d in found["devices"]):
+        offered = ", ".join(d.get(key, "?") for d in found["devices"])
+        return f"{info.name} offers {offered} on this host, not {device}"
+    return None
+
+
+# ---- in the child process only: these import onnxruntime ----
+
+def register_plugin(ort: Any, info: EpInfo) -> None:
+    """Register a PyPI plugin EP library with this process's onnxruntime (no-op for built-in EPs)."""
+    if info.module is None or any(d.ep_name == info.name for d in ort.get_ep_devices()):
+        return
+    library = __import__(info.module).get_library_path()
+    if info.vendor_shim and os.environ.get(SHIM_LIBRARY):  # the shim loads the plugin from SHIM_PLUGIN
+        os.environ[SHIM_PLUGIN] = library
+        library = os.environ[SHIM_LIBRARY]
+    ort.register_execution_provider_library(info.name, library)
+
+
+def select_ep_device(ort: Any, info: EpInfo, device: str) -> Any:
+    """The OrtEpDevice for an EP and device, matched by EP name: a build host without an NPU registers QNN on
+    the CPU device type, so the hardware type alone cannot pick it. Some EPs say the device in metadata
+    (OpenVINO: ov_device)."""
+    candidates = [d for d in ort.get_ep_devices() if d.ep_name == info.name]
+    if not candidates:
+        raise RuntimeError(f"{info.name} offers no device on this host")
+    key = info.device_metadata
+    if key:
+        matching = [d for d in candidates if d.ep_metadata.get(key, "").upper().startswith(device.upper())]
+        if not matching:
+            raise RuntimeError(f"{info.name} offers no {device} device on this host")
+        return matching[0]
+    typed = [d for d in candidates if d.device.type.name.lower() == device]
+    return (typed or candidates)[0]
+
+
+def _probe() -> dict[str, Any]:
+    import onnxruntime as ort
+
+    eps: dict[str, dict[str, Any]] = {}
+    for info in REGISTRY.values():
+        if info.module and package_version(info.package or "") and not platform_reason(info):
+            try:
+                register_plugin(ort, info)
+            except Exception as exc:  # noqa: BLE001 - any registration failure is a reason to report
+                eps[info.name] = {"devices": [], "error": str(exc).strip()}
+    for ep_device in ort.get_ep_devices():
+        entry = eps.setdefault(ep_device.ep_name, {"devices": [], "error": None})
+        entry["devices"].append({"type": ep_device.device.type.name.lower(), "vendor": ep_device.device.vendor,
+                                 "version": ep_device.ep_metadata.get("version"),
+                                 "ov_device": ep_device.ep_metadata.get("ov_device", "")})
+    for name in ort.get_available_providers():
+        eps.setdefault(name, {"devices": [{"type": "cpu", "vendor": "", "version": ort.__version__}],
+                              "error": None})
+    for info in REGISTRY.values():
+        if info.module and info.name not in eps and package_version(info.package or ""):
+            eps[info.name] = {"devices": [], "error": None}
+    return {"onnxruntime": ort.__version__, "eps": eps}
+
+
+if __name__ == "__main__":
+    json.dump(_probe(), sys.stdout)

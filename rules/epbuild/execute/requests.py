@@ -1,0 +1,79 @@
+"""What the parent sends its compile and validation children, and what they answer (JSON, declared here)."""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+
+class CompileMember(TypedDict):
+    model: str  # the model file the compile consumes
+    output: str  # where the compiled (or optimized) model goes
+    external_data: str | None  # CPU targets: the output's own external-data file name
+    inputs: dict[str, list[int]]  # static shapes from the manifest
+    entry: str  # the model's manifest entry (models.NAME), for errors about its keys
+
+
+class CompileRequest(TypedDict):
+    members: list[CompileMember]
+    manifest: str  # the manifest's file name
+    share: bool  # compile every member into one shared EP context
+    ep: str  # EP alias
+    device: str
+    compiler: str  # ort or ort_session
+    embed: bool
+    options: dict[str, str]  # provider options, option files as absolute paths
+    optimization_level: str | None  # CPU targets
+
+
+class MemberResult(TypedDict):
+    nodes: dict[str, Any]  # where the source's nodes ended up (epbuild.steps.graph.placement)
+    ep_sdk_version: str | None
+    binaries: list[str]  # context binaries the compiled model references
+
+
+class CompileResult(TypedDict):
+    members: list[MemberResult]
+
+
+class MemberValidation(TypedDict):
+    """One artifact to validate: the file, what its sidecar recorded, the reference and the settings."""
+
+    artifact: str
+    files: list[str]  # every file the sidecar lists, absolute
+    ep_sdk_version: str | None
+    cpu_nodes: int  # nodes the compile left on CPU: more at run time is a fallback
+    source: str  # the model the compile consumed
+    reference: str  # the model to compare with
+    float_reference: str | None  # quantized artifacts: the float model, compared for information
+    ep: str
+    device: str
+    embed: bool
+    mode: str  # run or structural
+    options: dict[str, str]  # runtime options, option files inside the artifact folder
+    inputs: dict[str, list[int]]
+    inputs_file: str | None
+    precision: str  # fp32 or fp16 (qdq is recognised from the reference)
+    thresholds: dict[str, float]
+    frozen: dict[str, list[float]]
+    entry: str  # the model's manifest entry, for errors about its keys
+    manifest: str
+
+
+class ValidationRequest(TypedDict):
+    members: dict[str, MemberValidation]
+    shared: bool  # a shared-context group: structural checks of all, then each member run
+    one_binary: bool  # the EP writes one binary for all members: they must all reference it
+    run_blocked: str | None  # why this host cannot load the shared context
+
+
+class ValidationReport(TypedDict, total=False):
+    status: str  # passed, failed or skipped
+    reason: str
+    precision: str
+    thresholds: dict[str, float]
+    ran_on: dict[str, list[str]]  # EP -> op types it ran
+    outputs: dict[str, dict[str, Any]]  # per output: epbuild.steps.validate.compare's metrics
+    inputs: dict[str, Any]
+    against_float_model: dict[str, dict[str, Any]]
+    members: dict[str, Any]  # groups: each member's report
+    structural: str

@@ -1,0 +1,204 @@
+"""A build host in a Dask cluster:
+`python -m epbuild.execute.worker tcp://scheduler:8786 [--workdir DIR] [dask worker args]`.
+
+The worker advertises, as Dask resources, exactly what `doit backends` finds here: each EP ONNX Runtime registers
+(`ep:QNNExecutionProvider`), each external toolchain (`toolchain:qaic`), the machine (`host:x86_64`), the CPU's
+ISA class (`cpu:<digest of its flags>`, for host-specific artifacts) and the versions of the packages that shape
+an artifact (`pkg:onnxruntime-qnn:2.7.0`). A job asks for the versions in its fingerprint, so it only ever runs
+where the artifact will be what the fingerprint says.
+
+`run_job` is the Dask task: it writes the job's input files (sent by content, no shared filesystem) under the
+working folder with the project's relative layout, runs the same produce step as a local build (a fresh child
+per job), and returns the output files by content: uploaded to the remote cache when the coordinator has one,
+else in the Dask result (up to a size cap).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+from ..errors import BuildError, UserError
+from ..store.layout import Layout
+from .executor import cpu_class
+from .python_path import child_import_path
+
+RESOURCE_AMOUNT = 1000  # resources route jobs; the worker's thread count limits concurrency
+LOG_CAP = 1 << 20  # bytes of each log a job sends back: its end, where the errors are
+
+
+def host_resources(state_dir: Path, shim: dict[str, str]) -> dict[str, int]:
+    """What this host can build, as Dask resources (the same probe as `doit backends`): `ep:<EP>:<device>` for
+    each device the EP offers here; `shim` is what `epbuild.steps.vendor_shim.prepare` answered on this host."""
+    from ..manifest.eps import REGISTRY
+    from ..steps.toolchains import Toolchain, find_qaic, find_qairt
+    from .host import capabilities, package_version, unavailable_reason
+
+    caps = {**capabilities(state_dir), "vendor_shim": shim}
+    names = {f"host:{platform.machine()}", cpu_class(), "ep:CPUExecutionProvider:cpu"}
+    names |= {f"ep:{info.name}:{device}" for info in REGISTRY.values() if not info.is_cpu
+              for device in info.devices if unavailable_reason(info, info.default_source, device, caps) is None}
+    for tool, found in (("qaic", find_qaic(None)), ("qairt", find_qairt(None))):
+        if isinstance(found, Toolchain):
+            names |= {f"toolchain:{tool}", f"pkg:{tool}:{found.version}"}
+    packages = {"onnxruntime", "onnx", *(info.package for info in REGISTRY.values() if info.package)}
+    names |= {f"pkg:{name}:{version}" for name in packages if (version := package_version(name))}
+    return dict.fromkeys(sorted(names), RESOURCE_AMOUNT)
+
+
+def relocate(value: Any, old: Path, new: Path) -> Any:
+    """`value` with every path under `old` (Path or string) moved under `new`; dataclasses are rebuilt."""
+    if isinstance(value, Path):
+        return new / value.relative_to(old) if value.is_relative_to(old) else value
+    if isinstance(value, str):
+        return str(new / Path(value).relative_to(old)) if value.startswith(f"{old}{os.sep}") else value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changes = {f.name: relocate(getattr(value, f.name), old, new) for f in dataclasses.fields(value) if f.init}
+        return dataclasses.replace(value, **changes)
+    if isinstance(value, tuple):
+        return tuple(relocate(v, old, new) for v in value)
+    if isinstance(value, list):
+        return [relocate(v, old, new) for v in value]
+    if isinstance(value, dict):
+        return {k: relocate(v, old, new) for k, v in value.items()}
+    return value
+
+
+def _check_versions(job: dict[str, Any]) -> None:
+    """Defence in depth behind routing: a package version that differs from the fingerprint's refuses the job."""
+    from ..steps.toolchains import Toolchain, find_qaic, find_qairt
+    from .host import package_version
+    from .provenance import code_digest
+
+    if job.get("code") != code_digest():
+        raise BuildError(f"{job['task']}: worker refused the job: it runs other epbuild code than the coordinator "
+                         "(install the same epbuild version on every worker)")
+    for name in job["resources"]:
+        if name.startswith("pkg:") and name.count(":") == 2:
+            _, package, wanted = name.split(":")
+            if package in ("qaic", "qairt"):
+                tool = find_qaic(None) if package == "qaic" else find_qairt(None)
+                found = tool.version if isinstance(tool, Toolchain) else None
+            else:
+                found = package_version(package)
+            if found != wanted:
+                raise BuildError(f"{job['task']}: worker refused the job: its fingerprint needs {package} {wanted}, "
+                                 f"this worker has {found or 'none'}")
+
+
+def _outputs(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _through_remote(job: dict[str, Any], scratch: Path) -> bool:
+    """Upload the outputs as the entry of the job's fingerprint (this worker's AWS settings and signing key);
+    False when the remote is unavailable or read-only here, and the outputs travel in the result instead."""
+    from ..store.hashing import sha256_file
+    from ..store.remote_cache import connect
+
+    remote = connect(job["remote"])
+    names = sorted(p.relative_to(scratch).as_posix() for p in scratch.rglob("*") if p.is_file())
+    digests = {name: sha256_file(scratch / name) for name in names}
+    remote.upload(job["fingerprint"], scratch, digests, job["identity"], job["task"])
+    return not (remote.down or remote.readonly)
+
+
+def run_job(job: dict[str, Any]) -> dict[str, Any]:
+    """One compile, stage or validation, in a folder of its own under the worker's working folder; a failure
+    comes back as {"error": message}."""
+    from distributed import get_worker
+
+    worker = get_worker()
+    name = worker.name or worker.address
+    base = Path(os.environ.get("EPBUILD_WORKER_DIR") or Path(tempfile.gettempdir()) / "epbuild-worker")
+    root = base / "jobs" / uuid.uuid4().hex
+    try:
+        result = {**relocate(_run_job(job, base, root), root, Path(job["root"])), "worker": name}
+    except (BuildError, UserError, OSError) as exc:  # a message for the coordinator, not a pickled exception
+        result = {"error": str(exc).replace(str(root), job["root"]), "worker": name}
+    try:
+        return {**result, "logs": _logs(root / "artifacts")}
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _logs(artifacts: Path) -> dict[str, bytes]:
+    """The job's logs (child and tool output) by their place under `.logs`, the last LOG_CAP bytes of each."""
+    folder = Layout(artifacts).logs
+    return {p.relative_to(folder).as_posix(): p.read_bytes()[-LOG_CAP:] for p in sorted(folder.rglob("*.log"))}
+
+
+def _run_job(job: dict[str, Any], base: Path, root: Path) -> dict[str, Any]:
+    from ..steps.compilers import compiler
+    from ..steps.preprocess import produce_stage
+    from ..steps.toolchains import supported_operators
+    from ..steps.validate import validate
+    from ..store.cache import Workspace
+
+    _check_versions(job)
+    for relative, data in job["files"].items():
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    what = relocate(job["what"], Path(job["root"]), root)
+    if job["kind"] != "stage" and what.target.compiler in ("qaic", "qairt"):  # this host's SDK, as advertised
+        what = dataclasses.replace(what, target=dataclasses.replace(what.target, sdk_root=None))
+    workspace = Workspace(root / "artifacts", base / "cache", None)
+    scratch = root / ".job-output"
+    scratch.mkdir(parents=True)
+    result: dict[str, Any] = {}
+    if job["kind"] == "compile":
+        result["usage"] = compiler(what.target).produce(what, workspace, scratch) or {}
+    elif job["kind"] == "stage":
+        result["answer"] = produce_stage(what, workspace, scratch)
+    elif job["kind"] == "ops":
+        toolchain = compiler(what.target).found(what)
+        operators = supported_operators(toolchain, what.log(workspace.layout, "ops"))
+        return {"answer": sorted(operators), "version": toolchain.version, "files": {}, "digests": {}}
+    else:
+        result["report"] = validate(what, workspace.layout, scratch)
+    if job.get("remote") and _through_remote(job, scratch):
+        return {**result, "files": {}, "digests": {}, "via_remote": True}
+    files = _outputs(scratch)
+    size = sum(len(data) for data in files.values())
+    if size > job["result_cap"]:
+        raise BuildError(f"{job['task']}: its outputs ({size / 1e6:.0f} MB) exceed the "
+                         f"{job['result_cap'] / 1e6:.0f} MB a Dask result may carry; configure a remote cache "
+                         "(`[cache] remote`) so outputs travel through it")
+    return {**result, "files": files, "digests": {n: hashlib.sha256(d).hexdigest() for n, d in files.items()}}
+
+
+def main(argv: list[str]) -> None:
+    """Probe this host, then become `dask worker SCHEDULER --resources ...` with the remaining arguments."""
+    from ..steps import vendor_shim
+
+    if not argv or argv[0].startswith("-"):
+        raise SystemExit("usage: python -m epbuild.execute.worker tcp://SCHEDULER:8786 [--workdir DIR] "
+                         "[dask worker args]")
+    scheduler, rest = argv[0], argv[1:]
+    workdir = Path(tempfile.gettempdir()) / "epbuild-worker"
+    if "--workdir" in rest:
+        at = rest.index("--workdir")
+        workdir = Path(rest[at + 1]).absolute()
+        rest = rest[:at] + rest[at + 2:]
+    workdir.mkdir(parents=True, exist_ok=True)
+    shim = vendor_shim.prepare(workdir / "cache")  # its path reaches the job children through the environment
+    resources = host_resources(workdir / "state", shim)
+    print(f"epbuild worker: {workdir}; resources: {', '.join(resources)}", flush=True)
+    os.environ["EPBUILD_WORKER_DIR"] = str(workdir)
+    os.environ["PYTHONPATH"] = child_import_path()
+    arguments = ",".join(f"{name}={amount}" for name, amount in resources.items())
+    os.execv(sys.executable, [sys.executable, "-m", "distributed.cli.dask_worker", scheduler,
+                              "--resources", arguments, "--local-directory", str(workdir / "dask"), *rest])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,170 @@
+"""The build model: a resolved target, and a build that compiles one or more members for it.
+
+A build with one member is a plain compile (`compile:MODEL@TARGET`, `artifacts/<target>/<model>/`); several
+members compiled into one shared EP context are a group (`group:NAME`, `artifacts/<target>/groups/<name>/`).
+Everything downstream (fingerprint, compile, validation, tasks) takes a `Build`. Plain data: builds travel to
+doit's worker processes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..execute.child import Limits
+from ..steps.stages import Stage
+from ..steps.toolchains import QaicOptions
+from ..store.layout import Layout
+from .eps import EpInfo
+from .parse import ModelSpec
+
+SIDECAR = "artifact.json"
+QPC_PROGRAM = "qpc/programqpc.bin"  # qaic targets: the QPC folder that qaic-compile writes, with its program
+
+
+@dataclass(frozen=True)
+class ResolvedTarget:
+    """Everything that decides how a target compiles. `options` holds strings as the EP receives them, with
+    option-file values as written in the manifest (relative), so the config stays free of absolute paths."""
+
+    name: str
+    ep: EpInfo
+    source: str
+    device: str
+    compiler: str
+    embed: bool
+    options: dict[str, str]
+    option_files: dict[str, Path]
+    optimization_level: str | None
+    timeout_s: float
+    max_memory_gb: float
+    quantized: bool = False
+    qaic: QaicOptions | None = None  # compiler = "qaic"
+    sdk_root: Path | None = None  # the configured toolchain root (qaic) or QAIRT SDK root (qairt)
+    toolchain_version: str | None = None  # qaic/qairt absent here: the version the Dask workers offer
+    min_offload: float | None = None
+    warnings: tuple[str, ...] = ()  # said once per run that reads the manifest (an unknown SoC model)
+
+    def limits(self, timeout_s: float | None = None) -> Limits:
+        """The limits of this target's children: the compile's timeout unless another is given."""
+        return Limits(timeout_s or self.timeout_s, self.max_memory_gb)
+
+    @property
+    def quantize_flavour(self) -> str | None:
+        """Which quantized variant this target consumes: its EP's QDQ configuration."""
+        return self.ep.quantize_flavour if self.quantized else None
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.ep.is_cpu
+
+    def session_options(self) -> dict[str, str]:
+        """The options passed to the EP: option-file values replaced by absolute paths."""
+        return {**self.options, **{key: str(path) for key, path in self.option_files.items()}}
+
+    def runtime_options(self) -> dict[str, str]:
+        """What a runtime passes again when loading the artifact: options, and option files by their name inside
+        the artifact."""
+        return {**{k: v for k, v in self.options.items() if k in self.ep.runtime_options}, **self.runtime_files()}
+
+    def runtime_files(self) -> dict[str, str]:
+        """Option files a runtime needs again when loading the artifact: key -> name inside the artifact."""
+        return {key: f"{key}{path.suffix}" for key, path in sorted(self.option_files.items())
+                if key in self.ep.runtime_options}
+
+    def precision(self) -> str:
+        """The float precision the target computes in (QDQ models are recognised in the validating child)."""
+        option = self.ep.precision_option
+        if option and option in self.option_files:
+            return "fp16" if "f16" in self.option_files[option].read_text().lower() else "fp32"
+        return self.ep.float_precision
+
+
+@dataclass(frozen=True)
+class ValidationSettings:
+    """How a member's artifact is validated: the target's `validation` table with the model's keys winning."""
+
+    mode: str  # "run", "structural" or "off"
+    inputs: Path | None
+    reference: Path | None
+    thresholds: dict[str, float]  # only those the manifest sets; the rest default by precision
+    timeout_s: float
+
+
+@dataclass(frozen=True)
+class Member:
+    """One model of a build. `model` is what the compile consumes: the declared model, or the output of its
+    last stage; `float_model` is the float model before quantization, for the validation report's information;
+    `frozen` holds the inputs a freeze stage made constant."""
+
+    model: ModelSpec
+    validation: ValidationSettings
+    external: tuple[Path, ...] = ()  # the external-data files of `model`
+    float_model: Path | None = None
+    frozen: dict[str, tuple[float, ...]] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.model.name
+
+    @property
+    def model_file(self) -> str:
+        return f"{self.model.name}.onnx"
+
+    @property
+    def data_file(self) -> str:
+        """A CPU artifact of a model with external data keeps its weights in this file beside it."""
+        return f"{self.model_file}.data"
+
+
+@dataclass(frozen=True)
+class Build:
+    """Members compiled for one target: one member is a compile, several sharing one EP context a group.
+
+    `outputs` lists the files the compile publishes, known before it runs (the compiler may add more: qaic)."""
+
+    name: str  # MODEL@TARGET, or the group's name
+    target: ResolvedTarget
+    members: tuple[Member, ...]
+    outputs: tuple[str, ...]
+    stages: tuple[Stage, ...] = ()
+    shared: bool = False
+    manifest: str = "models.toml"  # the manifest's file name, for errors about a member's keys
+
+    @property
+    def kind(self) -> str:
+        return "group" if self.shared else "compile"
+
+    @property
+    def task(self) -> str:
+        return f"{self.kind}:{self.name}"
+
+    @property
+    def folder_name(self) -> str:
+        return self.name if self.shared else self.members[0].name
+
+    def out_dir(self, layout: Layout) -> Path:
+        return layout.build_dir(self.target.name, self.folder_name, self.shared)
+
+    def log(self, layout: Layout, step: str) -> Path:
+        """`step`: compile, validate, ops."""
+        stem = f"group.{self.name}" if self.shared else self.members[0].name
+        return layout.log(self.target.name, f"{stem}.{step}")
+
+    @property
+    def validates(self) -> bool:
+        return self.members[0].validation.mode != "off"
+
+    @property
+    def inputs(self) -> list[Path]:
+        """Every file the compile reads: models, their external data, option files."""
+        return [p for m in self.members for p in (m.model.path, *m.external)] + list(self.target.option_files.values())
+
+    @property
+    def validation_files(self) -> list[Path]:
+        """Files the validation reads besides the artifact: inputs, references, float models."""
+        return [p for m in self.members for p in (m.validation.inputs, m.validation.reference, m.float_model) if p]
+
+    @property
+    def sources(self) -> list[Path]:
+        return [m.model.path for m in self.members]

@@ -1,0 +1,489 @@
+"""models.toml: parsing and schema validation into typed, immutable specs.
+
+Every error names the file and the key path (`targets.qnn-htp.options`), says what was found and what is valid.
+Only the TOML is read here: no model file is opened, so loading stays cheap at task-creation time.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import UserError, closest
+from ..store.layout import GROUPS
+from .schema import THRESHOLDS, keys
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised only on Python 3.10
+    import tomli as tomllib
+
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+RESERVED_MODEL_NAMES = (GROUPS,)
+
+
+@dataclass(frozen=True)
+class QuantizeSpec:
+    """`quantize = {...}`: static QDQ quantization; `calibration` None means the fixed-seed random set."""
+
+    calibration: tuple[Path, ...] | None
+    activation_type: str
+    weight_type: str
+    per_channel: bool
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model as declared: `path` is absolute, `inputs` fixes symbolic dimensions, and the optional stages
+    before compile (`optimize`, `quantize`, `squash`)."""
+
+    name: str
+    path: Path
+    inputs: dict[str, tuple[int, ...]]
+    targets: tuple[str, ...]
+    validation: dict[str, Any]
+    optimize: str | None = None
+    quantize: QuantizeSpec | None = None
+    squash: bool = False
+    freeze: dict[str, tuple[float, ...]] | None = None  # configuration inputs turned into constants
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """A target as declared, after `extends` was merged; EP-specific checks happen in `epbuild.manifest.targets`."""
+
+    name: str
+    ep: str | None
+    device: str | None
+    compiler: str
+    embed: bool
+    options: dict[str, Any]
+    option_files: tuple[str, ...]
+    optimization_level: str | None
+    validate: str  # "run", "structural" or "off"
+    validation: dict[str, Any]
+    quantized: bool  # consume the quantized variant of models that declare `quantize`
+    qaic: dict[str, Any] | None = None  # compiler = "qaic": the qaic-compile flags
+    qnn_sdk_root: Path | None = None  # compiler = "qairt"
+    timeout_s: float | None = None  # the compile child's wall-time limit
+    max_memory_gb: float | None = None  # the compile and validation children's resident-memory limit
+    min_offload: float | None = None  # share of source nodes that must end inside EPContext nodes
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """Several models compiled, in this order, into one shared EP context."""
+
+    name: str
+    target: str
+    models: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    """`[cache]`: where the artifact cache lives (EPBUILD_CACHE_DIR overrides `dir`), an optional size cap and an
+    optional shared remote (EPBUILD_CACHE_REMOTE overrides `remote`)."""
+
+    dir: Path | None
+    max_size_mb: float | None
+    remote: str | None
+    hard_links: bool = False
+
+
+@dataclass(frozen=True)
+class ExecutorSpec:
+    """`[executor]`: a Dask scheduler to run builds on (EPBUILD_EXECUTOR overrides `scheduler`)."""
+
+    scheduler: str | None
+    wait_s: float
+
+
+@dataclass(frozen=True)
+class Manifest:
+    path: Path
+    models: dict[str, ModelSpec]
+    targets: dict[str, TargetSpec]
+    groups: dict[str, GroupSpec]
+    cache: CacheSpec
+    toolchains: dict[str, Path]  # [toolchains.NAME] root
+    executor: ExecutorSpec
+    # every file and folder reading the manifest looked at (models, configs, calibration folders, validation
+    # files): the no-op shortcut (`epbuild.fast_path`) holds only while each keeps its identity
+    reads: tuple[Path, ...] = ()
+
+    @property
+    def root(self) -> Path:
+        return self.path.parent
+
+
+class TableReader:
+    """Type-checked access to one TOML table, with the key path for error messages."""
+
+    def __init__(self, file: Path, path: str, table: Any):
+        self.file, self.path = file, path
+        if not isinstance(table, dict):
+            self.fail(f"must be a table, found {_type_name(table)}")
+        self.table: dict[str, Any] = table
+
+    def fail(self, message: str, key: str | None = None):
+        path = ".".join(part for part in (self.path, key) if part)
+        raise UserError(self.file.name, path or None, message)
+
+    def only(self, allowed: tuple[str, ...] | dict[str, Any]) -> None:
+        for key in self.table:
+            if key not in allowed:
+                self.fail(f"unknown key{closest(key, allowed)}; valid keys: {', '.join(allowed)}", key)
+
+    def read(self, scope: str, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+        """Every key of `scope` (epbuild.manifest.schema): unknown keys refused, each value type-checked and checked,
+        absent ones at their default; keys in `skip` are only checked for being allowed (their reader handles them)."""
+        declared = keys(scope)
+        self.only(declared)
+        values = {}
+        for name, key in declared.items():
+            if name in skip:
+                continue
+            value = self.get(name, key.kind, key.default, key.required)
+            if name in self.table:
+                if key.choices is not None and value not in key.choices:
+                    self.fail(f"{shown(value)} is not valid{closest(value, key.choices)}; valid: "
+                              f"{', '.join(key.choices)}", name)
+                problem = key.check(value) if key.check else None
+                if problem:
+                    self.fail(problem, name)
+            values[name] = value
+        return values
+
+    def get(self, key: str, kind: type | tuple[type, ...], default: Any = None, required: bool = False) -> Any:
+        if key not in self.table:
+            if required:
+                self.fail("is required", key)
+            return default
+        value = self.table[key]
+        if not isinstance(value, kind) or (isinstance(value, bool) and bool not in _kinds(kind)):
+            self.fail(f"must be {_kind_name(kind)}, found {_type_name(value)} {shown(value)}", key)
+        return value
+
+    def child(self, key: str) -> TableReader:
+        return TableReader(self.file, f"{self.path}.{key}" if self.path else key, self.table.get(key, {}))
+
+
+def shown(value: Any, limit: int = 80) -> str:
+    """A value as an error message quotes it: repr (newlines escaped), cut to `limit` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit - 5]}… ({len(text)} characters)"
+
+
+def _type_name(value: Any) -> str:
+    return {dict: "a table", list: "an array", str: "a string", bool: "a boolean", int: "an integer",
+            float: "a float"}.get(type(value), type(value).__name__)
+
+
+def _kinds(kind: type | tuple[type, ...]) -> tuple[type, ...]:
+    return kind if isinstance(kind, tuple) else (kind,)
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    kinds = _kinds(kind)
+    if kinds == (int, float):
+        return "a number"
+    names = {dict: "a table", list: "an array", str: "a string", bool: "a boolean", int: "an integer",
+             float: "a number"}
+    return " or ".join(names.get(k, k.__name__) for k in kinds)
+
+
+NAME_LIMIT = 64  # model, target and group names become parts of file names (<model>.<target>.compile.log ...)
+REPORT_NAMES = ("report.html", "build-report.json", "junit.xml", "graph.dot", "graph.svg")  # beside the folders
+
+
+def check_name(file: Path, path: str, name: str) -> None:
+    """Names become path parts and task names: letters, digits, '-', '_', '.'; no leading '.'; short enough
+    for every path built from them; not the name of a report beside the artifact folders."""
+    if not NAME_PATTERN.match(name):
+        raise UserError(file.name, path, f"invalid name {shown(name)}: use letters, digits, '-', '_' and '.' only, "
+                        "not starting with '.'")
+    if len(name) > NAME_LIMIT:
+        raise UserError(file.name, path, f"name of {len(name)} characters: at most {NAME_LIMIT} (it becomes part of "
+                        "file and folder names)")
+    if name in REPORT_NAMES:
+        raise UserError(file.name, path, f"'{name}' is the name of a report in artifacts/; choose another name")
+
+
+_READS: list[Path] = []  # what the running `load` looked at
+MAX_DEPTH = 16  # tables and arrays inside one another; the deepest real key path is 5
+
+
+def _check_depth(path: Path, data: dict[str, Any]) -> None:
+    """Refuse nesting deeper than any manifest key: the readers below walk values recursively."""
+    todo: list[tuple[Any, tuple[str, ...]]] = [(data, ())]
+    while todo:
+        value, where = todo.pop()
+        if len(where) > MAX_DEPTH:
+            shown = ".".join(where[:3]).replace(".[", "[")
+            raise UserError(path.name, f"{shown}…", f"nested more than {MAX_DEPTH} levels deep")
+        if isinstance(value, dict):
+            todo.extend((v, (*where, str(k))) for k, v in value.items())
+        elif isinstance(value, list):
+            todo.extend((v, (*where, f"[{i}]")) for i, v in enumerate(value))
+
+
+def _looked_at(path: Path) -> Path:
+    _READS.append(path)
+    return path
+
+
+def load(path: str | Path) -> Manifest:
+    """Read and validate a manifest; raises UserError naming the file and key path."""
+    _READS.clear()
+    path = _looked_at(Path(path).absolute())
+    if path.exists() and not path.is_file():  # a FIFO would block the read forever
+        raise UserError(path.name, None, f"{path} is not a regular file; give a manifest file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(path.name, None, f"manifest not found at {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(path.name, None, f"cannot read the manifest: {exc}") from None
+    if text.startswith("\ufeff"):
+        raise UserError(path.name, None, "starts with a UTF-8 byte-order mark, which TOML does not allow: save it "
+                        "as UTF-8 without BOM")
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(path.name, None, f"TOML syntax error: {exc}") from None
+    except RecursionError:
+        raise UserError(path.name, None, "arrays or inline tables nested too deep for a manifest (TOML syntax "
+                        "error)") from None
+    _check_depth(path, data)
+    return parse(data, path)
+
+
+def parse(data: dict[str, Any], path: Path) -> Manifest:
+    top = TableReader(path, "", data)
+    top.read("top", skip=("models", "targets", "groups", "cache", "toolchains", "executor"))
+    targets_table = top.child("targets")
+    for name in targets_table.table:
+        check_name(path, f"targets.{name}", name)
+    targets = {name: _target(targets_table, name) for name in targets_table.table}
+    models_table = top.child("models")
+    if not models_table.table:
+        top.fail("declares no models: add a [models.NAME] table with a 'path'", "models")
+    models = {}
+    for name in models_table.table:
+        check_name(path, f"models.{name}", name)
+        if name in RESERVED_MODEL_NAMES:
+            models_table.fail(f"'{name}' is reserved (artifacts/<target>/{name}/ holds shared-context groups); "
+                              f"rename the model", name)
+        models[name] = _model(models_table.child(name), name, targets)
+    groups_table = top.child("groups")
+    groups = {}
+    for name in groups_table.table:
+        check_name(path, f"groups.{name}", name)
+        groups[name] = _group(groups_table.child(name), name, models, targets)
+    cache = top.child("cache").read("cache")
+    cache_spec = CacheSpec(path.parent / cache["dir"] if cache["dir"] else None, cache["max_size_mb"],
+                           cache["remote"], cache["hard_links"])
+    toolchains_table = top.child("toolchains")
+    toolchains_table.only(("qaic",))
+    toolchains = {name: path.parent / toolchains_table.child(name).read("toolchain")["root"]
+                  for name in toolchains_table.table}
+    executor = top.child("executor").read("executor")
+    return Manifest(path, models, targets, groups, cache_spec, toolchains,
+                    ExecutorSpec(executor["scheduler"], executor["wait_s"]), tuple(dict.fromkeys(_READS)))
+
+
+def _group(table: TableReader, name: str, models: dict[str, ModelSpec], targets: dict[str, TargetSpec]) -> GroupSpec:
+    values = table.read("group")
+    target, members = values["target"], values["models"]
+    if target not in targets:
+        table.fail(f"unknown target '{target}'{closest(target, targets)}; declared targets: "
+                   f"{', '.join(targets) or 'none'}", "target")
+    for index, member in enumerate(members):
+        if not isinstance(member, str) or member not in models:
+            table.fail(f"unknown model {member!r}{closest(str(member), models)}; declared models: "
+                       f"{', '.join(models)}", f"models[{index}]")
+        if members.index(member) != index:
+            table.fail(f"model '{member}' is listed twice; each member appears once", f"models[{index}]")
+    if len(members) < 2:
+        table.fail(f"a shared context needs at least two models, found {len(members)}", "models")
+    file_names: dict[str, str] = {}
+    for index, member in enumerate(members):
+        other = file_names.setdefault(models[member].path.name, member)
+        if other != member:
+            table.fail(f"models '{other}' and '{member}' share the file name {models[member].path.name}; ONNX "
+                       "Runtime names compiled graphs after it, so their graphs would collide in the shared "
+                       "context: rename one file", f"models[{index}]")
+    return GroupSpec(name, target, tuple(members))
+
+
+def _model(table: TableReader, name: str, targets: dict[str, TargetSpec]) -> ModelSpec:
+    values = table.read("model", skip=("validation", "quantize", "freeze"))
+    model_path = _looked_at(table.file.parent / values["path"])
+    if model_path.suffix.lower() != ".onnx":
+        table.fail(f"must name an .onnx model file, found {shown(values['path'])}", "path")
+    if not model_path.is_file():
+        table.fail(f"model file not found: {model_path}", "path")
+    inputs: dict[str, tuple[int, ...]] = {}
+    inputs_table = table.child("inputs")
+    for input_name in inputs_table.table:
+        shape = inputs_table.get(input_name, list)
+        if not shape or not all(isinstance(d, int) and not isinstance(d, bool) and 0 < d < 2**31 for d in shape):
+            inputs_table.fail(f"must be a list of positive integers below 2^31, found {shown(shape)}", input_name)
+        inputs[input_name] = tuple(shape)
+    wanted = values["targets"]
+    if wanted is None:
+        wanted = list(targets)
+    for index, target in enumerate(wanted):
+        if not isinstance(target, str) or target not in targets:
+            valid = ", ".join(targets) or "none declared"
+            table.fail(f"unknown target {shown(target)}{closest(str(target), targets)}; declared targets: {valid}",
+                       f"targets[{index}]")
+        if wanted.index(target) != index:
+            table.fail(f"'{target}' is listed twice", f"targets[{index}]")
+    return ModelSpec(name, model_path, inputs, tuple(wanted), _validation(table.child("validation"), model=True),
+                     optimize=values["optimize"], quantize=_quantize(table) if "quantize" in table.table else None,
+                     squash=values["squash"], freeze=_freeze(table, inputs))
+
+
+def _freeze(model: TableReader, inputs: dict[str, tuple[int, ...]]) -> dict[str, tuple[float, ...]] | None:
+    """`freeze = { sr = 16000 }`: inputs that select a configuration become constants (a number or a list)."""
+    if "freeze" not in model.table:
+        return None
+    table = model.child("freeze")
+    if not table.table:
+        model.fail("must name at least one input, e.g. freeze = { sr = 16000 }", "freeze")
+    frozen = {}
+    for name, value in table.table.items():
+        values = value if isinstance(value, list) else [value]
+        if not values or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                                 and abs(v) < 2**63 for v in values):
+            table.fail(f"must be a finite number or a list of them, found {shown(value)}", name)
+        if name in inputs:
+            table.fail("is also fixed in `inputs`; a frozen input is no longer an input", name)
+        frozen[name] = tuple(values)
+    return frozen
+
+
+def _quantize(model: TableReader) -> QuantizeSpec:
+    table = model.child("quantize")
+    values = table.read("quantize")
+    calibration = values["calibration"]
+    files: tuple[Path, ...] | None = None
+    if calibration != "random":
+        folder = _looked_at(table.file.parent / calibration)  # a sample added or removed changes its identity
+        if not folder.is_dir():
+            table.fail(f"calibration folder not found: {folder} (a folder of .npz files, one sample each, or "
+                       f"\"random\" for a fixed-seed smoke-test set)", "calibration")
+        files = tuple(sorted(p.resolve() for p in folder.glob("*.npz")))
+        if not files:
+            table.fail(f"calibration folder {folder} holds no .npz files", "calibration")
+    return QuantizeSpec(files, values["activation_type"], values["weight_type"], values["per_channel"])
+
+
+def _validation(table: TableReader, model: bool) -> dict[str, Any]:
+    """A `validation` table: input/reference files (checked to exist), thresholds, the child's timeout."""
+    if not model and "reference" in table.table:
+        table.only(tuple(k for k in keys("validation") if k != "reference"))
+    values = table.read("validation")
+    settings: dict[str, Any] = {}
+    for key in ("inputs", "reference"):
+        if values[key] is not None:
+            path = _looked_at(table.file.parent / values[key])
+            if not path.is_file():
+                table.fail(f"file {'is a folder' if path.is_dir() else 'not found'}: {path}", key)
+            settings[key] = path.resolve()
+    for key in (*THRESHOLDS, "timeout_s"):
+        if values[key] is not None:
+            settings[key] = float(values[key])
+    return settings
+
+
+EXTENDS_DEPTH = 32  # a chain of `extends` longer than this is a generated manifest gone wrong
+
+
+def _merged_target(targets: TableReader, name: str) -> dict[str, Any]:
+    """The target's table with `extends` applied: own keys win, `options` merge per key. The chain is walked
+    iteratively, so neither a cycle nor a long chain can exhaust the stack."""
+    chain = [name]
+    while (parent := targets.child(chain[-1]).get("extends", str)) is not None:
+        if parent not in targets.table:
+            targets.child(chain[-1]).fail(f"unknown target '{parent}'{closest(parent, targets.table)}", "extends")
+        if parent in chain:
+            raise UserError(targets.file.name, f"targets.{name}.extends",
+                            f"extends cycle: {' -> '.join([*chain, parent])}")
+        if len(chain) >= EXTENDS_DEPTH:
+            raise UserError(targets.file.name, f"targets.{name}.extends",
+                            f"extends chain longer than {EXTENDS_DEPTH} targets ({' -> '.join(chain[:4])} -> ...)")
+        chain.append(parent)
+    merged = dict(targets.child(chain[-1]).table)
+    for child in reversed(chain[:-1]):
+        own = targets.child(child).table
+        inherited = {key: merged.get(key) for key in ("options", "validation")}
+        merged.update({k: v for k, v in own.items() if k != "extends"})
+        for key, parent_table in inherited.items():
+            if isinstance(parent_table, dict) and isinstance(own.get(key), dict):
+                merged[key] = {**parent_table, **own[key]}
+        if "option_files" in own and isinstance(own["option_files"], list):
+            merged["option_files"] = sorted({*merged.get("option_files", []), *own["option_files"]})
+    merged.pop("extends", None)
+    return merged
+
+
+def _target(targets: TableReader, name: str) -> TargetSpec:
+    table = TableReader(targets.file, f"targets.{name}", targets.table[name])
+    table.only(keys("target"))
+    table = TableReader(targets.file, f"targets.{name}", _merged_target(targets, name))
+    values = table.read("target", skip=("validation",))
+    options, option_files = values["options"], values["option_files"]
+    if values["config"] is not None:
+        imported, imported_files = _winml_config(table)
+        options = {**imported, **options}
+        option_files = sorted({*imported_files, *option_files})
+    validate = values["validate"]
+    if isinstance(validate, str) and validate != "structural":
+        table.fail(f"must be true, false or \"structural\", found {validate!r}", "validate")
+    return TargetSpec(
+        name=name, ep=values["ep"], device=values["device"], compiler=values["compiler"], embed=values["embed"],
+        options=dict(options), option_files=tuple(option_files), optimization_level=values["optimization_level"],
+        validate={True: "run", False: "off"}.get(validate, validate),
+        validation=_validation(table.child("validation"), model=False), quantized=values["quantized"],
+        qaic=values["qaic"],
+        qnn_sdk_root=table.file.parent / values["qnn_sdk_root"] if values["qnn_sdk_root"] else None,
+        timeout_s=_number(values["timeout_s"]), max_memory_gb=_number(values["max_memory_gb"]),
+        min_offload=_number(values["min_offload"]),
+    )
+
+
+def _number(value: float | None) -> float | None:
+    return None if value is None else float(value)
+
+
+def _winml_config(target: TableReader) -> tuple[dict[str, Any], list[str]]:
+    """`config = "winml_build_config.json"`: its `compile.provider_options` and `provider_option_file_keys`.
+
+    File-valued options are resolved relative to the config file and re-expressed relative to the manifest."""
+    import json
+    import os
+
+    config_path = _looked_at(target.file.parent / target.get("config", str))
+    try:
+        data = json.loads(config_path.read_text())
+    except FileNotFoundError:
+        target.fail(f"WinMLBuildConfig file not found: {config_path}", "config")
+    except (OSError, ValueError) as exc:
+        target.fail(f"{config_path.name} is not readable JSON: {exc}", "config")
+    config = TableReader(config_path, "", data)
+    compile_table = config.child("compile")
+    options = compile_table.get("provider_options", dict, {})
+    file_keys = compile_table.get("provider_option_file_keys", list, [])
+    for index, key in enumerate(file_keys):
+        if not isinstance(key, str) or key not in options:
+            compile_table.fail(f"names {key!r}, which compile.provider_options does not set",
+                               f"provider_option_file_keys[{index}]")
+        resolved = (config_path.parent / str(options[key])).resolve()
+        options[key] = os.path.relpath(resolved, target.file.parent)
+    return dict(options), list(file_keys)

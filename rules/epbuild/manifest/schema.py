@@ -1,0 +1,224 @@
+"""The manifest's keys, declared once: where each is allowed, its type, default, check and a one-line doc.
+
+The parser (`epbuild.manifest.parse`), the qaic flag checks and the README's key table all read this table, so a new key
+is one entry here plus the code that uses it. `python -m epbuild.manifest.schema` prints the README table.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .eps import DEVICES
+
+COMPILERS = ("ort", "ort_session", "qaic", "qairt")
+QUANT_TYPES = ("uint8", "int8", "uint16", "int16")
+THRESHOLDS = ("max_abs_error", "mean_abs_error", "max_rel_error", "min_cosine", "min_snr_db")
+PMU_RECIPES = ("AxiRd", "AxiWr", "AxiRdWr", "KernelUtil", "HmxMacs")
+NUMBER = (int, float)
+
+# Where a key is allowed; the README names them in this order.
+SCOPES = {
+    "top": "top level", "model": "`[models.NAME]`", "quantize": "`[models.NAME] quantize`",
+    "target": "`[targets.NAME]`", "validation": "`validation` (model or target)", "qaic": "`[targets.NAME] qaic`",
+    "group": "`[groups.NAME]`", "cache": "`[cache]`", "executor": "`[executor]`",
+    "toolchain": "`[toolchains.NAME]`",
+}
+
+
+LARGEST = 1e12  # no limit, size or threshold of a build comes near: a bigger number is a typo (or inf)
+
+
+def positive(value: Any) -> str | None:
+    return None if 0 < value <= LARGEST else f"must be a positive number up to {LARGEST:g}, found {value!r}"
+
+
+def non_negative(value: Any) -> str | None:
+    return None if 0 <= value <= LARGEST else f"must be a number from 0 to {LARGEST:g}, found {value!r}"
+
+
+def npz_file(value: Any) -> str | None:
+    return None if value.endswith(".npz") else f"must name an .npz file (numpy.savez), found {value!r}"
+
+
+def fraction(value: Any) -> str | None:
+    return None if 0 <= value <= 1 else f"must be a fraction between 0 and 1 (e.g. 0.95), found {value!r}"
+
+
+def cosine(value: Any) -> str | None:
+    return None if 0 <= value <= 1 else f"must be a non-negative number <= 1, found {value!r}"
+
+
+def positive_integer(value: Any) -> str | None:
+    return None if value > 0 else f"must be a positive integer, found {value}"
+
+
+def strings(value: Any) -> str | None:
+    return None if all(isinstance(v, str) for v in value) else "must be a list of strings"
+
+
+def s3_url(value: Any) -> str | None:
+    if re.fullmatch(r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^\s]*)?", value):
+        return None
+    return f"must be an S3 URL such as \"s3://models-cache/epbuild\" (s3://BUCKET/PREFIX), found {value!r}"
+
+
+def hex_events(value: Any) -> str | None:
+    if len(value) > 8:
+        return f"at most 8 events, found {len(value)}"
+    for event in value:
+        if not isinstance(event, str) or not re.fullmatch(r"(0x)?[0-9A-Fa-f]+", event):
+            return f"must be hex event ids such as \"3F\", found {event!r}"
+    return None
+
+
+@dataclass(frozen=True)
+class Key:
+    """One manifest key. `kind` is the TOML type(s); `choices` the valid strings; `check` returns a message for a
+    value of the right type that is still invalid."""
+
+    name: str
+    scopes: tuple[str, ...]
+    kind: type | tuple[type, ...]
+    doc: str
+    default: Any = None
+    required: bool = False
+    choices: tuple[str, ...] | None = None
+    check: Callable[[Any], str | None] | None = None
+
+
+KEYS: tuple[Key, ...] = (
+    Key("models", ("top",), dict, "the models, one `[models.NAME]` table each", required=True),
+    Key("targets", ("top",), dict, "the targets, one `[targets.NAME]` table each"),
+    Key("groups", ("top",), dict, "shared-context groups, one `[groups.NAME]` table each"),
+    Key("cache", ("top",), dict, "the artifact cache"),
+    Key("toolchains", ("top",), dict, "external toolchains: `[toolchains.qaic] root`"),
+    # models
+    Key("path", ("model",), str, "the source ONNX file, relative to models.toml; external-data files next to it "
+        "are found and tracked", required=True),
+    Key("inputs", ("model",), dict, "`{input = [dims]}`: static shapes. CPU targets fix named symbolic dimensions "
+        "with free-dimension overrides; ONNX Runtime EP targets get a `shape` stage that fixes the inputs in the "
+        "file (`-1` and unnamed dimensions too) and runs shape inference. Only true inputs can be named: a weight "
+        "that an old exporter also lists in `graph.input` is refused with that explanation", {}),
+    Key("targets", ("model",), list, "target names to build this model for (default: every target)"),
+    Key("optimize", ("model",), str, "an ORT graph-optimization stage (constant folding) before quantization",
+        choices=("basic", "extended")),
+    Key("quantize", ("model",), dict, "a QDQ quantization stage (keys below)"),
+    Key("squash", ("model",), bool, "a stage that writes a single-file ONNX with external data inlined (refused "
+        "beyond the 2 GiB protobuf limit, naming the size)", False),
+    Key("freeze", ("model",), dict, "`{ input = value or [values] }`: a stage that turns configuration inputs (a "
+        "sample rate, a mode flag) into constants and folds what they select with ORT's basic optimization; "
+        "validation feeds the same values to the model as declared"),
+    Key("validation", ("model",), dict, "validation inputs, reference and thresholds (keys below); they win over "
+        "the target's"),
+    # quantize
+    Key("calibration", ("quantize",), str, "a folder of `.npz` files, one sample each, keys = input names; "
+        "`\"random\"`: a fixed-seed set for smoke tests (a warning says so)", required=True),
+    Key("activation_type", ("quantize",), str, "activation type", "uint8", choices=QUANT_TYPES),
+    Key("weight_type", ("quantize",), str, "weight type", "uint8", choices=QUANT_TYPES),
+    Key("per_channel", ("quantize",), bool, "per-channel weight scales", False),
+    # targets
+    Key("ep", ("target",), str, "alias (qnn, openvino, cpu, dml, vitisai, migraphx, nvtensorrtrtx) or full EP name, "
+        "optionally with a source: `openvino@pypi`; as `winml compile --ep`"),
+    Key("device", ("target",), str, "default: the EP's device (qnn: npu, openvino: cpu); without an EP the device "
+        "picks one (npu: qnn, cpu: cpu)", choices=DEVICES),
+    Key("compiler", ("target",), str, "`ort`: ModelCompiler; `ort_session`: a session with ep.context_enable; "
+        "`qaic`: qaic-compile to a QPC; `qairt`: the QAIRT SDK", "ort", choices=COMPILERS),
+    Key("embed", ("target",), bool, "the context binary inside the .onnx (`winml compile --embed`)", False),
+    Key("options", ("target",), dict, "provider options; booleans become \"1\"/\"0\". For QNN and OpenVINO unknown "
+        "names are errors with the closest valid name; options the OpenVINO plugin ignores point to `load_config`",
+        {}),
+    Key("option_files", ("target",), list, "option keys whose values are files, relative to models.toml, passed "
+        "as absolute paths and tracked by content (winml's `provider_option_file_keys`)", [], check=strings),
+    Key("extends", ("target",), str, "inherit another target; this target's keys win, `options` and `validation` "
+        "merge per key"),
+    Key("optimization_level", ("target",), str, "cpu targets: level of the offline-optimized model (default "
+        "extended, portable across CPUs; all is tied to this host's ISA)", choices=("basic", "extended", "all")),
+    Key("validate", ("target",), (bool, str), "`true` (run and compare), `\"structural\"` (check without running) "
+        "or `false`", True),
+    Key("validation", ("target",), dict, "validation inputs and thresholds for every model of the target"),
+    Key("quantized", ("target",), bool, "compile the quantized variant of models that declare `quantize` (QNN "
+        "targets get QNN's QDQ configuration, others the generic one)", False),
+    Key("config", ("target",), str, "a WinMLBuildConfig JSON: `compile.provider_options` become options (the "
+        "manifest's win) and `compile.provider_option_file_keys` become option_files"),
+    Key("qaic", ("target",), dict, "with `compiler = \"qaic\"`: the qaic-compile flags (keys below)"),
+    Key("qnn_sdk_root", ("target",), str, "with `compiler = \"qairt\"`: the QAIRT SDK (else `QNN_SDK_ROOT`)"),
+    Key("timeout_s", ("target",), NUMBER, "wall-time limit of the compile child (default 3600)", check=positive),
+    Key("max_memory_gb", ("target",), NUMBER, "resident-memory limit of the compile and validation children "
+        "(default 80% of this host's memory)", check=positive),
+    Key("min_offload", ("target",), NUMBER, "EP targets: the share of source nodes that must end inside EPContext "
+        "nodes, e.g. 0.95; below it the compile fails listing the op types left on CPU", check=fraction),
+    # validation
+    Key("inputs", ("validation",), str, "an `.npz` of inputs, keys = input names (default: generated, fixed seed)",
+        check=npz_file),
+    Key("reference", ("validation",), str, "models only: another model to compare with (default: the source)"),
+    Key("timeout_s", ("validation",), NUMBER, "wall-time limit of the validation child (default 600)",
+        check=positive),
+    Key("max_abs_error", ("validation",), NUMBER, "threshold per output", check=non_negative),
+    Key("mean_abs_error", ("validation",), NUMBER, "threshold per output", check=non_negative),
+    Key("max_rel_error", ("validation",), NUMBER, "threshold per output", check=non_negative),
+    Key("min_cosine", ("validation",), NUMBER, "threshold per output (default by precision)", check=cosine),
+    Key("min_snr_db", ("validation",), NUMBER, "threshold per output (default by precision: fp32 60, fp16 40, QDQ "
+        "20)", check=non_negative),
+    # qaic
+    Key("num_cores", ("qaic",), int, "`-aic-num-cores`", check=positive_integer),
+    Key("convert_to_fp16", ("qaic",), bool, "`-convert-to-fp16`", False),
+    Key("stats_level", ("qaic",), int, "`-stats-level` (50: I/O waits, 70: per-operator cycles, 100: extended "
+        "PMU)", check=positive_integer),
+    Key("stats_batchsize", ("qaic",), int, "`-stats-batchsize`", check=positive_integer),
+    Key("ddr_stats", ("qaic",), bool, "`-ddr-stats`, needs stats_level >= 40", False),
+    Key("pmu_recipe", ("qaic",), str, "`-aic-pmu-recipe`; exclusive with pmu_events", choices=PMU_RECIPES),
+    Key("pmu_events", ("qaic",), list, "`-aic-pmu-events`: up to 8 hex event ids", [], check=hex_events),
+    Key("perf_warnings", ("qaic",), bool, "`-aic-perf-warnings`", False),
+    Key("perf_metrics", ("qaic",), bool, "`-aic-perf-metrics`", False),
+    Key("aic_hw", ("qaic",), bool, "`-aic-hw`", True),
+    Key("extra_args", ("qaic",), list, "more qaic-compile flags, verbatim", [], check=strings),
+    # groups, cache, toolchains
+    Key("target", ("group",), str, "the target whose EP shares one context (it must not embed)", required=True),
+    Key("models", ("group",), list, "two or more models, compiled in this order", required=True),
+    Key("dir", ("cache",), str, "the cache folder (EPBUILD_CACHE_DIR wins; default ~/.cache/epbuild)"),
+    Key("max_size_mb", ("cache",), NUMBER, "size cap; least-recently-used entries are evicted", check=positive),
+    Key("hard_links", ("cache",), bool, "publish artifacts as hard links to the cache's files instead of copies: "
+        "saves the disk and the time of a copy for large models, but onnx refuses to load external data that has "
+        "several links, and an in-place edit of an artifact then changes the cache entry too (it is evicted on its "
+        "next restore)", False),
+    Key("remote", ("cache",), str, "a shared S3-API cache, `s3://BUCKET/PREFIX` (EPBUILD_CACHE_REMOTE wins; "
+        "endpoint and credentials from the standard AWS settings)", check=s3_url),
+    Key("executor", ("top",), dict, "run builds on a Dask cluster"),
+    Key("scheduler", ("executor",), str, "the Dask scheduler, `tcp://HOST:PORT` (EPBUILD_EXECUTOR wins; empty: run "
+        "locally)"),
+    Key("wait_s", ("executor",), NUMBER, "how long a job waits for a worker that can run it before failing with "
+        "what is missing", 60, check=positive),
+    Key("root", ("toolchain",), str, "the toolchain's root (qaic: the Cloud AI Apps SDK, else `QAIC_ROOT`, else "
+        "`/opt/qti-aic`)", required=True),
+)
+
+
+def keys(scope: str) -> dict[str, Key]:
+    """The keys allowed in one scope, in declaration order."""
+    return {key.name: key for key in KEYS if scope in key.scopes}
+
+
+def _kind_text(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join({str: "string", bool: "boolean", int: "integer", float: "number", list: "array",
+                        dict: "table"}[k] for k in kinds if not (k is int and float in kinds))
+
+
+def readme_table() -> str:
+    """The README's key table, generated from `KEYS`."""
+    rows = ["| key | where | type | default | meaning |", "|---|---|---|---|---|"]
+    for scope, title in SCOPES.items():
+        for key in keys(scope).values():
+            default = "required" if key.required else "" if key.default in (None, {}, []) else f"`{key.default!r}`"
+            default = default.replace("True", "true").replace("False", "false").replace("'", '"')
+            choices = " \\| ".join(key.choices or ())
+            kind = _kind_text(key.kind) + (f": {choices}" if choices else "")
+            rows.append(f"| `{key.name}` | {title} | {kind} | {default} | {key.doc} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(readme_table())

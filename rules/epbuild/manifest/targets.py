@@ -1,0 +1,218 @@
+"""Target resolution and the build plan: declared targets become concrete EPs, devices and normalised options;
+models and groups become `epbuild.manifest.builds.Build`s with their stages and the exact files they produce.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from ..errors import UserError, closest
+from ..steps.compilers import COMPILERS, Compiler
+from ..steps.stages import Chain, stage_chain
+from ..steps.toolchains import check_qaic
+from ..store.layout import Layout
+from .builds import Build, Member, ResolvedTarget, ValidationSettings
+from .eps import DEFAULT_EP, QAIC, REGISTRY, SOURCES, EpInfo, lookup, valid_ep_names
+from .parse import GroupSpec, Manifest, ModelSpec, TableReader, TargetSpec
+
+CPU_DEFAULT_LEVEL = "extended"  # portable across CPUs; "all" adds layout transforms tied to this host's ISA
+COMPILE_TIMEOUT_S = 3600.0
+VALIDATION_TIMEOUT_S = 600.0
+MEMORY_SHARE = 0.8  # default limit per child: a runaway compile fails before the kernel's OOM killer acts
+
+
+def default_memory_gb() -> float:
+    return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * MEMORY_SHARE / 2**30, 1)
+
+
+def _normalise(value: Any) -> str | None:
+    """Provider options are strings to ONNX Runtime; TOML booleans become '1'/'0' as the EPs expect."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, (int, float, str)):
+        return str(value)
+    return None
+
+
+def parse_ep(file: str, path: str, text: str | None, device: str | None) -> tuple[EpInfo, str]:
+    """`qnn`, `QNNExecutionProvider` or `openvino@pypi` -> (EpInfo, source). Without an EP, the device picks it."""
+    if text is None:
+        return lookup(DEFAULT_EP[device or "npu"]), "default"
+    alias, at, source = text.partition("@")
+    if at and not source:
+        raise UserError(file, path, f"'{text}' names no EP source after '@'; valid: {', '.join(SOURCES)} "
+                                    f"(e.g. '{alias}@{SOURCES[0]}'), or '{alias}' alone")
+    info = lookup(alias)
+    if info is None:
+        raise UserError(file, path, f"unknown EP '{alias}'{closest(alias, valid_ep_names())}; "
+                                    f"valid: {', '.join(valid_ep_names())}")
+    if source and source not in SOURCES:
+        raise UserError(file, path, f"unknown EP source '{source}'{closest(source, SOURCES)}; "
+                                    f"valid: {', '.join(SOURCES)}")
+    return info, source or "default"
+
+
+def resolve_target(spec: TargetSpec, manifest: Manifest) -> ResolvedTarget:
+    file, where = manifest.path.name, f"targets.{spec.name}"
+    backend = COMPILERS[spec.compiler]
+    backend.check(spec, file)
+    limits = {"timeout_s": spec.timeout_s or COMPILE_TIMEOUT_S,
+              "max_memory_gb": spec.max_memory_gb or default_memory_gb()}
+    if spec.compiler == "qaic":
+        qaic = check_qaic(TableReader(manifest.path, f"{where}.qaic", spec.qaic or {}))
+        return ResolvedTarget(name=spec.name, ep=QAIC, source="sdk", device="npu", compiler="qaic", embed=False,
+                              options={}, option_files={}, optimization_level=None, qaic=qaic,
+                              sdk_root=manifest.toolchains.get("qaic"), **limits)
+    ep, source = parse_ep(file, f"{where}.ep", spec.ep, spec.device)
+    source = ep.default_source if source == "default" else source
+    device = spec.device or ep.default_device
+    if device not in ep.devices:
+        raise UserError(file, f"{where}.device", f"{ep.name} does not build for '{device}'; "
+                                                 f"valid devices: {', '.join(ep.devices)}")
+    if ep.is_cpu:
+        for key, value in (("embed", spec.embed), ("compiler", spec.compiler != "ort"), ("options", spec.options),
+                           ("min_offload", spec.min_offload is not None)):
+            if value:
+                raise UserError(file, f"{where}.{key}", "does not apply to ep = \"cpu\" (an optimized ONNX "
+                                                        "model, no EP context); use optimization_level")
+    elif spec.optimization_level is not None:
+        raise UserError(file, f"{where}.optimization_level", "applies only to ep = \"cpu\"")
+    options = _options(spec, ep, file, where)
+    return ResolvedTarget(warnings=_unknown_values(options, ep, file, where),
+        name=spec.name, ep=ep, source=source, device=device, compiler=spec.compiler, embed=spec.embed,
+        options=dict(sorted(options.items())), option_files=_option_files(spec, options, manifest),
+        optimization_level=(spec.optimization_level or CPU_DEFAULT_LEVEL) if ep.is_cpu else None,
+        quantized=spec.quantized, sdk_root=spec.qnn_sdk_root, min_offload=spec.min_offload, **limits,
+    )
+
+
+def _options(spec: TargetSpec, ep: EpInfo, file: str, where: str) -> dict[str, str]:
+    """Provider options checked against the EP's names, as the strings the EP receives."""
+    options: dict[str, str] = {}
+    for key, value in spec.options.items():
+        if key in ep.ignored_options:
+            raise UserError(file, f"{where}.options.{key}", ep.ignored_options[key])
+        if ep.known_options is not None and key not in ep.known_options:
+            raise UserError(file, f"{where}.options.{key}",
+                            f"unknown {ep.name} option{closest(key, ep.known_options)}; "
+                            f"valid: {', '.join(sorted(ep.known_options))}")
+        text = _normalise(value)
+        if text is None:
+            raise UserError(file, f"{where}.options.{key}",
+                            f"must be a string, number or boolean, found {type(value).__name__}")
+        allowed = ep.option_values.get(key)
+        if isinstance(allowed, tuple) and text not in allowed:
+            raise UserError(file, f"{where}.options.{key}", f"{text!r} is not a value {ep.name} knows"
+                            f"{closest(text, allowed)} (it would be ignored without a word); valid: "
+                            f"{', '.join(allowed)}")
+        if isinstance(allowed, re.Pattern) and not allowed.fullmatch(text):
+            raise UserError(file, f"{where}.options.{key}", f"must be a number, found {text!r}")
+        options[key] = text
+    if not ({"backend_type", "backend_path"} & options.keys()):
+        options.update(ep.required_defaults)
+    return options
+
+
+def _unknown_values(options: dict[str, str], ep: EpInfo, file: str, where: str) -> tuple[str, ...]:
+    """Warnings for values of the right form that no documented device has: the EP takes them without a word."""
+    found = []
+    for key, known in ep.known_values.items():
+        if key in options and options[key] not in known:
+            listed = ", ".join(f"{value} ({name})" for value, name in known.items())
+            found.append(f"warning: {file}: {where}.options.{key}: {options[key]} is not a {key} epbuild knows, "
+                         f"and {ep.name} compiles without checking it; known: {listed}")
+    return tuple(found)
+
+
+def _option_files(spec: TargetSpec, options: dict[str, str], manifest: Manifest) -> dict[str, Path]:
+    file, where = manifest.path.name, f"targets.{spec.name}"
+    option_files: dict[str, Path] = {}
+    for index, key in enumerate(spec.option_files):
+        if key not in options:
+            raise UserError(file, f"{where}.option_files[{index}]",
+                            f"names option '{key}', but options has no such key")
+        path = manifest.root / options[key]
+        if not path.is_file():
+            what = "is a folder" if path.is_dir() else "not found"
+            raise UserError(file, f"{where}.options.{key}", f"option file {what}: {path}")
+        option_files[key] = path.resolve()
+    return option_files
+
+
+def validation_settings(model: ModelSpec, target: TargetSpec) -> ValidationSettings:
+    merged = {**target.validation, **model.validation}
+    thresholds = {k: v for k, v in merged.items() if k not in ("inputs", "reference", "timeout_s")}
+    return ValidationSettings(target.validate, merged.get("inputs"), merged.get("reference"), thresholds,
+                              merged.get("timeout_s", VALIDATION_TIMEOUT_S))
+
+
+def _chain(model: ModelSpec, target: ResolvedTarget, manifest: Manifest, external: tuple[Path, ...]) -> Chain:
+    backend: Compiler = COMPILERS[target.compiler]
+    return stage_chain(model, Layout(manifest.root / "artifacts"), external, target.quantize_flavour,
+                       static_shapes=not target.is_cpu and backend.in_onnxruntime, single_file=backend.single_file,
+                       manifest=manifest.path.name)
+
+
+def _member(model: ModelSpec, target: ResolvedTarget, manifest: Manifest, external: tuple[Path, ...]) -> tuple[
+        Member, Chain]:
+    """A model as its build consumes it (after its stages), with its validation settings."""
+    chain = _chain(model, target, manifest, external)
+    settings = validation_settings(model, manifest.targets[target.name])
+    if model.freeze and chain.float_model is None and settings.reference is None:
+        # compare with the model as declared, fed the frozen values: folding errors cannot hide
+        settings = dataclasses.replace(settings, reference=model.path)
+    return Member(chain.model, settings, chain.external, chain.float_model, model.freeze), chain
+
+
+def _build(name: str, target: ResolvedTarget, models: list[ModelSpec], manifest: Manifest,
+           external: dict[str, tuple[Path, ...]], shared: bool) -> Build:
+    pairs = [_member(m, target, manifest, external.get(m.name, ())) for m in models]
+    members = tuple(member for member, _ in pairs)
+    outputs = COMPILERS[target.compiler].output_names(target, list(members), shared)
+    return Build(name, target, members, outputs, tuple(s for _, chain in pairs for s in chain.stages), shared,
+                 manifest.path.name)
+
+
+def check_group(spec: GroupSpec, manifest: Manifest, target: ResolvedTarget) -> None:
+    """Checks that need the resolved EP: it must share contexts, inside ONNX Runtime, and not embedded."""
+    file, where = manifest.path.name, f"groups.{spec.name}"
+    if not target.ep.can_share_contexts:
+        sharing = ", ".join(alias for alias, info in REGISTRY.items() if info.can_share_contexts)
+        raise UserError(file, f"{where}.target", f"target '{target.name}' uses {target.ep.name}, which cannot "
+                                                 f"share an EP context; EPs that can: {sharing}")
+    if not COMPILERS[target.compiler].in_onnxruntime:
+        raise UserError(file, f"{where}.target", f"target '{target.name}' uses compiler = \"{target.compiler}\"; "
+                                                 "shared contexts are built with ONNX Runtime: compiler = \"ort\" "
+                                                 "or \"ort_session\"")
+    if target.embed:
+        raise UserError(file, f"{where}.target", f"target '{target.name}' has embed = true; a shared context "
+                                                 "must stay in its own file (QNN writes a broken result, OpenVINO "
+                                                 "rejects it): use a target with embed = false")
+
+
+def resolve_targets(manifest: Manifest) -> dict[str, ResolvedTarget]:
+    """Every target resolved and every group checked against its target: the manifest's errors that need no
+    model file, found before anything is read or written."""
+    resolved = {name: resolve_target(spec, manifest) for name, spec in manifest.targets.items()}
+    for spec in manifest.groups.values():
+        check_group(spec, manifest, resolved[spec.target])
+    return resolved
+
+
+def plan(manifest: Manifest, external: dict[str, tuple[Path, ...]] | None = None,
+         resolved: dict[str, ResolvedTarget] | None = None) -> list[Build]:
+    """Every build the manifest asks for: each (model, target) compile in manifest order, then each group;
+    `external` holds each model's external-data files, `resolved` the targets (`resolve_targets`)."""
+    external = external or {}
+    resolved = resolved or resolve_targets(manifest)
+    builds = [_build(f"{model.name}@{name}", resolved[name], [model], manifest, external, shared=False)
+              for model in manifest.models.values() for name in model.targets]
+    for spec in manifest.groups.values():
+        target = resolved[spec.target]
+        builds.append(_build(spec.name, target, [manifest.models[m] for m in spec.models], manifest, external,
+                             shared=True))
+    return builds

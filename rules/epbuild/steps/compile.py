@@ -1,0 +1,213 @@
+"""Compiling a build: its members for its target, restored from the cache or produced by its compiler backend
+(`epbuild.steps.compilers`) in a scratch folder, checked, and published atomically.
+
+The child side (`_compile_in_child`, `python -m epbuild.steps.compile`) compiles with ONNX Runtime: EPContext models
+with ModelCompiler or a context-enabled session, offline-optimized models for CPU targets, several members into one
+shared EP context for a group.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import BuildError, ModelError, located
+from ..execute.child import serve
+from ..execute.executor import run_build
+from ..execute.requests import CompileMember, CompileRequest, CompileResult, MemberResult
+from ..manifest.builds import SIDECAR, Build
+from ..manifest.eps import lookup
+from ..store.cache import Outcome, Workspace, cached_folder, with_download
+from ..store.hashing import snapshot
+from ..store.layout import write_json
+from .compilers import compiler
+from .fingerprint import compile_fingerprint, target_identity
+from .graph import check_ep_contexts, missing_files, placement, static_dims
+from .preprocess import always_written, external_output
+
+CPU_LEVELS = {"basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """What one compile or restore produced, for the printed line and the build report."""
+
+    build: str
+    status: str  # "compiled" or "restored"
+    fingerprint: str
+    out_dir: Path
+    files: list[dict[str, Any]]  # name, size, sha256
+    seconds: float
+    nodes: dict[str, Any]  # a single model's placement; for groups the counts summed over members
+    usage: dict[str, float] | None  # the child's wall time and peak memory; None when restored
+    outcome: Outcome  # restored from which cache, bytes moved to or from the remote
+    worker: str | None  # the Dask worker that compiled it
+
+
+def file_records(folder: Path, names: list[str], workspace: Workspace) -> list[dict[str, Any]]:
+    return [{"name": name, "size": (folder / name).stat().st_size, "sha256": workspace.hashes.sha256(folder / name)}
+            for name in names]
+
+
+def compile_build(build: Build, workspace: Workspace) -> Compiled:
+    """Compile `build` into its artifact folder (or restore it from the cache), atomically; raise BuildError
+    naming the build."""
+    started = time.monotonic()
+    inputs = snapshot(build.inputs)
+    fingerprint = compile_fingerprint(build, workspace.hashes)
+    final = build.out_dir(workspace.layout)
+    usage: dict[str, float] = {}
+    ran: dict[str, Any] = {}  # on a Dask worker: its name, bytes downloaded
+    identity = {"kind": build.kind, "members": [m.name for m in build.members], "target": target_identity(build.target)}
+
+    def produce(scratch: Path) -> None:
+        if workspace.executor:
+            ran.update(run_build(build, workspace, scratch, fingerprint, identity))
+            usage.update(ran["usage"])
+        else:
+            usage.update(compiler(build.target).produce(build, workspace, scratch) or {})
+
+    expected = list(build.outputs) if compiler(build.target).exact_outputs else None
+    outcome = cached_folder(build.task, fingerprint, workspace, final, expected, produce, identity, inputs,
+                            lambda scratch: publishing(build, scratch))
+    recorded = json.loads((final / SIDECAR).read_text())
+    if "nodes" in recorded:
+        nodes = recorded["nodes"]
+    else:
+        per_model = [m["nodes"] for m in recorded["members"].values()]
+        nodes = {key: sum(n[key] for n in per_model) for key in ("source", "ep_context", "cpu", "in_ep")
+                 if key in per_model[0]}
+    return Compiled(build.task, "restored" if outcome.restored else "compiled", fingerprint, final,
+                    file_records(final, expected or recorded["files"], workspace), time.monotonic() - started, nodes,
+                    usage or None, with_download(outcome, ran), ran.get("worker"))
+
+
+def publishing(build: Build, folder: Path) -> None:
+    """What a published folder holds beyond its cached bytes: the target's name in `artifact.json` (written anew,
+    never through a link into the cache), after the checks that judge the recorded result (`min_offload`)."""
+    recorded = json.loads((folder / SIDECAR).read_text())
+    if build.target.min_offload is not None and not build.target.is_cpu:
+        members = recorded.get("members") or {build.members[0].name: recorded}
+        for member in build.members:
+            check_offload(member.model.path.name, members[member.name]["nodes"], build.target.min_offload)
+    write_json(folder / SIDECAR, {**recorded, "target": build.target.name})
+
+
+# ---- child process ----
+
+def inspect_output(path: Path, source_nodes: int, ep_name: str | None) -> MemberResult:
+    """Check a compiled model before it is published (every file it references is beside it; EPContext nodes
+    come from `ep_name` and name binaries that exist) and say where the source's nodes ended up."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    problems = missing_files(path, model)
+    if problems:
+        raise ModelError("; ".join(problems))
+    sdk, binaries = check_ep_contexts(model, ep_name, path.parent) if ep_name else (None, [])
+    return {"nodes": placement(source_nodes, model, ep_name), "ep_sdk_version": sdk, "binaries": binaries}
+
+
+def check_offload(name: str, nodes: dict[str, Any], min_offload: float) -> None:
+    """`min_offload`: the share of source nodes that must end inside EPContext nodes (judged on the placement
+    `artifact.json` recorded, so a changed threshold restores rather than recompiles)."""
+    if nodes["offload"] >= min_offload:
+        return
+    left = ", ".join(f"{op} x{count}" for op, count in nodes["cpu_op_types"].items())
+    raise BuildError(f"{name}: only {nodes['offload']:.1%} of {nodes['source']} source nodes are in EPContext "
+                     f"nodes, below min_offload = {min_offload:g}; left on CPU: {left}")
+
+
+def _prepare(request: CompileRequest) -> list[tuple[CompileMember, int, dict[str, int]]]:
+    """Each member's source node count and free-dimension overrides, checked before the first compile, so a
+    group never half-compiles."""
+    import onnx
+
+    needs_static = not lookup(request["ep"]).is_cpu
+    prepared = []
+    for member in request["members"]:
+        source = onnx.load(member["model"], load_external_data=False)
+        with located(request["manifest"], member["entry"]):
+            overrides = static_dims(source, member["inputs"], needs_static=needs_static)
+        prepared.append((member, len(source.graph.node), overrides))
+        del source
+    return prepared
+
+
+def _optimize_for_cpu(ort: Any, options: Any, member: CompileMember, level: str) -> None:
+    """A CPU target: ONNX Runtime's offline-optimized model, with its own external-data file when it has one."""
+    output = Path(member["output"])
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, CPU_LEVELS[level])
+    options.optimized_model_filepath = str(output)
+    external_output(options, member["external_data"])  # its own weights, not the source's data file
+    ort.InferenceSession(Path(member["model"]).name, options, providers=["CPUExecutionProvider"])
+    if member["external_data"]:
+        always_written(output.with_name(member["external_data"]))
+
+
+def _compile_for_ep(ort: Any, options: Any, member: CompileMember, request: CompileRequest, device: Any,
+                    last: bool) -> None:
+    """An EP target: an EPContext model with ModelCompiler (`ort`) or a context-enabled session (`ort_session`);
+    in a group every member shares one EP context and the last one stops sharing (which writes the binary)."""
+    if request["share"]:
+        options.add_session_config_entry("ep.share_ep_contexts", "1")
+        if last:
+            options.add_session_config_entry("ep.stop_share_ep_contexts", "1")
+    options.add_provider_for_devices([device], request["options"])
+    model_file = Path(member["model"]).name
+    if request["compiler"] == "ort":
+        flags = int(ort.OrtCompileApiFlags.ERROR_IF_NO_NODES_COMPILED)
+        ort.ModelCompiler(options, model_file, embed_compiled_data_into_model=request["embed"],
+                          flags=flags).compile_to_file(member["output"])
+    else:
+        options.add_session_config_entry("ep.context_enable", "1")
+        options.add_session_config_entry("ep.context_file_path", member["output"])
+        options.add_session_config_entry("ep.context_embed_mode", "1" if request["embed"] else "0")
+        ort.InferenceSession(model_file, options)
+
+
+def _compile_in_child(request: CompileRequest) -> CompileResult:
+    """Compile each member in order (with `share`, all into one shared EP context), then check every output."""
+    import onnxruntime as ort
+
+    from ..execute.host import register_plugin, select_ep_device
+
+    info = lookup(request["ep"])
+    prepared = _prepare(request)
+    device = None
+    if not info.is_cpu:
+        register_plugin(ort, info)
+        device = select_ep_device(ort, info, request["device"])
+    for index, (member, _, overrides) in enumerate(prepared):
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        for name, value in overrides.items():
+            options.add_free_dimension_override_by_name(name, value)
+        # Compile by file name from the model's folder: ONNX Runtime hashes the model path into partition (graph)
+        # names, so an absolute path would make two checkouts produce different bytes, and bytes without a path
+        # give every member of a shared context the same graph names.
+        os.chdir(Path(member["model"]).parent)
+        if info.is_cpu:
+            _optimize_for_cpu(ort, options, member, request["optimization_level"] or "extended")
+        else:
+            _compile_for_ep(ort, options, member, request, device, last=index == len(prepared) - 1)
+        if not Path(member["output"]).is_file():
+            raise ModelError(f"{info.name} wrote no compiled model for {Path(member['model']).name}")
+    # Check after the last compile: a shared context binary is written only when sharing stops.
+    results = []
+    for member, source_nodes, _ in prepared:
+        results.append(inspect_output(Path(member["output"]), source_nodes, None if info.is_cpu else info.name))
+    return {"members": results}
+
+
+def main() -> None:
+    """`python -m` this module, or a fork server's child or warm worker, runs this."""
+    serve(_compile_in_child)
+
+
+if __name__ == "__main__":
+    main()

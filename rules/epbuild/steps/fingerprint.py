@@ -1,0 +1,128 @@
+"""What shapes an output: each task's settings (compared with those it last succeeded with, `store.task_configs`),
+and the portable fingerprints that key the artifact cache.
+
+For doit, files (model, external data, option files) are tracked through `file_dep` and everything else is in the
+task's settings, with paths relative to the manifest's folder. Both carry the digest of the epbuild code that runs
+in the jobs (`execute.provenance.code_digest`): upgrading epbuild rebuilds, and no cache serves an older rule's
+bytes. A fingerprint is a sha256 over the bytes of every
+input file and every setting that can change the output, with no absolute path, mtime or user name in it, so
+clones on other machines compute the same one; host properties enter only where the artifact is host-specific.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+from .. import RULES_FORMAT
+from ..execute.host import cpu_flags, package_version, toolchain_versions
+from ..execute.provenance import code_digest
+from ..manifest.builds import Build, Member, ResolvedTarget
+from ..store.hashing import FileHashes
+from . import vendor_shim
+from .compilers import compiler
+from .stages import Stage
+
+
+@functools.cache
+def relative(path: Path, root: Path) -> str:
+    return Path(os.path.relpath(path, root)).as_posix()
+
+
+def host_properties(target: ResolvedTarget) -> dict[str, str] | None:
+    """Only for host-specific artifacts: the EP embeds the CPU ISA (OpenVINO's compatibility string), or CPU
+    optimization level "all" adds layout transforms for this host's ISA."""
+    if target.ep.host_specific or target.optimization_level == "all":
+        return {"machine": platform.machine(), "cpu_flags": cpu_flags()}
+    return None
+
+
+def target_identity(target: ResolvedTarget, hashes: FileHashes | None = None) -> dict[str, Any]:
+    """Every target setting that shapes a compiled output. Option files enter by key for doit's config (their
+    bytes are file_deps) and, with `hashes`, by content for the cache fingerprint."""
+    options = dict(target.options)
+    if hashes is not None:
+        options.update({key: f"file sha256 {hashes.sha256(path)}" for key, path in target.option_files.items()})
+    return {"ep": target.ep.name, "ep_source": target.source, "device": target.device, "compiler": target.compiler,
+            "embed": target.embed, "options": options, "option_files": sorted(target.option_files),
+            "optimization_level": target.optimization_level,
+            "versions": toolchain_versions(target.ep), "host": host_properties(target),
+            "qaic": dataclasses.asdict(target.qaic) if target.qaic else None,
+            "toolchain": compiler(target).identity(target),
+            **({"vendor_shim": vendor_shim.identity()} if target.ep.vendor_shim and vendor_shim.active() else {})}
+
+
+def _shapes(member: Member) -> dict[str, list[int]]:
+    return {name: list(shape) for name, shape in sorted(member.model.inputs.items())}
+
+
+def compile_config(build: Build, root: Path) -> dict[str, Any]:
+    """A compile's settings for doit: members in order (the order shapes a shared binary) with their shapes, and
+    `min_offload`, a check of the recorded placement that re-runs the task (a restore) but shapes no byte."""
+    return {"rules_format": RULES_FORMAT, "code": code_digest(), "kind": build.kind,
+            "members": [[relative(m.model.path, root), _shapes(m)] for m in build.members],
+            **target_identity(build.target), "min_offload": build.target.min_offload}
+
+
+def validate_config(build: Build, root: Path) -> dict[str, Any]:
+    """A validation's settings: not its time limit, which cannot change a passed result (a validation that timed
+    out failed, and a failed task runs again anyway)."""
+    target = build.target
+    return {"rules_format": RULES_FORMAT, "code": code_digest(), "ep": target.ep.name, "device": target.device,
+            "versions": toolchain_versions(target.ep),
+            "members": [{"mode": v.mode, "thresholds": dict(sorted(v.thresholds.items())),
+                         "inputs": relative(v.inputs, root) if v.inputs else None,
+                         "reference": relative(v.reference, root) if v.reference else None}
+                        for v in (m.validation for m in build.members)]}
+
+
+def _digest(payload: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def _member_identity(member: Member, hashes: FileHashes) -> dict[str, Any]:
+    """The output stem, the file name (ONNX Runtime hashes it into graph names), and every byte."""
+    model = member.model
+    return {"name": model.name, "file": model.path.name, "sha256": hashes.sha256(model.path),
+            "external": {path.relative_to(model.path.parent).as_posix(): hashes.sha256(path)
+                         for path in member.external},
+            "inputs": _shapes(member)}
+
+
+def compile_fingerprint(build: Build, hashes: FileHashes) -> str:
+    return _digest({"kind": build.kind, "rules_format": RULES_FORMAT, "code": code_digest(),
+                    "name": build.name if build.shared else None,
+                    "members": [_member_identity(m, hashes) for m in build.members],
+                    "target": target_identity(build.target, hashes)})
+
+
+def validation_fingerprint(artifact_files: list[Path], config: dict[str, Any], extra_files: list[Path],
+                           hashes: FileHashes) -> str:
+    """The artifact's bytes, the validation settings, the reference and input files, and this host: a result
+    says how the artifact ran here."""
+    settings = {**config, "members": [{k: v for k, v in m.items() if k not in ("inputs", "reference")}
+                                                        for m in config["members"]]}
+    return _digest({"kind": "validate", "rules_format": RULES_FORMAT, "code": code_digest(),
+                    "artifact": {path.name: hashes.sha256(path) for path in artifact_files},
+                    "settings": settings, "files": sorted(hashes.sha256(path) for path in extra_files),
+                    "host": {"machine": platform.machine(), "cpu_flags": cpu_flags()}})
+
+
+def stage_config(stage: Stage) -> dict[str, Any]:
+    return {"rules_format": RULES_FORMAT, "code": code_digest(), "stage": stage.kind, "flavour": stage.flavour,
+            "settings": stage.settings,
+            "versions": {p: package_version(p) for p in ("onnxruntime", "onnx")}}
+
+
+def stage_fingerprint(stage: Stage, hashes: FileHashes) -> str:
+    """The stage's input bytes (external data too), calibration samples, settings and tool versions."""
+    return _digest({"kind": "stage", **stage_config(stage), "model": stage.model, "input": {
+        "file": stage.input.name, "sha256": hashes.sha256(stage.input),
+        "external": {p.relative_to(stage.input.parent).as_posix(): hashes.sha256(p) for p in stage.input_external}},
+        "calibration": [hashes.sha256(p) for p in stage.calibration]})

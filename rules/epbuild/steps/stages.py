@@ -1,0 +1,98 @@
+"""Stages before compile, what they are and in which order (`epbuild.steps.preprocess` runs them): static shapes, ORT
+graph optimization, QDQ quantization with calibration data, and external-data squash. Each stage is its own task
+whose output (`artifacts/.stages/<model>/<stage>/<model>.onnx`) feeds the next stage, then the compile and
+validation tasks.
+
+A model's chain: `freeze` (when the model says `freeze`: configuration inputs become constants and ORT's basic
+optimization folds the branches they select), `shape` (for targets whose EP needs static shapes, and when `inputs` is
+given and a later stage rewrites the model: the inputs fixed in the file, -1 and unnamed dimensions included, then
+shape inference so intermediate tensors are static too; exporters leave shapes computed at run time, e.g. the
+Expand before a GRU, which QNN refuses as dynamic), `optimize` (when the model says `optimize`), `quantize` (for
+targets with `quantized = true`, QNN's QDQ configuration for QNN targets and the generic static quantizer
+otherwise), `squash` (when the model says `squash = true`). Outputs are named after the model, so compiles by file
+name stay unique and checkout-independent. A stage whose input has external data writes its own
+`<model>.onnx.data` beside its output (squash inlines it), so no output refers to a file outside its folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..manifest.parse import ModelSpec
+from ..store.layout import Layout
+
+PROTOBUF_LIMIT = 2**31 - 1  # a single-file ONNX model must serialize below 2 GiB
+
+
+@dataclass(frozen=True)
+class Stage:
+    kind: str  # "shape", "optimize", "quantize" or "squash"
+    model: str
+    flavour: str | None  # quantize: "qnn" or "generic"
+    input: Path
+    output: Path
+    settings: dict[str, Any]
+    calibration: tuple[Path, ...] = ()
+    input_external: tuple[Path, ...] = ()  # the input's external-data files
+    output_data: Path | None = None  # the output's own external-data file
+    manifest: str = "models.toml"  # the manifest's file name, for errors about the model's keys
+
+    @property
+    def outputs(self) -> list[Path]:
+        return [self.output, *([self.output_data] if self.output_data else [])]
+
+    @property
+    def task(self) -> str:
+        return f"{self.kind}:{self.model}" + (f"[{self.flavour}]" if self.flavour else "")
+
+
+@dataclass(frozen=True)
+class Chain:
+    """What a compile consumes after its stages: the model (path and remaining `inputs`), its external-data
+    files, the stages that make it, and the float model before quantization (None without quantization)."""
+
+    model: ModelSpec
+    external: tuple[Path, ...]
+    stages: tuple[Stage, ...]
+    float_model: Path | None
+
+
+def stage_chain(model: ModelSpec, layout: Layout, external: tuple[Path, ...], flavour: str | None,
+                static_shapes: bool = False, single_file: bool = False, manifest: str = "models.toml") -> Chain:
+    """The stages a model goes through for one target. `static_shapes`: the target's EP needs every shape static
+    (NPU EPs), so `inputs` are fixed in the file; `single_file`: the compiler wants one ONNX file (qaic-compile),
+    so the chain ends with a squash."""
+    stages: list[Stage] = []
+    path, inputs = model.path, model.inputs
+    quantize = model.quantize if flavour else None
+
+    def add(kind: str, settings: dict[str, Any], stage_flavour: str | None = None,
+            calibration: tuple[Path, ...] = ()) -> None:
+        nonlocal path, external
+        folder = f"{kind}-{stage_flavour}" if stage_flavour else kind
+        output = layout.stage_output(model.name, folder)
+        data = output.with_name(f"{model.name}.onnx.data") if external and kind != "squash" else None
+        stages.append(Stage(kind, model.name, stage_flavour, path, output, settings, calibration, external, data,
+                            manifest))
+        path, external = output, ((data,) if data else ())
+
+    if model.freeze:
+        add("freeze", {"values": {name: list(value) for name, value in sorted(model.freeze.items())}})
+    if static_shapes or (inputs and (model.optimize or quantize)):
+        add("shape", {"inputs": {name: list(shape) for name, shape in sorted(inputs.items())}})
+        inputs = {}
+    if model.optimize:
+        add("optimize", {"level": model.optimize})
+    float_path = path if quantize else None
+    if quantize:
+        add("quantize", {"activation_type": quantize.activation_type, "weight_type": quantize.weight_type,
+                         "per_channel": quantize.per_channel, "random": quantize.calibration is None},
+            flavour, quantize.calibration or ())
+    if model.squash or single_file:
+        add("squash", {"limit_bytes": PROTOBUF_LIMIT}, flavour if quantize else None)
+    if not stages:
+        return Chain(model, external, (), None)
+    return Chain(dataclasses.replace(model, path=path, inputs=inputs), external, tuple(stages), float_path)

@@ -1,0 +1,382 @@
+"""A content-addressed artifact cache that many builders and machines can share.
+
+An entry is a folder of output files named by the fingerprint of everything that shapes them, with a record
+(`.epbuild-entry.json`) of every file's sha256 beside them. Entries are written under a temporary name and renamed
+into place, and a lock per fingerprint (`epbuild.store.locks`) makes concurrent builders (doit -n, several CI jobs)
+wait for each other instead of compiling the same fingerprint twice. A restore verifies every file; a corrupted
+or tampered entry is evicted with a warning and the caller rebuilds. With a size cap, least-recently-used entries
+are evicted. (Entries of the layout before `entries-v2/`, under `entries/`, are no longer read.)
+
+With a remote (`[cache] remote`, `epbuild.store.remote_cache`) the local cache is the first level: a local miss looks
+there, a remote hit is downloaded into the local cache, verified, and restored from it; what is produced is
+stored locally and uploaded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import BuildError, UserError
+from ..manifest.parse import CacheSpec
+from ..manifest.schema import s3_url
+from .hashing import FileHashes, changed_inputs
+from .layout import RECORD, Layout, size_of
+from .locks import fingerprint_lock
+from .owners import owner_tag
+from .publish import copy_file, discard, publish, scratch_dir
+
+if TYPE_CHECKING:
+    from ..execute.executor import ExecutorSettings
+    from .remote_cache import RemoteCache
+
+ENTRIES = "entries-v2"  # <cache>/entries-v2/<fingerprint>/: the output files and RECORD beside them
+
+
+def default_dir() -> Path:
+    """The per-user default: $XDG_CACHE_HOME/epbuild or ~/.cache/epbuild."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "epbuild"
+
+
+def cache_location(spec: CacheSpec) -> tuple[Path, int | None]:
+    """(folder, size cap in bytes): EPBUILD_CACHE_DIR, else `[cache] dir`, else the per-user default."""
+    folder = os.environ.get("EPBUILD_CACHE_DIR") or spec.dir or default_dir()
+    cap = int(spec.max_size_mb * 1024 * 1024) if spec.max_size_mb else None
+    return Path(folder).absolute(), cap
+
+
+def remote_location(spec: CacheSpec) -> str | None:
+    """EPBUILD_CACHE_REMOTE when set (empty: no remote), else `[cache] remote`."""
+    url = os.environ.get("EPBUILD_CACHE_REMOTE")
+    if url is None:
+        return spec.remote
+    problem = s3_url(url) if url else None
+    if problem:
+        raise UserError("EPBUILD_CACHE_REMOTE", None, problem)
+    return url or None
+
+
+class ArtifactCache:
+    """The local cache. It is never a point of failure: a folder that cannot be written (read-only, full) costs one
+    warning, and the build goes on restoring what it can and storing nothing."""
+
+    def __init__(self, folder: Path, hashes: FileHashes, max_bytes: int | None = None, hard_links: bool = False):
+        self.folder, self.hashes, self.max_bytes = folder, hashes, max_bytes
+        self.hard_links = hard_links  # `[cache] hard_links`: entries and artifacts share their files
+        self.unusable: str | None = None  # why this process stopped writing to it
+
+    def give_up(self, exc: OSError, action: str) -> None:
+        """The one warning of this process about the local cache; later stores are skipped."""
+        if self.unusable is None:
+            self.unusable = f"{exc.strerror or exc}{f': {exc.filename}' if exc.filename else ''}"
+            print(f"warning: local cache {self.folder} unusable while {action} ({self.unusable}); building without "
+                  "storing in it for the rest of this process", file=sys.stderr)
+
+    def entry_folder(self, fingerprint: str) -> Path:
+        return self.folder / ENTRIES / fingerprint
+
+    @contextmanager
+    def lock(self, fingerprint: str) -> Iterator[None]:
+        """Held while looking up, building and storing one fingerprint (not held where the cache's folder takes no
+        lock file: then concurrent builders may both produce it)."""
+        with contextlib.ExitStack() as held:
+            if self.unusable is None:
+                try:
+                    held.enter_context(fingerprint_lock(self.folder / "locks", fingerprint))
+                except OSError as exc:
+                    self.give_up(exc, "locking")
+            yield
+
+    def restore(self, fingerprint: str, destination: Path) -> list[str] | None:
+        """Put copies of the entry's files into `destination`; None on a miss, which leaves `destination`
+        untouched.
+
+        Every file is checked against the sha256 recorded when it was stored; any mismatch evicts the entry."""
+        entry = self.entry_folder(fingerprint)
+        try:
+            recorded = json.loads((entry / RECORD).read_text())["files"]
+        except (OSError, ValueError, KeyError):
+            if entry.exists():
+                self._evict(entry, f"its {RECORD} is unreadable")
+            return None
+        for name, digest in recorded.items():
+            try:
+                actual = self.hashes.sha256(entry / name)
+            except OSError:
+                actual = "missing"
+            if actual != digest:
+                self._evict(entry, f"{name} does not match its recorded sha256")
+                return None
+        destination.mkdir(parents=True, exist_ok=True)
+        for name in recorded:
+            target = destination / name
+            if "/" in name:
+                target.parent.mkdir(parents=True, exist_ok=True)
+            copy_file(entry / name, target, self.hard_links)
+            self.hashes.copied(target, recorded[name])
+        with contextlib.suppress(OSError):  # a read-only cache restores all the same
+            os.utime(entry)  # recency for least-recently-used eviction
+        return sorted(recorded)
+
+    def staging(self, fingerprint: str) -> Path:
+        """A private folder inside the cache (so entries are renamed into place, never copied across disks)."""
+        if self.unusable is not None:
+            raise OSError(self.unusable)
+        staging_root = self.folder / "tmp"
+        staging_root.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f"{fingerprint[:16]}.{owner_tag()}.", dir=staging_root))
+
+    def store(self, fingerprint: str, source: Path, names: list[str], adopt: bool = False,
+              digests: dict[str, str] | None = None) -> dict[str, str]:
+        """Put `names` from `source` into a new entry, atomically, and return their sha256s; an existing entry is
+        kept. The files are linked (or copied) into a staging folder, unless `adopt`: then `source` is a staging
+        folder of this cache (`staging()`) that becomes the entry itself, anything else in it removed. `digests`:
+        their sha256s where already known (checked while downloading)."""
+        if RECORD in names:
+            raise BuildError(f"an output is named {RECORD}, a name the artifact cache reserves for its own record")
+        if self.unusable is not None:
+            return {}
+        try:
+            return self._store(fingerprint, source, names, adopt, digests)
+        except OSError as exc:
+            self.give_up(exc, "storing")
+            return {}
+
+    def _store(self, fingerprint: str, source: Path, names: list[str], adopt: bool,
+               digests: dict[str, str] | None) -> dict[str, str]:
+        entry = self.entry_folder(fingerprint)
+        if entry.exists():
+            try:
+                return json.loads((entry / RECORD).read_text())["files"]
+            except (OSError, ValueError, KeyError):
+                if not adopt:
+                    return {name: self.hashes.sha256(source / name) for name in names}
+                shutil.rmtree(entry, ignore_errors=True)  # incomplete: replaced by the adopted folder
+        staging = source if adopt else self.staging(fingerprint)
+        try:
+            if adopt:  # what a child left beside the outputs (its working folder) is not part of the entry
+                for leftover in set(os.listdir(staging)) - {name.split("/")[0] for name in names}:
+                    if (staging / leftover).is_dir():
+                        discard(staging / leftover)
+                    else:
+                        (staging / leftover).unlink()
+            else:
+                for name in names:
+                    if "/" in name:
+                        (staging / name).parent.mkdir(parents=True, exist_ok=True)
+                    copy_file(source / name, staging / name, self.hard_links)
+            # hashed from `source` (the copy has the same bytes): the published folder keeps those files, whose
+            # digests this process then knows
+            files = dict(digests) if digests else {name: self.hashes.sha256(source / name) for name in names}
+            (staging / RECORD).write_text(json.dumps({"files": files, "stored": time.time()}, indent=1))
+            entry.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(staging, entry)
+        except OSError:
+            shutil.rmtree(staging, ignore_errors=True)
+            if not entry.exists():
+                raise
+        self._enforce_cap()
+        return files
+
+    def _entries(self) -> list[Path]:
+        return list((self.folder / ENTRIES).glob("*"))
+
+    def usage(self) -> tuple[int, int]:
+        """(entries, bytes) held now."""
+        entries = self._entries()
+        return len(entries), sum(size_of(entry) for entry in entries)
+
+    def _evict(self, entry: Path, why: str) -> None:
+        print(f"warning: cache entry {entry.name[:16]} evicted: {why}; rebuilding", file=sys.stderr)
+        doomed = self.folder / "tmp" / f"evicted.{entry.name}.{owner_tag()}"
+        doomed.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.replace(entry, doomed)
+        except OSError:
+            return
+        shutil.rmtree(doomed, ignore_errors=True)
+
+    def _enforce_cap(self) -> None:
+        if self.max_bytes is None:
+            return
+        entries = []
+        for entry in self._entries():
+            size = size_of(entry)
+            entries.append((entry.stat().st_mtime, size, entry))
+        total = sum(size for _, size, _ in entries)
+        for _, size, entry in sorted(entries):
+            if total <= self.max_bytes:
+                break
+            shutil.rmtree(entry, ignore_errors=True)
+            total -= size
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """Where tasks write: the artifacts folder and the cache. Plain data, so it travels to doit's workers;
+    the hash memory and the cache are opened once per process on first use."""
+
+    artifacts: Path
+    cache_dir: Path
+    cache_max_bytes: int | None
+    remote_url: str | None = None
+    executor: ExecutorSettings | None = None  # a Dask cluster that produces what the caches miss
+    hard_links: bool = False  # `[cache] hard_links`
+
+    @property
+    def project_root(self) -> Path:
+        return self.artifacts.parent
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(self.artifacts)
+
+    @functools.cached_property
+    def hashes(self) -> FileHashes:
+        return FileHashes(self.layout.state)
+
+    @functools.cached_property
+    def cache(self) -> ArtifactCache:
+        return ArtifactCache(self.cache_dir, self.hashes, self.cache_max_bytes, self.hard_links)
+
+    @property
+    def remote(self) -> RemoteCache | None:
+        """The process's connection to the remote, if one is configured (boto3 is imported on first request)."""
+        if self.remote_url is None:
+            return None
+        from .remote_cache import connect
+
+        return connect(self.remote_url)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """Where an output came from, for the printed line and the build report."""
+
+    origin: str | None  # "local" or "remote" when restored, None when produced
+    downloaded: int = 0  # bytes from the remote
+    uploaded: int = 0  # bytes to the remote
+
+    @property
+    def restored(self) -> bool:
+        return self.origin is not None
+
+    def report(self) -> dict[str, Any]:
+        """The build report's fields: `from` when restored, `remote_bytes` when anything moved."""
+        moved = {"remote_bytes": {"down": self.downloaded, "up": self.uploaded}} if (
+            self.downloaded or self.uploaded) else {}
+        return {**({"from": self.origin} if self.origin else {}), **moved}
+
+
+def produced_files(folder: Path) -> list[str]:
+    """Every file under `folder`, as sorted relative paths."""
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+
+
+def with_download(outcome: Outcome, ran: dict[str, Any]) -> Outcome:
+    """`outcome` plus the bytes a Dask job's outputs took through the remote (`ran["downloaded"]`)."""
+    moved = ran.get("downloaded", 0)
+    return dataclasses.replace(outcome, downloaded=outcome.downloaded + moved) if moved else outcome
+
+
+def restore(label: str, fingerprint: str, workspace: Workspace, scratch: Path) -> tuple[list[str] | None, Outcome]:
+    """The entry's files into `scratch` from the local cache, else from the remote through the local cache."""
+    found = workspace.cache.restore(fingerprint, scratch)
+    if found is not None:
+        return found, Outcome("local")
+    remote = workspace.remote
+    downloaded = None
+    if remote and workspace.cache.unusable is None:  # a download lands in the local cache first
+        try:
+            downloaded = remote.fetch(fingerprint, workspace.cache, label)
+        except OSError as exc:
+            workspace.cache.give_up(exc, "downloading")
+    if downloaded is None:
+        return None, Outcome(None)
+    found = workspace.cache.restore(fingerprint, scratch)
+    return found, Outcome("remote" if found is not None else None, downloaded)
+
+
+def store(label: str, fingerprint: str, workspace: Workspace, folder: Path, names: list[str],
+          identity: dict[str, Any], adopt: bool = False) -> int:
+    """Keep what was produced in the local cache (with `adopt`, `folder` is a staging folder of the cache and
+    becomes the entry) and upload it to the remote; bytes uploaded."""
+    digests = workspace.cache.store(fingerprint, folder, names, adopt)
+    remote = workspace.remote
+    if remote is None or sorted(digests) != sorted(names):  # an older local entry holds other files: keep it local
+        return 0
+    return remote.upload(fingerprint, workspace.cache.entry_folder(fingerprint) if adopt else folder, digests,
+                         identity, label)
+
+
+def _holds(final: Path, scratch: Path, names: list[str], workspace: Workspace) -> bool:
+    """Whether `final` holds the files `names` of `scratch`, byte for byte (what was added beside them after
+    they were published, such as their validation report, belongs to these very bytes)."""
+    try:
+        return all((final / name).is_file() and
+                   workspace.hashes.sha256(final / name) == workspace.hashes.sha256(scratch / name) for name in names)
+    except OSError:
+        return False
+
+
+def check_inputs(label: str, inputs: dict[Path, list[int] | None]) -> None:
+    """Refuse to store or publish when an input changed after it was hashed: the job may have read other bytes
+    than its fingerprint names."""
+    moved = changed_inputs(inputs)
+    if moved:
+        raise BuildError(f"{label}: {moved[0].name} changed while {label} ran; run again")
+
+
+def cached_folder(label: str, fingerprint: str, workspace: Workspace, final: Path, expected: list[str] | None,
+                  produce: Callable[[Path], None], identity: dict[str, Any],
+                  inputs: dict[Path, list[int] | None], publishing: Callable[[Path], None] | None = None) -> Outcome:
+    """Restore `fingerprint` from the caches, or run `produce(scratch)` and store what it wrote (exactly
+    `expected`, or whatever the tool decides when None); then publish the folder atomically. `identity` (tool
+    versions, host) goes into the remote's manifest for people reading it; `inputs` are the identities the inputs
+    had before they were hashed (`hashing.snapshot`), checked before anything is stored or published;
+    `publishing(scratch)` adds what is not cached (names outside the fingerprint) and may refuse. The
+    fingerprint's lock is held throughout, so two builders never produce it twice, and a failure leaves neither
+    the scratch folder nor an older `final` behind."""
+    with workspace.cache.lock(fingerprint):
+        label_text = label.replace(":", ".").replace("@", ".").replace("[", ".")
+        scratch = scratch_dir(workspace.layout.scratch_root, label_text)
+        try:
+            found, outcome = restore(label, fingerprint, workspace, scratch)
+            if found is None or (expected is not None and found != expected):
+                if found is not None:  # a miss leaves the scratch folder empty
+                    discard(scratch)
+                    scratch.mkdir()
+                produce(scratch)
+                check_inputs(label, inputs)
+                produced = produced_files(scratch)
+                if expected is not None and produced != expected:
+                    raise BuildError(f"{label}: wrote {produced}, expected {expected}")
+                uploaded = store(label, fingerprint, workspace, scratch, produced, identity)
+                outcome = Outcome(None, outcome.downloaded, uploaded)
+                found = None
+            check_inputs(label, inputs)
+            if publishing is not None:
+                publishing(scratch)
+            if found is not None and _holds(final, scratch, found, workspace):
+                # another builder has just published these very bytes: replacing the folder would pull it from
+                # under a compile of that builder that reads from it (a stage's output)
+                discard(scratch)
+                return outcome
+            publish(scratch, final)
+        except BaseException:
+            discard(scratch, final)
+            raise
+    return outcome

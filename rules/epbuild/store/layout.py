@@ -1,0 +1,128 @@
+"""The artifacts folder: every path under `artifacts/` is spelled here, and the small file helpers every writer
+shares (atomic writes, a file's identity).
+
+    artifacts/<target>/<model>/           a published artifact (one compile)
+    artifacts/<target>/groups/<group>/    a published shared-context group
+    artifacts/build-report.json           what the last runs did, one line per task
+    artifacts/report.html, junit.xml      the same for people (one page) and CI systems (validations as tests)
+    artifacts/.stages/<model>/<stage>/    stage outputs (shape, optimize, quantize, squash, freeze)
+    artifacts/.logs/<target>/             child and tool output, one file per task
+    artifacts/.scratch/                   private work folders, renamed into place or deleted
+    artifacts/.state/                     host probe, hash memory, external-data index, operator checks, durations,
+                                          the settings each task last succeeded with
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+GROUPS = "groups"  # artifacts/<target>/groups/ holds shared-context groups: no model may be named so
+STAGES = ".stages"
+RECORD = ".epbuild-entry.json"  # in a cache entry: every file's sha256; an entry without one is incomplete
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Paths inside one project's artifacts folder."""
+
+    root: Path
+
+    @property
+    def state(self) -> Path:
+        return self.root / ".state"
+
+    @property
+    def scratch_root(self) -> Path:
+        return self.root / ".scratch"
+
+    @property
+    def build_report(self) -> Path:
+        return self.root / "build-report.json"
+
+    @property
+    def html_report(self) -> Path:
+        return self.root / "report.html"
+
+    @property
+    def junit_report(self) -> Path:
+        return self.root / "junit.xml"
+
+    @property
+    def configs(self) -> Path:
+        return self.state / "configs.json"
+
+    @property
+    def durations(self) -> Path:
+        return self.state / "durations.json"
+
+    def build_dir(self, target: str, name: str, shared: bool) -> Path:
+        """A published compile (`shared`: a shared-context group)."""
+        return self.root / target / GROUPS / name if shared else self.root / target / name
+
+    def stage_output(self, model: str, folder: str) -> Path:
+        return self.root / STAGES / model / folder / f"{model}.onnx"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / ".logs"
+
+    def log(self, folder: str, stem: str) -> Path:
+        """A task's log: `folder` is the target (or `.stages`), `stem` says the task (`tinycnn.compile`)."""
+        return self.logs / folder / f"{stem}.log"
+
+    def scratch(self, label: str) -> Path:
+        return self.scratch_root / label
+
+    def ops_report(self, target: str, model: str) -> Path:
+        return self.state / "ops" / target / f"{model}.json"
+
+
+# The kernel stamps ctime from its coarse clock, which ticks every few milliseconds: a file changed within the
+# current tick can change again under the same identity, so its identity is not remembered yet (git's "racily
+# clean" files). Where there is no coarse clock to read, a margin of several ticks stands in.
+COARSE_CLOCK = 5 if sys.platform.startswith("linux") else None  # CLOCK_REALTIME_COARSE (Python names it not)
+RACY_NS = 50_000_000
+
+
+def stat_key(stat: os.stat_result) -> list[int]:
+    """A file's identity without reading it: size, mtime, ctime and inode. Equal keys mean unchanged bytes: an
+    in-place rewrite that restores size and mtime (`touch -r`, `cp -p`, `rsync -t`) still moves ctime, which no
+    user call can set."""
+    return [stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino]
+
+
+def settled(stat: os.stat_result) -> bool:
+    """Whether the file's identity can be remembered: the clock that stamps changes has moved past its last
+    change, so any later change gets another ctime."""
+    if COARSE_CLOCK is not None:
+        return time.clock_gettime_ns(COARSE_CLOCK) > stat.st_ctime_ns
+    return time.time_ns() - stat.st_ctime_ns > RACY_NS
+
+
+def size_of(path: Path) -> int:
+    """Bytes a file, or every file under a folder, holds."""
+    if not path.is_dir():
+        return path.lstat().st_size
+    return sum(p.lstat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write beside `path` under a private name and rename: readers see the old file or the new one, whole.
+    The folder must exist: a writer never creates a folder that looks like an artifact."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        temporary.write_text(text)
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def write_json(path: Path, data: Any, indent: int | None = 2) -> None:
+    """JSON written atomically, keys sorted so equal data gives equal bytes."""
+    write_atomic(path, json.dumps(data, indent=indent, sort_keys=True) + "\n")

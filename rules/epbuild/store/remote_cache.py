@@ -1,0 +1,381 @@
+"""The shared second cache level on an S3-API object store (AWS S3, MinIO, SeaweedFS, Ceph, R2).
+
+Layout under `s3://BUCKET/PREFIX/`:
+- `cas/sha256/<hex>`: immutable blobs named by their content, written create-only (`If-None-Match: *`) with a
+  sha256 checksum that the server checks, and re-hashed by every reader;
+- `ac/<fingerprint>.json`: one small manifest per fingerprint (the files with digests and sizes, the build's
+  identity), HMAC-SHA256 signed when EPBUILD_CACHE_SIGNING_KEY is set, written only after all its blobs exist.
+
+A reader trusts nothing it downloads: file names must be plain relative paths, every blob must hash to its
+digest, and with a signing key the manifest must carry a valid signature; anything else is reported on one line
+and the caller rebuilds (a writer then replaces the bad objects). The remote is an optimization, never a point of
+failure: a refused connection, a timeout, throttling or a denied request gives one warning per process and the
+build goes on locally. Endpoint and credentials come from boto3's standard settings (AWS_ENDPOINT_URL, profiles,
+...); boto3 is imported only when a remote is in use, and no credential ever enters a message.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import hmac
+import json
+import os
+import re
+import sys
+import threading
+import time
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any
+
+from .layout import RECORD
+from .publish import discard
+
+if TYPE_CHECKING:
+    from .cache import ArtifactCache
+
+FORMAT = 1
+SINGLE_PUT_LIMIT = 5 * 1024**3  # S3's limit for one PUT; larger blobs go up in parts
+PART_SIZE = 256 * 1024**2
+MANIFEST_LIMIT = 1 << 20  # manifests list a few files; anything larger is not one of ours
+CHUNK = 1 << 20
+SECRETS = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID", "EPBUILD_CACHE_SIGNING_KEY")
+EXISTS = ("PreconditionFailed", "ConditionalRequestConflict")  # create-only put: someone wrote it first
+MISSING = ("NoSuchKey", "404", "NotFound")
+DENIED = ("AccessDenied", "403", "Forbidden", "AllAccessDisabled")
+HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+def split_url(url: str) -> tuple[str, str]:
+    """s3://BUCKET/PREFIX -> (BUCKET, "PREFIX/") ("" without a prefix)."""
+    bucket, _, prefix = url.removeprefix("s3://").partition("/")
+    prefix = prefix.strip("/")
+    return bucket, f"{prefix}/" if prefix else ""
+
+
+def redact(text: str) -> str:
+    """Remove every credential value this process knows, and any user:password in a URL."""
+    for name in SECRETS:
+        value = os.environ.get(name)
+        if value and len(value) >= 4:
+            text = text.replace(value, "***")
+    return re.sub(r"//[^/@\s]+@", "//***@", text)
+
+
+def _describe(exc: BaseException) -> str:
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict) and "Error" in response:
+        error = response["Error"]
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return f"{error.get('Code')} (HTTP {status}){': ' + error['Message'] if error.get('Message') else ''}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _code(exc: BaseException) -> str:
+    response = getattr(exc, "response", None)
+    return str(response.get("Error", {}).get("Code")) if isinstance(response, dict) else ""
+
+
+def _errors() -> tuple[type[BaseException], ...]:
+    """Every failure of a request: no answer (BotoCoreError) or an error answer (ClientError)."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    return BotoCoreError, ClientError
+
+
+def _error_answer() -> type[BaseException]:
+    from botocore.exceptions import ClientError
+
+    return ClientError
+
+
+def _b64(digest_hex: str) -> str:
+    return base64.b64encode(bytes.fromhex(digest_hex)).decode()
+
+
+def _safe_name(name: Any) -> bool:
+    """A relative path inside the entry: no absolute path, no '..', no backslash, no empty part."""
+    if not isinstance(name, str) or not name or "\\" in name or "\0" in name:
+        return False
+    parts = PurePosixPath(name).parts
+    return not name.startswith("/") and all(part not in ("", ".", "..") for part in parts) and "/".join(parts) == name
+
+
+class RemoteCache:
+    """One remote, shared by the tasks of a process (see `connect`); thread-safe for doit's `-P thread`."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self.bucket, self.prefix = split_url(url)
+        self.readonly = os.environ.get("EPBUILD_CACHE_READONLY", "") not in ("", "0")
+        key = os.environ.get("EPBUILD_CACHE_SIGNING_KEY")
+        self._signing_key = key.encode() if key else None
+        self.down: str | None = None  # why this process stopped using the remote
+        self._bad: set[str] = set()  # object keys found bad here; a writer replaces them
+        self._verified: set[str] = set()  # blob keys whose remote bytes this process checked (download or own put)
+        self._lock = threading.Lock()
+        self._client: Any = None
+
+    @property
+    def signed(self) -> bool:
+        return self._signing_key is not None
+
+    @property
+    def client(self) -> Any:
+        with self._lock:
+            if self._client is None:
+                import boto3
+                from botocore.config import Config
+
+                config = Config(connect_timeout=5, read_timeout=30, retries={"mode": "standard", "max_attempts": 3})
+                self._client = boto3.session.Session().client("s3", config=config)
+            return self._client
+
+    def _manifest_key(self, fingerprint: str) -> str:
+        return f"{self.prefix}ac/{fingerprint}.json"
+
+    def _blob_key(self, digest: str) -> str:
+        return f"{self.prefix}cas/sha256/{digest}"
+
+    # ---- reading ----
+
+    def fetch(self, fingerprint: str, cache: ArtifactCache, label: str) -> int | None:
+        """Download the entry for `fingerprint` into the local cache, verified; bytes downloaded, or None."""
+        if self.down:
+            return None
+        try:
+            return self._fetch(fingerprint, cache, label)
+        except _errors() as exc:
+            self._give_up(exc, f"reading {label}")
+            return None
+
+    def _fetch(self, fingerprint: str, cache: ArtifactCache, label: str) -> int | None:
+        key = self._manifest_key(fingerprint)
+        try:
+            response = self.client.get_object(Bucket=self.bucket, Key=key)
+        except _error_answer() as exc:
+            if _code(exc) in MISSING:
+                return None
+            raise
+        raw = response["Body"].read(MANIFEST_LIMIT + 1)
+        files, why = self._check_manifest(raw, fingerprint)
+        if why:
+            self._refuse(key, fingerprint, label, why)
+            return None
+        staging = cache.staging(fingerprint)
+        try:
+            downloaded = len(raw)
+            for name, entry in files.items():
+                (staging / name).parent.mkdir(parents=True, exist_ok=True)
+                why = self._download(entry["sha256"], entry["size"], staging / name)
+                if why:
+                    self._bad.add(self._blob_key(entry["sha256"]))
+                    self._refuse(key, fingerprint, label, f"{name}: {why}")
+                    return None
+                downloaded += entry["size"]
+            cache.store(fingerprint, staging, sorted(files), adopt=True,
+                        digests={n: e["sha256"] for n, e in files.items()})
+        finally:
+            discard(staging)
+        return downloaded
+
+    def _check_manifest(self, raw: bytes, fingerprint: str) -> tuple[dict[str, dict[str, Any]], str | None]:
+        if len(raw) > MANIFEST_LIMIT:
+            return {}, "the manifest is too large to be one"
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            return {}, "the manifest is not JSON"
+        if not isinstance(body, dict):
+            return {}, "the manifest is not a JSON object"
+        signature = body.pop("signature", None)
+        if self._signing_key is not None:
+            if signature is None:
+                return {}, "the manifest is unsigned and EPBUILD_CACHE_SIGNING_KEY is set"
+            if not isinstance(signature, str) or not hmac.compare_digest(signature, self._sign(body)):
+                return {}, "the manifest's signature does not match EPBUILD_CACHE_SIGNING_KEY"
+        if body.get("format") != FORMAT or body.get("fingerprint") != fingerprint:
+            return {}, "the manifest was written for another fingerprint or format"
+        files = body.get("files")
+        if not isinstance(files, dict) or not files:
+            return {}, "the manifest lists no files"
+        for name, entry in files.items():
+            if not _safe_name(name):
+                return {}, f"the manifest names a file outside its entry: {name!r}"
+            if name == RECORD:
+                return {}, f"the manifest names a file {RECORD}, which the local cache reserves for its record"
+            if (not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str)
+                    or not HEX64.fullmatch(entry["sha256"]) or not isinstance(entry.get("size"), int)
+                    or entry["size"] < 0):
+                return {}, f"the manifest's record of {name!r} is malformed"
+        return files, None
+
+    def _download(self, digest: str, size: int, path: Path) -> str | None:
+        """Stream one blob to `path`, hashing as it comes; why it is bad, or None when it matches."""
+        try:
+            response = self.client.get_object(Bucket=self.bucket, Key=self._blob_key(digest))
+        except _error_answer() as exc:
+            if _code(exc) in MISSING:
+                return f"blob {digest[:16]} is missing"
+            raise
+        hasher, received = hashlib.sha256(), 0
+        with open(path, "wb") as out:
+            for chunk in response["Body"].iter_chunks(CHUNK):
+                received += len(chunk)
+                if received > size:
+                    break
+                hasher.update(chunk)
+                out.write(chunk)
+        if received < size:
+            return f"blob {digest[:16]} was cut off after {received} of {size} bytes"
+        if received != size or hasher.hexdigest() != digest:
+            return f"blob {digest[:16]} does not match its sha256 (corrupted or tampered)"
+        self._verified.add(self._blob_key(digest))
+        return None
+
+    def _refuse(self, key: str, fingerprint: str, label: str, why: str) -> None:
+        self._bad.add(key)
+        replace = "" if self.readonly else " and replacing it"
+        print(f"warning: remote cache entry {fingerprint[:16]} for {label} refused: {redact(why)}; rebuilding{replace}",
+              file=sys.stderr)
+
+    # ---- writing ----
+
+    def upload(self, fingerprint: str, folder: Path, digests: dict[str, str], identity: dict[str, Any],
+               label: str) -> int:
+        """Upload the blobs of `folder`, then the manifest; bytes sent (0 when read-only or unavailable)."""
+        if self.down or self.readonly:
+            return 0
+        key = self._manifest_key(fingerprint)
+        replacing = key in self._bad  # its entry was refused: none of its blobs is trusted unless checked here
+        try:
+            sent, files = 0, {}
+            for name, digest in sorted(digests.items()):
+                size = (folder / name).stat().st_size
+                files[name] = {"sha256": digest, "size": size}
+                sent += self._put_blob(digest, folder / name, size, replacing)
+            body: dict[str, Any] = {"format": FORMAT, "fingerprint": fingerprint, "task": label, "files": files,
+                                    "identity": identity, "written": round(time.time())}
+            if self._signing_key is not None:
+                body["signature"] = self._sign(body)
+            manifest = json.dumps(body, indent=1, sort_keys=True).encode()
+            if replacing:
+                self.client.put_object(Bucket=self.bucket, Key=key, Body=manifest,
+                                       ChecksumSHA256=_b64(hashlib.sha256(manifest).hexdigest()))
+                self._bad.discard(key)
+            else:
+                self._create(key, manifest, hashlib.sha256(manifest).hexdigest())
+            return sent + len(manifest)
+        except _errors() as exc:
+            if _code(exc) in DENIED:
+                self.readonly = True
+                print(f"warning: remote cache {self.url}: writes denied ({redact(_describe(exc))}); reading only "
+                      "from now on in this process", file=sys.stderr)
+            else:
+                self._give_up(exc, f"uploading {label}")
+            return 0
+
+    def _put_blob(self, digest: str, path: Path, size: int, replacing: bool) -> int:
+        """Upload one blob unless the remote holds it verified. Replacing a refused entry, every blob this process
+        has not verified is written again (one bad blob is rarely alone: a later build would otherwise find the
+        next one); otherwise an existing blob is kept unless the server's own checksum of it disagrees."""
+        key = self._blob_key(digest)
+        if key in self._verified:
+            return 0
+        distrusted = key in self._bad or replacing
+        exists, checksum = (True, None) if distrusted else self._head(key)
+        if distrusted or checksum not in (None, _b64(digest)):
+            with contextlib.suppress(*_errors()):
+                self.client.delete_object(Bucket=self.bucket, Key=key)
+            self._bad.discard(key)
+        elif exists:
+            return 0
+        if size > SINGLE_PUT_LIMIT:
+            self._create_in_parts(key, path)
+        else:
+            with open(path, "rb") as body:
+                self._create(key, body, digest)
+        self._verified.add(key)  # the server checked the sha256 sent with it
+        return size
+
+    def _head(self, key: str) -> tuple[bool, str | None]:
+        """Whether the blob exists, and the sha256 the server recorded when it was written (None for a blob
+        written in parts, or on a server that keeps none)."""
+        try:
+            head = self.client.head_object(Bucket=self.bucket, Key=key, ChecksumMode="ENABLED")
+        except _error_answer() as exc:
+            if _code(exc) in MISSING:
+                return False, None
+            raise
+        checksum = head.get("ChecksumSHA256")
+        return True, checksum if checksum and "-" not in checksum else None
+
+    def _create(self, key: str, body: Any, digest: str) -> None:
+        """A create-only put with the sha256 the server checks; losing a race to an identical write is fine."""
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=key, Body=body, ChecksumSHA256=_b64(digest),
+                                   IfNoneMatch="*")
+        except _error_answer() as exc:
+            if _code(exc) not in EXISTS:
+                raise
+
+    def _create_in_parts(self, key: str, path: Path) -> None:
+        """A multipart upload, each part with its sha256, completed create-only."""
+        client = self.client
+        upload = client.create_multipart_upload(Bucket=self.bucket, Key=key, ChecksumAlgorithm="SHA256")
+        parts = []
+        try:
+            with open(path, "rb") as handle:
+                while chunk := handle.read(PART_SIZE):
+                    checksum = base64.b64encode(hashlib.sha256(chunk).digest()).decode()
+                    number = len(parts) + 1
+                    done = client.upload_part(Bucket=self.bucket, Key=key, UploadId=upload["UploadId"],
+                                              PartNumber=number, Body=chunk, ChecksumSHA256=checksum)
+                    parts.append({"ETag": done["ETag"], "PartNumber": number, "ChecksumSHA256": checksum})
+            client.complete_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload["UploadId"],
+                                             MultipartUpload={"Parts": parts}, IfNoneMatch="*")
+        except BaseException as exc:
+            with contextlib.suppress(*_errors()):
+                client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload["UploadId"])
+            if _code(exc) not in EXISTS:
+                raise
+
+    def _sign(self, body: dict[str, Any]) -> str:
+        assert self._signing_key is not None
+        canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+        return "hmac-sha256:" + hmac.new(self._signing_key, canonical, hashlib.sha256).hexdigest()
+
+    def _give_up(self, exc: BaseException, action: str) -> None:
+        """The one warning of this process; later operations skip the remote."""
+        with self._lock:
+            if self.down:
+                return
+            self.down = redact(_describe(exc))
+        print(f"warning: remote cache {self.url} unavailable while {action}: {self.down}; building locally "
+              "without it for the rest of this process", file=sys.stderr)
+
+    # ---- for `doit cache` ----
+
+    def settings(self) -> dict[str, Any]:
+        """Where the remote is and how it is used, probed with one request; never a credential."""
+        endpoint = self.client.meta.endpoint_url
+        try:
+            self.client.head_bucket(Bucket=self.bucket)
+            reachable: str | bool = True
+        except _errors() as exc:
+            reachable = redact(_describe(exc))
+        return {"url": self.url, "endpoint": redact(endpoint), "readonly": self.readonly, "signed": self.signed,
+                "reachable": reachable}
+
+
+_OPEN: dict[str, RemoteCache] = {}
+_OPEN_LOCK = threading.Lock()
+
+
+def connect(url: str) -> RemoteCache:
+    """The process's one `RemoteCache` for `url`, so a failure warns once and then stays quiet."""
+    with _OPEN_LOCK:
+        if url not in _OPEN:
+            _OPEN[url] = RemoteCache(url)
+        return _OPEN[url]

@@ -1,0 +1,89 @@
+"""The settings each task last succeeded with, as digests in one file (`artifacts/.state/configs.json`).
+
+doit re-runs a task when its files change, not when its settings do; `doit.tools.config_changed` covers settings
+but costs an `inspect.signature` call and a JSON decode of saved values per task on every run, which dominated a
+no-op `doit` at 1000 targets. Here task creation compares each task's digest with this record once and hands doit
+a plain bool. The build's reporter records a task's digest when it succeeds; a task with no record, or another
+digest, runs. Two builds at once merge their records under a lock, each writing only the tasks it ran.
+
+With its settings the record keeps the identity and sha256 of every file the task published (`published`): doit's
+file checker (`epbuild.tasks.HashChecker`) takes a published file changed since (an `onnx.save` over it, a hex edit)
+for a missing target, so the task runs again and restores it from the cache or rebuilds it. A touched but unchanged
+file is hashed once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from .hashing import FileHashes
+from .layout import stat_key, write_json
+from .locks import file_lock
+
+Published = dict[str, list]  # path (relative to the project) -> [*identity, sha256] of each file a task published
+
+
+def digest(config: dict[str, Any]) -> str:
+    """A task's settings as a short string: repr is stable for our dicts (built in a fixed order) and much
+    cheaper than a sorted json.dumps."""
+    return hashlib.md5(repr(config).encode()).hexdigest()
+
+
+def _read(path: Path) -> dict[str, str]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+class ConfigRecord:
+    """Task name -> [the digest of the settings it last succeeded with, the files it published then]."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.recorded = _read(path)
+        self.current: dict[str, str] = {}  # this run's digest of every task created
+        self.succeeded: dict[str, Published] = {}
+
+    def unchanged(self, task: str, config: dict[str, Any]) -> bool:
+        """Whether `task` last succeeded with these settings; remembers them for `success`."""
+        self.current[task] = value = digest(config)
+        recorded = self.recorded.get(task)
+        return isinstance(recorded, list) and recorded[0] == value
+
+    def published_files(self) -> dict[str, list]:
+        """Every published file of the record (path relative to the project -> [*identity, sha256])."""
+        return {path: identity for entry in self.recorded.values() if isinstance(entry, list)
+                for path, identity in entry[1].items()}
+
+    def success(self, task: str, published: Published | None) -> None:
+        if task in self.current:
+            self.succeeded[task] = published or {}
+
+    def save(self) -> None:
+        """Record the tasks that succeeded in this run, merged with what another build recorded meanwhile."""
+        changed = {task: [self.current[task], published] for task, published in self.succeeded.items()
+                   if self.recorded.get(task) != [self.current[task], published]}
+        if not changed:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with file_lock(self.path.with_suffix(".lock")):
+            merged = {**_read(self.path), **changed}
+            write_json(self.path, merged, indent=None)
+        self.recorded.update(changed)
+
+
+def published(paths: list[Path], hashes: FileHashes, root: Path) -> Published:
+    """What a task leaves in the record for doit's file checker to compare next time: each file's identity and
+    sha256, read together (a file changed while it was hashed then shows another identity), by its path inside the
+    project `root`."""
+    files: Published = {}
+    for path in paths:
+        stat = os.stat(path)
+        files[Path(os.path.relpath(path, root)).as_posix()] = [*stat_key(stat), hashes.sha256(path, stat)]
+    return files
