@@ -131,7 +131,7 @@ def _mutants(seed: int = 26) -> list[str]:
 def test_a_fuzzed_manifest_is_built_or_refused_in_one_line_never_a_traceback(folder, host_cache):
     """300 fixed-seed mutations through everything task creation does (`epbuild.tasks.Project`, as `doit list`;
     ~6 s, so in the default suite)."""
-    from epbuild.tasks import Project
+    from epbuild.tasks.project import Project
 
     state = folder / "artifacts" / ".state"
     state.mkdir(parents=True)

@@ -213,13 +213,14 @@ def test_a_report_that_cannot_be_written_is_a_warning_not_a_failed_build(tmp_pat
 def test_with_threads_doit_does_not_swap_sys_stdout_per_task(tmp_path, host_cache, monkeypatch):
     """CPython 3.11's print() borrows sys.stdout: doit swapping it per task in another thread crashed builds with
     `-P thread` about once in 50 runs (segfault). Capture is off there; processes keep it."""
-    from epbuild.tasks import Project as Loaded
+    from epbuild.tasks.definitions import Tasks
+    from epbuild.tasks.project import Project as Loaded
 
     project = Project(tmp_path, host_cache)
     project.manifest(SMALL)
     monkeypatch.chdir(tmp_path)
-    threads = Loaded(tmp_path / "models.toml", ["-n", "2", "-P", "thread"]).all_tasks()
-    processes = Loaded(tmp_path / "models.toml", ["-n", "2"]).all_tasks()
+    threads = Tasks(Loaded(tmp_path / "models.toml", ["-n", "2", "-P", "thread"])).all_tasks()
+    processes = Tasks(Loaded(tmp_path / "models.toml", ["-n", "2"])).all_tasks()
     assert {str(t.get("io")) for t in threads if t.get("name")} == {"{'capture': False}"}
     assert all("io" not in t for t in processes)
 

@@ -49,7 +49,7 @@ def test_an_unreadable_record_means_every_task_runs(tmp_path):
 
 
 def test_a_published_file_changed_since_counts_as_missing_and_a_touched_one_does_not(tmp_path, monkeypatch):
-    from epbuild.tasks import HashChecker
+    from epbuild.tasks.checker import HashChecker
 
     monkeypatch.chdir(tmp_path)
     path, artifact = tmp_path / "configs.json", tmp_path / "model.onnx"

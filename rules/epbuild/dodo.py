@@ -1,17 +1,41 @@
 """Every epbuild task, for a project's one-line dodo.py: `from epbuild.dodo import *`.
 
 doit runs a dodo.py from its own folder, so the manifest is `models.toml` there, or EPBUILD_MANIFEST (relative to
-that folder; empty: models.toml). The `epbuild` command loads this module the same way, without a dodo.py.
+that folder; empty: models.toml). The `epbuild` command loads this module the same way, without a dodo.py. When a
+shortcut holds (`fast_path`: a no-op run or an unchanged listing) nothing heavy is imported and no task is made;
+else the project is loaded in full (`tasks`).
 """
 
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
-from .fast_path import load_project
+from .fast_path import shortcut
+
+
+def _interrupted(kind: type[BaseException], value: BaseException, trace: Any) -> None:
+    """Ctrl-C: one line instead of a traceback (the exit status stays 130). doit has saved what finished, and
+    the fork servers end the jobs of this build once its process is gone."""
+    if issubclass(kind, KeyboardInterrupt):
+        sys.stderr.write("interrupted: the build stopped; finished tasks are kept, and a rerun does the rest\n")
+        return
+    sys.__excepthook__(kind, value, trace)
+
+
+
+def _load(manifest: Path, requested: list[str]) -> Any:
+    sys.excepthook = _interrupted
+    quick = shortcut(manifest, requested)
+    if quick is not None:
+        return quick
+    from .tasks.definitions import load_full_project
+
+    return load_full_project(manifest, requested)
+
 
 # the command line's task names: a task this host cannot build fails when named, and is skipped otherwise
-project = load_project(Path.cwd() / (os.environ.get("EPBUILD_MANIFEST") or "models.toml"), sys.argv[1:])
+project = _load(Path.cwd() / (os.environ.get("EPBUILD_MANIFEST") or "models.toml"), sys.argv[1:])
 DOIT_CONFIG = project.doit_config()
 
 

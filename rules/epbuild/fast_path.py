@@ -21,7 +21,7 @@ import json
 import os
 import platform
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -223,25 +223,3 @@ def shortcut(manifest: Path, argv: list[str]) -> UpToDate | None:
         return UpToDate(listing=listing) if listing is not None else None
     stamp = Stamp(layout).still_valid(key)
     return UpToDate(stamp=stamp) if stamp is not None else None
-
-
-def _interrupted(kind: type[BaseException], value: BaseException, trace: Any) -> None:
-    """Ctrl-C: one line instead of a traceback (the exit status stays 130). doit has saved what finished, and
-    the fork servers end the jobs of this build once its process is gone."""
-    if issubclass(kind, KeyboardInterrupt):
-        sys.stderr.write("interrupted: the build stopped; finished tasks are kept, and a rerun does the rest\n")
-        return
-    sys.__excepthook__(kind, value, trace)
-
-
-def load_project(manifest_path: str | Path, requested: Iterable[str] = ()) -> Any:
-    """dodo.py's entry: the stand-in when a shortcut holds (nothing heavy is imported then), else the full project
-    (`epbuild.tasks.Project`)."""
-    sys.excepthook = _interrupted
-    requested = list(requested)
-    quick = shortcut(Path(manifest_path), requested)
-    if quick is not None:
-        return quick
-    from .tasks import load_full_project
-
-    return load_full_project(Path(manifest_path), requested)

@@ -1,0 +1,145 @@
+"""The actions of the compile, stage, validation and operator-check tasks: each calls the step, prints one line and
+returns what the build report keeps; a failure is doit's TaskFailed with one readable message."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from doit.exceptions import TaskFailed
+
+from ..errors import BuildError, UserError
+from ..execute.executor import run_operator_list, run_validation
+from ..manifest.builds import Build
+from ..report.build_report import usage_text
+from ..steps.compile import compile_build, file_records
+from ..steps.compilers import compiler
+from ..steps.fingerprint import validation_fingerprint
+from ..steps.preprocess import run_stage
+from ..steps.stages import Stage
+from ..steps.toolchains import check_operators, find_qaic, supported_operators
+from ..steps.validate import REPORT, cached_validation, summary, validate
+from ..store.cache import Outcome, Workspace
+from ..store.hashing import snapshot
+from ..store.task_configs import published
+
+FAILURES = (BuildError, UserError, OSError)
+
+
+def failure(exc: Exception, prefix: str = "") -> TaskFailed:
+    """A task failure with one readable message; an OSError (a full disk, a permission) names the file."""
+    if isinstance(exc, OSError) and not isinstance(exc, BuildError):
+        return TaskFailed(f"{prefix}{exc.strerror or exc} ({exc.filename or 'artifacts'})")
+    return TaskFailed(f"{prefix}{exc}")
+
+
+def _origin(outcome: Outcome) -> str:
+    """' (from the remote cache, 1.2 MB)' for a remote hit, '' otherwise."""
+    if outcome.origin != "remote":
+        return ""
+    return f" (from the remote cache, {outcome.downloaded / 1e6:.1f} MB)"
+
+
+def run_compile(build: Build, workspace: Workspace) -> TaskFailed | dict[str, Any]:
+    """Compile or restore one build; print where its nodes went."""
+    try:
+        done = compile_build(build, workspace)
+    except FAILURES as exc:
+        return failure(exc)
+    nodes = done.nodes
+    if build.shared:
+        names = ", ".join(f["name"] for f in done.files)
+        detail = f"{len(build.members)} members, {nodes['ep_context']} EPContext node(s) (keep together: {names})"
+    else:
+        detail = compiler(build.target).describe(nodes)
+    print(f"{done.status} {done.build}: {detail}, {done.seconds:.1f} s{usage_text(done.usage)} -> "
+          f"{os.path.relpath(done.out_dir)}/{_origin(done.outcome)}")
+    return {"status": done.status, **done.outcome.report(), **({"worker": done.worker} if done.worker else {}),
+            "fingerprint": done.fingerprint, "files": done.files,
+            "_published": published([done.out_dir / f["name"] for f in done.files], workspace.hashes,
+                                    workspace.project_root),
+            "seconds": round(done.seconds, 3), **({"child": done.usage} if done.usage else {}),
+            **({"nodes": nodes} if "in_ep" in nodes else {})}
+
+
+def run_stage_task(stage: Stage, workspace: Workspace) -> TaskFailed | dict[str, Any]:
+    try:
+        outcome, seconds, dynamic, worker = run_stage(stage, workspace)
+    except FAILURES as exc:
+        return failure(exc)
+    if dynamic:
+        print(f"warning: {stage.task}: {len(dynamic)} tensor(s) keep dynamic dimensions after shape inference, "
+              f"which NPU EPs refuse: {', '.join(dynamic[:5])}{' ...' if len(dynamic) > 5 else ''}")
+    if stage.kind == "quantize" and stage.settings["random"]:
+        print(f"warning: {stage.task} calibrated on fixed-seed random data: for smoke tests only, the "
+              "quantization ranges do not reflect real inputs")
+    status = "restored" if outcome.restored else "compiled"
+    print(f"{status} {stage.task}: {seconds:.1f} s -> {os.path.relpath(stage.output)}{_origin(outcome)}")
+    return {"status": status, **outcome.report(), **({"worker": worker} if worker else {}),
+            "seconds": round(seconds, 3),
+            "files": file_records(stage.output.parent, [p.name for p in stage.outputs], workspace),
+            "_published": published(stage.outputs, workspace.hashes, workspace.project_root)}
+
+
+def run_validate(build: Build, workspace: Workspace, config: dict[str, Any]) -> TaskFailed | dict:
+    """Validate a build's artifact, or restore a passed report for the same bytes from the cache."""
+    started = time.monotonic()
+    layout = workspace.layout
+    folder = build.out_dir(layout)
+    artifact = [folder / n for n in build.outputs]
+    inputs = snapshot([*artifact, *build.sources, *build.validation_files])
+    fingerprint = validation_fingerprint(artifact, config, [*build.sources, *build.validation_files], workspace.hashes)
+    try:
+        produce = (lambda workdir: run_validation(build, workspace)) if workspace.executor else (
+            lambda workdir: validate(build, layout, workdir))
+        report, outcome = cached_validation(f"validate:{build.name}", fingerprint, workspace, folder, produce, config,
+                                            inputs, build.target.name)
+    except (OSError, BuildError) as exc:
+        return failure(exc, f"validate:{build.name}: ")
+    line = f"{report['status']} validate:{build.name}: {summary(report)}"
+    if report["status"] == "failed":
+        return TaskFailed(line)
+    print(line + (f" (restored from the {outcome.origin} cache)" if outcome.restored else ""))
+    status = "restored" if outcome.restored else "skipped" if report["status"] == "skipped" else "validated"
+    seconds = time.monotonic() - started if outcome.restored else report["seconds"]
+    return {"status": status, **outcome.report(), **({"worker": report["worker"]} if "worker" in report else {}),
+            "fingerprint": fingerprint, "validation": line, **({"child": report["usage"]} if "usage" in report else {}),
+            "seconds": round(seconds, 3), "_published": published([folder / REPORT], workspace.hashes,
+                                                                          workspace.project_root)}
+
+
+def run_ops(build: Build, workspace: Workspace, report: Path) -> TaskFailed | None:
+    """The operator check of a qaic build, before its compile; the operator list comes from a worker's
+    qaic-compile when an executor runs the jobs."""
+    try:
+        if workspace.executor:
+            supported, version = run_operator_list(build, workspace)
+        else:
+            found = find_qaic(build.target.sdk_root)
+            if isinstance(found, str):
+                return TaskFailed(f"ops:{build.name}: {found}")
+            supported, version = supported_operators(found, build.log(workspace.layout, "ops")), found.version
+        print(f"ops:{build.name}: " + check_operators(supported, version, build.members[0].model.path, report))
+    except BuildError as exc:
+        return TaskFailed(f"ops:{build.name}: {exc}")
+    return None
+
+
+def refuse_unavailable(task: str, reason: str, named: bool) -> TaskFailed | dict[str, str]:
+    """Asked for by name (`named`), a task this host cannot build fails; reached through `doit compile` or
+    `doit validate` it is skipped with its reason, like in the default run."""
+    if named:
+        return TaskFailed(f"{task} cannot be built on this host: {reason}")
+    print(f"skipped {task}: {reason}")
+    return {"status": "skipped", "reason": reason}
+
+
+def report_unavailable(reasons: dict[str, str]) -> None:
+    for task, reason in reasons.items():
+        print(f"skipped {task}: {reason}")
+    if not reasons:
+        print("this host can build every task")
+
+

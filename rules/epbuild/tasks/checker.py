@@ -1,0 +1,55 @@
+"""doit's file checker on epbuild's hash memory (`store.hashing`) and published-file record."""
+
+from __future__ import annotations
+
+import os
+
+from doit.dependency import FileChangedChecker
+
+from ..store.hashing import FileHashes
+from ..store.layout import settled, stat_key
+
+
+class HashChecker(FileChangedChecker):
+    """doit's file checker on the shared hash memory: state is [size, mtime_ns, ctime_ns, inode, sha256], and a file
+    whose identity changed but whose bytes did not (a fresh clone, a touch) is hashed once, not on every run. It
+    keeps the identity of every file it judged unchanged or found present (`checked`): a full no-op's stamp."""
+
+    hashes: FileHashes  # set on a per-project subclass: doit instantiates the checker without arguments
+    checked: dict[str, list[int]]
+    published: dict[str, list]  # target -> [*identity, sha256] its task recorded when it published it
+    edited: set[str]  # published targets found changed since: their tasks run again
+
+    def check_modified(self, file_path, file_stat, state):
+        if state is None or len(state) != 5:
+            return True
+        key = stat_key(file_stat)
+        if key != state[:4] and self.hashes.sha256(file_path, file_stat) != state[4]:
+            return True
+        self.checked[file_path] = key
+        return False
+
+    def exists(self, file_path):
+        """Present, and as its task published it: a published file changed since counts as missing, so that its
+        task restores or rebuilds it (a touched one is hashed once and found unchanged)."""
+        try:
+            stat = os.stat(file_path)
+        except OSError:
+            return False
+        key = self.checked[file_path] = stat_key(stat)
+        recorded = self.published.get(file_path)
+        if recorded and key != recorded[:4] and self.hashes.sha256(file_path, stat) != recorded[4]:
+            self.edited.add(file_path)
+            return False
+        return True
+
+    def get_state(self, dep, current_state):
+        stat = os.stat(dep)
+        key = stat_key(stat)
+        if current_state and current_state[:4] == key:
+            return None
+        if not settled(stat):  # it may change again under this identity: compared by content next time
+            key = [*key[:2], -1, key[3]]
+        return [*key, self.hashes.sha256(dep, stat)]
+
+

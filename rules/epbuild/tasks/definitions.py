@@ -1,0 +1,197 @@
+"""A loaded project (`tasks.project.Project`) as doit's task dicts and settings: one `Tasks` per run, whose
+generators `epbuild.dodo` hands to doit. Every task's files are spelled relative to doit's folder, and its settings
+are compared with those it last succeeded with (`store.task_configs`)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from ..errors import UserError
+from ..fast_path import DOIT_BASE, Listing, listed
+from ..manifest.builds import Build
+from ..steps.compilers import compiler
+from ..steps.fingerprint import compile_config, stage_config, validate_config
+from ..steps.validate import REPORT
+from ..store.hashing import FileHashes
+from ..store.publish import discard
+from .actions import refuse_unavailable, report_unavailable, run_compile, run_ops, run_stage_task, run_validate
+from .checker import HashChecker
+from .commands import run_prune, show_backends, show_cache, show_graph
+from .project import Project, in_shard
+from .reporter import BuildReporter
+
+Task = dict[str, Any]
+
+
+class Tasks:
+    """The task generators of one loaded project (and its doit settings)."""
+
+    def __init__(self, project: Project):
+        self.project = project
+
+    def doit_config(self) -> dict[str, Any]:
+        project = self.project
+        default = [name for b in project.builds if b.target.name not in project.unavailable and
+                   in_shard(b, project.shard) for name in project.task_names(b)]
+        if project.unavailable:
+            default.append("unavailable")
+        recorded = project.configs.published_files()  # paths relative to the project; doit's are relative to its folder
+        inside = project.rel(project.root)
+        published = recorded if inside == "." else {os.path.join(inside, p): v for p, v in recorded.items()}
+        checker = type("ProjectHashChecker", (HashChecker,), {"hashes": FileHashes(project.layout.state),
+                                                              "checked": {}, "published": published, "edited": set()})
+        project.checked, project.edited = checker.checked, checker.edited
+        reporter = type("ProjectBuildReporter", (BuildReporter,), {"project": project})
+        # Live: doit captures each task's output (verbosity 1) and the reporter prints it above the status area;
+        # threads share one sys.stdout, which doit's capture would race on, so there the status area catches prints.
+        verbosity = 1 if project.live and not project.threads else 2
+        return {**DOIT_BASE, "verbosity": verbosity, "default_tasks": default, "check_file_uptodate": checker,
+                "reporter": reporter}
+
+    def _task(self, basename: str, name: str, doc: str, action: Any, args: list[Any], file_dep: Iterable[Path] = (),
+              targets: Iterable[Path] = (), config: dict[str, Any] | None = None, **extra: Any) -> Task:
+        """One doit task: files spelled relative to doit's folder, settings compared with those it last succeeded
+        with (`config`; None: it always runs). With `-P thread`,
+        doit's output capture is off: it swaps sys.stdout per running task, and CPython 3.11's print() holds a
+        borrowed reference to sys.stdout, so a swap in another thread can free it mid-print (a segfault)."""
+        unchanged = config is not None and self.project.configs.unchanged(f"{basename}:{name}", config)
+        return {"basename": basename, "name": name, "doc": doc, "actions": [(action, args)],
+                "file_dep": [self.project.rel(p) for p in file_dep], "targets": [self.project.rel(p) for p in targets],
+                "uptodate": [unchanged], **({"io": {"capture": False}} if self.project.threads else {}), **extra}
+
+    def _unavailable(self, basename: str, build: Build, doc: str) -> Task | None:
+        """The task of a target this host cannot build: listed with the reason, refused by name; None if it can."""
+        reason = self.project.unavailable.get(build.target.name)
+        if reason is None:
+            return None
+        task = f"{basename}:{build.name}"
+        return self._task(basename, build.name, f"{doc} [unavailable here: {reason}]", refuse_unavailable,
+                          [task, reason, task in self.project.requested])
+
+    def build_tasks(self, kind: str) -> Iterator[Task]:
+        """compile:MODEL@TARGET (kind "compile") or group:NAME (kind "group") tasks."""
+        yield {"basename": kind, "name": None, "doc": "compile every model for each of its targets" if kind ==
+               "compile" else "compile every shared-context group"}
+        for build in self.project.builds:
+            if build.kind != kind:
+                continue
+            target, out_dir = build.target, build.out_dir(self.project.layout)
+            if build.shared:
+                doc = (f"{', '.join(m.name for m in build.members)} into one shared context for {target.name} "
+                       f"({target.ep.name})")
+            else:
+                doc = f"{build.members[0].name} for {target.name} ({target.ep.name}, {target.device})"
+            refused = self._unavailable(kind, build, doc)
+            if refused:
+                yield refused
+                continue
+            checks = [f"ops:{build.name}"] if compiler(target).operator_check else []
+            yield self._task(kind, build.name, f"{doc} -> {self.project.rel(out_dir)}/", run_compile,
+                             [build, self.project.workspace],
+                             build.inputs, [out_dir / name for name in build.outputs],
+                             compile_config(build, self.project.root), clean=[(discard, [out_dir])], task_dep=checks)
+
+    def validate_tasks(self) -> Iterator[Task]:
+        yield {"basename": "validate", "name": None, "doc": "run every compiled artifact and compare with its source"}
+        for build in self.project.builds:
+            if not build.validates:
+                continue
+            if build.shared:
+                doc = f"group {build.name}: structural checks, and each member run where this host loads the context"
+            else:
+                what = ("structural checks" if build.members[0].validation.mode == "structural"
+                        else "run, compare with the source on CPU")
+                doc = f"{build.members[0].name} on {build.target.name}: {what}"
+            refused = self._unavailable("validate", build, doc)
+            if refused:
+                yield refused
+                continue
+            out_dir, config = build.out_dir(self.project.layout), validate_config(build, self.project.root)
+            external = [p for m in build.members for p in m.external]
+            inputs = [*(out_dir / name for name in build.outputs), *build.sources, *external,
+                      *build.validation_files]
+            yield self._task("validate", build.name, doc, run_validate, [build, self.project.workspace, config], inputs,
+                             [out_dir / REPORT], config)
+
+    def ops_tasks(self) -> Iterator[Task]:
+        yield {"basename": "ops", "name": None, "doc": "check every qaic model's operators against qaic-compile"}
+        for build in self.project.builds:
+            backend = compiler(build.target)
+            if not backend.operator_check or build.target.name in self.project.unavailable:
+                continue
+            report = self.project.layout.ops_report(build.target.name, build.members[0].name)
+            yield self._task("ops", build.name, f"operators of {build.members[0].name} supported by qaic-compile?",
+                             run_ops, [build, self.project.workspace, report], [build.members[0].model.path], [report],
+                             {"toolchain": backend.identity(build.target)})
+
+    def backends_task(self) -> Iterator[Task]:
+        yield {"basename": "backends", "doc": "what this host can build: EPs, compilers, toolchains, targets",
+               "actions": [(show_backends, [self.project])], "uptodate": [False], "verbosity": 2,
+               "params": [{"name": "json_output", "long": "json", "type": bool, "default": False,
+                           "help": "print JSON for machines"}]}
+
+    def cache_task(self) -> Iterator[Task]:
+        yield {"basename": "cache", "doc": "the local cache's size and the remote cache's settings",
+               "actions": [(show_cache, [self.project.workspace])], "uptodate": [False], "verbosity": 2}
+
+    def stage_tasks(self) -> Iterator[Task]:
+        """shape:, optimize:, quantize:<model>[flavour] and squash: tasks, each feeding the next by file."""
+        docs = {"freeze": "configuration inputs to constants, folded", "shape": "static shapes from `inputs`",
+                "optimize": "ORT graph optimization",
+                "quantize": "QDQ quantization with calibration data", "squash": "inline external data"}
+        for kind in dict.fromkeys(stage.kind for stage in self.project.stages.values()):
+            yield {"basename": kind, "name": None, "doc": docs[kind]}
+        for stage in self.project.stages.values():
+            doc = (f"{stage.kind} {stage.model}{f' for {stage.flavour} targets' if stage.flavour else ''} -> "
+                   f"{self.project.rel(stage.output)}")
+            yield self._task(stage.kind, stage.task.split(":", 1)[1], doc, run_stage_task,
+                             [stage, self.project.workspace],
+                             [stage.input, *stage.input_external, *stage.calibration], stage.outputs,
+                             stage_config(stage), clean=[(discard, [stage.output.parent])])
+
+    def save_listing(self) -> None:
+        """What `doit list` shows, for the next one under the same key (epbuild.fast_path)."""
+        generators = {"stages": self.stage_tasks, "compile": lambda: self.build_tasks("compile"),
+                      "group": lambda: self.build_tasks("group"), "validate": self.validate_tasks,
+                      "ops": self.ops_tasks, "backends": self.backends_task, "cache": self.cache_task,
+                      "unavailable": self.unavailable_task, "graph": self.graph_task, "prune": self.prune_task}
+        Listing(self.project.layout).write(self.project.key, {name: [listed(task) for task in make()]
+                                              for name, make in generators.items()})
+
+    def all_tasks(self) -> list[Task]:
+        return [*self.stage_tasks(), *self.build_tasks("compile"), *self.build_tasks("group"),
+                *self.validate_tasks(), *self.ops_tasks()]
+
+    def prune_task(self) -> Iterator[Task]:
+        yield {"basename": "prune", "doc": "remove what removed models, targets, groups and stages left under "
+               "artifacts/ (--dry-run: only list it)", "actions": [(run_prune, [self.project])], "uptodate": [False],
+               "verbosity": 2, "params": [{"name": "dry_run", "long": "dry-run", "type": bool, "default": False,
+                                           "help": "list what would be removed, remove nothing"}]}
+
+    def graph_task(self) -> Iterator[Task]:
+        yield {"basename": "graph", "doc": "the task graph as artifacts/graph.dot and graph.svg (--model M: one model)",
+               "actions": [(show_graph, [self.project, self.all_tasks])], "uptodate": [False], "verbosity": 2,
+               "params": [{"name": "model", "long": "model", "type": str, "default": "",
+                           "help": "only this model's tasks (its stages, compiles, checks, validations, groups)"}]}
+
+    def unavailable_task(self) -> Iterator[Task]:
+        yield {"basename": "unavailable", "doc": "list the tasks this host cannot build, and why",
+               "actions": [(report_unavailable, [self.project.skipped()])], "uptodate": [False]}
+
+
+def load_full_project(manifest_path: Path, requested: list[str]) -> Tasks:
+    """The project with all its tasks (`epbuild.dodo` loads this when no shortcut holds); a user error prints one
+    line and exits 2, without a traceback."""
+    try:
+        project = Project(manifest_path, requested)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    tasks = Tasks(project)
+    if requested == ["list"] and project.writable:
+        tasks.save_listing()
+    return tasks

@@ -1,0 +1,256 @@
+"""A manifest loaded into everything task creation needs, computed once per run: the manifest read and checked,
+the artifacts folder and cache prepared, the models' external data read, the builds planned, each target's
+availability on this host (or on the Dask workers) known."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+from ..errors import BuildError, UserError, closest
+from ..execute.executor import ExecutorSettings, executor_settings, unreachable, with_worker_toolchains
+from ..execute.fork_server import prestart, serving
+from ..execute.host import capabilities
+from ..fast_path import is_default_run, project_key
+from ..manifest.builds import Build, ResolvedTarget
+from ..manifest.eps import lookup
+from ..manifest.parse import Manifest, load
+from ..manifest.targets import plan, resolve_targets
+from ..report.progress import live_wanted
+from ..report.views import template_prepared_meanwhile
+from ..steps import vendor_shim
+from ..steps.compilers import COMPILERS, compiler
+from ..store.cache import Workspace, cache_location, remote_location
+from ..store.external_data import ExternalDataIndex
+from ..store.layout import STAGES, Layout
+from ..store.owners import owner_tag, sweep
+from ..store.task_configs import ConfigRecord
+
+INSPECTING = {"list", "info", "help", "clean", "forget", "ignore", "dumpdb", "strace", "tabcompletion", "reset-dep",
+              "backends", "cache", "unavailable", "graph", "prune"}  # doit commands and tasks that build nothing
+
+
+class _Relative:
+    """One canonical spelling per file (doit does not normalise paths): relative to doit's working folder.
+
+    String slicing, not os.path.relpath: this runs several times per task and relpath dominated `doit list`.
+    """
+
+    def __init__(self, root: Path):
+        self.root = f"{root}{os.sep}"
+        self.prefix = os.path.relpath(root)
+
+    def __call__(self, path: Path) -> str:
+        text = str(path)
+        if not text.startswith(self.root):
+            return os.path.relpath(text)
+        inside = text[len(self.root):]
+        return inside if self.prefix == "." else os.path.join(self.prefix, inside)
+
+
+def thread_mode(argv: list[str]) -> bool:
+    """Whether doit's command line asks for `-P thread` / `--parallel-type thread`."""
+    for at, word in enumerate(argv):
+        if word in ("-P", "--parallel-type") and argv[at + 1:at + 2] == ["thread"]:
+            return True
+        if word in ("-Pthread", "--parallel-type=thread"):
+            return True
+    return False
+
+
+class Project:
+    """A loaded manifest with everything task creation needs, computed once. `requested` are the task names
+    given on doit's command line: a task this host cannot build fails when named, and is skipped otherwise."""
+
+    def __init__(self, manifest_path: Path, requested: Iterable[str] = ()):
+        requested = list(requested)
+        self.command = requested[0] if requested else None
+        self.requested = frozenset(requested)
+        # a plain `doit list` or default run: its outcome may let the next one skip loading (epbuild.fast_path)
+        self.key = project_key(manifest_path) if requested == ["list"] or is_default_run(requested) else None
+        self.checked: dict[str, list[int]] = {}  # what doit's file checker found unchanged (the no-op stamp)
+        self.edited: set[str] = set()  # published files found changed since (the file checker fills it)
+        self.shard = shard_of(os.environ.get("EPBUILD_SHARD"))
+        self.live = self.command not in INSPECTING and live_wanted(sys.stdout)  # a status area under the tasks
+        self.threads = thread_mode(requested)
+        self.rel = _Relative(Path.cwd())
+        resolved = self._read_manifest(manifest_path)  # nothing is written before the manifest is known good
+        executor = self._prepare_folders()
+        servers = self._start_fork_servers(is_default_run(requested) and not executor)
+        external = self._read_models(servers)
+        self._plan(external, resolved, executor)
+        self._check_availability(executor)
+        self.configs = ConfigRecord(self.layout.configs)
+
+    def _read_manifest(self, manifest_path: Path) -> dict[str, ResolvedTarget]:
+        """The manifest, parsed and checked, and every target resolved; its warnings printed once."""
+        self.manifest = load(manifest_path)
+        self.root = self.manifest.root
+        resolved = resolve_targets(self.manifest)
+        for warning in (w for target in resolved.values() for w in target.warnings):
+            print(warning, file=sys.stderr)
+        return resolved
+
+    def _prepare_folders(self) -> ExecutorSettings | None:
+        """artifacts/ checked and swept of killed builds' scratch, the cache and the executor (None: run here)."""
+        self.layout = Layout(self.root / "artifacts")
+        if self.layout.root.is_symlink():
+            raise UserError(self.manifest.path.name, None, f"{self.layout.root} is a symbolic link (to "
+                            f"{os.readlink(self.layout.root)}); outputs are written only inside the project: "
+                            "make artifacts/ a plain folder")
+        self.writable = self._check_writable(self.command)
+        if self.writable and self.command not in INSPECTING:  # what killed builds left behind
+            sweep([self.layout.scratch_root, Path(cache_location(self.manifest.cache)[0]) / "tmp"])
+        executor = executor_settings(self.manifest.executor.scheduler, self.manifest.executor.wait_s)
+        if executor and self.command in INSPECTING:
+            executor = None  # listing or inspecting needs no cluster
+        elif executor and (reason := unreachable(executor)):
+            raise self.executor_error(reason)
+        self.workspace = Workspace(self.layout.root, *cache_location(self.manifest.cache),
+                                   remote_location(self.manifest.cache), executor, self.manifest.cache.hard_links)
+        return executor
+
+    def _start_fork_servers(self, default_run: bool) -> set[str]:
+        """On a first full build here (no settings record yet), the fork servers it will use, started now: their
+        imports overlap this process's start-up."""
+        if not default_run or self.layout.configs.exists():
+            return set()
+        servers = first_build_servers(self.manifest)
+        prestart(servers)
+        return servers
+
+    def _read_models(self, servers: set[str]) -> dict[str, tuple[Path, ...]]:
+        """Each model's external-data files, from the index; changed models are read by a fork server running or
+        starting anyway (it has onnx loaded), the CPU-only one first."""
+        index = ExternalDataIndex(self.layout.state)
+        unread = index.unread([model.path for model in self.manifest.models.values()])
+        if unread:
+            reader = next((alias for alias in sorted(servers | {""}) if serving(alias)), None)
+            with template_prepared_meanwhile() if servers else contextlib.nullcontext():
+                index.read(unread, reader, self.layout.scratch(f"read-models.{owner_tag()}"))
+        external = {}
+        for name, model in self.manifest.models.items():
+            try:
+                external[name] = tuple(index.files(model.path))
+            except UserError as exc:
+                raise UserError(self.manifest.path.name, f"models.{name}.path", f"{exc.file}: {exc.message}") from None
+        if self.writable:
+            index.save()
+        return external
+
+    def _plan(self, external: dict[str, tuple[Path, ...]], resolved: dict[str, ResolvedTarget],
+              executor: ExecutorSettings | None) -> None:
+        """The builds and their stages; with an executor, the toolchain versions the workers offer."""
+        self.builds = plan(self.manifest, external, resolved)
+        if executor:  # the workers' toolchains and devices count, not this host's
+            try:
+                self.builds = with_worker_toolchains(self.builds, executor)
+            except BuildError as exc:
+                raise self.executor_error(str(exc)) from None
+        self.stages = {stage.task: stage for b in self.builds for stage in b.stages}
+
+    def _check_availability(self, executor: ExecutorSettings | None) -> None:
+        """Which targets this host (or, with an executor, the cluster) cannot build, and why; what was probed."""
+        used = {b.target.name: b.target for b in self.builds if not b.target.is_cpu}
+        needs_probe = not executor and any(compiler(t).in_onnxruntime for t in used.values())
+        shim = (vendor_shim.prepare(self.workspace.cache_dir, self.layout.state)
+                if any(t.ep.vendor_shim for t in used.values()) else {})
+        self.caps = {**capabilities(self.layout.state), "vendor_shim": shim} if needs_probe else {}
+        self.unavailable: dict[str, str] = {}
+        for name, target in used.items():
+            reason = compiler(target).unavailable(target, None if executor else self.caps)
+            if reason:
+                self.unavailable[name] = reason
+        # besides the tasks' files: what task creation looked at (toolchain probes, configs, calibration folders)
+        self.looked_at = [*(path for t in used.values() for path in compiler(t).probed_files(t)),
+                          *self.manifest.reads]
+        if executor:
+            self.key = None  # the workers' toolchains count: no shortcut
+
+    def _check_writable(self, command: str | None) -> bool:
+        """Whether artifacts/ takes files: a build needs it (one line and exit 2 when not); listing and the other
+        inspecting commands go on without saving their state, with one warning."""
+        probe = self.layout.state / f".writable.{os.getpid()}"
+        try:
+            self.layout.state.mkdir(parents=True, exist_ok=True)
+            probe.write_bytes(b"")
+            probe.unlink()
+            return True
+        except OSError as exc:
+            where = self.rel(self.layout.root)
+            if command not in INSPECTING:
+                raise UserError(self.manifest.path.name, None, f"{where}/ is not writable: {exc.strerror or exc}; "
+                                "outputs are written there (make it writable, or build in a copy)") from None
+            print(f"warning: {where}/ is not writable ({exc.strerror or exc}): nothing is saved for the next run",
+                  file=sys.stderr)
+            return False
+
+    def executor_error(self, reason: str) -> UserError:
+        if os.environ.get("EPBUILD_EXECUTOR"):
+            return UserError("EPBUILD_EXECUTOR", None, reason)
+        return UserError(self.manifest.path.name, "executor.scheduler", reason)
+
+    @staticmethod
+    def task_names(build: Build) -> list[str]:
+        return [build.task, *([f"validate:{build.name}"] if build.validates else [])]
+
+    def skipped(self) -> dict[str, str]:
+        return {name: self.unavailable[b.target.name] for b in self.builds
+                if b.target.name in self.unavailable for name in self.task_names(b)}
+
+    def owned_paths(self) -> set[Path]:
+        """What the current tasks publish and log: artifact and group folders, stage outputs, log files."""
+        owned = set()
+        for build in self.builds:
+            owned |= {build.out_dir(self.layout), *(build.log(self.layout, step) for step in ("compile", "validate",
+                                                                                              "ops"))}
+        for stage in self.stages.values():
+            owned |= {stage.output.parent, self.layout.log(STAGES, stage.task.replace(":", "."))}
+        return owned
+
+    def declared_tasks(self) -> set[str]:
+        """Every task the manifest declares now, built here or not."""
+        return {*self.stages, *(name for build in self.builds for name in (*self.task_names(build),
+                                                                         f"ops:{build.name}"))}
+
+    def model_tasks(self, model: str) -> set[str]:
+        """The task names of one model: its stages, and every build it is a member of with its checks."""
+        if model not in self.manifest.models:
+            raise UserError(self.manifest.path.name, None, f"no model '{model}'{closest(model, self.manifest.models)};"
+                            f" models: {', '.join(self.manifest.models)}")
+        names = set()
+        for build in self.builds:
+            if model in (m.name for m in build.members):
+                names |= {build.task, f"validate:{build.name}", f"ops:{build.name}", *(s.task for s in build.stages)}
+        return names
+
+
+
+def shard_of(text: str | None) -> tuple[int, int] | None:
+    """EPBUILD_SHARD=I/N: this job builds shard I of N (1-based)."""
+    if not text:
+        return None
+    index, _, count = text.partition("/")
+    if not (index.isdigit() and count.isdigit() and 1 <= int(index) <= int(count)):
+        raise UserError("EPBUILD_SHARD", None, f"must be I/N with 1 <= I <= N, such as 2/4, found {text!r}")
+    return int(index), int(count)
+
+
+def in_shard(build: Build, shard: tuple[int, int] | None) -> bool:
+    """A stable hash partition by model (a compile) or group name, so a model's stages stay in one shard."""
+    if shard is None:
+        return True
+    key = build.name if build.shared else build.members[0].name
+    return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % shard[1] == shard[0] - 1
+
+
+def first_build_servers(manifest: Manifest) -> set[str]:
+    """The fork servers a first full build here (`doit` with no settings record yet: a clean checkout, CI)
+    certainly uses: those of its ONNX Runtime targets' EPs."""
+    specs = [t for t in manifest.targets.values()
+             if t.ep and (backend := COMPILERS.get(t.compiler)) and backend.in_onnxruntime]
+    return {info.fork_server for t in specs if (info := lookup(t.ep))}

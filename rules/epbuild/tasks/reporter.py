@@ -1,0 +1,129 @@
+"""doit's console output, a live status area on a terminal, and the reports written at the end of every run."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+from doit.reporter import ConsoleReporter
+
+from ..fast_path import Stamp
+from ..report.build_report import BuildReport
+from ..report.progress import LiveProgress, load_durations, save_durations
+from ..report.views import append_step_summary, write_views
+
+if TYPE_CHECKING:
+    from .project import Project
+
+
+def _closure(tasks: dict[str, Any], selected: list[str]) -> list[str]:
+    """The tasks a run may execute: the selected ones and everything they depend on, named subtasks only."""
+    seen: set[str] = set()
+    todo = list(selected)
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in tasks:
+            continue
+        seen.add(name)
+        todo.extend(tasks[name].task_dep)
+        todo.extend(tasks[name].setup_tasks)
+    return sorted(name for name in seen if ":" in name and tasks[name].actions)
+
+
+class BuildReporter(ConsoleReporter):
+    """doit's console output (with a live status area on a terminal), plus `artifacts/build-report.json`,
+    `report.html`, `junit.xml` and a summary at the end of every run."""
+
+    project: Project  # set on a per-project subclass
+
+    def initialize(self, tasks, selected_tasks):
+        super().initialize(tasks, selected_tasks)
+        self.report = BuildReport(self.project.layout.build_report)
+        self.started: dict[str, float] = {}
+        self.uptodate: set[str] = set()
+        self.durations = load_durations(self.project.layout.durations)
+        self.live = None
+        if self.project.live and not {"backends", "cache"} & set(selected_tasks):
+            self.live = LiveProgress(self.outstream, _closure(tasks, selected_tasks), self.durations,
+                                     catch_prints=self.project.threads)
+
+    def write(self, text):
+        if self.live is not None:
+            self.live.print(text)
+        else:
+            super().write(text)
+
+    def execute_task(self, task):
+        edited = [target for target in task.targets if target in self.project.edited]
+        if edited:
+            self.write(f"warning: {', '.join(edited)} changed since it was published; restoring or rebuilding "
+                       f"it\n")
+        if self.live is not None:
+            self.live.started(task.name)
+        elif task.name != "backends":  # its output, --json included, stays clean for machines
+            super().execute_task(task)
+        self.started[task.name] = time.monotonic()
+
+    def add_success(self, task):
+        super().add_success(task)
+        if self.live is not None:
+            if not self.project.threads:  # captured (verbosity 1): shown above the status area
+                self.write("".join(action.out for action in task.actions if action.out))
+            self.live.finished(task.name)
+        self.project.configs.success(task.name, task.values.get("_published"))
+        if ":" in task.name and task.values.get("status"):
+            self.report.succeeded(task.name, task.values)
+
+    def add_failure(self, task, fail):
+        super().add_failure(task, fail)
+        if self.live is not None:
+            self.live.finished(task.name, failed=True)
+        if ":" in task.name:
+            seconds = time.monotonic() - self.started.get(task.name, time.monotonic())
+            self.report.failed(task.name, fail.get_msg().strip(), seconds)
+
+    def skip_uptodate(self, task):
+        if self.live is not None:
+            self.live.finished(task.name)
+        else:
+            super().skip_uptodate(task)
+        self.uptodate.add(task.name)
+        if ":" in task.name:
+            self.report.up_to_date(task.name)
+
+    def complete_run(self):
+        if self.live is not None:
+            self.live.stop()
+            self.live = None
+        seen = set(self.started) | self.uptodate
+        if "unavailable" in seen:  # the default run: tasks this host cannot build were skipped
+            for name, reason in self.project.skipped().items():
+                self.report.skipped(name, reason)
+                seen.add(name)
+        layout = self.project.layout
+        self.report.keep_only(self.project.declared_tasks())  # a removed model's entries would keep CI red
+        try:  # the views are for people: one that cannot be written is a warning, never a failed build
+            if self.report.write() or not layout.html_report.exists():
+                write_views(layout, self.project.builds, self.report.entries)
+            if os.environ.get("GITHUB_STEP_SUMMARY") and seen:
+                append_step_summary(layout, self.project.builds, self.report.entries)
+        except Exception as exc:  # noqa: BLE001 - any rendering error, reported with its type
+            self.write(f"warning: report.html / junit.xml not written: {type(exc).__name__}: {exc}\n")
+        try:  # a record that cannot be written makes the next run check, and possibly re-run, more: never wrong
+            self.project.configs.save()
+            if self.project.key and not (self.failures or self.runtime_errors) and set(self.started) <= {"unavailable"}:
+                up_to_date = [name for name in self.uptodate if ":" in name]
+                skipped = self.project.skipped() if "unavailable" in seen else {}
+                Stamp(layout).write(self.project.key, self.project.checked, self.project.looked_at, len(up_to_date),
+                                    skipped)
+            save_durations(layout.durations, self.durations, self.report.entries, set(self.started))
+        except OSError as exc:
+            self.write(f"warning: build state not saved ({exc.strerror or exc}: {exc.filename}); the next run "
+                       "re-checks the tasks\n")
+        line = self.report.summary(seen, set(self.started))
+        if line:
+            self.write(line + "\n")
+        super().complete_run()
+
+
