@@ -2,6 +2,7 @@
 
     epbuild [--manifest PATH] [doit's arguments]   epbuild, epbuild list, epbuild -n 4, epbuild compile:M@T,
                                                    epbuild backends, epbuild prune --dry-run, epbuild info TASK
+    epbuild explain TASK                           why TASK would run (doit's `info`: the settings that changed)
     epbuild worker tcp://HOST:8786 [...]           a Dask worker for `[executor]` builds
 
 It runs from the manifest's folder (default: ./models.toml, else EPBUILD_MANIFEST), as doit runs from a dodo.py's,
@@ -37,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
         worker(argv[1:])
         return 0
     given, argv = _split_manifest(argv)
+    if argv[:1] == ["explain"]:
+        argv[0] = "info"
     manifest = Path(given or os.environ.get("EPBUILD_MANIFEST") or "models.toml").absolute()
     if not manifest.parent.is_dir():
         print(f"error: {given or manifest}: no such folder {manifest.parent}", file=sys.stderr)

@@ -209,7 +209,7 @@ def check_name(file: Path, path: str, name: str) -> None:
     if len(name) > NAME_LIMIT:
         raise UserError(file.name, path, f"name of {len(name)} characters: at most {NAME_LIMIT} (it becomes part of "
                         "file and folder names)")
-    if name in REPORT_NAMES:
+    if name in REPORT_NAMES or (name.startswith("graph-") and name.endswith((".dot", ".svg"))):
         raise UserError(file.name, path, f"'{name}' is the name of a report in artifacts/; choose another name")
 
 

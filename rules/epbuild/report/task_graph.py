@@ -55,13 +55,13 @@ def dot_text(names: list[str], edges: list[tuple[str, str]], entries: dict[str, 
 
 
 def write_graph(tasks: list[dict[str, Any]], entries: dict[str, dict[str, Any]], folder: Path,
-                keep: set[str] | None = None) -> str:
-    """Write graph.dot and, with Graphviz present, graph.svg into `folder` (only the tasks in `keep` when
-    given); what was written, for the console."""
+                keep: set[str] | None = None, stem: str = "graph") -> str:
+    """Write STEM.dot and, with Graphviz present, STEM.svg into `folder` (only the tasks in `keep` when given);
+    what was written, for the console."""
     names, edges = edges_of(tasks)
     if keep is not None:
         names, edges = [n for n in names if n in keep], [(a, b) for a, b in edges if a in keep and b in keep]
-    dot_file, svg_file = folder / "graph.dot", folder / "graph.svg"
+    dot_file, svg_file = folder / f"{stem}.dot", folder / f"{stem}.svg"
     folder.mkdir(parents=True, exist_ok=True)
     write_atomic(dot_file, dot_text(names, edges, entries))
     said = f"{len(names)} tasks, {len(edges)} dependencies -> {dot_file}"

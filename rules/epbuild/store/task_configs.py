@@ -10,6 +10,10 @@ With its settings the record keeps the identity and sha256 of every file the tas
 file checker (`epbuild.tasks.HashChecker`) takes a published file changed since (an `onnx.save` over it, a hex edit)
 for a missing target, so the task runs again and restores it from the cache or rebuilds it. A touched but unchanged
 file is hashed once.
+
+Beside the digests, the settings themselves of each task that succeeded are kept, one small file per task under
+`settings/`, written only when they change: `doit info TASK` and `epbuild explain TASK` then say which setting
+changed and how (`options.soc_model: '60' -> '69'`), and no run ever reads them otherwise.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .hashing import FileHashes
-from .layout import stat_key, write_json
+from .layout import stat_key, write_atomic, write_json
 from .locks import file_lock
 
 Published = dict[str, list]  # path (relative to the project) -> [*identity, sha256] of each file a task published
@@ -31,6 +35,21 @@ def digest(config: dict[str, Any]) -> str:
     """A task's settings as a short string: repr is stable for our dicts (built in a fixed order) and much
     cheaper than a sorted json.dumps."""
     return hashlib.md5(repr(config).encode()).hexdigest()
+
+
+MISSING = "(unset)"
+
+
+def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested settings dict as key paths (`options.soc_model`) to leaf values."""
+    if isinstance(value, dict) and value:
+        return {key: leaf for name, item in value.items() for key, leaf in _flat(item, f"{prefix}{name}.").items()}
+    return {prefix.rstrip("."): value}
+
+
+def _shown(value: Any) -> str:
+    text = value if value == MISSING else json.dumps(value, sort_keys=True)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _read(path: Path) -> dict[str, str]:
@@ -48,13 +67,38 @@ class ConfigRecord:
         self.path = path
         self.recorded = _read(path)
         self.current: dict[str, str] = {}  # this run's digest of every task created
+        self.settings: dict[str, dict[str, Any]] = {}  # this run's settings of every task created
+        self.settings_folder = path.parent / "settings"
         self.succeeded: dict[str, Published] = {}
+
+    def explained(self, task: str) -> str:
+        """Why `task` runs as far as its settings go: each one that changed since its last success, and how."""
+        before = self.previous_settings(task)
+        if before is None:
+            return "no settings recorded: it has not succeeded here yet (or only with an epbuild that kept none)"
+        now = _flat(json.loads(json.dumps(self.settings.get(task, {}), default=str)))
+        then = _flat(before)
+        changes = [f"{key}: {_shown(then.get(key, MISSING))} -> {_shown(value)}"
+                   for key, value in now.items() if then.get(key, MISSING) != value]
+        changes += [f"{key}: {_shown(value)} -> {MISSING}" for key, value in then.items() if key not in now]
+        return "settings changed since its last success: " + ("; ".join(changes) or "none (its record was lost)")
 
     def unchanged(self, task: str, config: dict[str, Any]) -> bool:
         """Whether `task` last succeeded with these settings; remembers them for `success`."""
         self.current[task] = value = digest(config)
+        self.settings[task] = config
         recorded = self.recorded.get(task)
         return isinstance(recorded, list) and recorded[0] == value
+
+    def settings_file(self, task: str) -> Path:
+        return self.settings_folder / f"{task.replace(':', '.')}.json"
+
+    def previous_settings(self, task: str) -> dict[str, Any] | None:
+        """The settings `task` last succeeded with, where they were kept."""
+        try:
+            return json.loads(self.settings_file(task).read_text())
+        except (OSError, ValueError):
+            return None
 
     def published_files(self) -> dict[str, list]:
         """Every published file of the record (path relative to the project -> [*identity, sha256])."""
@@ -76,6 +120,9 @@ class ConfigRecord:
             merged = {**_read(self.path), **changed}
             write_json(self.path, merged, indent=None)
         self.recorded.update(changed)
+        self.settings_folder.mkdir(exist_ok=True)
+        for task in changed:
+            write_atomic(self.settings_file(task), json.dumps(self.settings[task], default=str, sort_keys=True))
 
 
 def published(paths: list[Path], hashes: FileHashes, root: Path) -> Published:

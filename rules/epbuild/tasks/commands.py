@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from doit.exceptions import TaskFailed
 
@@ -61,12 +62,13 @@ def show_backends(project: Project, json_output: bool) -> None:
         print(f"  target {name} ({entry['ep']}, {entry['device']}, {entry['compiler']}): {state}")
 
 
-def show_graph(project: Project, model: str) -> TaskFailed | None:
-    """`doit graph [--model M]`: the task graph, coloured by the last build report."""
+def show_graph(project: Project, all_tasks: Callable[[], list[dict[str, Any]]], model: str) -> TaskFailed | None:
+    """`doit graph [--model M]`: the task graph, coloured by the last build report, in graph.svg (one model's in
+    graph-M.svg, beside the full one)."""
     try:
         keep = project.model_tasks(model) if model else None
-        print("graph: " + write_graph(project.all_tasks(), BuildReport(project.layout.build_report).entries,
-                                      project.layout.root, keep))
+        print("graph: " + write_graph(all_tasks(), BuildReport(project.layout.build_report).entries,
+                                      project.layout.root, keep, f"graph-{model}" if model else "graph"))
     except (UserError, OSError) as exc:
         return TaskFailed(str(exc))
     return None

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ..errors import UserError
+from ..errors import UserError, closest
 from ..fast_path import DOIT_BASE, Listing, listed
 from ..manifest.builds import Build
 from ..steps.compilers import compiler
@@ -18,13 +18,28 @@ from ..steps.fingerprint import compile_config, stage_config, validate_config
 from ..steps.validate import REPORT
 from ..store.hashing import FileHashes
 from ..store.publish import discard
+from ..store.task_configs import ConfigRecord
 from .actions import refuse_unavailable, report_unavailable, run_compile, run_ops, run_stage_task, run_validate
 from .checker import HashChecker
 from .commands import run_prune, show_backends, show_cache, show_graph
-from .project import Project, in_shard
+from .project import Project, in_shard, named_tasks
 from .reporter import BuildReporter
 
 Task = dict[str, Any]
+
+
+class SettingsChanged:
+    """doit's `uptodate` for a task whose settings differ from those it last succeeded with: false, and what
+    `doit info` prints for it is the change itself."""
+
+    def __init__(self, task: str, configs: ConfigRecord):
+        self.task, self.configs = task, configs
+
+    def __call__(self) -> bool:
+        return False
+
+    def __str__(self) -> str:
+        return self.configs.explained(self.task)
 
 
 class Tasks:
@@ -58,10 +73,12 @@ class Tasks:
         with (`config`; None: it always runs). With `-P thread`,
         doit's output capture is off: it swaps sys.stdout per running task, and CPython 3.11's print() holds a
         borrowed reference to sys.stdout, so a swap in another thread can free it mid-print (a segfault)."""
-        unchanged = config is not None and self.project.configs.unchanged(f"{basename}:{name}", config)
+        task = f"{basename}:{name}"
+        unchanged = config is not None and self.project.configs.unchanged(task, config)
         return {"basename": basename, "name": name, "doc": doc, "actions": [(action, args)],
                 "file_dep": [self.project.rel(p) for p in file_dep], "targets": [self.project.rel(p) for p in targets],
-                "uptodate": [unchanged], **({"io": {"capture": False}} if self.project.threads else {}), **extra}
+                "uptodate": [unchanged or (config is not None and SettingsChanged(task, self.project.configs))],
+                **({"io": {"capture": False}} if self.project.threads else {}), **extra}
 
     def _unavailable(self, basename: str, build: Build, doc: str) -> Task | None:
         """The task of a target this host cannot build: listed with the reason, refused by name; None if it can."""
@@ -94,6 +111,8 @@ class Tasks:
                              [build, self.project.workspace],
                              build.inputs, [out_dir / name for name in build.outputs],
                              compile_config(build, self.project.root), clean=[(discard, [out_dir])], task_dep=checks)
+        if kind == "compile":
+            yield from self._per_model("compile", [b for b in self.project.builds if not b.shared], "compile")
 
     def validate_tasks(self) -> Iterator[Task]:
         yield {"basename": "validate", "name": None, "doc": "run every compiled artifact and compare with its source"}
@@ -116,6 +135,19 @@ class Tasks:
                       *build.validation_files]
             yield self._task("validate", build.name, doc, run_validate, [build, self.project.workspace, config], inputs,
                              [out_dir / REPORT], config)
+        yield from self._per_model("validate", [b for b in self.project.builds if b.validates and not b.shared],
+                                   "validate")
+
+    @staticmethod
+    def _per_model(basename: str, builds: list[Build], verb: str) -> Iterator[Task]:
+        """compile:MODEL and validate:MODEL: every target of one model by its name alone (a target this host
+        cannot build is skipped with its reason, as in the default run)."""
+        names: dict[str, list[str]] = {}
+        for build in builds:
+            names.setdefault(build.members[0].name, []).append(f"{basename}:{build.name}")
+        for model, tasks in names.items():
+            yield {"basename": basename, "name": model, "doc": f"{verb} {model} for each of its {len(tasks)} "
+                   f"target(s)", "actions": None, "task_dep": tasks}
 
     def ops_tasks(self) -> Iterator[Task]:
         yield {"basename": "ops", "name": None, "doc": "check every qaic model's operators against qaic-compile"}
@@ -162,9 +194,20 @@ class Tasks:
         Listing(self.project.layout).write(self.project.key, {name: [listed(task) for task in make()]
                                               for name, make in generators.items()})
 
+    def every_task(self) -> list[Task]:
+        """Every task dict, the inspecting ones included."""
+        return [*self.all_tasks(), *self._per_model("compile", [b for b in self.project.builds if not b.shared],
+                                                    "compile"),
+                *self._per_model("validate", [b for b in self.project.builds if b.validates and not b.shared],
+                                 "validate"),
+                *self.backends_task(), *self.cache_task(), *self.unavailable_task(), *self.graph_task(),
+                *self.prune_task()]
+
     def all_tasks(self) -> list[Task]:
-        return [*self.stage_tasks(), *self.build_tasks("compile"), *self.build_tasks("group"),
-                *self.validate_tasks(), *self.ops_tasks()]
+        """The tasks that do work (the graph's nodes): not the per-model selections, which only name others."""
+        every = [*self.stage_tasks(), *self.build_tasks("compile"), *self.build_tasks("group"),
+                 *self.validate_tasks(), *self.ops_tasks()]
+        return [task for task in every if task.get("actions") is not None or not task.get("name")]
 
     def prune_task(self) -> Iterator[Task]:
         yield {"basename": "prune", "doc": "remove what removed models, targets, groups and stages left under "
@@ -192,6 +235,14 @@ def load_full_project(manifest_path: Path, requested: list[str]) -> Tasks:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     tasks = Tasks(project)
+    named = named_tasks(requested)
+    if named:
+        known = {f"{t['basename']}:{t['name']}" if t.get("name") else t["basename"] for t in tasks.every_task()}
+        for name in named:
+            if name not in known and not any(char in name for char in "*?[") and not Path(name).exists():
+                print(f"error: no task '{name}'{closest(name, known)}; `doit list` shows every task",
+                      file=sys.stderr)
+                raise SystemExit(2)
     if requested == ["list"] and project.writable:
         tasks.save_listing()
     return tasks

@@ -230,6 +230,30 @@ class Project:
 
 
 
+DOIT_COMMANDS = {"run", "list", "info", "clean", "forget", "ignore", "strace", "reset-dep"}  # those taking tasks
+VALUE_OPTIONS = {"-n", "--process", "-P", "--parallel-type", "-f", "--file", "-d", "--dir", "--db-file",
+                 "--backend", "--check_file_uptodate", "--reporter", "-v", "--verbosity", "-o", "--output-file",
+                 "--model", "--codec-cls", "--template", "--status", "-s"}
+
+
+def named_tasks(argv: list[str]) -> list[str]:
+    """The task names on doit's command line (after its command, if any), without options and their values."""
+    words = list(argv)
+    if words and words[0] in ("help", "dumpdb", "tabcompletion"):
+        return []
+    if words and words[0] in DOIT_COMMANDS:
+        words = words[1:]
+    names, skip = [], False
+    for word in words:
+        if skip:
+            skip = False
+        elif word.startswith("-"):
+            skip = word in VALUE_OPTIONS
+        elif "=" not in word:
+            names.append(word)
+    return names
+
+
 def shard_of(text: str | None) -> tuple[int, int] | None:
     """EPBUILD_SHARD=I/N: this job builds shard I of N (1-based)."""
     if not text:
