@@ -1,0 +1,72 @@
+"""What users asked for on the command line: a mistyped task name gets the closest one, one model's targets by its
+name alone, `doit info` / `epbuild explain` saying which setting changed and how, a per-model graph beside the full
+one."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from conftest import ran
+
+MANIFEST = """
+[models.tinycnn]
+path = "models/tinycnn.onnx"
+
+[models.encoder]
+path = "models/encoder.onnx"
+targets = ["cpu"]
+
+[targets.cpu]
+ep = "cpu"
+optimization_level = "extended"
+
+[targets.qnn-htp]
+ep = "qnn"
+options = { backend_type = "htp", soc_model = 60 }
+"""
+
+
+def test_a_mistyped_task_name_gets_the_closest_one_in_one_line(project):
+    project.manifest(MANIFEST)
+    done = project.doit("compile:tinycnn@qnn-htq", check=False)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip() == ("error: no task 'compile:tinycnn@qnn-htq' (did you mean 'compile:tinycnn@qnn-htp'?);"
+                                   " `doit list` shows every task")
+    assert project.doit("info", "compile:tinycnn@cpux", check=False).returncode == 2
+    assert "compile" in project.doit("help", "compile").stdout  # doit's own commands and wildcards still pass
+    assert ran(project.doit("compile:encoder@*")) == {"compile:encoder@cpu"}
+
+
+def test_one_models_targets_by_its_name_alone(project):
+    project.manifest(MANIFEST)
+    built = ran(project.doit("compile:tinycnn"))
+    assert {"compile:tinycnn@cpu", "compile:tinycnn@qnn-htp", "shape:tinycnn"} <= built
+    assert not any("encoder" in name for name in built)
+    assert ran(project.doit("validate:tinycnn")) == {"validate:tinycnn@cpu", "validate:tinycnn@qnn-htp"}
+    listing = project.doit("list").stdout
+    assert "compile:tinycnn    " in listing and "compile tinycnn for each of its 2 target(s)" in listing
+
+
+def test_info_and_explain_say_which_setting_changed_and_how(project):
+    project.manifest(MANIFEST)
+    project.doit("compile:tinycnn")
+    project.manifest(MANIFEST.replace("soc_model = 60", "soc_model = 69"))
+    info = project.doit("info", "compile:tinycnn@qnn-htp", check=False).stdout
+    assert "settings changed since its last success: options.soc_model: \"60\" -> \"69\"" in info
+    explained = subprocess.run([sys.executable, "-m", "epbuild", "explain", "compile:tinycnn@qnn-htp"],
+                               cwd=project.root, env=project.env, capture_output=True, text=True, timeout=300)
+    assert "options.soc_model: \"60\" -> \"69\"" in explained.stdout
+    assert "status     : up-to-date" in project.doit("info", "compile:tinycnn@cpu").stdout
+
+
+def test_a_graph_of_one_model_is_written_beside_the_full_graph(project):
+    project.manifest(MANIFEST)
+    project.doit("graph")
+    full = (project.artifacts / "graph.dot").read_text()
+    done = project.doit("graph", "--model", "encoder")
+    assert "graph-encoder.dot" in done.stdout
+    assert (project.artifacts / "graph.dot").read_text() == full
+    one = (project.artifacts / "graph-encoder.dot").read_text()
+    assert '"compile:encoder@cpu"' in one and "tinycnn" not in one
+    assert '"compile:tinycnn"' not in full  # the per-model selections are no nodes of their own
