@@ -59,6 +59,7 @@ SWITCH = "EPBUILD_FORK_SERVER"  # "0": a plain child for every job; "fork": a fo
 # made each forked job ~15 ms slower (the child's allocations copy more of the inherited pages).
 SHAPE_STAGE = "shape-stage"
 IDLE_S = 30.0
+LET_GO_WAIT_S = 1.0  # how long a lease waits for a worker whose client has just let it go
 START_TIMEOUT_S = 120.0
 # What EP libraries, BLAS and Python may read when they load: a server serves only builds that agree on these.
 LOAD_TIME_PREFIXES = ("ORT_", "OV_", "OPENVINO", "QNN_", "ADSP_", "LD_", "OMP_", "OPENBLAS_", "MKL_", "KMP_",
@@ -403,7 +404,8 @@ def serve(path: Path, alias: str) -> None:
             jobs[pid] = connection
             guards[pid] = JobGuard(pid, request.get("limits") or {}, request.get("client", ""))
             return pid
-        worker = next((w for w in workers.values() if w.client is None), None)
+        worker = (next((w for w in workers.values() if w.client is None), None) or
+                  next((w for w in workers.values() if w.let_go(LET_GO_WAIT_S)), None))
         if worker is None:
             control, worker_end = socket.socketpair()
             pid = os.fork()

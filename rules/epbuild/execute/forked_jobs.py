@@ -15,6 +15,7 @@ import contextlib
 import json
 import math
 import os
+import select
 import signal
 import socket
 import sys
@@ -177,21 +178,30 @@ class JobGuard:
         timeout = limits.get("timeout_s")
         self.deadline = time.monotonic() + timeout + LIMIT_GRACE_S if timeout else None
         memory = limits.get("max_memory_gb")
-        self.max_bytes = memory * 2**30 * 1.1 if memory else None
+        self.max_bytes = memory * 2**30 if memory else None
+        self.over_since: float | None = None  # when it went over its memory limit
         self.killed = False
 
     def exceeded(self) -> bool:
+        """Past its time limit, or over its memory limit for LIMIT_GRACE_S (a living client, polling more often,
+        ends it first and reports why)."""
         if self.killed:
             return False
-        if self.deadline is not None and time.monotonic() > self.deadline:
+        now = time.monotonic()
+        if self.deadline is not None and now > self.deadline:
             return True
-        return self.max_bytes is not None and resident_bytes(self.pid) > self.max_bytes
+        if self.max_bytes is None or resident_bytes(self.pid) <= self.max_bytes:
+            self.over_since = None
+            return False
+        self.over_since = self.over_since or now
+        return now - self.over_since > LIMIT_GRACE_S
 
     def kill(self) -> None:
         if not self.killed:
             self.killed = True
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
+
 
 class WorkerHandle:
     """The server's side of a warm worker: its control socket, and the connection of the client it is leased to
@@ -208,6 +218,26 @@ class WorkerHandle:
         self.client, self.client_tag = connection, client_tag
         with contextlib.suppress(OSError):  # if it has just died, its end is reported when it is reaped
             socket.send_fds(self.control, [b"lease"], [connection.fileno()])
+
+    def let_go(self, within_s: float) -> bool:
+        """Whether its client has closed the lease (its connection at its end) and the worker says it is free
+        within `within_s`: a lease asked for just after another was let go takes that worker, not a new one."""
+        try:
+            closed = self.client is not None and self.client.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except BlockingIOError:
+            closed = False
+        except OSError:
+            closed = True
+        deadline = time.monotonic() + within_s
+        while closed and self.client is not None and (left := deadline - time.monotonic()) > 0:
+            if not select.select([self.control], [], [], left)[0]:
+                return False
+            data = self.control.recv(4096)
+            if not data:  # the worker has ended: it is reaped and reported as such
+                return False
+            if self.heard(data):
+                return True
+        return False
 
     def heard(self, data: bytes) -> bool:
         """Take what the worker said on its control socket (a job started with its limits, ended, or the client
