@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "rules"))
 
 from epbuild.store.hashing import sha256_file  # noqa: E402
 
@@ -42,7 +42,7 @@ def make_clone(folder: Path, manifest: str, copies: int) -> None:
 
 
 def build(folder: Path, cache: Path) -> tuple[float, float, dict[str, int]]:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "EPBUILD_CACHE_DIR": str(cache)}
+    env = {**os.environ, "PYTHONPATH": str(REPO / "rules"), "EPBUILD_CACHE_DIR": str(cache)}
     start = time.perf_counter()
     subprocess.run([sys.executable, "-m", "doit", "compile", "group"], cwd=folder, env=env, check=True,
                    capture_output=True)
@@ -100,7 +100,7 @@ def main() -> None:
 
         folder = tmp / "shipped-b"
         log = folder / "artifacts" / ".state" / "hashes.tsv"
-        env = {**os.environ, "PYTHONPATH": str(REPO), "EPBUILD_CACHE_DIR": str(tmp / "shipped-cache")}
+        env = {**os.environ, "PYTHONPATH": str(REPO / "rules"), "EPBUILD_CACHE_DIR": str(tmp / "shipped-cache")}
         subprocess.run([sys.executable, "-m", "doit"], cwd=folder, env=env, check=True, capture_output=True)
         before = len(log.read_text().splitlines())
         subprocess.run([sys.executable, "-m", "doit"], cwd=folder, env=env, check=True, capture_output=True)

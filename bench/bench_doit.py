@@ -43,7 +43,7 @@ def environment() -> dict[str, str]:
     """As a user's shell: bytecode caching on (this sandbox sets PYTHONDONTWRITEBYTECODE, which would make every
     run recompile the rules package), the repository importable."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    return {**env, "PYTHONPATH": str(REPO)}
+    return {**env, "PYTHONPATH": str(REPO / "rules")}
 
 
 def timed(args: list[str], cwd: Path, repeats: int, env: dict[str, str] | None = None) -> float:

@@ -49,7 +49,7 @@ def build(folder: Path, env: dict[str, str]) -> float:
 
 def main() -> None:
     copies = int(sys.argv[1]) if len(sys.argv) > 1 else 20
-    base = {**os.environ, "PYTHONPATH": str(REPO)}
+    base = {**os.environ, "PYTHONPATH": str(REPO / "rules")}
     results: dict[str, float] = {}
     processes: list[subprocess.Popen] = []
     with tempfile.TemporaryDirectory() as name:

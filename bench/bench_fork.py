@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "rules"))
 sys.path.insert(0, str(REPO / "bench"))
 
 from bench_doit import environment  # noqa: E402
@@ -136,7 +136,7 @@ def empty_job(mode: str, repeats: int = 20) -> float:
     from epbuild.execute.child import Limits, run_child
 
     os.environ["EPBUILD_FORK_SERVER"] = mode
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests"), str(REPO)])
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests"), str(REPO / "rules")])
     sys.path.insert(0, str(REPO / "tests"))
     samples = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "rules"))
 
 from epbuild.execute.host import capabilities  # noqa: E402
 from epbuild.manifest.parse import load  # noqa: E402
@@ -41,7 +41,7 @@ def main() -> None:
             shutil.copy(REPO / name, project / name)
         shutil.copytree(REPO / "models", project / "models")
         shutil.copytree(REPO / "configs", project / "configs")
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        env = {**os.environ, "PYTHONPATH": str(REPO / "rules")}
         subprocess.run([sys.executable, "-m", "doit"], cwd=project, env=env, check=True, capture_output=True)
         layout = Layout(project / "artifacts")
         caps = capabilities(layout.state)

@@ -32,7 +32,7 @@ RAW = ("Traceback", "KeyError", "internal error in epbuild", "'ep_cache_context'
 
 def build(folder: Path, jobs: int) -> tuple[subprocess.CompletedProcess, float]:
     shutil.copy(REPO / "dodo.py", folder / "dodo.py")
-    env = {**os.environ, "PYTHONPATH": str(REPO), "EPBUILD_CACHE_DIR": str(folder / "cache")}
+    env = {**os.environ, "PYTHONPATH": str(REPO / "rules"), "EPBUILD_CACHE_DIR": str(folder / "cache")}
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "doit", "--continue", "-n", str(jobs), "-P", "process"],
                           cwd=folder, env=env, capture_output=True, text=True)
