@@ -67,8 +67,9 @@ def main() -> None:
     try:
         host, port = server.get_host_and_port()
         endpoint = f"http://{host}:{port}"
-        env = {**os.environ, "PYTHONPATH": str(REPO / "rules"), "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "bench",
-               "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1", "NO_PROXY": "127.0.0.1"}
+        env = {**os.environ, "PYTHONPATH": str(REPO / "rules"), "AWS_ENDPOINT_URL": endpoint,
+               "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1",
+               "NO_PROXY": "127.0.0.1"}
         client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="bench",
                               aws_secret_access_key="bench")
         client.create_bucket(Bucket="bench")
