@@ -70,3 +70,31 @@ def test_a_graph_of_one_model_is_written_beside_the_full_graph(project):
     one = (project.artifacts / "graph-encoder.dot").read_text()
     assert '"compile:encoder@cpu"' in one and "tinycnn" not in one
     assert '"compile:tinycnn"' not in full  # the per-model selections are no nodes of their own
+
+
+def test_tasks_a_failed_task_kept_from_running_are_not_built_counted_apart_everywhere(project):
+    import json
+
+    import numpy as np
+
+    (project.root / "models" / "badcal").mkdir()
+    np.savez(project.root / "models" / "badcal" / "0.npz", y=np.zeros((1, 3, 64, 64), np.float32))  # no input y
+    project.manifest('[models.tinycnn]\npath = "models/tinycnn.onnx"\nquantize = { calibration = "models/badcal/" }\n'
+                     'targets = ["cpu", "cpu-int8"]\n[targets.cpu]\nep = "cpu"\n'
+                     '[targets.cpu-int8]\nep = "cpu"\nquantized = true\n')
+    done = project.doit("--continue", check=False)
+    assert done.returncode == 2  # doit's status when a task was kept from running (its dependency "error")
+    assert "not built compile:tinycnn@cpu-int8: quantize:tinycnn[generic] failed" in done.stdout
+    assert "not built validate:tinycnn@cpu-int8: quantize:tinycnn[generic] failed" in done.stdout
+    summary = next(line for line in done.stdout.splitlines() if line.startswith("summary: "))
+    assert summary.startswith("summary: 1 compiled, 1 failed, 2 not built, 1 validated")
+    assert done.stdout.splitlines()[-1] == "report: artifacts/report.html"
+    tasks = json.loads((project.artifacts / "build-report.json").read_text())["tasks"]
+    assert tasks["compile:tinycnn@cpu-int8"] == {"status": "not built", "reason": "quantize:tinycnn[generic] failed"}
+    junit = (project.artifacts / "junit.xml").read_text()
+    assert 'tests="2" failures="0" skipped="1"' in junit and 'message="quantize:tinycnn[generic] failed"' in junit
+    page = (project.artifacts / "report.html").read_text()
+    assert '<span class="badge warn">not built</span>' in page and "-0" not in page.split("<h2>Every task</h2>")[1]
+    project.doit("graph")
+    assert '"compile:tinycnn@cpu-int8\\nnot built", shape=box, fillcolor="#fdf0d5"' in (
+        project.artifacts / "graph.dot").read_text()

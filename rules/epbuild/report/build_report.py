@@ -36,6 +36,10 @@ class BuildReport:
     def failed(self, task: str, reason: str, seconds: float) -> None:
         self.entries[task] = {"status": "failed", "reason": reason, "seconds": round(seconds, 3)}
 
+    def not_built(self, task: str, reason: str) -> None:
+        """Not run because a task it needs failed (`reason` names it)."""
+        self.entries[task] = {"status": "not built", "reason": reason}
+
     def up_to_date(self, task: str) -> None:
         self.entries[task] = {**self.entries.get(task, {}), "status": "up-to-date"}
 
@@ -59,9 +63,11 @@ class BuildReport:
         write_atomic(self.path, text)
         return True
 
-    def summary(self, seen: set[str], ran: set[str]) -> str | None:
-        """Counts by status over the tasks this run saw, and the three slowest it ran; None when it saw none."""
-        counts = Counter(entry["status"] for name, entry in self.entries.items() if name in seen)
+    def summary(self, seen: set[str], ran: set[str], stages: set[str] = frozenset()) -> str | None:
+        """Counts by status over the tasks this run saw (a stage that ran counts as "staged", so "compiled" counts
+        compiles), and the three slowest it ran; None when it saw none."""
+        counts = Counter("staged" if name in stages and entry["status"] == "compiled" else entry["status"]
+                         for name, entry in self.entries.items() if name in seen)
         if not counts:
             return None
         slowest = sorted((e["seconds"], n) for n, e in self.entries.items()

@@ -16,7 +16,7 @@ from typing import Any
 from ..store.layout import write_atomic
 
 FILL = {"compiled": "#dcf5e3", "validated": "#dcf5e3", "restored": "#d6ecfb", "up-to-date": "#eef7f0",
-        "failed": "#fde0df", "skipped": "#eceef2"}
+        "failed": "#fde0df", "skipped": "#eceef2", "not built": "#fdf0d5"}  # pending (never reached): white
 SHAPE = {"compile": "box", "group": "box3d", "validate": "ellipse", "ops": "diamond"}
 
 
@@ -45,7 +45,7 @@ def dot_text(names: list[str], edges: list[tuple[str, str]], entries: dict[str, 
 
     lines = ["digraph epbuild {", '  rankdir="LR";', '  node [fontname="sans-serif", fontsize=10, style=filled];']
     for name in names:
-        status = entries.get(name, {}).get("status", "not built")
+        status = entries.get(name, {}).get("status", "pending")
         shape = SHAPE.get(name.split(":", 1)[0], "note")
         label = f'"{escaped(name)}\\n{escaped(status)}"'  # DOT's \n: a line break in the label
         fill = quoted(FILL.get(status, "#ffffff"))

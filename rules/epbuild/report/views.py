@@ -28,7 +28,8 @@ TEMPLATES = Path(__file__).resolve().parent / "templates"
 ARTIFACT, VALIDATION = "artifact.json", "validation.json"
 # status -> colour class: compiled/validated/restored/up to date are good, skipped is neutral
 TONE = {"compiled": "good", "validated": "good", "restored": "good", "up-to-date": "good", "passed": "good",
-        "failed": "bad", "skipped": "muted", "not built": "muted"}
+        "failed": "bad", "skipped": "muted", "pending": "muted", "not built": "warn"}
+PENDING = "pending"  # no run has reached the task yet ("not built": a task it needs failed)
 
 
 @dataclass
@@ -51,15 +52,17 @@ class Cell:
 
     @property
     def compile_status(self) -> str:
-        return self.compile.get("status", "not built")
+        return self.compile.get("status", PENDING)
 
     @property
     def validate_status(self) -> str:
         if self.validate_task is None:
             return "off"
-        status = self.validate.get("status", "not built")
+        status = self.validate.get("status", PENDING)
         if status == "up-to-date" and self.validation:
             return self.validation.get("status", status)
+        if status == "restored":  # a result restored from the cache for these very bytes
+            return f"{(self.validation or {}).get('status', 'passed')} (restored)"
         return {"validated": "passed"}.get(status, status)
 
     @property
@@ -89,7 +92,7 @@ class Cell:
     def reason(self) -> str | None:
         """Why the compile or the validation did not pass, as the build said it."""
         for entry in (self.compile, self.validate):
-            if entry.get("status") in ("failed", "skipped") and entry.get("reason"):
+            if entry.get("status") in ("failed", "skipped", "not built") and entry.get("reason"):
                 return entry["reason"]
         if self.validation and self.validation.get("status") in ("failed", "skipped"):
             return self.validation.get("reason")
@@ -109,7 +112,7 @@ def collect(layout: Layout, builds: list[Build], entries: dict[str, dict[str, An
         folder = build.out_dir(layout)
         validate_task = f"validate:{build.name}" if build.validates else None
         logs = {step: os.path.relpath(path, layout.root.parent) for step in ("compile", "validate", "ops")
-                if (path := build.log(layout, step)).is_file()}
+                if (path := build.log(layout, step)).is_file() and path.stat().st_size}  # an empty log says nothing
         cells.append(Cell(build.name, build.name if build.shared else build.members[0].name, build.target.name,
                           build.target.ep.name, build.shared, [m.name for m in build.members], build.task,
                           validate_task, entries.get(build.task, {}),
@@ -133,9 +136,9 @@ def _environment() -> Any:
                                      bytecode_cache=compiled)
     environment.filters["megabytes"] = lambda size: "" if size is None else f"{size / 1e6:.2f} MB"
     environment.filters["percent"] = lambda share: "" if share is None else f"{share * 100:.0f}%"
-    environment.filters["number"] = lambda value: (f"{value:.4g}" if isinstance(value, float) else
+    environment.filters["number"] = lambda value: (f"{value + 0.0:.4g}" if isinstance(value, float) else  # no -0
                                                    "" if value is None else str(value))
-    environment.globals["tone"] = lambda status: TONE.get(status, "muted")
+    environment.globals["tone"] = lambda status: TONE.get(status.removesuffix(" (restored)"), "muted")
     return environment
 
 
@@ -195,7 +198,7 @@ def junit_xml(cells: list[Cell]) -> bytes:
             failures += 1
             element = ElementTree.SubElement(case, "failure", message=cell.reason or "validation failed")
             element.text = metrics or cell.reason
-        elif status in ("skipped", "not built"):
+        elif status in ("skipped", "not built", PENDING):
             skipped += 1
             ElementTree.SubElement(case, "skipped", message=cell.reason or status)
         if metrics and status != "failed":

@@ -6,6 +6,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
+from doit.exceptions import UnmetDependency
 from doit.reporter import ConsoleReporter
 
 from ..fast_path import Stamp
@@ -41,6 +42,7 @@ class BuildReporter(ConsoleReporter):
         super().initialize(tasks, selected_tasks)
         self.report = BuildReport(self.project.layout.build_report)
         self.started: dict[str, float] = {}
+        self.blocked: set[str] = set()  # not run: a task they need failed
         self.uptodate: set[str] = set()
         self.durations = load_durations(self.project.layout.durations)
         self.live = None
@@ -76,11 +78,21 @@ class BuildReporter(ConsoleReporter):
             self.report.succeeded(task.name, task.values)
 
     def add_failure(self, task, fail):
+        if isinstance(fail, UnmetDependency):  # not run because a task it needs failed: not a failure of its own
+            if self.live is not None:
+                self.live.finished(task.name, failed=True)
+            self.blocked.add(task.name)
+            needed = str(fail.message).split()
+            failed = ", ".join(name for name in needed if name not in self.blocked) or ", ".join(needed)
+            self.write(f"not built {task.name}: {failed} failed\n")
+            if ":" in task.name:
+                self.report.not_built(task.name, f"{failed} failed")
+            return
         super().add_failure(task, fail)
         if self.live is not None:
             self.live.finished(task.name, failed=True)
         if ":" in task.name:
-            seconds = time.monotonic() - self.started.get(task.name, time.monotonic())
+            seconds = max(0.0, time.monotonic() - self.started.get(task.name, time.monotonic()))
             self.report.failed(task.name, fail.get_msg().strip(), seconds)
 
     def skip_uptodate(self, task):
@@ -96,7 +108,7 @@ class BuildReporter(ConsoleReporter):
         if self.live is not None:
             self.live.stop()
             self.live = None
-        seen = set(self.started) | self.uptodate
+        seen = set(self.started) | self.uptodate | self.blocked
         if "unavailable" in seen:  # the default run: tasks this host cannot build were skipped
             for name, reason in self.project.skipped().items():
                 self.report.skipped(name, reason)
@@ -121,9 +133,11 @@ class BuildReporter(ConsoleReporter):
         except OSError as exc:
             self.write(f"warning: build state not saved ({exc.strerror or exc}: {exc.filename}); the next run "
                        "re-checks the tasks\n")
-        line = self.report.summary(seen, set(self.started))
+        line = self.report.summary(seen, set(self.started), set(self.project.stages))
         if line:
             self.write(line + "\n")
+        if layout.html_report.exists() and set(self.started) - {"unavailable"}:
+            self.write(f"report: {os.path.relpath(layout.html_report)}\n")
         super().complete_run()
 
 
