@@ -132,6 +132,28 @@ def test_with_a_remote_cache_outputs_travel_through_it(tmp_path, host_cache, clu
         s3.stop()
 
 
+def test_a_worker_that_cannot_use_the_remote_cache_fails_its_job_with_the_cause_on_the_coordinator(
+        tmp_path, host_cache, cluster):
+    from s3_server import S3Server
+
+    s3 = S3Server()
+    s3.start()
+    try:
+        bucket = s3.new_bucket()
+        credentials = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+        cluster.worker("b", **{k: v for k, v in s3.env().items() if k not in credentials})
+        cluster.wait_for({"b"})
+        remote = MANIFEST + f'[cache]\nremote = "s3://{bucket}/cache"\n'
+        project = clone(tmp_path, host_cache, "dist", remote, EPBUILD_EXECUTOR=cluster.address, **s3.env())
+        done = project.doit("compile:tinycnn@cpu", check=False)
+        assert done.returncode != 0
+        assert (f"compile:tinycnn@cpu: this worker cannot use the remote cache s3://{bucket}/cache: "
+                "NoCredentialsError") in done.stdout + done.stderr
+        assert "give this process credentials for the bucket" in done.stdout + done.stderr
+    finally:
+        s3.stop()
+
+
 def test_a_job_no_worker_can_run_fails_after_a_bounded_wait_naming_the_missing_versions(tmp_path, host_cache,
                                                                                        cluster):
     cluster.worker("a", fake_versions={"onnxruntime-qnn": "2.6.0"})

@@ -290,6 +290,16 @@ def test_doit_cache_shows_the_settings_and_a_bad_remote_url_is_one_error(tmp_pat
     assert "remote cache: none" in project.doit("cache").stdout
 
 
+def test_a_bucket_that_does_not_exist_says_how_to_create_it(tmp_path, host_cache, s3):
+    project = clone(tmp_path, host_cache, "a", s3, "no-such-bucket-here")
+    shown = project.doit("cache").stdout
+    assert ("the bucket no-such-bucket-here does not exist: create it (aws s3 mb s3://no-such-bucket-here) or fix "
+            "the URL") in shown
+    done = project.doit("compile:tinycnn@cpu")
+    (warning,) = [line for line in done.stderr.splitlines() if "remote cache" in line]
+    assert "NoSuchBucket" in warning and "aws s3 mb s3://no-such-bucket-here" in warning
+
+
 # ---- the remote module on its own ----
 
 def test_a_manifest_naming_a_file_outside_its_entry_is_refused(tmp_path, s3, monkeypatch, capsys):

@@ -100,7 +100,8 @@ def _outputs(folder: Path) -> dict[str, bytes]:
 
 def _through_remote(job: dict[str, Any], scratch: Path) -> bool:
     """Upload the outputs as the entry of the job's fingerprint (this worker's AWS settings and signing key);
-    False when the remote is unavailable or read-only here, and the outputs travel in the result instead."""
+    False when the remote is read-only here, and the outputs travel in the result instead. A remote this worker
+    cannot use fails the job, so the coordinator shows why (a worker without the bucket's credentials)."""
     from ..store.hashing import sha256_file
     from ..store.remote_cache import connect
 
@@ -108,7 +109,10 @@ def _through_remote(job: dict[str, Any], scratch: Path) -> bool:
     names = sorted(p.relative_to(scratch).as_posix() for p in scratch.rglob("*") if p.is_file())
     digests = {name: sha256_file(scratch / name) for name in names}
     remote.upload(job["fingerprint"], scratch, digests, job["identity"], job["task"])
-    return not (remote.down or remote.readonly)
+    if remote.down:
+        raise BuildError(f"{job['task']}: this worker cannot use the remote cache {remote.url}: {remote.down}; "
+                         "give it the coordinator's remote-cache settings")
+    return not remote.readonly
 
 
 def run_job(job: dict[str, Any]) -> dict[str, Any]:

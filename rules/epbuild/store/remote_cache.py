@@ -63,12 +63,23 @@ def redact(text: str) -> str:
     return re.sub(r"//[^/@\s]+@", "//***@", text)
 
 
-def _describe(exc: BaseException) -> str:
+def _describe(exc: BaseException, bucket: str = "") -> str:
+    """A failed request in one line, with what to do where the cause is a setting: a bucket that does not exist,
+    no credentials."""
     response = getattr(exc, "response", None)
     if isinstance(response, dict) and "Error" in response:
         error = response["Error"]
         status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        return f"{error.get('Code')} (HTTP {status}){': ' + error['Message'] if error.get('Message') else ''}"
+        text = f"{error.get('Code')} (HTTP {status}){': ' + error['Message'] if error.get('Message') else ''}"
+        missing = error.get("Code") == "NoSuchBucket" or (status == 404 and
+                                                          getattr(exc, "operation_name", "") == "HeadBucket")
+        if missing:
+            name = error.get("BucketName") or bucket
+            text += f"; the bucket {name} does not exist: create it (aws s3 mb s3://{name}) or fix the URL"
+        return text
+    if type(exc).__name__ == "NoCredentialsError":
+        return (f"{type(exc).__name__}: {exc}; give this process credentials for the bucket (AWS_ACCESS_KEY_ID and "
+                "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or an instance role)")
     return f"{type(exc).__name__}: {exc}"
 
 
@@ -270,7 +281,8 @@ class RemoteCache:
         except _errors() as exc:
             if _code(exc) in DENIED:
                 self.readonly = True
-                print(f"warning: remote cache {self.url}: writes denied ({redact(_describe(exc))}); reading only "
+                why = redact(_describe(exc, self.bucket))
+                print(f"warning: remote cache {self.url}: writes denied ({why}); reading only "
                       "from now on in this process", file=sys.stderr)
             else:
                 self._give_up(exc, f"uploading {label}")
@@ -351,7 +363,7 @@ class RemoteCache:
         with self._lock:
             if self.down:
                 return
-            self.down = redact(_describe(exc))
+            self.down = redact(_describe(exc, self.bucket))
         print(f"warning: remote cache {self.url} unavailable while {action}: {self.down}; building locally "
               "without it for the rest of this process", file=sys.stderr)
 
@@ -364,7 +376,7 @@ class RemoteCache:
             self.client.head_bucket(Bucket=self.bucket)
             reachable: str | bool = True
         except _errors() as exc:
-            reachable = redact(_describe(exc))
+            reachable = redact(_describe(exc, self.bucket))
         return {"url": self.url, "endpoint": redact(endpoint), "readonly": self.readonly, "signed": self.signed,
                 "reachable": reachable}
 

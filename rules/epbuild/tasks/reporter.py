@@ -136,7 +136,7 @@ class BuildReporter(ConsoleReporter):
         line = self.report.summary(seen, set(self.started), set(self.project.stages))
         if line:
             self.write(line + "\n")
-        if layout.html_report.exists() and set(self.started) - {"unavailable"}:
+        if layout.html_report.exists() and any(":" in name for name in self.started):  # a run that built
             self.write(f"report: {os.path.relpath(layout.html_report)}\n")
         super().complete_run()
 
