@@ -124,3 +124,17 @@ def test_pip_install_into_a_fresh_venv_then_doit_and_epbuild_outside_the_reposit
     assert "compile:tinycnn@qnn-htp" in listed.stdout
     backends = _run([str(bin_dir / "epbuild"), "backends", "--manifest", str(project / "models.toml")], tmp_path, env)
     assert "target qnn-htp (QNNExecutionProvider, npu, ort): buildable" in backends.stdout
+
+
+def test_the_epbuild_command_runs_doits_options_and_its_own_subcommands(tmp_path, user_env):
+    project = _user_project(tmp_path / "mine")
+    parallel = _run([sys.executable, "-m", "epbuild", "-n", "2", "compile:tinycnn"], project, user_env)
+    assert "compiled compile:tinycnn@cpu" in parallel.stdout and "compiled compile:tinycnn@qnn-htp" in parallel.stdout
+    backends = _run([sys.executable, "-m", "epbuild", "backends"], project, user_env)
+    assert "target qnn-htp (QNNExecutionProvider, npu, ort): buildable" in backends.stdout
+    worker = subprocess.run([sys.executable, "-m", "epbuild", "worker"], cwd=tmp_path, env=user_env,
+                            capture_output=True, text=True, timeout=120)
+    assert worker.returncode != 0 and "usage: python -m epbuild.execute.worker tcp://SCHEDULER:8786" in worker.stderr
+    missing = subprocess.run([sys.executable, "-m", "epbuild", "--manifest", str(tmp_path / "nowhere" / "m.toml")],
+                             cwd=tmp_path, env=user_env, capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and missing.stderr.startswith("error: ") and "no such folder" in missing.stderr

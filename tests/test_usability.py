@@ -98,3 +98,16 @@ def test_tasks_a_failed_task_kept_from_running_are_not_built_counted_apart_every
     project.doit("graph")
     assert '"compile:tinycnn@cpu-int8\\nnot built", shape=box, fillcolor="#fdf0d5"' in (
         project.artifacts / "graph.dot").read_text()
+
+
+def test_a_restored_validation_reads_passed_restored_and_the_matrix_has_a_legend(project, tmp_path, host_cache):
+    from conftest import clone
+
+    manifest = '[models.tinycnn]\npath = "models/tinycnn.onnx"\n[targets.cpu]\nep = "cpu"\n'
+    project.manifest(manifest)
+    project.doit()
+    second = clone(tmp_path, host_cache, "second", manifest, EPBUILD_CACHE_DIR=str(project.cache))
+    second.doit()
+    page = (second.artifacts / "report.html").read_text()
+    assert '<span class="badge good">passed (restored)</span>' in page
+    assert "<b>offload</b>, the share of" in page and '<span class="badge warn">not built</span> a task it needs' in page
