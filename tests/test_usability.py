@@ -110,4 +110,5 @@ def test_a_restored_validation_reads_passed_restored_and_the_matrix_has_a_legend
     second.doit()
     page = (second.artifacts / "report.html").read_text()
     assert '<span class="badge good">passed (restored)</span>' in page
-    assert "<b>offload</b>, the share of" in page and '<span class="badge warn">not built</span> a task it needs' in page
+    assert "<b>offload</b>, the share of" in page
+    assert '<span class="badge warn">not built</span> a task it needs' in page
