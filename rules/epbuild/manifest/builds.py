@@ -43,7 +43,7 @@ class ResolvedTarget:
     sdk_root: Path | None = None  # the configured toolchain root (qaic) or QAIRT SDK root (qairt)
     toolchain_version: str | None = None  # qaic/qairt absent here: the version the Dask workers offer
     min_offload: float | None = None
-    warnings: tuple[str, ...] = ()  # said once per run that reads the manifest (an unknown SoC model)
+    warnings: tuple[tuple[str, str], ...] = ()  # (where, what): said once per run that reads the manifest
 
     def limits(self, timeout_s: float | None = None) -> Limits:
         """The limits of this target's children: the compile's timeout unless another is given."""

@@ -117,14 +117,15 @@ def _options(spec: TargetSpec, ep: EpInfo, file: str, where: str) -> dict[str, s
     return options
 
 
-def _unknown_values(options: dict[str, str], ep: EpInfo, file: str, where: str) -> tuple[str, ...]:
-    """Warnings for values of the right form that no documented device has: the EP takes them without a word."""
+def _unknown_values(options: dict[str, str], ep: EpInfo, file: str, where: str) -> tuple[tuple[str, str], ...]:
+    """Warnings, as (where, what), for values of the right form that no documented device has: the EP takes them
+    without a word."""
     found = []
     for key, known in ep.known_values.items():
         if key in options and options[key] not in known:
             listed = ", ".join(f"{value} ({name})" for value, name in known.items())
-            found.append(f"warning: {file}: {where}.options.{key}: {options[key]} is not a {key} epbuild knows, "
-                         f"and {ep.name} compiles without checking it; known: {listed}")
+            found.append((f"{file}: {where}.options.{key}", f"{options[key]} is not a {key} epbuild knows, and "
+                          f"{ep.name} compiles without checking it; known: {listed}"))
     return tuple(found)
 
 

@@ -91,8 +91,11 @@ class Project:
         self.manifest = load(manifest_path)
         self.root = self.manifest.root
         resolved = resolve_targets(self.manifest)
-        for warning in (w for target in resolved.values() for w in target.warnings):
-            print(warning, file=sys.stderr)
+        said: set[str] = set()  # once, at the first target that has it: targets that extend it inherit the value
+        for where, what in (w for target in resolved.values() for w in target.warnings):
+            if what not in said:
+                said.add(what)
+                print(f"warning: {where}: {what}", file=sys.stderr)
         return resolved
 
     def _prepare_folders(self) -> ExecutorSettings | None:
