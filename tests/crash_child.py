@@ -1,9 +1,11 @@
-"""A child for run_child tests: dies by the signal named in its request, sleeps (past its timeout), holds memory,
+"""A child for run_child tests: dies by the signal named in its request (or aborts as a C++ exception does),
+sleeps (past its timeout), holds memory,
 answers with its pid and an environment variable (what a warm worker carries from job to job), or exits 0
 without an answer."""
 
 import os
 import signal
+import sys
 import time
 
 from epbuild.execute.child import serve
@@ -15,6 +17,12 @@ def _misbehave(request: dict) -> dict:
     if request["action"] == "allocate":
         held = bytearray(request["mb"] << 20)
         held[::4096] = b"x" * len(held[::4096])  # touch every page
+    if request["action"] == "cpp_abort":  # what an EP library's uncaught C++ exception leaves, colour codes included
+        sys.stderr.write("\x1b[31m[E:QnnDsp] <E> Failed to finalize graph\x1b[0m\n"
+                         "terminate called after throwing an instance of 'std::runtime_error'\n"
+                         "  what():  Tensor name not found.\n")
+        sys.stderr.flush()
+        os.abort()
     if request["action"] == "vanish":  # ends without an answer, as a worker that died flushing its log
         os._exit(0)
     if request["action"] == "env":

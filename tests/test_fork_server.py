@@ -74,6 +74,19 @@ def test_a_crash_ends_only_its_job(tmp_path, monkeypatch, crash_child, mode, sig
 
 
 @pytest.mark.parametrize("mode", ["1", "fork", "0"])
+def test_a_crash_keeps_the_cpp_exception_and_the_eps_errors_without_colour_codes(tmp_path, monkeypatch, crash_child,
+                                                                                mode):
+    monkeypatch.setenv(SWITCH, mode)
+    with pytest.raises(BuildError) as raised:
+        run_child("crash_child", {"action": "cpp_abort"}, tmp_path / "a", Limits(60), "compile m@t", reuse=True)
+    message = str(raised.value)
+    assert message.startswith("compile m@t: the child process was killed by SIGABRT")
+    assert "terminate called after throwing an instance of 'std::runtime_error'" in message
+    assert "what():  Tensor name not found." in message and "[E:QnnDsp] <E> Failed to finalize graph" in message
+    assert "\x1b" not in message
+
+
+@pytest.mark.parametrize("mode", ["1", "fork", "0"])
 def test_a_job_that_ends_without_its_answer_is_a_failure_never_a_success(tmp_path, monkeypatch, crash_child, mode):
     monkeypatch.setenv(SWITCH, mode)
     with pytest.raises(BuildError, match="compile m@t: the child exited without its answer"):

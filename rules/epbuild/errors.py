@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 MESSAGE_LIMIT = 500  # a user error is one line: whatever value it quotes, it stays readable
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # terminal colour and cursor codes some EP libraries log with
+
+
+def plain(text: str) -> str:
+    """Text without terminal control codes: what messages, logs and reports keep."""
+    return ANSI.sub("", text)
 
 
 class UserError(Exception):

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import BuildError, ModelError
+from ..errors import BuildError, ModelError, plain
 from . import forked_jobs, provenance
 from .fork_server import ForkedJob, fork_job, leases_in_use
 from .forked_jobs import resident_bytes
@@ -41,14 +41,20 @@ class Limits:
     max_memory_gb: float | None = None
 
 
+FRAME = re.compile(r'^  File "|^    ')  # a Python traceback's frame lines ("  File ...", then its code line)
+
+
 def _tail(text: str, lines: int = 12) -> str:
-    """The child's last meaningful lines: logged errors and the final exception, not Python traceback frames."""
-    all_lines = [line.rstrip() for line in text.strip().splitlines() if line.strip()]
-    errors = [line for line in all_lines if "[E:" in line or "<E>" in line]
+    """The child's last meaningful lines: logged errors (QNN's `[E:...]`, `<E>`), a C++ exception that ended the
+    process (`terminate called after throwing ...` and its `what():`) and the final Python exception; not
+    traceback frames, not colour codes."""
+    all_lines = [plain(line).rstrip() for line in text.strip().splitlines() if line.strip()]
+    errors = [line for line in all_lines if "[E:" in line or "<E>" in line
+              or line.lstrip().startswith(("terminate called", "what():"))]
     exceptions = [line for line in all_lines if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Fail)\b", line)]
     kept = errors[-lines:] + exceptions[-1:] if errors or exceptions else [
-        line for line in all_lines if not line.startswith(("Traceback", "  "))][-lines:]
-    return "\n".join(f"    {line}" for line in kept)
+        line for line in all_lines if not line.startswith("Traceback") and not FRAME.match(line)][-lines:]
+    return "\n".join(f"    {line.strip()}" for line in kept)
 
 
 class _PlainChild:
@@ -89,7 +95,8 @@ def _wait(child: _PlainChild | ForkedJob, limits: Limits, what: str) -> tuple[in
         peak = max(peak, resident)
         now = time.monotonic()
         if killed is None and limit_bytes and resident > limit_bytes:
-            killed = f"exceeded {limits.max_memory_gb:g} GB of memory ({resident / 2**30:.2f} GB resident); killed"
+            killed = (f"exceeded {limits.max_memory_gb:g} GB of memory ({resident / 2**30:.2f} GB resident); killed "
+                      f"after {now - started:.0f} s")
             child.kill()
         elif killed is None and now - started > limits.timeout_s:
             killed = f"timed out after {limits.timeout_s:g} s; killed"
@@ -142,8 +149,7 @@ def run_child(module: str, request: dict[str, Any], workdir: Path, limits: Limit
         result_file.unlink()
     result: dict[str, Any] = answer if isinstance(answer, dict) else {}
     if killed:
-        raise BuildError(f"{what}: {killed} after {seconds:.0f} s, peak {peak_mb / 1024:.2f} GB{see_log}\n"
-                         f"{_tail(text)}")
+        raise BuildError(f"{what}: {killed}, peak {peak_mb / 1024:.2f} GB{see_log}\n{_tail(text)}")
     if code < 0:
         name = signal.Signals(-code).name
         raise BuildError(f"{what}: the child process was killed by {name}{see_log}\n{_tail(text)}")
@@ -155,7 +161,7 @@ def run_child(module: str, request: dict[str, Any], workdir: Path, limits: Limit
         if result.get("internal"):
             raise BuildError(f"{what}: internal error in epbuild: {result['error']}, see {log or 'the output'}")
         logged = "\n".join(line for line in text.splitlines() if "[E:" in line or "<E>" in line)
-        raise BuildError(f"{what}: {result['error']}" + (f"\n{_tail(logged)}" if logged else ""))
+        raise BuildError(plain(f"{what}: {result['error']}") + (f"\n{_tail(logged)}" if logged else ""))
     result["usage"] = {"seconds": round(seconds, 3), "peak_mb": round(peak_mb, 1)}
     return result
 

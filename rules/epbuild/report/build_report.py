@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import RULES_FORMAT
+from ..errors import plain
 from ..store.layout import write_atomic
 
 
@@ -34,7 +35,7 @@ class BuildReport:
         self.entries[task] = {k: v for k, v in values.items() if not k.startswith("_")}
 
     def failed(self, task: str, reason: str, seconds: float) -> None:
-        self.entries[task] = {"status": "failed", "reason": reason, "seconds": round(seconds, 3)}
+        self.entries[task] = {"status": "failed", "reason": plain(reason), "seconds": round(seconds, 3)}
 
     def not_built(self, task: str, reason: str) -> None:
         """Not run because a task it needs failed (`reason` names it)."""

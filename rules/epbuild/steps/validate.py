@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import RULES_FORMAT
-from ..errors import BuildError, ModelError, located
+from ..errors import BuildError, ModelError, located, plain
 from ..execute.child import run_child, serve
 from ..execute.requests import MemberValidation, ValidationReport, ValidationRequest
 from ..manifest.builds import SIDECAR, Build, Member
@@ -94,6 +94,8 @@ def validate(build: Build, layout: Layout, workdir: Path) -> ValidationReport:
                                build.log(layout, "validate"), target.ep.fork_server, target.ep.warm_validations)
         except BuildError as exc:
             report = {"status": "failed", "reason": str(exc)}
+    if "reason" in report:  # an EP's colour codes: reports are read as text
+        report["reason"] = plain(report["reason"])
     who = {"group": build.name} if build.shared else {"model": build.members[0].name}
     mode = "group" if build.shared else build.members[0].validation.mode
     return {"format": RULES_FORMAT, **who, "target": target.name, "ep": target.ep.name, "mode": mode,
