@@ -68,6 +68,20 @@ def minus_one_batch(path: Path) -> Path:
     return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
 
 
+def question_mark_dims(path: Path) -> Path:
+    """Paddle's OCR exports: `dim_param: "?"` for several independent dimensions of one input, [-1, 3, ?, ?]."""
+    conv_w, fc_w = _weights("conv.w", 4, 3, 3, 3), _weights("fc.w", 4, 6)
+    nodes = [helper.make_node("Conv", ["x", "conv.w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("GlobalAveragePool", ["r"], ["p"]),
+             helper.make_node("Flatten", ["p"], ["f"]),
+             helper.make_node("MatMul", ["f", "fc.w"], ["y"])]
+    graph = helper.make_graph(nodes, "paddle_ocr", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                                  [-1, 3, "?", "?"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["?", 6])], [conv_w, fc_w])
+    return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+
+
 def layernorm_dynamic(path: Path) -> Path:
     """A decomposed LayerNorm (as exporters write it) with symbolic batch/sequence dims and stale symbolic
     value_info on every intermediate: free-dimension overrides leave these dynamic."""

@@ -21,6 +21,7 @@ from real_models import (
     odd_names,
     old_ir_cnn,
     partial_offload,
+    question_mark_dims,
     runtime_weights,
     sample_rate_branches,
     token_encoder,
@@ -268,3 +269,15 @@ def test_an_internal_error_names_epbuild_and_the_log(monkeypatch, tmp_path):
         run_child("buggy", {}, tmp_path / "work", Limits(60), "compile m@t", tmp_path / "log.txt")
     assert str(raised.value) == ("compile m@t: internal error in epbuild: KeyError: 'missing', see "
                                  f"{tmp_path / 'log.txt'}")
+
+
+def test_question_mark_dimensions_are_independent_anonymous_dimensions(project):
+    question_mark_dims(project.root / "models" / "ocr.onnx")
+    project.manifest(model_entry("ocr", "inputs = { x = [1, 3, 48, 192] }") + TARGETS)
+    done = project.doit()
+    assert "is given both" not in output(done) and "Can't replace" not in output(done)
+    for target in ("cpu", "qnn"):
+        validation = report(project, target, "ocr")
+        assert validation["status"] == "passed", validation
+    staged = onnx.load(str(project.artifacts / ".stages" / "ocr" / "shape" / "ocr.onnx"))
+    assert [d.dim_value for d in staged.graph.input[0].type.tensor_type.shape.dim] == [1, 3, 48, 192]

@@ -9,6 +9,7 @@ computed at run time by constant subgraphs.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -37,15 +38,36 @@ def true_inputs(graph: Any) -> list[Any]:
     return [value for value in graph.input if value.name not in weights]
 
 
+# dim_param values exporters write for "unknown", each one its own dimension: Paddle's "?" (several in one input),
+# -1 or None as text, onnx shape inference's unk__N; never a name that ties dimensions together
+PLACEHOLDER = re.compile(r"^(|\?|-1|none|null|unk__\d+)$", re.IGNORECASE)
+
+
+def dim_name(dim: Any) -> str | None:
+    """A symbolic dimension's name, None when it has none (unnamed, -1 or a placeholder)."""
+    return None if PLACEHOLDER.match(dim.dim_param) else dim.dim_param
+
+
 def dims(value: Any) -> list[int | str | None]:
-    """A value's dimensions: an int when static, the dim_param name when named, None when unnamed or -1."""
+    """A value's dimensions: an int when static, the dim_param name when named, None when unnamed, -1 or a
+    placeholder."""
     found: list[int | str | None] = []
     for dim in value.type.tensor_type.shape.dim:
         if dim.HasField("dim_value") and dim.dim_value > 0:
             found.append(dim.dim_value)
         else:
-            found.append(dim.dim_param or None)
+            found.append(dim_name(dim))
     return found
+
+
+def clear_placeholder_dims(graph: Any) -> None:
+    """Placeholder dim_params (`dim_name`) become unknown dimensions, in the graph and its subgraphs: fixing one
+    by name would fix every other dimension that shares the placeholder."""
+    for each in _graphs(graph):
+        for value in [*each.input, *each.output, *each.value_info]:
+            for dim in value.type.tensor_type.shape.dim:
+                if dim.HasField("dim_param") and dim_name(dim) is None:
+                    dim.Clear()
 
 
 def check_input_names(graph: Any, names: list[str], key: str) -> None:

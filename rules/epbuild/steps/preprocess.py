@@ -20,7 +20,7 @@ from ..store.hashing import snapshot
 from ..store.layout import STAGES
 from ..store.publish import discard
 from .fingerprint import stage_config, stage_fingerprint
-from .graph import check_input_names, dims, missing_files, true_inputs
+from .graph import check_input_names, clear_placeholder_dims, dims, missing_files, true_inputs
 from .stages import PROTOBUF_LIMIT, Stage
 
 RANDOM_SAMPLES, RANDOM_SEED = 8, 0
@@ -101,6 +101,7 @@ def fix_shapes(source: Path, output: Path, inputs: dict[str, list[int]], data_fi
 
     model = onnx.load(source.name)  # external data resolves next to the model (the working folder)
     check_input_names(model.graph, list(inputs), "inputs")
+    clear_placeholder_dims(model.graph)
     for name, shape in inputs.items():
         try:
             make_input_shape_fixed(model.graph, name, shape)
