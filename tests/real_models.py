@@ -164,6 +164,25 @@ def sample_rate_branches(path: Path) -> Path:
     return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
 
 
+def detector_with_branches(path: Path) -> Path:
+    """A detector's shape: a backbone the NPU takes, then post-processing in an `If` on a graph input (a mode flag)
+    whose branches stay on CPU with their nodes."""
+    then_graph = helper.make_graph([helper.make_node("ReduceMax", ["y"], ["top"], keepdims=0),
+                                    helper.make_node("Cast", ["top"], ["picked"], to=TensorProto.INT64)], "max", [],
+                                   [helper.make_tensor_value_info("picked", TensorProto.INT64, [])])
+    else_graph = helper.make_graph([helper.make_node("ReduceMin", ["y"], ["low"], keepdims=0),
+                                    helper.make_node("Cast", ["low"], ["chosen"], to=TensorProto.INT64)], "min", [],
+                                   [helper.make_tensor_value_info("chosen", TensorProto.INT64, [])])
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Sigmoid", ["h"], ["y"]),
+             helper.make_node("If", ["use_max"], ["best"], then_branch=then_graph, else_branch=else_graph)]
+    graph = helper.make_graph(nodes, "detector",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16]),
+                               helper.make_tensor_value_info("use_max", TensorProto.BOOL, [])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8]),
+                               helper.make_tensor_value_info("best", TensorProto.INT64, [])], [_weights("w", 16, 8)])
+    return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+
+
 def external_data_mlp(path: Path) -> Path:
     """torch's default exporter layout: weights in `<name>.onnx.data` beside the model."""
     w1, w2 = _weights("fc1.weight", 16, 32), _weights("fc2.weight", 32, 8)

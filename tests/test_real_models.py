@@ -15,6 +15,7 @@ from epbuild.errors import ModelError
 from epbuild.execute.child import describe
 from helpers import ep_context_nodes
 from real_models import (
+    detector_with_branches,
     external_data_mlp,
     layernorm_dynamic,
     minus_one_batch,
@@ -281,3 +282,17 @@ def test_question_mark_dimensions_are_independent_anonymous_dimensions(project):
         assert validation["status"] == "passed", validation
     staged = onnx.load(str(project.artifacts / ".stages" / "ocr" / "shape" / "ocr.onnx"))
     assert [d.dim_value for d in staged.graph.input[0].type.tensor_type.shape.dim] == [1, 3, 48, 192]
+
+
+def test_nodes_inside_cpu_if_branches_are_not_counted_as_fallback(project):
+    """A detector's post-processing `If` stays on CPU with its branches' nodes: compile and validation count the
+    placement the same way, subgraphs included, so matching outputs pass."""
+    detector_with_branches(project.root / "models" / "det.onnx")
+    project.manifest(model_entry("det", "validation = { inputs = \"models/det.npz\" }", '["qnn"]') + TARGETS)
+    np.savez(project.root / "models" / "det.npz", x=np.ones((1, 16), np.float32), use_max=np.array(True))
+    project.doit(check=False)
+    sidecar = report(project, "qnn", "det", "artifact.json")
+    assert sidecar["nodes"]["cpu_op_types"].get("If") == 1, sidecar["nodes"]
+    validation = report(project, "qnn", "det")
+    assert "fell back" not in validation.get("reason", ""), validation
+    assert validation["status"] == "passed", validation

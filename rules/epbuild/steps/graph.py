@@ -124,16 +124,15 @@ def static_dims(model: Any, inputs: dict[str, list[int]], needs_static: bool) ->
     return overrides
 
 
+def _subgraphs(node: Any) -> list[Any]:
+    """A node's own subgraphs (If branches, Loop and Scan bodies)."""
+    return [graph for attribute in node.attribute
+            for graph in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs)]
+
+
 def _graphs(graph: Any) -> list[Any]:
-    """The graph and every subgraph (If, Loop, Scan bodies)."""
-    found = [graph]
-    for node in graph.node:
-        for attribute in node.attribute:
-            if attribute.HasField("g"):
-                found += _graphs(attribute.g)
-            for subgraph in attribute.graphs:
-                found += _graphs(subgraph)
-    return found
+    """The graph and every subgraph (If, Loop, Scan bodies), at any depth."""
+    return [graph, *(found for node in graph.node for sub in _subgraphs(node) for found in _graphs(sub))]
 
 
 def referenced_files(model: Any) -> dict[str, str]:
@@ -195,6 +194,9 @@ def placement(source_nodes: int, model: Any, ep_name: str | None) -> dict[str, A
     cpu = [n for n in graph.node if n.op_type != EP_CONTEXT]
     nodes: dict[str, Any] = {"source": source_nodes, "ep_context": len(contexts), "cpu": len(cpu),
                              "cpu_op_types": dict(sorted(Counter(n.op_type for n in cpu).items()))}
+    nested = sum(len(sub.node) for n in cpu for each in _subgraphs(n) for sub in _graphs(each))
+    if nested:  # the branches of a CPU `If` (a Loop's body) run on CPU too: a session counts them, so does this
+        nodes["cpu_in_subgraphs"] = nested
     if ep_name:
         in_ep = max(source_nodes - len(cpu), 0)
         nodes.update({"in_ep": in_ep, "offload": round(in_ep / source_nodes, 4) if source_nodes else 1.0,

@@ -53,7 +53,8 @@ def member_request(build: Build, member: Member, folder: Path, files: list[str],
     return {
         "float_reference": str(member.float_model) if member.float_model else None,
         "artifact": str(folder / member.model_file), "files": [str(folder / name) for name in files],
-        "ep_sdk_version": recorded.get("ep_sdk_version"), "cpu_nodes": recorded["nodes"]["cpu"],
+        "ep_sdk_version": recorded.get("ep_sdk_version"),
+        "cpu_nodes": recorded["nodes"]["cpu"] + recorded["nodes"].get("cpu_in_subgraphs", 0),  # as a session counts
         "source": str(member.model.path), "reference": str(settings.reference or member.model.path),
         "ep": target.ep.alias, "device": target.device, "embed": target.embed, "mode": settings.mode,
         "options": {key: str(folder / value) if key in runtime_files else value
