@@ -67,7 +67,7 @@ TINYCNN_VALIDATIONS = {"validate:tinycnn@cpu", "validate:tinycnn@cpu-int8", "val
 QNN_COMPILE = {"compile:tinycnn@qnn-htp", "validate:tinycnn@qnn-htp"}
 TINYCNN_CPU = {"compile:tinycnn@cpu", "validate:tinycnn@cpu"}
 TINYCNN_INT8 = {"quantize:tinycnn[generic]", "compile:tinycnn@cpu-int8", "validate:tinycnn@cpu-int8"}
-TINYCNN_QNN = {"shape:tinycnn", "compile:tinycnn@qnn-htp", "validate:tinycnn@qnn-htp"}
+TINYCNN_QNN = {"shape:tinycnn", "optimize:tinycnn", "compile:tinycnn@qnn-htp", "validate:tinycnn@qnn-htp"}  # folded
 EXT = {"compile:ext@cpu", "validate:ext@cpu"}
 DYN_OV = {"compile:dyn@ov", "validate:dyn@ov"}
 DYN = {"compile:dyn@cpu", "validate:dyn@cpu", "shape:dyn"} | DYN_OV
@@ -217,9 +217,10 @@ CHANGES = {  # change -> the tasks that must execute
     "a key set to its default value": (_manifest_edit(QNN_TARGET, 'device = "npu"\n' + QNN_TARGET), set()),
     "a compile time and memory limit": (_manifest_edit(QNN_TARGET, 'timeout_s = 900\nmax_memory_gb = 8\n' + QNN_TARGET),
                                         set()),
-    "an optimize stage": (_new_stage('path = "models/tinycnn.onnx"',
-                                     'path = "models/tinycnn.onnx"\noptimize = "basic"'),
-                          TINYCNN - {"shape:tinycnn"} | {"optimize:tinycnn"}),  # shape runs on the unchanged source
+    "an optimize stage": (_new_stage('path = "models/ext.onnx"', 'path = "models/ext.onnx"\noptimize = "basic"'),
+                          EXT | {"optimize:ext"}),
+    "no folding for the NPU target": (_new_stage('path = "models/tinycnn.onnx"',
+                                                 'path = "models/tinycnn.onnx"\noptimize = "none"'), QNN_COMPILE),
     "a squash stage": (_new_stage('path = "models/ext.onnx"', 'path = "models/ext.onnx"\nsquash = true'),
                        EXT | {"squash:ext"}),
     "structural validation on one target": (

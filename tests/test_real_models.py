@@ -13,6 +13,8 @@ import pytest
 from conftest import ran
 from epbuild.errors import ModelError
 from epbuild.execute.child import describe
+from epbuild.manifest.parse import load
+from epbuild.manifest.targets import plan
 from helpers import ep_context_nodes
 from real_models import (
     detector_with_branches,
@@ -151,19 +153,25 @@ def test_min_offload_fails_naming_the_ops_left_on_cpu(project):
     assert "restored compile:partial@qnn" in done.stdout and (project.artifacts / "qnn" / "partial").is_dir()
 
 
-def test_constant_subgraphs_left_on_cpu_suggest_folding_and_folding_removes_them(project):
+def test_an_npu_target_folds_constant_subgraphs_by_default_and_without_folding_says_why_it_fails(project):
     runtime_weights(project.root / "models" / "runtime.onnx")
     project.manifest(model_entry("runtime", targets='["qnn"]') + TARGETS)
-    done = project.doit(check=False)
-    assert "compute constants (ConstantOfShape): set optimize = \"basic\" on the model" in done.stdout
-    assert report(project, "qnn", "runtime", "artifact.json")["nodes"]["foldable_on_cpu"] == {"ConstantOfShape": 1}
-    # with its weight computed on CPU, the QNN artifact does not even load on the HTP simulator: the EP's words
-    assert "Failed to setup QNN input tensors" in report(project, "qnn", "runtime")["reason"]
-    project.manifest(model_entry("runtime", 'optimize = "basic"', '["qnn"]') + TARGETS)
     done = project.doit()
+    assert "optimize:runtime" in ran(done)  # folding: a stage of its own, the default for NPU targets
     nodes = report(project, "qnn", "runtime", "artifact.json")["nodes"]
     assert nodes["cpu"] == 0 and "foldable_on_cpu" not in nodes
     assert report(project, "qnn", "runtime")["status"] == "passed"
+    (build,) = plan(load(project.root / "models.toml"))  # compared with the model as declared, not the folded one
+    assert build.members[0].validation.reference == project.root / "models" / "runtime.onnx"
+    # the opt-out: its weight computed on CPU, the QNN artifact does not load on the HTP simulator
+    project.manifest(model_entry("runtime", 'optimize = "none"', '["qnn"]') + TARGETS)
+    done = project.doit(check=False)
+    assert ("only compute constants (ConstantOfShape) and may keep the artifact from loading: fold them "
+            "(optimize = \"basic\", the default for NPU targets)") in done.stdout
+    assert report(project, "qnn", "runtime", "artifact.json")["nodes"]["foldable_on_cpu"] == {"ConstantOfShape": 1}
+    reason = report(project, "qnn", "runtime")["reason"]
+    assert "Failed to setup QNN input tensors" in reason  # the EP's words, then what would fix it
+    assert "1 node(s) left on CPU only compute constants (ConstantOfShape) in front of the EPContext node" in reason
 
 
 def test_odd_tensor_names_reach_npz_keys_reports_and_logs(project):

@@ -153,9 +153,10 @@ def validation_settings(model: ModelSpec, target: TargetSpec) -> ValidationSetti
 
 def _chain(model: ModelSpec, target: ResolvedTarget, manifest: Manifest, external: tuple[Path, ...]) -> Chain:
     backend: Compiler = COMPILERS[target.compiler]
+    in_onnxruntime = not target.is_cpu and backend.in_onnxruntime
     return stage_chain(model, Layout(manifest.root / "artifacts"), external, target.quantize_flavour,
-                       static_shapes=not target.is_cpu and backend.in_onnxruntime, single_file=backend.single_file,
-                       manifest=manifest.path.name)
+                       static_shapes=in_onnxruntime, single_file=backend.single_file, manifest=manifest.path.name,
+                       fold=in_onnxruntime and target.device == "npu")
 
 
 def _member(model: ModelSpec, target: ResolvedTarget, manifest: Manifest, external: tuple[Path, ...]) -> tuple[
@@ -163,8 +164,9 @@ def _member(model: ModelSpec, target: ResolvedTarget, manifest: Manifest, extern
     """A model as its build consumes it (after its stages), with its validation settings."""
     chain = _chain(model, target, manifest, external)
     settings = validation_settings(model, manifest.targets[target.name])
-    if model.freeze and chain.float_model is None and settings.reference is None:
-        # compare with the model as declared, fed the frozen values: folding errors cannot hide
+    folded = model.freeze or any(stage.kind == "optimize" for stage in chain.stages)
+    if folded and chain.float_model is None and settings.reference is None:
+        # compare with the model as declared (fed the frozen values): folding errors cannot hide
         settings = dataclasses.replace(settings, reference=model.path)
     return Member(chain.model, settings, chain.external, chain.float_model, model.freeze), chain
 

@@ -272,8 +272,8 @@ def placement_line(nodes: dict[str, Any]) -> str:
         line += f" ({', '.join(f'{op} x{n}' for op, n in nodes['cpu_op_types'].items())})"
     foldable = nodes.get("foldable_on_cpu")
     if foldable:
-        line += (f"; {sum(foldable.values())} of them compute constants ({', '.join(foldable)}): set "
-                 "optimize = \"basic\" on the model to fold them before the compile")
+        line += (f"; {sum(foldable.values())} of them only compute constants ({', '.join(foldable)}) and may keep "
+                 "the artifact from loading: fold them (optimize = \"basic\", the default for NPU targets)")
     return line
 
 

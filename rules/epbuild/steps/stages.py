@@ -7,7 +7,8 @@ A model's chain: `freeze` (when the model says `freeze`: configuration inputs be
 optimization folds the branches they select), `shape` (for targets whose EP needs static shapes, and when `inputs` is
 given and a later stage rewrites the model: the inputs fixed in the file, -1 and unnamed dimensions included, then
 shape inference so intermediate tensors are static too; exporters leave shapes computed at run time, e.g. the
-Expand before a GRU, which QNN refuses as dynamic), `optimize` (when the model says `optimize`), `quantize` (for
+Expand before a GRU, which QNN refuses as dynamic), `optimize` (when the model says `optimize`, and by default
+"basic" for NPU targets: constant folding; `optimize = "none"` turns it off), `quantize` (for
 targets with `quantized = true`, QNN's QDQ configuration for QNN targets and the generic static quantizer
 otherwise), `squash` (when the model says `squash = true`). Outputs are named after the model, so compiles by file
 name stay unique and checkout-independent. A stage whose input has external data writes its own
@@ -61,13 +62,18 @@ class Chain:
 
 
 def stage_chain(model: ModelSpec, layout: Layout, external: tuple[Path, ...], flavour: str | None,
-                static_shapes: bool = False, single_file: bool = False, manifest: str = "models.toml") -> Chain:
+                static_shapes: bool = False, single_file: bool = False, manifest: str = "models.toml",
+                fold: bool = False) -> Chain:
     """The stages a model goes through for one target. `static_shapes`: the target's EP needs every shape static
     (NPU EPs), so `inputs` are fixed in the file; `single_file`: the compiler wants one ONNX file (qaic-compile),
-    so the chain ends with a squash."""
+    so the chain ends with a squash; `fold`: constant subgraphs are folded unless the model says `optimize =
+    "none"` (an NPU target: nodes that only compute constants, left on CPU in front of its EPContext node, make
+    the artifact unloadable)."""
     stages: list[Stage] = []
     path, inputs = model.path, model.inputs
     quantize = model.quantize if flavour else None
+    level = model.optimize or ("basic" if fold else None)
+    level = None if level == "none" else level
 
     def add(kind: str, settings: dict[str, Any], stage_flavour: str | None = None,
             calibration: tuple[Path, ...] = ()) -> None:
@@ -81,11 +87,11 @@ def stage_chain(model: ModelSpec, layout: Layout, external: tuple[Path, ...], fl
 
     if model.freeze:
         add("freeze", {"values": {name: list(value) for name, value in sorted(model.freeze.items())}})
-    if static_shapes or (inputs and (model.optimize or quantize)):
+    if static_shapes or (inputs and (level or quantize)):
         add("shape", {"inputs": {name: list(shape) for name, shape in sorted(inputs.items())}})
         inputs = {}
-    if model.optimize:
-        add("optimize", {"level": model.optimize})
+    if level:
+        add("optimize", {"level": level})
     float_path = path if quantize else None
     if quantize:
         add("quantize", {"activation_type": quantize.activation_type, "weight_type": quantize.weight_type,

@@ -55,6 +55,7 @@ def member_request(build: Build, member: Member, folder: Path, files: list[str],
         "artifact": str(folder / member.model_file), "files": [str(folder / name) for name in files],
         "ep_sdk_version": recorded.get("ep_sdk_version"),
         "cpu_nodes": recorded["nodes"]["cpu"] + recorded["nodes"].get("cpu_in_subgraphs", 0),  # as a session counts
+        "foldable_on_cpu": recorded["nodes"].get("foldable_on_cpu", {}),
         "source": str(member.model.path), "reference": str(settings.reference or member.model.path),
         "ep": target.ep.alias, "device": target.device, "embed": target.embed, "mode": settings.mode,
         "options": {key: str(folder / value) if key in runtime_files else value
@@ -431,7 +432,12 @@ def _open_session(ort: Any, info: EpInfo, request: MemberValidation) -> tuple[An
                                        providers=["CPUExecutionProvider"] if info.is_cpu else None)
         session.disable_fallback()  # no silent retry on CPU after an EP failure
     except Exception as exc:  # noqa: BLE001 - the EP's own error is the report
-        return None, {"status": "failed", "reason": f"{info.name} could not load the artifact: {str(exc).strip()}"}
+        foldable = request.get("foldable_on_cpu") or {}
+        hint = (f"; {sum(foldable.values())} node(s) left on CPU only compute constants ({', '.join(foldable)}) in "
+                "front of the EPContext node, which QNN does not load: fold them (optimize = \"basic\", the default "
+                "for NPU targets)") if foldable else ""
+        return None, {"status": "failed",
+                      "reason": f"{info.name} could not load the artifact: {str(exc).strip()}{hint}"}
     return session, None
 
 
