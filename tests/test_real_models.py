@@ -157,7 +157,7 @@ def test_an_npu_target_folds_constant_subgraphs_by_default_and_without_folding_s
     runtime_weights(project.root / "models" / "runtime.onnx")
     project.manifest(model_entry("runtime", targets='["qnn"]') + TARGETS)
     done = project.doit()
-    assert "optimize:runtime" in ran(done)  # folding: a stage of its own, the default for NPU targets
+    assert "fold:runtime" in ran(done)  # folding: a stage of its own, the default for NPU targets
     nodes = report(project, "qnn", "runtime", "artifact.json")["nodes"]
     assert nodes["cpu"] == 0 and "foldable_on_cpu" not in nodes
     assert report(project, "qnn", "runtime")["status"] == "passed"
@@ -167,11 +167,12 @@ def test_an_npu_target_folds_constant_subgraphs_by_default_and_without_folding_s
     project.manifest(model_entry("runtime", 'optimize = "none"', '["qnn"]') + TARGETS)
     done = project.doit(check=False)
     assert ("only compute constants (ConstantOfShape) and may keep the artifact from loading: fold them "
-            "(optimize = \"basic\", the default for NPU targets)") in done.stdout
+            "(the default for NPU targets, without optimize = \"none\")") in done.stdout
     assert report(project, "qnn", "runtime", "artifact.json")["nodes"]["foldable_on_cpu"] == {"ConstantOfShape": 1}
     reason = report(project, "qnn", "runtime")["reason"]
     assert "Failed to setup QNN input tensors" in reason  # the EP's words, then what would fix it
-    assert "1 node(s) left on CPU only compute constants (ConstantOfShape) in front of the EPContext node" in reason
+    assert ("1 node(s) left on CPU only compute constants (ConstantOfShape) in front of the EPContext node, which QNN "
+            "does not load: fold them (the default for NPU targets, without optimize = \"none\")") in reason
 
 
 def test_odd_tensor_names_reach_npz_keys_reports_and_logs(project):

@@ -379,8 +379,12 @@ CORPUS = [
           "(onnx.helper)", real_models.old_ir_cnn),
     Entry("paddle_minus1", "Paddle2ONNX style: batch stored as dim_value -1 (onnx.helper)",
           real_models.minus_one_batch, "inputs = { x = [1, 3, 8, 8] }"),
+    Entry("paddle_ocr", "Paddle OCR style: dim_param '?' for several independent dimensions, [-1, 3, ?, ?] "
+          "(onnx.helper)", real_models.question_mark_dims, "inputs = { x = [1, 3, 48, 192] }"),
+    Entry("detector_if", "detector whose post-processing If (on a mode-flag input) stays on CPU with its branches' "
+          "nodes (onnx.helper)", real_models.detector_with_branches),
     Entry("constant_weights", "Conv weights from ConstantOfShape (exports that build weights at run time), folded by "
-          "optimize = \"basic\" (onnx.helper)", real_models.runtime_weights, 'optimize = "basic"'),
+          "the fold stage NPU targets get by default (onnx.helper)", real_models.runtime_weights),
     Entry("qdq", "QDQ uint8 model from ORT's static quantizer", qdq_cnn),
     Entry("qoperator", "QOperator uint8 model (QLinearConv) from ORT's static quantizer", qoperator_cnn),
     Entry("fp16", "fp16 MLP (float16 weights and I/O, converted by ORT's float16 tool)", fp16_mlp),

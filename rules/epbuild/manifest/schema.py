@@ -103,10 +103,10 @@ KEYS: tuple[Key, ...] = (
         "file (`-1` and unnamed dimensions too) and runs shape inference. Only true inputs can be named: a weight "
         "that an old exporter also lists in `graph.input` is refused with that explanation", {}),
     Key("targets", ("model",), list, "target names to build this model for (default: every target)"),
-    Key("optimize", ("model",), str, "an ORT graph-optimization stage (constant folding) before quantization; "
-        "default `basic` for NPU targets (nodes that only compute constants, left on CPU in front of the EPContext "
-        "node, make QNN artifacts unloadable), none for the others; `none` turns it off",
-        choices=("basic", "extended", "none")),
+    Key("optimize", ("model",), str, "an ORT graph-optimization stage before quantization, in place of the `fold` "
+        "stage NPU targets get by default (nodes that only compute constants replaced by their values, nothing "
+        "else rewritten: left on CPU in front of the EPContext node, they make QNN artifacts unloadable); `none`: "
+        "neither", choices=("basic", "extended", "none")),
     Key("quantize", ("model",), dict, "a QDQ quantization stage (keys below)"),
     Key("squash", ("model",), bool, "a stage that writes a single-file ONNX with external data inlined (refused "
         "beyond the 2 GiB protobuf limit, naming the size)", False),

@@ -22,7 +22,7 @@ from ..errors import UserError
 from ..store.layout import write_json
 
 MODE_VARIABLE = "EPBUILD_PROGRESS"
-STAGE_KINDS = frozenset({"freeze", "shape", "optimize", "quantize", "squash"})
+STAGE_KINDS = frozenset({"freeze", "shape", "fold", "optimize", "quantize", "squash"})
 KIND_ORDER = ("stage", "ops", "compile", "group", "validate")
 SUCCESS = ("compiled", "restored", "validated", "skipped")  # statuses of work actually done, for durations
 

@@ -273,7 +273,7 @@ def placement_line(nodes: dict[str, Any]) -> str:
     foldable = nodes.get("foldable_on_cpu")
     if foldable:
         line += (f"; {sum(foldable.values())} of them only compute constants ({', '.join(foldable)}) and may keep "
-                 "the artifact from loading: fold them (optimize = \"basic\", the default for NPU targets)")
+                 "the artifact from loading: fold them (the default for NPU targets, without optimize = \"none\")")
     return line
 
 

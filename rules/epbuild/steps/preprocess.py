@@ -20,6 +20,7 @@ from ..store.hashing import snapshot
 from ..store.layout import STAGES
 from ..store.publish import discard
 from .fingerprint import stage_config, stage_fingerprint
+from .folding import fold_constants
 from .graph import check_input_names, clear_placeholder_dims, dims, missing_files, true_inputs
 from .stages import PROTOBUF_LIMIT, Stage
 
@@ -254,6 +255,10 @@ def _run_stage(request: dict[str, Any]) -> dict[str, Any]:
     elif kind == "shape":
         with located(request["manifest"], request["entry"]):
             result["dynamic"] = fix_shapes(source, output, settings["inputs"], data_file)
+    elif kind == "fold":
+        model = onnx.load(source.name)  # external data resolves next to the model (the working folder)
+        result["folded"] = fold_constants(model)
+        save(model, output, data_file)
     elif kind == "optimize":
         options = ort.SessionOptions()
         options.graph_optimization_level = {"basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,

@@ -7,8 +7,9 @@ A model's chain: `freeze` (when the model says `freeze`: configuration inputs be
 optimization folds the branches they select), `shape` (for targets whose EP needs static shapes, and when `inputs` is
 given and a later stage rewrites the model: the inputs fixed in the file, -1 and unnamed dimensions included, then
 shape inference so intermediate tensors are static too; exporters leave shapes computed at run time, e.g. the
-Expand before a GRU, which QNN refuses as dynamic), `optimize` (when the model says `optimize`, and by default
-"basic" for NPU targets: constant folding; `optimize = "none"` turns it off), `quantize` (for
+Expand before a GRU, which QNN refuses as dynamic), `fold` (NPU targets, unless the model says `optimize`: nodes
+that only compute constants replaced by their values, `steps.folding`), `optimize` (when the model says `optimize`
+= "basic" or "extended": ONNX Runtime's optimizer), `quantize` (for
 targets with `quantized = true`, QNN's QDQ configuration for QNN targets and the generic static quantizer
 otherwise), `squash` (when the model says `squash = true`). Outputs are named after the model, so compiles by file
 name stay unique and checkout-independent. A stage whose input has external data writes its own
@@ -30,7 +31,7 @@ PROTOBUF_LIMIT = 2**31 - 1  # a single-file ONNX model must serialize below 2 Gi
 
 @dataclass(frozen=True)
 class Stage:
-    kind: str  # "shape", "optimize", "quantize" or "squash"
+    kind: str  # "freeze", "shape", "fold", "optimize", "quantize" or "squash"
     model: str
     flavour: str | None  # quantize: "qnn" or "generic"
     input: Path
@@ -66,14 +67,14 @@ def stage_chain(model: ModelSpec, layout: Layout, external: tuple[Path, ...], fl
                 fold: bool = False) -> Chain:
     """The stages a model goes through for one target. `static_shapes`: the target's EP needs every shape static
     (NPU EPs), so `inputs` are fixed in the file; `single_file`: the compiler wants one ONNX file (qaic-compile),
-    so the chain ends with a squash; `fold`: constant subgraphs are folded unless the model says `optimize =
-    "none"` (an NPU target: nodes that only compute constants, left on CPU in front of its EPContext node, make
-    the artifact unloadable)."""
+    so the chain ends with a squash; `fold`: constant subgraphs are folded unless the model says `optimize`
+    (an NPU target: nodes that only compute constants, left on CPU in front of its EPContext node, make the
+    artifact unloadable; `optimize = "none"` keeps them)."""
     stages: list[Stage] = []
     path, inputs = model.path, model.inputs
     quantize = model.quantize if flavour else None
-    level = model.optimize or ("basic" if fold else None)
-    level = None if level == "none" else level
+    level = None if model.optimize == "none" else model.optimize  # ONNX Runtime's optimizer, which folds too
+    fold = fold and model.optimize is None
 
     def add(kind: str, settings: dict[str, Any], stage_flavour: str | None = None,
             calibration: tuple[Path, ...] = ()) -> None:
@@ -90,6 +91,8 @@ def stage_chain(model: ModelSpec, layout: Layout, external: tuple[Path, ...], fl
     if static_shapes or (inputs and (level or quantize)):
         add("shape", {"inputs": {name: list(shape) for name, shape in sorted(inputs.items())}})
         inputs = {}
+    if fold:
+        add("fold", {})
     if level:
         add("optimize", {"level": level})
     float_path = path if quantize else None

@@ -434,8 +434,8 @@ def _open_session(ort: Any, info: EpInfo, request: MemberValidation) -> tuple[An
     except Exception as exc:  # noqa: BLE001 - the EP's own error is the report
         foldable = request.get("foldable_on_cpu") or {}
         hint = (f"; {sum(foldable.values())} node(s) left on CPU only compute constants ({', '.join(foldable)}) in "
-                "front of the EPContext node, which QNN does not load: fold them (optimize = \"basic\", the default "
-                "for NPU targets)") if foldable else ""
+                "front of the EPContext node, which QNN does not load: fold them (the default for NPU targets, "
+                "without optimize = \"none\")") if foldable else ""
         return None, {"status": "failed",
                       "reason": f"{info.name} could not load the artifact: {str(exc).strip()}{hint}"}
     return session, None

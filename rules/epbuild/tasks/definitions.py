@@ -178,6 +178,7 @@ class Tasks:
     def stage_tasks(self) -> Iterator[Task]:
         """shape:, optimize:, quantize:<model>[flavour] and squash: tasks, each feeding the next by file."""
         docs = {"freeze": "configuration inputs to constants, folded", "shape": "static shapes from `inputs`",
+                "fold": "nodes that only compute constants replaced by their values (NPU targets)",
                 "optimize": "ORT graph optimization",
                 "quantize": "QDQ quantization with calibration data", "squash": "inline external data"}
         for kind in dict.fromkeys(stage.kind for stage in self.project.stages.values()):

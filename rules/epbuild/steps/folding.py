@@ -1,0 +1,92 @@
+"""Constant folding for NPU targets (the `fold` stage): every node that only computes constants (Shape of a static
+tensor, ConstantOfShape, Range, Identity, the arithmetic of attention masks and recurrent initial states) is
+replaced by its value, and nothing else in the model changes.
+
+NPU EPs leave such nodes on CPU in front of their EPContext node, and QNN's artifact then does not load. ONNX
+Runtime's own optimizer folds them too, but it also rewrites what it optimizes for the CPU (Cast nodes around fp16
+ops, fusions), so this stage evaluates only the constant subgraph, on the CPU EP with every optimization off.
+QuantizeLinear and DequantizeLinear are kept: their QDQ structure is what a quantized EP compiles.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .graph import EP_CONTEXT, dims, initializer_names
+
+KEPT = {EP_CONTEXT, "QuantizeLinear", "DequantizeLinear", "RandomNormal", "RandomUniform", "RandomNormalLike",
+        "RandomUniformLike", "Multinomial", "If", "Loop", "Scan"}
+
+
+def foldable_nodes(graph: Any) -> list[Any]:
+    """The nodes to replace by their values: each computes only from initializers and other such nodes (or is the
+    Shape of a static tensor), and at least one node of its chain is not a bare Constant (those stay as they are)."""
+    known = initializer_names(graph) | {""}
+    shapes = {v.name: v for v in [*graph.value_info, *graph.input, *graph.output]}
+    found = []
+    for node in graph.node:  # topologically sorted in a valid model
+        if node.op_type in KEPT or node.domain not in ("", "ai.onnx"):
+            continue
+        static_shape = (node.op_type == "Shape" and node.input[0] in shapes
+                        and all(isinstance(d, int) for d in dims(shapes[node.input[0]])))
+        if static_shape or all(name in known for name in node.input):
+            known.update(node.output)
+            found.append(node)
+    produced = {output: node for node in found for output in node.output}
+    computing = set()  # nodes whose value is more than a Constant's own
+    for node in found:
+        if node.op_type != "Constant":
+            computing.add(id(node))
+            computing.update(id(produced[name]) for name in node.input if name in produced)
+    return [node for node in found if id(node) in computing]
+
+
+def fold_constants(model: Any) -> int:
+    """Replace the foldable nodes (`foldable_nodes`) by initializers of their values; the number replaced."""
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import helper, numpy_helper
+
+    graph = model.graph
+    nodes = foldable_nodes(graph)
+    if not nodes:
+        return 0
+    folded = {id(node) for node in nodes}
+    outputs = {name for node in nodes for name in node.output}
+    used_after = {name for node in graph.node if id(node) not in folded for name in node.input}
+    used_after |= {value.name for value in graph.output}
+    wanted = [name for name in dict.fromkeys(n for node in nodes for n in node.output) if name in used_after]
+    shapes = {v.name: v for v in [*graph.value_info, *graph.input, *graph.output]}
+    evaluated, inputs = [], set()
+    for node in nodes:
+        if node.op_type == "Shape" and not all(name in outputs or name in initializer_names(graph)
+                                               for name in node.input):
+            value = np.array(dims(shapes[node.input[0]]), dtype=np.int64)
+            start = next((a.i for a in node.attribute if a.name == "start"), 0)
+            end = next((a.i for a in node.attribute if a.name == "end"), None)
+            evaluated.append(helper.make_node("Constant", [], [node.output[0]],
+                                              value=numpy_helper.from_array(value[start:end])))
+        else:
+            evaluated.append(node)
+            inputs.update(node.input)
+    weights = [t for t in graph.initializer if t.name in inputs]
+    sub = helper.make_graph(evaluated, "constants", [], [helper.make_empty_tensor_value_info(n) for n in wanted],
+                            weights)
+    sub_model = helper.make_model(sub, opset_imports=model.opset_import, ir_version=model.ir_version)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(sub_model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    values = dict(zip(wanted, session.run(wanted, {}), strict=True))
+    kept = [node for node in graph.node if id(node) not in folded]
+    del graph.node[:]
+    graph.node.extend(kept)
+    still_used = {name for node in graph.node for name in node.input} | {v.name for v in graph.output}
+    dropped = {t.name for t in graph.initializer if t.name not in still_used}
+    remaining = [t for t in graph.initializer if t.name not in dropped]
+    del graph.initializer[:]
+    graph.initializer.extend(remaining)
+    graph.initializer.extend(numpy_helper.from_array(np.asarray(value), name) for name, value in values.items())
+    listed = [v for v in graph.input if v.name not in dropped]  # old IRs list weights as inputs too
+    del graph.input[:]
+    graph.input.extend(listed)
+    return len(nodes)
