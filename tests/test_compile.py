@@ -135,7 +135,7 @@ def test_two_clean_builds_are_byte_identical(project, tmp_path, host_cache):
     other.manifest(TWO_MODELS)
     other.doit("-n", "2", "-P", "process")
     first, second = tree_bytes(project.artifacts), tree_bytes(other.artifacts)
-    assert len(first) == 16  # two shape-stage outputs, and per model: cpu and qnn artifacts
+    assert len(first) == 18  # per model: shape and fold stage outputs, cpu and qnn artifacts
     assert first == second
 
 
@@ -169,12 +169,14 @@ def test_unavailable_ep_is_listed_skipped_and_refused_by_name(project):
         in by_name.stdout + by_name.stderr
 
 
-def test_symbolic_input_without_inputs_fails_for_npu_but_builds_for_cpu(project):
+def test_symbolic_input_without_inputs_is_refused_before_any_build_for_npu_and_builds_for_cpu(project):
     project.manifest('[models.dynbatch]\npath = "models/dynbatch.onnx"\n' + QNN_TARGETS)
     done = project.doit("--continue", check=False)
-    assert "compile:dynbatch@cpu" in ran(done, "compile:")
-    assert ("models.toml: models.dynbatch.inputs.x: input 'x' has symbolic dimension 0 ('batch'); this EP needs "
-            "static shapes: set inputs.x") in done.stdout
+    assert done.returncode == 2 and ran(done) == set()
+    assert ("models.toml: models.dynbatch.inputs: input 'x' ([?, 3, 32, 32]) has symbolic dimension 0; target "
+            "'qnn-htp' needs static shapes: set inputs = { x = [...] }") in done.stderr
+    project.manifest('[models.dynbatch]\npath = "models/dynbatch.onnx"\ntargets = ["cpu"]\n' + QNN_TARGETS)
+    assert "compiled compile:dynbatch@cpu" in project.doit(check=False).stdout  # the CPU target keeps it dynamic
 
 
 @pytest.mark.parametrize("inputs, message", [
@@ -188,5 +190,5 @@ def test_inputs_that_do_not_fit_the_model(project, inputs, message):
     project.manifest(f'[models.dynbatch]\npath = "models/dynbatch.onnx"\ninputs = {inputs}\n'
                      '[targets.cpu]\nep = "cpu"\n')
     done = project.doit(check=False)
-    assert done.returncode != 0 and message in done.stdout
+    assert done.returncode == 2 and message in done.stderr and ran(done) == set()  # once, before any task
     assert not (project.artifacts / "cpu" / "dynbatch").exists()

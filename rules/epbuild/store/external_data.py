@@ -1,4 +1,4 @@
-"""Which external-data files a model references, without parsing models at every `doit list`.
+"""Which external-data files a model references, and its inputs' shapes, without parsing models at every `doit list`.
 
 The answer for each model is cached in `artifacts/.state/external-data.json` under the model's (size, mtime_ns,
 inode); a model is read (with `onnx`, tensors not loaded, then `onnx.checker`) only when it changed. The models that
@@ -20,7 +20,17 @@ from .publish import discard
 READ_TIMEOUT_S = 600.0  # a multi-GB protobuf takes seconds to parse and check
 
 
-def _locations(model_path: Path) -> set[str]:
+def _input_shapes(graph: Any) -> dict[str, list[int | None]]:
+    """The true inputs (not weights an old exporter also lists) and their dimensions: a static size (0 included),
+    None where symbolic, -1, unnamed or a placeholder."""
+    weights = {t.name for t in graph.initializer}
+    return {value.name: [d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else None
+                         for d in value.type.tensor_type.shape.dim]
+            for value in graph.input if value.name not in weights and value.type.HasField("tensor_type")}
+
+
+def _read(model_path: Path) -> dict[str, Any]:
+    """{"locations": the external-data files it references, "inputs": `_input_shapes`}, or UserError."""
     import onnx
 
     if model_path.stat().st_size == 0:
@@ -53,7 +63,7 @@ def _locations(model_path: Path) -> set[str]:
         onnx.checker.check_model(str(model_path))  # by path: external data is checked next to the model
     except onnx.checker.ValidationError as exc:
         raise UserError(model_path.name, None, f"fails onnx.checker: {' '.join(str(exc).split())}") from None
-    return found
+    return {"locations": sorted(found), "inputs": _input_shapes(model.graph)}
 
 
 def check_location(model_path: Path, location: str) -> Path:
@@ -115,7 +125,7 @@ class ExternalDataIndex:
             if key not in self.current:
                 entry = self.entries.get(key)
                 stat = stat_key(path.stat())
-                if entry is not None and entry["stat"] == stat:
+                if entry is not None and entry["stat"] == stat and "inputs" in entry:  # (older indexes: none)
                     self.current.add(key)
                 else:
                     stale.append(path)
@@ -128,7 +138,8 @@ class ExternalDataIndex:
             if "error" in answer:
                 self.errors[path] = answer["error"]
             else:
-                self.entries[path] = {"stat": stats[path], "locations": answer["locations"]}
+                self.entries[path] = {"stat": stats[path], "locations": answer["locations"],
+                                      "inputs": answer["inputs"]}
                 self.current.add(path)
                 self.changed = True
 
@@ -140,6 +151,10 @@ class ExternalDataIndex:
         if key in self.errors:
             raise UserError(model_path.name, None, self.errors[key])
         return [check_location(model_path, location) for location in self.entries[key]["locations"]]
+
+    def inputs(self, model_path: Path) -> dict[str, list[int | None]]:
+        """The model's inputs and their dimensions as it was read (`files` reads it first)."""
+        return self.entries[str(model_path)]["inputs"]
 
     def save(self) -> None:
         if not self.changed:
@@ -155,7 +170,7 @@ def _read_in_child(request: dict[str, Any]) -> dict[str, Any]:
     answers: dict[str, dict[str, Any]] = {}
     for path in request["models"]:
         try:
-            answers[path] = {"locations": sorted(_locations(Path(path)))}
+            answers[path] = _read(Path(path))
         except UserError as exc:
             answers[path] = {"error": exc.message}
     return {"models": answers}

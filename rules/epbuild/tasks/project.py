@@ -17,6 +17,7 @@ from ..execute.fork_server import prestart, serving
 from ..execute.host import capabilities
 from ..fast_path import is_default_run, project_key
 from ..manifest.builds import Build, ResolvedTarget
+from ..manifest.declared_inputs import Shapes, check_declared_inputs
 from ..manifest.eps import lookup
 from ..manifest.parse import Manifest, load
 from ..manifest.targets import plan, resolve_targets
@@ -81,8 +82,9 @@ class Project:
         resolved = self._read_manifest(manifest_path)  # nothing is written before the manifest is known good
         executor = self._prepare_folders()
         servers = self._start_fork_servers(is_default_run(requested) and not executor)
-        external = self._read_models(servers)
+        external, shapes = self._read_models(servers)
         self._plan(external, resolved, executor)
+        check_declared_inputs(self.manifest, self.builds, shapes)
         self._check_availability(executor)
         self.configs = ConfigRecord(self.layout.configs)
 
@@ -126,24 +128,25 @@ class Project:
         prestart(servers)
         return servers
 
-    def _read_models(self, servers: set[str]) -> dict[str, tuple[Path, ...]]:
-        """Each model's external-data files, from the index; changed models are read by a fork server running or
-        starting anyway (it has onnx loaded), the CPU-only one first."""
+    def _read_models(self, servers: set[str]) -> tuple[dict[str, tuple[Path, ...]], dict[str, Shapes]]:
+        """Each model's external-data files and input shapes, from the index; changed models are read by a fork
+        server running or starting anyway (it has onnx loaded), the CPU-only one first."""
         index = ExternalDataIndex(self.layout.state)
         unread = index.unread([model.path for model in self.manifest.models.values()])
         if unread:
             reader = next((alias for alias in sorted(servers | {""}) if serving(alias)), None)
             with template_prepared_meanwhile() if servers else contextlib.nullcontext():
                 index.read(unread, reader, self.layout.scratch(f"read-models.{owner_tag()}"))
-        external = {}
+        external, shapes = {}, {}
         for name, model in self.manifest.models.items():
             try:
                 external[name] = tuple(index.files(model.path))
             except UserError as exc:
                 raise UserError(self.manifest.path.name, f"models.{name}.path", f"{exc.file}: {exc.message}") from None
+            shapes[name] = index.inputs(model.path)
         if self.writable:
             index.save()
-        return external
+        return external, shapes
 
     def _plan(self, external: dict[str, tuple[Path, ...]], resolved: dict[str, ResolvedTarget],
               executor: ExecutorSettings | None) -> None:
