@@ -10,15 +10,21 @@ from .builds import Build
 from .parse import Manifest
 
 Shapes = dict[str, list[int | None]]  # input -> dimensions: a size, or None where symbolic
+ModelInputs = tuple[Shapes, list[str]]  # the true inputs, and the weights an old exporter also lists as inputs
 
 
-def check_declared_inputs(manifest: Manifest, builds: list[Build], shapes: dict[str, Shapes]) -> None:
-    """`shapes` holds each model's inputs by model name."""
+def check_declared_inputs(manifest: Manifest, builds: list[Build], read: dict[str, ModelInputs]) -> None:
+    """`read` holds each model's inputs by model name (`store.external_data.ExternalDataIndex.inputs`)."""
     file = manifest.path.name
+    shapes = {name: found for name, (found, _) in read.items()}
     for name, model in manifest.models.items():
-        found = shapes[name]
+        found, weights = read[name]
         for input_name, wanted in model.inputs.items():
             where = f"models.{name}.inputs.{input_name}"
+            if input_name in weights:
+                raise UserError(file, where, f"'{input_name}' is a weight (an initializer that an old exporter "
+                                f"also lists in graph.input), not a runtime input; the model's inputs: "
+                                f"{', '.join(found) or 'none'}")
             if input_name not in found:
                 raise UserError(file, where, f"the model has no input '{input_name}'; its inputs: "
                                 f"{', '.join(found) or 'none'}")

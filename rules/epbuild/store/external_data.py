@@ -63,7 +63,9 @@ def _read(model_path: Path) -> dict[str, Any]:
         onnx.checker.check_model(str(model_path))  # by path: external data is checked next to the model
     except onnx.checker.ValidationError as exc:
         raise UserError(model_path.name, None, f"fails onnx.checker: {' '.join(str(exc).split())}") from None
-    return {"locations": sorted(found), "inputs": _input_shapes(model.graph)}
+    weights = {t.name for t in model.graph.initializer}
+    return {"locations": sorted(found), "inputs": _input_shapes(model.graph),
+            "weights_as_inputs": sorted(v.name for v in model.graph.input if v.name in weights)}
 
 
 def check_location(model_path: Path, location: str) -> Path:
@@ -125,7 +127,7 @@ class ExternalDataIndex:
             if key not in self.current:
                 entry = self.entries.get(key)
                 stat = stat_key(path.stat())
-                if entry is not None and entry["stat"] == stat and "inputs" in entry:  # (older indexes: none)
+                if entry is not None and entry["stat"] == stat and "weights_as_inputs" in entry:  # older: none
                     self.current.add(key)
                 else:
                     stale.append(path)
@@ -138,8 +140,7 @@ class ExternalDataIndex:
             if "error" in answer:
                 self.errors[path] = answer["error"]
             else:
-                self.entries[path] = {"stat": stats[path], "locations": answer["locations"],
-                                      "inputs": answer["inputs"]}
+                self.entries[path] = {"stat": stats[path], **answer}
                 self.current.add(path)
                 self.changed = True
 
@@ -152,9 +153,11 @@ class ExternalDataIndex:
             raise UserError(model_path.name, None, self.errors[key])
         return [check_location(model_path, location) for location in self.entries[key]["locations"]]
 
-    def inputs(self, model_path: Path) -> dict[str, list[int | None]]:
-        """The model's inputs and their dimensions as it was read (`files` reads it first)."""
-        return self.entries[str(model_path)]["inputs"]
+    def inputs(self, model_path: Path) -> tuple[dict[str, list[int | None]], list[str]]:
+        """The model's inputs with their dimensions, and the weights an old exporter also lists as inputs, as it
+        was read (`files` reads it first)."""
+        entry = self.entries[str(model_path)]
+        return entry["inputs"], entry["weights_as_inputs"]
 
     def save(self) -> None:
         if not self.changed:

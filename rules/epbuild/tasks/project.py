@@ -17,7 +17,7 @@ from ..execute.fork_server import prestart, serving
 from ..execute.host import capabilities
 from ..fast_path import is_default_run, project_key
 from ..manifest.builds import Build, ResolvedTarget
-from ..manifest.declared_inputs import Shapes, check_declared_inputs
+from ..manifest.declared_inputs import ModelInputs, check_declared_inputs
 from ..manifest.eps import lookup
 from ..manifest.parse import Manifest, load
 from ..manifest.targets import plan, resolve_targets
@@ -128,7 +128,7 @@ class Project:
         prestart(servers)
         return servers
 
-    def _read_models(self, servers: set[str]) -> tuple[dict[str, tuple[Path, ...]], dict[str, Shapes]]:
+    def _read_models(self, servers: set[str]) -> tuple[dict[str, tuple[Path, ...]], dict[str, ModelInputs]]:
         """Each model's external-data files and input shapes, from the index; changed models are read by a fork
         server running or starting anyway (it has onnx loaded), the CPU-only one first."""
         index = ExternalDataIndex(self.layout.state)
