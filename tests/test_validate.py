@@ -188,7 +188,8 @@ def test_a_validation_timeout_fails_that_task_naming_the_timeout(project):
     project.manifest(QNN.replace('options = { soc_model = 60 }', 'options = { soc_model = 60 }\n'
                                  'validation = { timeout_s = 0.001 }'))  # a warm QNN validation takes ~10 ms
     done = project.doit("--continue", check=False)
-    assert done.returncode == 1
+    assert done.returncode == 1 and (project.artifacts / "qnn-htp" / "tinycnn" / "validation.json").is_file(), \
+        done.stdout + done.stderr
     assert "timed out after 0.001 s" in report(project, "qnn-htp", "tinycnn")["reason"]
     assert {"compile:tinycnn@qnn-htp", "compile:encoder@qnn-htp"} <= ran(done)
 

@@ -134,7 +134,10 @@ def run_child(module: str, request: dict[str, Any], workdir: Path, limits: Limit
                 child = _PlainChild(subprocess.Popen([sys.executable, "-m", module, *arguments], stdout=output,
                                                      stderr=subprocess.STDOUT, env=env, cwd=workdir))
         code, seconds, peak_mb, killed = _wait(child, limits, what)
-        text = output_file.read_text(encoding="utf-8", errors="replace")
+        try:
+            text = output_file.read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:  # killed before it opened its output (a forked job's first instants)
+            text = ""
     finally:
         request_file.unlink(missing_ok=True)
         if log is None:

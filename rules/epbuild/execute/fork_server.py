@@ -133,7 +133,10 @@ class ForkedJob:
         """(exit code, peak resident kB) once the job has ended, else None."""
         ended = False
         while b"\n" not in self.buffer and select.select([self.connection], [], [], 0)[0]:
-            data = self.connection.recv(65536)
+            try:
+                data = self.connection.recv(65536)
+            except OSError:  # reset: a killed warm worker shared this connection and left data unread in it
+                data = b""
             ended = not data
             if ended:
                 break
@@ -145,7 +148,7 @@ class ForkedJob:
             if self.lease and (self.lease.killed or answer["code"] != 0 or answer.get("retire")):
                 self.lease.drop()
             return answer["code"], answer["maxrss"]
-        if ended:  # the server ended without a word: the child is lost with it
+        if ended:  # the server ended (or the connection broke) without a word: the child is lost with it
             self.connection.close()
             if self.lease:
                 self.lease.drop()
