@@ -183,6 +183,17 @@ def detector_with_branches(path: Path) -> Path:
     return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
 
 
+def saturated_detector(path: Path) -> Path:
+    """A text detector's probability map for noise input: a sigmoid driven to ~1e-6 everywhere."""
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "bias"], ["logit"]),
+             helper.make_node("Sigmoid", ["logit"], ["prob_map"])]
+    bias = numpy_helper.from_array(np.full((8,), -14.0, np.float32), "bias")  # ~1e-6: fp16 subnormals
+    graph = helper.make_graph(nodes, "saturated", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+                              [helper.make_tensor_value_info("prob_map", TensorProto.FLOAT, [1, 8])],
+                              [_weights("w", 16, 8), bias])
+    return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+
+
 def external_data_mlp(path: Path) -> Path:
     """torch's default exporter layout: weights in `<name>.onnx.data` beside the model."""
     w1, w2 = _weights("fc1.weight", 16, 32), _weights("fc2.weight", 32, 8)

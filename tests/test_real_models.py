@@ -27,6 +27,7 @@ from real_models import (
     question_mark_dims,
     runtime_weights,
     sample_rate_branches,
+    saturated_detector,
     token_encoder,
 )
 
@@ -305,3 +306,18 @@ def test_nodes_inside_cpu_if_branches_are_not_counted_as_fallback(project):
     validation = report(project, "qnn", "det")
     assert "fell back" not in validation.get("reason", ""), validation
     assert validation["status"] == "passed", validation
+
+
+def test_a_nearly_constant_reference_is_judged_at_the_outputs_scale_and_says_so(project):
+    """Generated noise drives a detector's sigmoid to ~1e-6 everywhere: the fp16 HTP's tiny absolute errors give
+    a meaningless SNR. The error at the output's scale decides, and the report says why."""
+    saturated_detector(project.root / "models" / "det.onnx")
+    project.manifest(model_entry("det") + TARGETS)
+    project.doit()
+    validation = report(project, "qnn", "det")
+    assert validation["status"] == "passed", validation
+    metrics = validation["outputs"]["prob_map"]
+    assert metrics["near_constant"]["reference_max_abs"] < 1e-4 and metrics["snr_db"] < 40  # SNR alone: a failure
+    (note,) = validation["notes"]
+    assert note.startswith("the reference output 'prob_map' is nearly constant for generated inputs") and \
+        "give validation.inputs" in note

@@ -75,5 +75,6 @@ class ValidationReport(TypedDict, total=False):
     outputs: dict[str, dict[str, Any]]  # per output: epbuild.steps.validate.compare's metrics
     inputs: dict[str, Any]
     against_float_model: dict[str, dict[str, Any]]
+    notes: list[str]  # what the figures mean where they can mislead (a nearly constant reference)
     members: dict[str, Any]  # groups: each member's report
     structural: str
