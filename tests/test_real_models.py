@@ -321,3 +321,18 @@ def test_a_nearly_constant_reference_is_judged_at_the_outputs_scale_and_says_so(
     (note,) = validation["notes"]
     assert note.startswith("the reference output 'prob_map' is nearly constant for generated inputs") and \
         "give validation.inputs" in note
+
+
+def test_thresholds_per_model_and_target_relax_one_target_only(project):
+    project.manifest(model_entry("tinycnn", "validation = { min_snr_db = 90, targets = { qnn = { min_snr_db = 30 } } }")
+                     + TARGETS)
+    builds = {b.target.name: b for b in plan(load(project.root / "models.toml"))}
+    assert builds["qnn"].members[0].validation.thresholds == {"min_snr_db": 30.0}
+    assert builds["cpu"].members[0].validation.thresholds == {"min_snr_db": 90.0}
+    project.doit()
+    assert report(project, "qnn", "tinycnn")["thresholds"]["min_snr_db"] == 30.0
+    project.manifest(model_entry("tinycnn", "validation = { targets = { qnm = { min_snr_db = 30 } } }") + TARGETS)
+    done = project.doit("list", check=False)
+    assert done.returncode == 2 and done.stderr.strip() == (
+        "error: models.toml: models.tinycnn.validation.targets.qnm: 'qnm' is not a target of this model (did you "
+        "mean 'qnn'?); its targets: cpu, qnn")

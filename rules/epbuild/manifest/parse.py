@@ -385,11 +385,22 @@ def _quantize(model: TableReader) -> QuantizeSpec:
 
 
 def _validation(table: TableReader, model: bool) -> dict[str, Any]:
-    """A `validation` table: input/reference files (checked to exist), thresholds, the child's timeout."""
-    if not model and "reference" in table.table:
-        table.only(tuple(k for k in keys("validation") if k != "reference"))
-    values = table.read("validation")
+    """A `validation` table: input/reference files (checked to exist), thresholds, the child's timeout; in a
+    model's, per-target thresholds (`targets`)."""
+    if not model:
+        table.only(tuple(k for k in keys("validation") if k not in ("reference", "targets")))
+    values = table.read("validation", skip=("targets",))
     settings: dict[str, Any] = {}
+    per_target = table.child("targets")
+    if not isinstance(per_target.table, dict):
+        table.fail(f"must be a table of target names, found {_type_name(per_target.table)}", "targets")
+    for name in per_target.table:
+        sub = per_target.child(name)
+        if not isinstance(sub.table, dict):
+            per_target.fail(f"must be a table of thresholds, found {_type_name(sub.table)}", name)
+        sub.only(THRESHOLDS)
+        found = sub.read("validation")
+        settings.setdefault("targets", {})[name] = {k: float(found[k]) for k in THRESHOLDS if found[k] is not None}
     for key in ("inputs", "reference"):
         if values[key] is not None:
             path = _looked_at(table.file.parent / values[key])

@@ -156,6 +156,8 @@ KEYS: tuple[Key, ...] = (
     Key("inputs", ("validation",), str, "an `.npz` of inputs, keys = input names (default: generated, fixed seed)",
         check=npz_file),
     Key("reference", ("validation",), str, "models only: another model to compare with (default: the source)"),
+    Key("targets", ("validation",), dict, "models only: thresholds for one target, winning over the model's: "
+        "`targets = { qnn-htp = { min_snr_db = 30 } }` relaxes fp16 QNN without relaxing CPU or OpenVINO"),
     Key("timeout_s", ("validation",), NUMBER, "wall-time limit of the validation child (default 600)",
         check=positive),
     Key("max_abs_error", ("validation",), NUMBER, "threshold per output", check=non_negative),

@@ -145,7 +145,9 @@ def _option_files(spec: TargetSpec, options: dict[str, str], manifest: Manifest)
 
 
 def validation_settings(model: ModelSpec, target: TargetSpec) -> ValidationSettings:
-    merged = {**target.validation, **model.validation}
+    """The target's validation settings, the model's over them, and the model's for this target over both."""
+    own = {k: v for k, v in model.validation.items() if k != "targets"}
+    merged = {**target.validation, **own, **model.validation.get("targets", {}).get(target.name, {})}
     thresholds = {k: v for k, v in merged.items() if k not in ("inputs", "reference", "timeout_s")}
     return ValidationSettings(target.validate, merged.get("inputs"), merged.get("reference"), thresholds,
                               merged.get("timeout_s", VALIDATION_TIMEOUT_S))
@@ -200,6 +202,12 @@ def check_group(spec: GroupSpec, manifest: Manifest, target: ResolvedTarget) -> 
 def resolve_targets(manifest: Manifest) -> dict[str, ResolvedTarget]:
     """Every target resolved and every group checked against its target: the manifest's errors that need no
     model file, found before anything is read or written."""
+    for model in manifest.models.values():
+        for name in model.validation.get("targets", {}):
+            if name not in model.targets:
+                raise UserError(manifest.path.name, f"models.{model.name}.validation.targets.{name}",
+                                f"'{name}' is not a target of this model{closest(name, model.targets)}; its "
+                                f"targets: {', '.join(model.targets)}")
     resolved = {name: resolve_target(spec, manifest) for name, spec in manifest.targets.items()}
     for spec in manifest.groups.values():
         check_group(spec, manifest, resolved[spec.target])
