@@ -82,9 +82,12 @@ class Project:
         resolved = self._read_manifest(manifest_path)  # nothing is written before the manifest is known good
         executor = self._prepare_folders()
         servers = self._start_fork_servers(is_default_run(requested) and not executor)
-        external, shapes = self._read_models(servers)
+        index = ExternalDataIndex(self.layout.state)
+        external, shapes = self._read_models(index, servers)
         self._plan(external, resolved, executor)
         check_declared_inputs(self.manifest, self.builds, shapes)
+        if self.writable:  # only for a manifest that holds: a refused one writes nothing
+            index.save()
         self._check_availability(executor)
         self.configs = ConfigRecord(self.layout.configs)
 
@@ -128,15 +131,19 @@ class Project:
         prestart(servers)
         return servers
 
-    def _read_models(self, servers: set[str]) -> tuple[dict[str, tuple[Path, ...]], dict[str, ModelInputs]]:
+    def _read_models(self, index: ExternalDataIndex,
+                     servers: set[str]) -> tuple[dict[str, tuple[Path, ...]], dict[str, ModelInputs]]:
         """Each model's external-data files and input shapes, from the index; changed models are read by a fork
         server running or starting anyway (it has onnx loaded), the CPU-only one first."""
-        index = ExternalDataIndex(self.layout.state)
         unread = index.unread([model.path for model in self.manifest.models.values()])
         if unread:
             reader = next((alias for alias in sorted(servers | {""}) if serving(alias)), None)
+            made = [p for p in (self.layout.scratch_root, *self.layout.scratch_root.parents) if not p.exists()]
             with template_prepared_meanwhile() if servers else contextlib.nullcontext():
                 index.read(unread, reader, self.layout.scratch(f"read-models.{owner_tag()}"))
+            for folder in made:  # the reading job's folders, empty again: a manifest refused next leaves nothing
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
         external, shapes = {}, {}
         for name, model in self.manifest.models.items():
             try:
@@ -144,8 +151,6 @@ class Project:
             except UserError as exc:
                 raise UserError(self.manifest.path.name, f"models.{name}.path", f"{exc.file}: {exc.message}") from None
             shapes[name] = index.inputs(model.path)
-        if self.writable:
-            index.save()
         return external, shapes
 
     def _plan(self, external: dict[str, tuple[Path, ...]], resolved: dict[str, ResolvedTarget],
@@ -179,21 +184,18 @@ class Project:
 
     def _check_writable(self, command: str | None) -> bool:
         """Whether artifacts/ takes files: a build needs it (one line and exit 2 when not); listing and the other
-        inspecting commands go on without saving their state, with one warning."""
-        probe = self.layout.state / f".writable.{os.getpid()}"
-        try:
-            self.layout.state.mkdir(parents=True, exist_ok=True)
-            probe.write_bytes(b"")
-            probe.unlink()
+        inspecting commands go on without saving their state, with one warning. Asked of the file system, not
+        tried: a manifest refused later must have written nothing."""
+        folder = next(p for p in (self.layout.state, *self.layout.state.parents) if p.exists())
+        if os.access(folder, os.W_OK):
             return True
-        except OSError as exc:
-            where = self.rel(self.layout.root)
-            if command not in INSPECTING:
-                raise UserError(self.manifest.path.name, None, f"{where}/ is not writable: {exc.strerror or exc}; "
-                                "outputs are written there (make it writable, or build in a copy)") from None
-            print(f"warning: {where}/ is not writable ({exc.strerror or exc}): nothing is saved for the next run",
-                  file=sys.stderr)
-            return False
+        why = "Read-only file system" if os.statvfs(folder).f_flag & os.ST_RDONLY else "Permission denied"
+        where = self.rel(self.layout.root)
+        if command not in INSPECTING:
+            raise UserError(self.manifest.path.name, None, f"{where}/ is not writable: {why}; outputs are written "
+                            "there (make it writable, or build in a copy)")
+        print(f"warning: {where}/ is not writable ({why}): nothing is saved for the next run", file=sys.stderr)
+        return False
 
     def executor_error(self, reason: str) -> UserError:
         if os.environ.get("EPBUILD_EXECUTOR"):
