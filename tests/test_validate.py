@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 
+import onnx
 import pytest
 
 from conftest import REPO, ran
@@ -14,8 +15,9 @@ from epbuild.errors import BuildError
 from epbuild.execute.child import Limits, run_child
 from epbuild.manifest.parse import load
 from epbuild.manifest.targets import plan
-from epbuild.steps.validate import validate
+from epbuild.steps.validate import validate, validate_member
 from epbuild.store.layout import Layout
+from helpers import single_op_model
 
 QNN = """
 [models.tinycnn]
@@ -223,3 +225,43 @@ def test_a_separate_reference_model_is_compared_against(project):
     result = report(project, "qnn-htp", "tinycnn")
     assert result["status"] == "passed" and result["precision"] == "qdq"
     assert 15 < result["outputs"]["logits"]["snr_db"] < 60  # quantization error, not fp16 rounding
+
+
+def _reference_request(tmp_path, reference, declared, reference_is):
+    artifact = single_op_model(tmp_path / "artifact.onnx", "Relu")
+    return {"artifact": str(artifact), "files": [], "ep_sdk_version": None, "cpu_nodes": 1, "foldable_on_cpu": {},
+            "source": str(artifact), "reference": str(reference), "declared": str(declared),
+            "reference_is": reference_is, "float_reference": None, "float_reference_is": "", "ep": "cpu",
+            "device": "cpu", "embed": False, "mode": "run", "options": {}, "inputs": {}, "inputs_file": None,
+            "precision": "fp32", "thresholds": {}, "frozen": {}, "entry": "models.m", "manifest": "models.toml"}
+
+
+def _unloadable(path):
+    """A model onnx reads and ONNX Runtime refuses (an op no EP implements), as some stages' outputs are."""
+    model = onnx.load(single_op_model(path, "Relu"))
+    model.graph.node[0].op_type, model.graph.node[0].domain = "NoSuchOp", "com.example"
+    model.opset_import.append(onnx.helper.make_opsetid("com.example", 1))
+    onnx.save(model, path)
+    return path
+
+
+def test_a_stage_output_the_cpu_cannot_run_gives_way_to_the_model_as_declared_and_says_so(tmp_path):
+    declared = single_op_model(tmp_path / "m.onnx", "Relu")
+    result = validate_member(_reference_request(tmp_path, _unloadable(tmp_path / "stage.onnx"), declared,
+                                                "the output of fold:m"))
+    assert result["status"] == "passed", result
+    assert result["outputs"]["y"]["snr_db"] == 200.0
+    (note,) = result["notes"]
+    assert note.startswith("the CPU reference, the output of fold:m, could not run on CPU (") and "NoSuchOp" in note
+    assert note.endswith("compared with the model as declared instead")
+
+
+def test_a_reference_the_cpu_cannot_run_is_named_and_not_blamed_on_the_ep(tmp_path):
+    broken = _unloadable(tmp_path / "m.onnx")
+    result = validate_member(_reference_request(tmp_path, broken, broken, "the model as declared (m.onnx)"))
+    assert result["status"] == "failed"
+    assert result["reason"].startswith("the CPU reference, the model as declared (m.onnx), could not run on CPU: ")
+    assert "NoSuchOp" in result["reason"] and "ExecutionProvider could not" not in result["reason"]
+    user = validate_member(_reference_request(tmp_path, broken, tmp_path / "artifact.onnx",
+                                              "validation.reference (m.onnx)"))
+    assert user["status"] == "failed" and user["reason"].startswith("the CPU reference, validation.reference (m.onnx)")

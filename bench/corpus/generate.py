@@ -11,6 +11,7 @@ runs in CI); the torch models need `pip install torch==2.13.0 transformers` (tor
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -399,11 +400,14 @@ CORPUS = [
 
 
 def manifest(entries: list[Entry]) -> str:
-    lines = ["# The real-model corpus (bench/corpus/generate.py): every model for cpu and qnn-htp.\n"]
+    lines = ["# The real-model corpus (bench/corpus/generate.py): every model for cpu, openvino-cpu and qnn-htp.\n"]
     for entry in entries:
         lines.append(f"# {entry.origin}\n[models.{entry.name}]\npath = \"models/{entry.name}.onnx\"\n"
                      f"{entry.inputs}\n")
-    lines.append('[targets.cpu]\nep = "cpu"\n\n[targets.qnn-htp]\nep = "qnn"\n'
+    lines.append('[targets.cpu]\nep = "cpu"\n\n'
+                 '[targets.openvino-cpu]\nep = "openvino@pypi"\ndevice = "cpu"\n'
+                 'options = { load_config = "openvino_f32.json" }\noption_files = ["load_config"]\n\n'
+                 '[targets.qnn-htp]\nep = "qnn"\n'
                  'options = { backend_type = "htp", soc_model = 60 }\ntimeout_s = 900\nmax_memory_gb = 8\n')
     return "\n".join(lines)
 
@@ -415,6 +419,7 @@ def generate(folder: Path, with_torch: bool) -> list[Entry]:
     for entry in entries:
         entry.make(folder / "models" / f"{entry.name}.onnx")
     (folder / "models.toml").write_text(manifest(entries))
+    (folder / "openvino_f32.json").write_text(json.dumps({"CPU": {"INFERENCE_PRECISION_HINT": "f32"}}))
     return entries
 
 

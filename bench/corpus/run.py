@@ -1,4 +1,4 @@
-"""Build the real-model corpus with epbuild (cpu and qnn-htp) and write the compatibility matrix.
+"""Build the real-model corpus with epbuild (cpu, openvino-cpu and qnn-htp) and write the compatibility matrix.
 
     python bench/corpus/run.py [--no-torch] [--jobs N] [--out bench/results/corpus.md]
 
@@ -26,7 +26,7 @@ sys.path.insert(0, str(HERE))
 
 from generate import generate  # noqa: E402
 
-TARGETS = ("cpu", "qnn-htp")
+TARGETS = ("cpu", "openvino-cpu", "qnn-htp")
 RAW = ("Traceback", "KeyError", "internal error in epbuild", "'ep_cache_context'")
 
 

@@ -44,7 +44,10 @@ class MemberValidation(TypedDict):
     cpu_nodes: int  # nodes the compile left on CPU: more at run time is a fallback
     source: str  # the model the compile consumed
     reference: str  # the model to compare with
+    declared: str  # the model as declared: the reference where a stage's output cannot run on CPU
+    reference_is: str  # what the reference is, for messages: "the output of fold:m", "the model as declared (m.onnx)"
     float_reference: str | None  # quantized artifacts: the float model, compared for information
+    float_reference_is: str
     ep: str
     device: str
     embed: bool

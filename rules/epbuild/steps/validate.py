@@ -9,7 +9,6 @@ exactly those there). `skipped` means only "this host cannot run this artifact" 
 from __future__ import annotations
 
 import json
-import math
 import platform
 import time
 from collections.abc import Callable
@@ -17,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import RULES_FORMAT
-from ..errors import BuildError, ModelError, located, plain
+from ..errors import BuildError, located, plain
 from ..execute.child import run_child, serve
 from ..execute.requests import MemberValidation, ValidationReport, ValidationRequest
 from ..manifest.builds import SIDECAR, Build, Member
@@ -26,21 +25,15 @@ from ..store.cache import Outcome, Workspace, check_inputs, restore, store
 from ..store.layout import Layout, write_json
 from ..store.owners import owner_tag
 from ..store.publish import discard, scratch_dir
+from .comparison import DEFAULT_THRESHOLDS, compare, compare_outputs
 from .compilers import compiler
-from .graph import EP_CONTEXT, check_input_names, index_bound, known_shapes, static_dims
+from .graph import EP_CONTEXT
 from .graph import attributes as node_attributes
+from .reference import ReferenceUnusable, float_outputs, reference_outputs, session_options
+from .stages import Stage
+from .validation_inputs import SEED, make_inputs
 
 REPORT = "validation.json"
-GENERATED_LIMIT = 4 * 2**30  # bytes of one generated validation input
-SEED = 0
-DEFAULT_THRESHOLDS = {
-    # fp32 artifacts match the CPU reference to rounding; fp16 keeps ~3 decimal digits; a QDQ artifact is
-    # compared with its QDQ source, and the EP's integer kernels differ from CPU's by a few quantization steps.
-    "fp32": {"min_snr_db": 60.0, "min_cosine": 0.99999},
-    "fp16": {"min_snr_db": 40.0, "min_cosine": 0.9999},
-    "qdq": {"min_snr_db": 20.0, "min_cosine": 0.99},
-}
-SNR_CAP_DB = 200.0  # identical outputs; JSON has no infinity
 
 
 def member_request(build: Build, member: Member, folder: Path, files: list[str],
@@ -50,13 +43,18 @@ def member_request(build: Build, member: Member, folder: Path, files: list[str],
     the values the artifact was built with."""
     target, settings = build.target, member.validation
     runtime_files = target.runtime_files()
+    stages = [stage for stage in build.stages if stage.model == member.name]
+    declared = stages[0].input if stages else member.model.path
+    reference = settings.reference or member.model.path
     return {
         "float_reference": str(member.float_model) if member.float_model else None,
+        "float_reference_is": describe(member.float_model, declared, stages) if member.float_model else "",
         "artifact": str(folder / member.model_file), "files": [str(folder / name) for name in files],
         "ep_sdk_version": recorded.get("ep_sdk_version"),
         "cpu_nodes": recorded["nodes"]["cpu"] + recorded["nodes"].get("cpu_in_subgraphs", 0),  # as a session counts
         "foldable_on_cpu": recorded["nodes"].get("foldable_on_cpu", {}),
-        "source": str(member.model.path), "reference": str(settings.reference or member.model.path),
+        "source": str(member.model.path), "reference": str(reference), "declared": str(declared),
+        "reference_is": describe(reference, declared, stages),
         "ep": target.ep.alias, "device": target.device, "embed": target.embed, "mode": settings.mode,
         "options": {key: str(folder / value) if key in runtime_files else value
                     for key, value in recorded["runtime_options"].items()},
@@ -66,6 +64,14 @@ def member_request(build: Build, member: Member, folder: Path, files: list[str],
         "frozen": {name: list(values) for name, values in (member.frozen or {}).items()},
         "entry": f"models.{member.name}", "manifest": build.manifest,
     }
+
+
+def describe(path: Path, declared: Path, stages: list[Stage]) -> str:
+    """What a model the validation runs on CPU is, for messages: the user asked which step's file failed."""
+    if path == declared:
+        return f"the model as declared ({declared.name})"
+    made_by = next((stage.task for stage in stages if stage.output == path), None)
+    return f"the output of {made_by}" if made_by else f"validation.reference ({path.name})"
 
 
 def validation_request(build: Build, folder: Path) -> ValidationRequest:
@@ -165,163 +171,6 @@ def summary(report: dict[str, Any]) -> str:
 
 # ---- child process ----
 
-def compare(got: Any, want: Any) -> dict[str, Any]:
-    """Metrics of one output against the reference (NumPy arrays)."""
-    import numpy as np
-
-    metrics: dict[str, Any] = {"shape": list(got.shape), "reference_shape": list(want.shape),
-                               "dtype": str(got.dtype), "reference_dtype": str(want.dtype),
-                               "nan_count": int(np.isnan(got).sum()) if got.dtype.kind == "f" else 0,
-                               "inf_count": int(np.isinf(got).sum()) if got.dtype.kind == "f" else 0}
-    metrics["shape_match"] = got.shape == want.shape
-    metrics["dtype_match"] = got.dtype == want.dtype
-    if not metrics["shape_match"]:
-        return metrics
-    y, r = got.astype(np.float64).ravel(), want.astype(np.float64).ravel()
-    finite = np.isfinite(y) & np.isfinite(r)
-    y, r = y[finite], r[finite]
-    error = np.abs(y - r)
-    scale = max(float(np.abs(r).max()) if r.size else 0.0, 1e-12)
-    noise, signal = float(np.sum((y - r) ** 2)), float(np.sum(r**2))
-    norms = float(np.linalg.norm(y) * np.linalg.norm(r))
-    if got.dtype.kind == "f" and r.size and float(np.std(r)) < NEAR_CONSTANT * max(scale, 1.0):
-        metrics["near_constant"] = {"reference_std": float(np.std(r)), "reference_max_abs": float(np.abs(r).max())}
-    metrics.update({
-        "max_abs_error": float(error.max()) if error.size else 0.0,
-        "mean_abs_error": float(error.mean()) if error.size else 0.0,
-        "max_rel_error": float((error / np.maximum(np.abs(r), 1e-3 * scale)).max()) if error.size else 0.0,
-        "cosine": float(np.dot(y, r) / norms) if norms > 0 else float(np.array_equal(y, r)),
-        "snr_db": SNR_CAP_DB if noise == 0 else min(SNR_CAP_DB, 10 * float(np.log10(max(signal, 1e-30) / noise))),
-    })
-    return metrics
-
-
-NEAR_CONSTANT = 1e-4  # a reference whose spread is below this share of its scale (at least 1): SNR means nothing
-THRESHOLD_METRICS = {"max_abs_error": "max_abs_error", "mean_abs_error": "mean_abs_error",
-                     "max_rel_error": "max_rel_error", "min_cosine": "cosine", "min_snr_db": "snr_db"}
-
-
-def check(name: str, metrics: dict[str, Any], reference_nonfinite: int, thresholds: dict[str, float]) -> list[str]:
-    """Failure messages naming the output, the metric, its value and the threshold."""
-    if not metrics["shape_match"]:
-        return [f"output '{name}': shape {metrics['shape']} != reference {metrics['reference_shape']}"]
-    failures = []
-    if not metrics["dtype_match"]:
-        failures.append(f"output '{name}': dtype {metrics['dtype']} != reference {metrics['reference_dtype']}")
-    if metrics["nan_count"] + metrics["inf_count"] > reference_nonfinite:
-        failures.append(f"output '{name}': {metrics['nan_count']} NaN and {metrics['inf_count']} Inf values, "
-                        f"the reference has {reference_nonfinite}")
-    near_constant = metrics.get("near_constant")
-    for key, limit in sorted(thresholds.items()):
-        metric = THRESHOLD_METRICS[key]
-        value = metrics[metric]
-        if near_constant and key in ("min_snr_db", "min_cosine"):
-            if key == "min_snr_db":  # the same margin as an amplitude, at the output's scale (at least 1)
-                allowed = max(near_constant["reference_max_abs"], 1.0) * 10 ** (-limit / 20)
-                if metrics["max_abs_error"] > allowed:
-                    failures.append(f"output '{name}': max_abs_error {metrics['max_abs_error']:.6g} > {allowed:g} "
-                                    f"(its reference is nearly constant, so {key} {limit:g} is judged as an "
-                                    "error at the output's scale)")
-            continue
-        if (value < limit) if key.startswith("min_") else (value > limit):
-            relation = "<" if key.startswith("min_") else ">"
-            failures.append(f"output '{name}': {metric} {value:.6g} {relation} {key} {limit:g}")
-    return failures
-
-
-def _dtype(type_name: str) -> Any:
-    import numpy as np
-
-    return np.dtype({"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
-                     "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int16)": np.int16,
-                     "tensor(int8)": np.int8, "tensor(uint8)": np.uint8, "tensor(uint16)": np.uint16,
-                     "tensor(bool)": np.bool_}.get(type_name, np.float32))
-
-
-def _mask(shape: list[int], dtype: Any) -> Any:
-    """A padding mask: ones, with the last quarter of the last axis masked out (never a whole row)."""
-    import numpy as np
-
-    mask = np.ones(shape, dtype=dtype)
-    if shape and shape[-1] >= 4:
-        mask[..., -(shape[-1] // 4):] = 0
-    return mask
-
-
-def make_inputs(session: Any, source: Any, request: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
-    """Inputs for the artifact's true inputs: from the user's .npz, or generated with a fixed seed as the model
-    accepts them (floats normal; integer indices inside the dimension they index; masks as padding masks).
-    Returns (feeds, how each generated integer input was made)."""
-    import numpy as np
-
-    signature = {i.name: i for i in session.get_inputs()}
-    shapes = {name: list(shape) for name, shape in request["inputs"].items()}
-    if request["inputs_file"]:
-        file = Path(request["inputs_file"]).name
-        with np.load(request["inputs_file"]) as data:
-            given = {k: data[k] for k in data.files if k not in request["frozen"]}
-        check_input_names(source.graph, list(given), f"validation.inputs {file}")
-        missing = signature.keys() - given.keys()
-        if missing:
-            raise ModelError(f"validation.inputs {file}: keys {sorted(given)} do not include the model's inputs "
-                             f"{sorted(missing)}")
-        for name in signature:
-            shape = signature[name].shape
-            array = given[name]
-            if len(shape) != array.ndim or any(
-                    isinstance(d, int) and d > 0 and d != s for d, s in zip(shape, array.shape, strict=True)):
-                raise ModelError(f"validation.inputs {file}: '{name}' has shape {list(array.shape)}, the model "
-                                 f"wants {shape}")
-        return {name: given[name] for name in signature}, {}
-    rng = np.random.default_rng(SEED)
-    feeds, notes = {}, {}
-    model_shapes = None
-    for name, info in signature.items():
-        shape = shapes.get(name) or info.shape
-        if any(d == 0 for d in shape):
-            raise ModelError(f"input '{name}' has a zero-size dimension ({shape}): nothing to generate; give "
-                             "validation.inputs or another shape in inputs")
-        if not all(isinstance(d, int) and d > 0 for d in shape):
-            raise ModelError(f"input '{name}' has symbolic shape {info.shape}: set inputs.{name} in the model's "
-                             f"manifest entry or give validation.inputs")
-        dtype = _dtype(info.type)
-        size = math.prod(shape) * dtype.itemsize  # before any allocation: a typo in `inputs` can ask for TiBs
-        if size > GENERATED_LIMIT:
-            raise ModelError(f"input '{name}' of shape {shape} would take {size / 2**30:,.1f} GiB to generate (at "
-                             f"most {GENERATED_LIMIT / 2**30:g} GiB); check inputs.{name} or give validation.inputs")
-        if dtype.kind == "f":
-            feeds[name] = rng.standard_normal(shape).astype(dtype)
-        elif dtype.kind == "b" or "mask" in name.lower():
-            feeds[name] = _mask(shape, dtype)
-            notes[name] = "padding mask"
-        else:
-            model_shapes = model_shapes or known_shapes(source)
-            bound = index_bound(source.graph, name, model_shapes)
-            high = bound if bound else 2
-            feeds[name] = rng.integers(0, high, shape).astype(dtype)
-            notes[name] = (f"indices in [0, {high}) (the dimension it indexes)" if bound else
-                           "integers in [0, 2): no Gather shows their range; give validation.inputs for real values")
-    return feeds, notes
-
-
-def feeds_for(session: Any, feeds: dict[str, Any], frozen: dict[str, list[float]], what: str) -> dict[str, Any]:
-    """The feeds one session takes: its own true inputs, frozen inputs with their frozen values."""
-    import numpy as np
-
-    chosen = {}
-    for value in session.get_inputs():
-        if value.name in frozen:
-            array = np.array(frozen[value.name], dtype=_dtype(value.type))
-            shape = [d if isinstance(d, int) and d > 0 else 1 for d in value.shape]
-            chosen[value.name] = np.full(shape, array[0], dtype=array.dtype) if array.size == 1 else array.reshape(
-                shape)
-        elif value.name in feeds:
-            chosen[value.name] = feeds[value.name]
-        else:
-            raise ModelError(f"the {what} has input '{value.name}', which the artifact does not have; compare with "
-                             "a reference of the same inputs (validation.reference) or freeze it")
-    return chosen
-
 
 def structural_problems(request: dict[str, Any]) -> list[str]:
     """Without running: referenced files exist; EPContext source, embed mode and SDK version match the target."""
@@ -398,30 +247,6 @@ def _validate_group(request: ValidationRequest) -> ValidationReport:
     return report
 
 
-def session_options(ort: Any) -> Any:
-    """Options for a validation session: errors only, and pool threads that block instead of spinning between
-    ops. A build runs jobs beside each other (the build process, `-n N`): spinning threads took the cores those
-    need, and a tiny model's validation waited a scheduler tick (4 ms) about every other run."""
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return options
-
-
-def run_on_cpu(ort: Any, path: str, request: dict[str, Any], feeds: dict[str, Any], what: str) -> dict[str, Any]:
-    """Outputs of a reference model on the CPU EP, fed what it takes (frozen inputs with their values)."""
-    import onnx
-
-    model = onnx.load(path, load_external_data=False)
-    options = session_options(ort)
-    inputs = {k: v for k, v in request["inputs"].items() if k in {i.name for i in model.graph.input}}
-    for name, value in static_dims(model, inputs, needs_static=False).items():
-        options.add_free_dimension_override_by_name(name, value)
-    del model
-    session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-    chosen = feeds_for(session, feeds, request["frozen"], what)
-    return dict(zip([o.name for o in session.get_outputs()], session.run(None, chosen), strict=True))
-
 
 def _open_session(ort: Any, info: EpInfo, request: MemberValidation) -> tuple[Any, ValidationReport | None]:
     """The artifact's session on its EP with CPU fallback disabled where the compile left nothing on CPU; or a
@@ -472,22 +297,6 @@ def _placement_failures(session: Any, info: EpInfo, cpu_nodes: int) -> tuple[dic
     return ran_on, failures
 
 
-def _compare_outputs(session: Any, outputs: list[Any], expected: dict[str, Any],
-                     thresholds: dict[str, float]) -> tuple[dict[str, Any], list[str]]:
-    """Metrics per output against the reference, and a failure per threshold missed."""
-    import numpy as np
-
-    metrics, failures = {}, []
-    for output, got in zip(session.get_outputs(), outputs, strict=True):
-        name, want = output.name, expected.get(output.name)
-        if want is None:
-            failures.append(f"output '{name}' does not exist in the reference model")
-            continue
-        metrics[name] = compare(got, want)
-        reference_nonfinite = int((~np.isfinite(want)).sum()) if want.dtype.kind == "f" else 0
-        failures.extend(check(name, metrics[name], reference_nonfinite, thresholds))
-    return metrics, failures
-
 
 def _is_qdq(path: str) -> bool:
     import onnx
@@ -526,17 +335,22 @@ def validate_member(request: MemberValidation) -> ValidationReport:
 
     kind = "qdq" if _is_qdq(request["reference"]) else request["precision"]
     thresholds = {**DEFAULT_THRESHOLDS[kind], **request["thresholds"]}
-    with located(request["manifest"], request["entry"]):
-        expected = run_on_cpu(ort, request["reference"], request, feeds, "reference model")
-    metrics, missed = _compare_outputs(session, outputs, expected, thresholds)
+    try:
+        with located(request["manifest"], request["entry"]):
+            expected, declared_instead = reference_outputs(ort, request, feeds)
+    except ReferenceUnusable as exc:
+        return {"status": "failed", "ran_on": ran_on, "reason": str(exc)}
+    metrics, missed = compare_outputs(session, outputs, expected, thresholds)
     failures += missed
     if failures and hint:
         failures[-1] += hint
     flat = [name for name, m in metrics.items() if m.get("near_constant")]
-    notes = [f"the reference output {', '.join(repr(n) for n in flat)} is nearly constant for "
-             f"{'these' if request['inputs_file'] else 'generated'} inputs: SNR and cosine say nothing there, so "
-             "it is judged by its error at the output's scale; give validation.inputs with realistic data"] if flat \
-        else []
+    notes = [declared_instead] if declared_instead else []
+    if flat:
+        notes.append(f"the reference output {', '.join(repr(n) for n in flat)} is nearly constant for "
+                     f"{'these' if request['inputs_file'] else 'generated'} inputs: SNR and cosine say nothing "
+                     "there, so it is judged by its error at the output's scale; give validation.inputs with "
+                     "realistic data")
     report: ValidationReport = {
         "status": "failed" if failures else "passed", "precision": kind, "thresholds": thresholds,
         "ran_on": ran_on, "outputs": metrics, **({"notes": notes} if notes else {}),
@@ -545,10 +359,12 @@ def validate_member(request: MemberValidation) -> ValidationReport:
                    **({"generated": generated} if generated else {}),
                    **({"frozen": request["frozen"]} if request["frozen"] else {})}}
     if request["float_reference"]:  # a quantized artifact: its error against the float model, for information
-        float_outputs = run_on_cpu(ort, request["float_reference"], request, feeds, "float model")
-        report["against_float_model"] = {output.name: compare(got, float_outputs[output.name])
+        floats, unusable = float_outputs(ort, request, feeds)
+        report["against_float_model"] = {output.name: compare(got, floats[output.name])
                                          for output, got in zip(session.get_outputs(), outputs, strict=True)
-                                         if output.name in float_outputs}
+                                         if output.name in floats}
+        if unusable:
+            report["notes"] = [*report.get("notes", []), unusable]
     if failures:
         report["reason"] = "; ".join(failures)
     return report

@@ -1,0 +1,97 @@
+"""Comparing an artifact's outputs with the CPU reference's: the metrics of each output and the thresholds they are
+held to. Runs in the validating child (NumPy arrays)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+DEFAULT_THRESHOLDS = {
+    # fp32 artifacts match the CPU reference to rounding; fp16 keeps ~3 decimal digits; a QDQ artifact is
+    # compared with its QDQ source, and the EP's integer kernels differ from CPU's by a few quantization steps.
+    "fp32": {"min_snr_db": 60.0, "min_cosine": 0.99999},
+    "fp16": {"min_snr_db": 40.0, "min_cosine": 0.9999},
+    "qdq": {"min_snr_db": 20.0, "min_cosine": 0.99},
+}
+SNR_CAP_DB = 200.0  # identical outputs; JSON has no infinity
+
+
+def compare(got: Any, want: Any) -> dict[str, Any]:
+    """Metrics of one output against the reference (NumPy arrays)."""
+    import numpy as np
+
+    metrics: dict[str, Any] = {"shape": list(got.shape), "reference_shape": list(want.shape),
+                               "dtype": str(got.dtype), "reference_dtype": str(want.dtype),
+                               "nan_count": int(np.isnan(got).sum()) if got.dtype.kind == "f" else 0,
+                               "inf_count": int(np.isinf(got).sum()) if got.dtype.kind == "f" else 0}
+    metrics["shape_match"] = got.shape == want.shape
+    metrics["dtype_match"] = got.dtype == want.dtype
+    if not metrics["shape_match"]:
+        return metrics
+    y, r = got.astype(np.float64).ravel(), want.astype(np.float64).ravel()
+    finite = np.isfinite(y) & np.isfinite(r)
+    y, r = y[finite], r[finite]
+    error = np.abs(y - r)
+    scale = max(float(np.abs(r).max()) if r.size else 0.0, 1e-12)
+    noise, signal = float(np.sum((y - r) ** 2)), float(np.sum(r**2))
+    norms = float(np.linalg.norm(y) * np.linalg.norm(r))
+    if got.dtype.kind == "f" and r.size and float(np.std(r)) < NEAR_CONSTANT * max(scale, 1.0):
+        metrics["near_constant"] = {"reference_std": float(np.std(r)), "reference_max_abs": float(np.abs(r).max())}
+    metrics.update({
+        "max_abs_error": float(error.max()) if error.size else 0.0,
+        "mean_abs_error": float(error.mean()) if error.size else 0.0,
+        "max_rel_error": float((error / np.maximum(np.abs(r), 1e-3 * scale)).max()) if error.size else 0.0,
+        "cosine": float(np.dot(y, r) / norms) if norms > 0 else float(np.array_equal(y, r)),
+        "snr_db": SNR_CAP_DB if noise == 0 else min(SNR_CAP_DB, 10 * float(np.log10(max(signal, 1e-30) / noise))),
+    })
+    return metrics
+
+
+NEAR_CONSTANT = 1e-4  # a reference whose spread is below this share of its scale (at least 1): SNR means nothing
+THRESHOLD_METRICS = {"max_abs_error": "max_abs_error", "mean_abs_error": "mean_abs_error",
+                     "max_rel_error": "max_rel_error", "min_cosine": "cosine", "min_snr_db": "snr_db"}
+
+
+def check(name: str, metrics: dict[str, Any], reference_nonfinite: int, thresholds: dict[str, float]) -> list[str]:
+    """Failure messages naming the output, the metric, its value and the threshold."""
+    if not metrics["shape_match"]:
+        return [f"output '{name}': shape {metrics['shape']} != reference {metrics['reference_shape']}"]
+    failures = []
+    if not metrics["dtype_match"]:
+        failures.append(f"output '{name}': dtype {metrics['dtype']} != reference {metrics['reference_dtype']}")
+    if metrics["nan_count"] + metrics["inf_count"] > reference_nonfinite:
+        failures.append(f"output '{name}': {metrics['nan_count']} NaN and {metrics['inf_count']} Inf values, "
+                        f"the reference has {reference_nonfinite}")
+    near_constant = metrics.get("near_constant")
+    for key, limit in sorted(thresholds.items()):
+        metric = THRESHOLD_METRICS[key]
+        value = metrics[metric]
+        if near_constant and key in ("min_snr_db", "min_cosine"):
+            if key == "min_snr_db":  # the same margin as an amplitude, at the output's scale (at least 1)
+                allowed = max(near_constant["reference_max_abs"], 1.0) * 10 ** (-limit / 20)
+                if metrics["max_abs_error"] > allowed:
+                    failures.append(f"output '{name}': max_abs_error {metrics['max_abs_error']:.6g} > {allowed:g} "
+                                    f"(its reference is nearly constant, so {key} {limit:g} is judged as an "
+                                    "error at the output's scale)")
+            continue
+        if (value < limit) if key.startswith("min_") else (value > limit):
+            relation = "<" if key.startswith("min_") else ">"
+            failures.append(f"output '{name}': {metric} {value:.6g} {relation} {key} {limit:g}")
+    return failures
+
+
+def compare_outputs(session: Any, outputs: list[Any], expected: dict[str, Any],
+                     thresholds: dict[str, float]) -> tuple[dict[str, Any], list[str]]:
+    """Metrics per output against the reference, and a failure per threshold missed."""
+    import numpy as np
+
+    metrics, failures = {}, []
+    for output, got in zip(session.get_outputs(), outputs, strict=True):
+        name, want = output.name, expected.get(output.name)
+        if want is None:
+            failures.append(f"output '{name}' does not exist in the reference model")
+            continue
+        metrics[name] = compare(got, want)
+        reference_nonfinite = int((~np.isfinite(want)).sum()) if want.dtype.kind == "f" else 0
+        failures.extend(check(name, metrics[name], reference_nonfinite, thresholds))
+    return metrics, failures
+

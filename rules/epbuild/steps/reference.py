@@ -1,0 +1,79 @@
+"""The CPU reference a validation compares with, run in the validating child: the model as declared, a stage's
+output or the user's `validation.reference`. A reference that ONNX Runtime cannot load is named as what it is (a
+stage's output, not the target's EP), and a stage's output that cannot be loaded gives way to the model as declared,
+said in the report's notes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import ModelError
+from .graph import static_dims
+from .validation_inputs import feeds_for
+
+
+class ReferenceUnusable(Exception):
+    """The reference could not run on CPU; the message names which model it was."""
+
+
+def session_options(ort: Any) -> Any:
+    """Options for a validation session: errors only, and pool threads that block instead of spinning between
+    ops. A build runs jobs beside each other (the build process, `-n N`): spinning threads took the cores those
+    need, and a tiny model's validation waited a scheduler tick (4 ms) about every other run."""
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return options
+
+
+def run_on_cpu(ort: Any, path: str, request: dict[str, Any], feeds: dict[str, Any], what: str) -> dict[str, Any]:
+    """Outputs of a reference model on the CPU EP, fed what it takes (frozen inputs with their values)."""
+    import onnx
+
+    model = onnx.load(path, load_external_data=False)
+    options = session_options(ort)
+    inputs = {k: v for k, v in request["inputs"].items() if k in {i.name for i in model.graph.input}}
+    for name, value in static_dims(model, inputs, needs_static=False).items():
+        options.add_free_dimension_override_by_name(name, value)
+    del model
+    session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    chosen = feeds_for(session, feeds, request["frozen"], what)
+    return dict(zip([o.name for o in session.get_outputs()], session.run(None, chosen), strict=True))
+
+
+def _cause(exc: Exception) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def reference_outputs(ort: Any, request: dict[str, Any], feeds: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """The reference's outputs, and a note when they come from the model as declared because the reference, a
+    stage's output, could not be loaded or run on CPU. Raises ReferenceUnusable when no model can serve."""
+    reference, declared, described = request["reference"], request["declared"], request["reference_is"]
+    try:
+        return run_on_cpu(ort, reference, request, feeds, "reference model"), None
+    except ModelError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - ONNX Runtime's or onnx's error, said with the model's name
+        cause = _cause(exc)
+        if reference == declared or not described.startswith("the output of "):
+            raise ReferenceUnusable(f"the CPU reference, {described}, could not run on CPU: {cause}") from None
+    try:
+        outputs = run_on_cpu(ort, declared, request, feeds, "model as declared")
+    except ModelError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise ReferenceUnusable(f"the CPU reference, {described}, could not run on CPU ({cause}), nor could the "
+                                f"model as declared: {_cause(exc)}") from None
+    return outputs, (f"the CPU reference, {described}, could not run on CPU ({cause}): the artifact was compared "
+                     "with the model as declared instead")
+
+
+def float_outputs(ort: Any, request: dict[str, Any], feeds: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """A quantized artifact's float model's outputs, for information: a model that cannot run is a note."""
+    try:
+        return run_on_cpu(ort, request["float_reference"], request, feeds, "float model"), None
+    except ModelError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        return {}, (f"the float model, {request['float_reference_is']}, could not run on CPU ({_cause(exc)}): no "
+                    "comparison with it")

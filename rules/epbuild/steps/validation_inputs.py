@@ -1,0 +1,109 @@
+"""The inputs a validation feeds: the user's `validation.inputs` (.npz) checked against the model, or generated with a
+fixed seed as the model accepts them; frozen inputs get the values the artifact was built with."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from ..errors import ModelError
+from .graph import check_input_names, index_bound, known_shapes
+
+GENERATED_LIMIT = 4 * 2**30  # bytes of one generated validation input
+SEED = 0
+
+
+def dtype_of(type_name: str) -> Any:
+    import numpy as np
+
+    return np.dtype({"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
+                     "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int16)": np.int16,
+                     "tensor(int8)": np.int8, "tensor(uint8)": np.uint8, "tensor(uint16)": np.uint16,
+                     "tensor(bool)": np.bool_}.get(type_name, np.float32))
+
+
+def _mask(shape: list[int], dtype: Any) -> Any:
+    """A padding mask: ones, with the last quarter of the last axis masked out (never a whole row)."""
+    import numpy as np
+
+    mask = np.ones(shape, dtype=dtype)
+    if shape and shape[-1] >= 4:
+        mask[..., -(shape[-1] // 4):] = 0
+    return mask
+
+
+def make_inputs(session: Any, source: Any, request: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Inputs for the artifact's true inputs: from the user's .npz, or generated with a fixed seed as the model
+    accepts them (floats normal; integer indices inside the dimension they index; masks as padding masks).
+    Returns (feeds, how each generated integer input was made)."""
+    import numpy as np
+
+    signature = {i.name: i for i in session.get_inputs()}
+    shapes = {name: list(shape) for name, shape in request["inputs"].items()}
+    if request["inputs_file"]:
+        file = Path(request["inputs_file"]).name
+        with np.load(request["inputs_file"]) as data:
+            given = {k: data[k] for k in data.files if k not in request["frozen"]}
+        check_input_names(source.graph, list(given), f"validation.inputs {file}")
+        missing = signature.keys() - given.keys()
+        if missing:
+            raise ModelError(f"validation.inputs {file}: keys {sorted(given)} do not include the model's inputs "
+                             f"{sorted(missing)}")
+        for name in signature:
+            shape = signature[name].shape
+            array = given[name]
+            if len(shape) != array.ndim or any(
+                    isinstance(d, int) and d > 0 and d != s for d, s in zip(shape, array.shape, strict=True)):
+                raise ModelError(f"validation.inputs {file}: '{name}' has shape {list(array.shape)}, the model "
+                                 f"wants {shape}")
+        return {name: given[name] for name in signature}, {}
+    rng = np.random.default_rng(SEED)
+    feeds, notes = {}, {}
+    model_shapes = None
+    for name, info in signature.items():
+        shape = shapes.get(name) or info.shape
+        if any(d == 0 for d in shape):
+            raise ModelError(f"input '{name}' has a zero-size dimension ({shape}): nothing to generate; give "
+                             "validation.inputs or another shape in inputs")
+        if not all(isinstance(d, int) and d > 0 for d in shape):
+            raise ModelError(f"input '{name}' has symbolic shape {info.shape}: set inputs.{name} in the model's "
+                             f"manifest entry or give validation.inputs")
+        dtype = dtype_of(info.type)
+        size = math.prod(shape) * dtype.itemsize  # before any allocation: a typo in `inputs` can ask for TiBs
+        if size > GENERATED_LIMIT:
+            raise ModelError(f"input '{name}' of shape {shape} would take {size / 2**30:,.1f} GiB to generate (at "
+                             f"most {GENERATED_LIMIT / 2**30:g} GiB); check inputs.{name} or give validation.inputs")
+        if dtype.kind == "f":
+            feeds[name] = rng.standard_normal(shape).astype(dtype)
+        elif dtype.kind == "b" or "mask" in name.lower():
+            feeds[name] = _mask(shape, dtype)
+            notes[name] = "padding mask"
+        else:
+            model_shapes = model_shapes or known_shapes(source)
+            bound = index_bound(source.graph, name, model_shapes)
+            high = bound if bound else 2
+            feeds[name] = rng.integers(0, high, shape).astype(dtype)
+            notes[name] = (f"indices in [0, {high}) (the dimension it indexes)" if bound else
+                           "integers in [0, 2): no Gather shows their range; give validation.inputs for real values")
+    return feeds, notes
+
+
+def feeds_for(session: Any, feeds: dict[str, Any], frozen: dict[str, list[float]], what: str) -> dict[str, Any]:
+    """The feeds one session takes: its own true inputs, frozen inputs with their frozen values."""
+    import numpy as np
+
+    chosen = {}
+    for value in session.get_inputs():
+        if value.name in frozen:
+            array = np.array(frozen[value.name], dtype=dtype_of(value.type))
+            shape = [d if isinstance(d, int) and d > 0 else 1 for d in value.shape]
+            chosen[value.name] = np.full(shape, array[0], dtype=array.dtype) if array.size == 1 else array.reshape(
+                shape)
+        elif value.name in feeds:
+            chosen[value.name] = feeds[value.name]
+        else:
+            raise ModelError(f"the {what} has input '{value.name}', which the artifact does not have; compare with "
+                             "a reference of the same inputs (validation.reference) or freeze it")
+    return chosen
+
