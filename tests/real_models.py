@@ -203,3 +203,53 @@ def external_data_mlp(path: Path) -> Path:
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])], [w1, w2])
     return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]), path,
                  save_as_external_data=True, location=f"{path.name}.data", size_threshold=0)
+
+
+def rmsnorm_block(path: Path, form: str = "rsqrt", hidden: int = 512, tokens: int = 128) -> Path:
+    """Two LLaMA/T5-style RMSNorm + Linear layers as the torch exporters write them: `x * rsqrt(mean(x^2) + eps)`
+    with the rsqrt as Reciprocal(Sqrt) (dynamo; form "rsqrt") or Div(1, Sqrt) (TorchScript; "one_over"), or as
+    `x / sqrt(...)` ("div"); then `weight * normed`, the weight first as in transformers' LlamaRMSNorm (QNN HTP
+    finalizes `normed * weight` after an rsqrt, not `weight * normed`)."""
+    nodes, weights, current = [], [numpy_helper.from_array(np.array([2.0], np.float32), "two"),
+                                    numpy_helper.from_array(np.array([1e-6], np.float32), "eps"),
+                                    numpy_helper.from_array(np.array([1.0], np.float32), "one"),
+                                    numpy_helper.from_array(np.array([-1], np.int64), "last_axis")], "x"
+    for layer in range(2):
+        name = f"layers.{layer}."
+        weights += [numpy_helper.from_array(RNG.standard_normal(hidden).astype(np.float32), name + "norm.weight"),
+                    _weights(name + "proj.weight", hidden, hidden)]
+        nodes += [helper.make_node("Pow", [current, "two"], [name + "squared"]),
+                  helper.make_node("ReduceMean", [name + "squared", "last_axis"], [name + "variance"]),
+                  helper.make_node("Add", [name + "variance", "eps"], [name + "shifted"]),
+                  helper.make_node("Sqrt", [name + "shifted"], [name + "rms"])]
+        if form == "div":
+            nodes.append(helper.make_node("Div", [current, name + "rms"], [name + "normed"], name=name + "Div"))
+        else:
+            inverse = (helper.make_node("Reciprocal", [name + "rms"], [name + "rsqrt"]) if form == "rsqrt" else
+                       helper.make_node("Div", ["one", name + "rms"], [name + "rsqrt"]))
+            nodes += [inverse, helper.make_node("Mul", [current, name + "rsqrt"], [name + "normed"], name=name + "Mul")]
+        nodes += [helper.make_node("Mul", [name + "norm.weight", name + "normed"], [name + "scaled"]),
+                  helper.make_node("MatMul", [name + "scaled", name + "proj.weight"], [name + "out"])]
+        current = name + "out"
+    nodes.append(helper.make_node("Identity", [current], ["hidden_states"]))
+    graph = helper.make_graph(nodes, "rmsnorm", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                                [1, tokens, hidden])],
+                              [helper.make_tensor_value_info("hidden_states", TensorProto.FLOAT, [1, tokens, hidden])],
+                              weights)
+    return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
+
+
+def strided_after_conv(path: Path) -> Path:
+    """What the torch dynamo exporter writes for `conv(x).as_strided(...).transpose(2, 3)`: the Conv's output
+    reshaped flat, gathered by index, transposed (QNN HTP's compile aborts on it)."""
+    flat = numpy_helper.from_array(np.array([-1], dtype=np.int64), "flat")
+    offsets = np.array([c * 64 + r * 16 + k for c in range(8) for r in range(4) for k in range(8)], np.int64)
+    indices = numpy_helper.from_array(offsets.reshape(1, 8, 4, 8), "strided_indices")
+    nodes = [helper.make_node("Conv", ["x", "conv.weight", "conv.bias"], ["conv2d"], pads=[1, 1, 1, 1]),
+             helper.make_node("Reshape", ["conv2d", "flat"], ["flattened"]),
+             helper.make_node("Gather", ["flattened", "strided_indices"], ["as_strided"], name="node_as_strided"),
+             helper.make_node("Transpose", ["as_strided"], ["y"], perm=[0, 1, 3, 2])]
+    graph = helper.make_graph(nodes, "strided", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 4])],
+                              [_weights("conv.weight", 8, 3, 3, 3), _weights("conv.bias", 8), flat, indices])
+    return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)

@@ -300,9 +300,12 @@ def test_nodes_inside_cpu_if_branches_are_not_counted_as_fallback(project):
     detector_with_branches(project.root / "models" / "det.onnx")
     project.manifest(model_entry("det", "validation = { inputs = \"models/det.npz\" }", '["qnn"]') + TARGETS)
     np.savez(project.root / "models" / "det.npz", x=np.ones((1, 16), np.float32), use_max=np.array(True))
-    project.doit(check=False)
+    done = project.doit(check=False)
     sidecar = report(project, "qnn", "det", "artifact.json")
     assert sidecar["nodes"]["cpu_op_types"].get("If") == 1, sidecar["nodes"]
+    assert sidecar["nodes"]["if_on_inputs"] == {"best": ["use_max"]}
+    assert "If 'best' stays on CPU because it branches on input 'use_max': if that is a configuration input, " \
+        "freeze = { use_max = ... } compiles the branch it selects" in done.stdout
     validation = report(project, "qnn", "det")
     assert "fell back" not in validation.get("reason", ""), validation
     assert validation["status"] == "passed", validation

@@ -396,6 +396,15 @@ CORPUS = [
     Entry("odd_names", "input/output names with '/', ':', spaces and non-ASCII (onnx.helper)", real_models.odd_names),
     Entry("layernorm", "decomposed LayerNorm with stale symbolic value_info (onnx.helper)",
           real_models.layernorm_dynamic, "inputs = { x = [1, 4, 16] }"),
+    Entry("rmsnorm_rsqrt", "LLaMA/T5 RMSNorm as torch's dynamo exporter writes it, weight * (x * Reciprocal(Sqrt(mean("
+          "x^2) + eps))): QNN HTP fails to finalize it (onnx.helper)", real_models.rmsnorm_block),
+    Entry("rmsnorm_rewrite", "the same RMSNorm block (the TorchScript exporter's Div(1, Sqrt) form) with rewrite = "
+          "[\"rmsnorm\"]: x / sqrt(...) compiles (onnx.helper)",
+          lambda path: real_models.rmsnorm_block(path, "one_over"), 'rewrite = ["rmsnorm"]'),
+    Entry("as_strided", "the torch dynamo exporter's as_strided after a Conv (Reshape -> Gather -> Transpose), "
+          "on which QNN HTP's compile aborts (onnx.helper)", real_models.strided_after_conv),
+    Entry("saturated", "a text detector's sigmoid map driven to ~1e-6 by generated noise: a nearly constant reference "
+          "(onnx.helper)", real_models.saturated_detector),
 ]
 
 

@@ -68,7 +68,7 @@ def matrix(folder: Path, names: list[str]) -> list[dict]:
                 "offload": nodes.get("offload"), "seconds": (compiled.get("child") or {}).get("seconds"),
                 "peak_mb": (compiled.get("child") or {}).get("peak_mb"),
                 "validation": report.get("status", "not run" if not compiled.get("status") else "failed"),
-                "snr_db": snr, "reason": " ".join(reason.split())[:300],
+                "snr_db": snr, "reason": " ".join(reason.split())[:500],
             })
     return rows
 

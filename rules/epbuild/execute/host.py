@@ -21,6 +21,7 @@ from typing import Any
 
 from ..manifest.eps import REGISTRY, EpInfo, platform_reason
 from ..store.layout import write_json
+from .python_path import child_import_path
 
 SHIM_LIBRARY = "EPBUILD_OPENVINO_SHIM"  # the built vendor-id shim (epbuild.steps.vendor_shim), for children
 SHIM_PLUGIN = "EPBUILD_OPENVINO_PLUGIN"  # the real plugin library the shim loads
@@ -90,7 +91,8 @@ def capabilities(state_dir: Path) -> dict[str, Any]:
             return cached
     except (OSError, ValueError):
         pass
-    done = subprocess.run([sys.executable, "-m", "epbuild.execute.host"], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-m", "epbuild.execute.host"], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": child_import_path()})
     if done.returncode != 0:
         result = {"error": f"host probe failed ({done.returncode}): {done.stderr.strip()[-500:]}", "eps": {}}
     else:

@@ -60,6 +60,7 @@ class MemberValidation(TypedDict):
     frozen: dict[str, list[float]]
     entry: str  # the model's manifest entry, for errors about its keys
     manifest: str
+    target: str  # the target's name, for what a failure suggests
 
 
 class ValidationRequest(TypedDict):

@@ -50,6 +50,7 @@ class ModelSpec:
     quantize: QuantizeSpec | None = None
     squash: bool = False
     freeze: dict[str, tuple[float, ...]] | None = None  # configuration inputs turned into constants
+    rewrite: tuple[str, ...] = ()  # graph rewrites (`epbuild.manifest.schema.REWRITES`), in a stage of their own
 
 
 @dataclass(frozen=True)
@@ -346,7 +347,7 @@ def _model(table: TableReader, name: str, targets: dict[str, TargetSpec]) -> Mod
             table.fail(f"'{target}' is listed twice", f"targets[{index}]")
     return ModelSpec(name, model_path, inputs, tuple(wanted), _validation(table.child("validation"), model=True),
                      optimize=values["optimize"], quantize=_quantize(table) if "quantize" in table.table else None,
-                     squash=values["squash"], freeze=_freeze(table, inputs))
+                     squash=values["squash"], freeze=_freeze(table, inputs), rewrite=tuple(values["rewrite"]))
 
 
 def _freeze(model: TableReader, inputs: dict[str, tuple[int, ...]]) -> dict[str, tuple[float, ...]] | None:

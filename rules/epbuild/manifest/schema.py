@@ -59,6 +59,17 @@ def strings(value: Any) -> str | None:
     return None if all(isinstance(v, str) for v in value) else "must be a list of strings"
 
 
+REWRITES = ("rmsnorm",)  # epbuild.steps.diagnosis: graph rewrites a model can ask for
+
+
+def rewrites(value: Any) -> str | None:
+    unknown = [v for v in value if v not in REWRITES]
+    if unknown or len(set(value)) != len(value):
+        return (f"must list rewrites from {', '.join(REWRITES)}, each once (\"rmsnorm\": x * rsqrt(mean(x^2) + eps) "
+                f"written as x / sqrt(...)), found {value!r}")
+    return None
+
+
 def s3_url(value: Any) -> str | None:
     if re.fullmatch(r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^\s]*)?", value):
         return None
@@ -108,6 +119,10 @@ KEYS: tuple[Key, ...] = (
         "else rewritten: left on CPU in front of the EPContext node, they make QNN artifacts unloadable); `none`: "
         "neither", choices=("basic", "extended", "none")),
     Key("quantize", ("model",), dict, "a QDQ quantization stage (keys below)"),
+    Key("rewrite", ("model",), list, "graph rewrites in a `rewrite` stage before the others, each validated like "
+        "every stage (against the model as declared): `\"rmsnorm\"` writes RMSNorm's x * rsqrt(mean(x^2) + eps) "
+        "as x / sqrt(...), the same value, which QNN HTP compiles where the first form fails to finalize; a model "
+        "without the pattern is refused", [], check=rewrites),
     Key("squash", ("model",), bool, "a stage that writes a single-file ONNX with external data inlined (refused "
         "beyond the 2 GiB protobuf limit, naming the size)", False),
     Key("freeze", ("model",), dict, "`{ input = value or [values] }`: a stage that turns configuration inputs (a "

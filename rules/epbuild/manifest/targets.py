@@ -166,7 +166,7 @@ def _member(model: ModelSpec, target: ResolvedTarget, manifest: Manifest, extern
     """A model as its build consumes it (after its stages), with its validation settings."""
     chain = _chain(model, target, manifest, external)
     settings = validation_settings(model, manifest.targets[target.name])
-    folded = model.freeze or any(stage.kind in ("fold", "optimize") for stage in chain.stages)
+    folded = model.freeze or any(stage.kind in ("rewrite", "fold", "optimize") for stage in chain.stages)
     if folded and chain.float_model is None and settings.reference is None:
         # compare with the model as declared (fed the frozen values): folding errors cannot hide
         settings = dataclasses.replace(settings, reference=model.path)

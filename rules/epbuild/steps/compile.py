@@ -25,6 +25,7 @@ from ..store.cache import Outcome, Workspace, cached_folder, with_download
 from ..store.hashing import snapshot
 from ..store.layout import write_json
 from .compilers import compiler
+from .diagnosis import compile_hints, input_branches
 from .fingerprint import compile_fingerprint, target_identity
 from .graph import check_ep_contexts, missing_files, placement, static_dims
 from .preprocess import always_written, external_output
@@ -72,8 +73,11 @@ def compile_build(build: Build, workspace: Workspace) -> Compiled:
             usage.update(compiler(build.target).produce(build, workspace, scratch) or {})
 
     expected = list(build.outputs) if compiler(build.target).exact_outputs else None
-    outcome = cached_folder(build.task, fingerprint, workspace, final, expected, produce, identity, inputs,
-                            lambda scratch: publishing(build, scratch))
+    try:
+        outcome = cached_folder(build.task, fingerprint, workspace, final, expected, produce, identity, inputs,
+                                lambda scratch: publishing(build, scratch))
+    except BuildError as exc:
+        raise with_hints(exc, build) from None
     recorded = json.loads((final / SIDECAR).read_text())
     if "nodes" in recorded:
         nodes = recorded["nodes"]
@@ -84,6 +88,17 @@ def compile_build(build: Build, workspace: Workspace) -> Compiled:
     return Compiled(build.task, "restored" if outcome.restored else "compiled", fingerprint, final,
                     file_records(final, expected or recorded["files"], workspace), time.monotonic() - started, nodes,
                     usage or None, with_download(outcome, ran), ran.get("worker"))
+
+
+def with_hints(error: BuildError, build: Build) -> BuildError:
+    """The failure with what would fix it where a member's graph shows a known cause, said in its first line
+    (the one reports keep); the child's output excerpt stays below."""
+    hints = [hint for m in build.members for hint in compile_hints(m.model.path, build.target.ep.name,
+                                                                   f"models.{m.name}", bool(m.frozen), str(error))]
+    if not hints:
+        return error
+    first, _, rest = str(error).partition("\n")
+    return BuildError(f"{first}; {'; '.join(hints)}" + (f"\n{rest}" if rest else ""))
 
 
 def publishing(build: Build, folder: Path) -> None:
@@ -109,7 +124,11 @@ def inspect_output(path: Path, source_nodes: int, ep_name: str | None) -> Member
     if problems:
         raise ModelError("; ".join(problems))
     sdk, binaries = check_ep_contexts(model, ep_name, path.parent) if ep_name else (None, [])
-    return {"nodes": placement(source_nodes, model, ep_name), "ep_sdk_version": sdk, "binaries": binaries}
+    nodes = placement(source_nodes, model, ep_name)
+    branches = input_branches(model.graph) if ep_name else {}
+    if branches:  # If nodes the EP left on CPU that a frozen configuration input would remove
+        nodes["if_on_inputs"] = branches
+    return {"nodes": nodes, "ep_sdk_version": sdk, "binaries": binaries}
 
 
 def check_offload(name: str, nodes: dict[str, Any], min_offload: float) -> None:

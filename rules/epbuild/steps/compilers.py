@@ -274,6 +274,10 @@ def placement_line(nodes: dict[str, Any]) -> str:
     if foldable:
         line += (f"; {sum(foldable.values())} of them only compute constants ({', '.join(foldable)}) and may keep "
                  "the artifact from loading: fold them (the default for NPU targets, without optimize = \"none\")")
+    for node, fed_by in nodes.get("if_on_inputs", {}).items():
+        line += (f"; If '{node}' stays on CPU because it branches on input {', '.join(repr(n) for n in fed_by)}: "
+                 f"if that is a configuration input, freeze = {{ {', '.join(f'{n} = ...' for n in fed_by)} }} "
+                 "compiles the branch it selects")
     return line
 
 

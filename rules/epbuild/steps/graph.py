@@ -234,7 +234,7 @@ def check_ep_contexts(model: Any, ep_name: str, folder: Path) -> tuple[str | Non
     return sdk, binaries
 
 
-def _consumers(graph: Any) -> dict[str, list[Any]]:
+def consumers(graph: Any) -> dict[str, list[Any]]:
     found: dict[str, list[Any]] = {}
     for node in graph.node:
         for name in node.input:
@@ -245,7 +245,7 @@ def _consumers(graph: Any) -> dict[str, list[Any]]:
 def index_bound(graph: Any, input_name: str, shapes: dict[str, list[int | str | None]]) -> int | None:
     """For an integer input used as an index (token ids, positions, type ids): the size of the dimension it
     indexes, so generated values stay inside it; None when no Gather consumes it."""
-    consumers = _consumers(graph)
+    readers = consumers(graph)
     bounds = []
     frontier, seen = [input_name], set()
     while frontier:
@@ -253,7 +253,7 @@ def index_bound(graph: Any, input_name: str, shapes: dict[str, list[int | str | 
         if name in seen:
             continue
         seen.add(name)
-        for node in consumers.get(name, []):
+        for node in readers.get(name, []):
             if node.op_type in INDEX_PASSTHROUGH and node.input[0] == name:
                 frontier.extend(node.output)
             elif INDEX_CONSUMERS.get(node.op_type) == list(node.input).index(name):

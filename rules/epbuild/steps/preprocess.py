@@ -19,6 +19,7 @@ from ..store.cache import Outcome, Workspace, cached_folder, with_download
 from ..store.hashing import snapshot
 from ..store.layout import STAGES
 from ..store.publish import discard
+from .diagnosis import PATTERNS, REWRITES
 from .fingerprint import stage_config, stage_fingerprint
 from .folding import fold_constants
 from .graph import check_input_names, clear_placeholder_dims, dims, missing_files, true_inputs
@@ -258,6 +259,15 @@ def _run_stage(request: dict[str, Any]) -> dict[str, Any]:
     elif kind == "fold":
         model = onnx.load(source.name)  # external data resolves next to the model (the working folder)
         result["folded"] = fold_constants(model)
+        save(model, output, data_file)
+    elif kind == "rewrite":
+        model = onnx.load(source.name)
+        result["rewritten"] = {rule: REWRITES[rule](model.graph) for rule in settings["rules"]}
+        missing = [rule for rule, count in result["rewritten"].items() if not count]
+        if missing:
+            with located(request["manifest"], request["entry"]):
+                raise ModelError(f"the model has no {', '.join(missing)} pattern to rewrite ({PATTERNS[missing[0]]}"
+                                 "): remove it from rewrite", "rewrite")
         save(model, output, data_file)
     elif kind == "optimize":
         options = ort.SessionOptions()

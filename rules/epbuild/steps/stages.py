@@ -4,16 +4,17 @@ whose output (`artifacts/.stages/<model>/<stage>/<model>.onnx`) feeds the next s
 validation tasks.
 
 A model's chain: `freeze` (when the model says `freeze`: configuration inputs become constants and ORT's basic
-optimization folds the branches they select), `shape` (for targets whose EP needs static shapes, and when `inputs` is
-given and a later stage rewrites the model: the inputs fixed in the file, -1 and unnamed dimensions included, then
-shape inference so intermediate tensors are static too; exporters leave shapes computed at run time, e.g. the
-Expand before a GRU, which QNN refuses as dynamic), `fold` (NPU targets, unless the model says `optimize`: nodes
-that only compute constants replaced by their values, `steps.folding`), `optimize` (when the model says `optimize`
-= "basic" or "extended": ONNX Runtime's optimizer), `quantize` (for
-targets with `quantized = true`, QNN's QDQ configuration for QNN targets and the generic static quantizer
-otherwise), `squash` (when the model says `squash = true`). Outputs are named after the model, so compiles by file
-name stay unique and checkout-independent. A stage whose input has external data writes its own
-`<model>.onnx.data` beside its output (squash inlines it), so no output refers to a file outside its folder.
+optimization folds the branches they select), `rewrite` (when the model says `rewrite`: `steps.diagnosis`'s graph
+rewrites, such as RMSNorm's rsqrt as a division), `shape` (for targets whose EP needs static shapes, and when
+`inputs` is given and a later stage rewrites the model: the inputs fixed in the file, -1 and unnamed dimensions
+included, then shape inference so intermediate tensors are static too; exporters leave shapes computed at run time,
+e.g. the Expand before a GRU, which QNN refuses as dynamic), `fold` (NPU targets, unless the model says `optimize`:
+nodes that only compute constants replaced by their values, `steps.folding`), `optimize` (when the model says
+`optimize` = "basic" or "extended": ONNX Runtime's optimizer), `quantize` (for targets with `quantized = true`,
+QNN's QDQ configuration for QNN targets and the generic static quantizer otherwise), `squash` (when the model says
+`squash = true`). Outputs are named after the model, so compiles by file name stay unique and checkout-independent.
+A stage whose input has external data writes its own `<model>.onnx.data` beside its output (squash inlines it), so
+no output refers to a file outside its folder.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ PROTOBUF_LIMIT = 2**31 - 1  # a single-file ONNX model must serialize below 2 Gi
 
 @dataclass(frozen=True)
 class Stage:
-    kind: str  # "freeze", "shape", "fold", "optimize", "quantize" or "squash"
+    kind: str  # "freeze", "rewrite", "shape", "fold", "optimize", "quantize" or "squash"
     model: str
     flavour: str | None  # quantize: "qnn" or "generic"
     input: Path
@@ -88,6 +89,8 @@ def stage_chain(model: ModelSpec, layout: Layout, external: tuple[Path, ...], fl
 
     if model.freeze:
         add("freeze", {"values": {name: list(value) for name, value in sorted(model.freeze.items())}})
+    if model.rewrite:  # first after freeze: every target's chain reads the same input, so one task serves all
+        add("rewrite", {"rules": list(model.rewrite)})
     if static_shapes or (inputs and (level or quantize)):
         add("shape", {"inputs": {name: list(shape) for name, shape in sorted(inputs.items())}})
         inputs = {}

@@ -27,6 +27,7 @@ from ..store.owners import owner_tag
 from ..store.publish import discard, scratch_dir
 from .comparison import DEFAULT_THRESHOLDS, compare, compare_outputs
 from .compilers import compiler
+from .diagnosis import fp16_hint
 from .graph import EP_CONTEXT
 from .graph import attributes as node_attributes
 from .reference import ReferenceUnusable, float_outputs, reference_outputs, session_options
@@ -62,7 +63,7 @@ def member_request(build: Build, member: Member, folder: Path, files: list[str],
         "inputs_file": str(settings.inputs) if settings.inputs else None,
         "precision": target.precision(), "thresholds": settings.thresholds,
         "frozen": {name: list(values) for name, values in (member.frozen or {}).items()},
-        "entry": f"models.{member.name}", "manifest": build.manifest,
+        "entry": f"models.{member.name}", "manifest": build.manifest, "target": target.name,
     }
 
 
@@ -342,6 +343,9 @@ def validate_member(request: MemberValidation) -> ValidationReport:
         return {"status": "failed", "ran_on": ran_on, "reason": str(exc)}
     metrics, missed = compare_outputs(session, outputs, expected, thresholds)
     failures += missed
+    fp16 = fp16_hint(metrics, thresholds, request["target"], request["entry"]) if kind == "fp16" and missed else None
+    if fp16:
+        failures.append(fp16)
     if failures and hint:
         failures[-1] += hint
     flat = [name for name, m in metrics.items() if m.get("near_constant")]

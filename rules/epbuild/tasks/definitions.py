@@ -177,7 +177,8 @@ class Tasks:
 
     def stage_tasks(self) -> Iterator[Task]:
         """shape:, optimize:, quantize:<model>[flavour] and squash: tasks, each feeding the next by file."""
-        docs = {"freeze": "configuration inputs to constants, folded", "shape": "static shapes from `inputs`",
+        docs = {"freeze": "configuration inputs to constants, folded", "rewrite": "graph rewrites the model asks for",
+                "shape": "static shapes from `inputs`",
                 "fold": "nodes that only compute constants replaced by their values (NPU targets)",
                 "optimize": "ORT graph optimization",
                 "quantize": "QDQ quantization with calibration data", "squash": "inline external data"}

@@ -1,0 +1,173 @@
+"""What would fix a failure, where the model shows a known cause: graph patterns an NPU compiler is known to
+reject, `If` nodes that branch on a graph input, fp16 accuracy just below a threshold. Read from the model's graph
+without its weights, only after something failed, and said in the failure's one line."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from .graph import consumers, true_inputs
+
+QNN = "QNNExecutionProvider"
+FP16_MARGIN_DB = 12.0  # an fp16 SNR this close below the threshold reads as the HTP's fp16, not a broken graph
+
+
+def _producers(graph: Any) -> dict[str, Any]:
+    return {name: node for node in graph.node for name in node.output}
+
+
+def _constant_value(graph: Any, name: str) -> float | None:
+    """The single value of a small constant (an initializer stored in the model or a Constant node), else None."""
+    from onnx import numpy_helper
+
+    tensors = [t for t in graph.initializer if t.name == name and not t.external_data]
+    tensors += [a.t for n in graph.node if n.op_type == "Constant" and name in n.output for a in n.attribute
+                if a.name == "value"]
+    if not tensors:
+        return None
+    value = numpy_helper.to_array(tensors[0])
+    return float(value.reshape(-1)[0]) if value.size == 1 else None
+
+
+def rsqrt_rmsnorms(graph: Any) -> list[tuple[Any, Any, Any]]:
+    """RMSNorm written as `x * rsqrt(mean(x^2) + eps)`: (Sqrt, its inverse (Reciprocal or Div(1, .)), the Mul
+    by it) for each place. QNN HTP fails to finalize such graphs (QNN_COMMON_ERROR_MEM_ALLOC) where
+    `x / sqrt(mean(x^2) + eps)` compiles."""
+    producers, readers = _producers(graph), consumers(graph)
+    found = []
+    for sqrt in (n for n in graph.node if n.op_type == "Sqrt"):
+        add = producers.get(sqrt.input[0])
+        if add is None or add.op_type != "Add" or not any(
+                producers.get(name) is not None and producers[name].op_type == "ReduceMean" for name in add.input):
+            continue
+        for inverse in readers.get(sqrt.output[0], []):
+            reciprocal = inverse.op_type == "Reciprocal" or (
+                inverse.op_type == "Div" and list(inverse.input)[1:] == [sqrt.output[0]]
+                and _constant_value(graph, inverse.input[0]) == 1.0)
+            if reciprocal:
+                found += [(sqrt, inverse, mul) for mul in readers.get(inverse.output[0], []) if mul.op_type == "Mul"]
+    return found
+
+
+def rewrite_rmsnorm(graph: Any) -> int:
+    """Each `x * rsqrt(v)` of an RMSNorm becomes `x / sqrt(v)` (the same value; the form QNN HTP compiles); an
+    inverse no other node reads is removed. The number of places rewritten."""
+    from onnx import helper
+
+    places = rsqrt_rmsnorms(graph)
+    replaced = {}
+    for sqrt, inverse, mul in places:
+        other = next(name for name in mul.input if name != inverse.output[0]) if len(set(mul.input)) == 2 else None
+        if other is not None:
+            replaced[id(mul)] = helper.make_node("Div", [other, sqrt.output[0]], list(mul.output), name=mul.name)
+    nodes = [replaced.get(id(node), node) for node in graph.node]
+    read = {name for node in nodes for name in node.input} | {value.name for value in graph.output}
+    unused = {id(inverse) for _, inverse, _ in places if inverse.output[0] not in read}
+    kept = [node for node in nodes if id(node) not in unused]
+    del graph.node[:]
+    graph.node.extend(kept)
+    return len(replaced)
+
+
+REWRITES = {"rmsnorm": rewrite_rmsnorm}  # the model key `rewrite`'s values (epbuild.manifest.schema.REWRITES)
+PATTERNS = {"rmsnorm": "x * rsqrt(mean(x^2) + eps), the rsqrt as Reciprocal(Sqrt) or Div(1, Sqrt)"}
+
+
+def strided_gathers(graph: Any) -> list[Any]:
+    """The torch dynamo exporter's `as_strided`: a Conv's output reshaped flat, gathered by index and transposed;
+    QNN HTP's compile aborts on it (an assertion in its op builder). The Gather nodes."""
+    producers, readers = _producers(graph), consumers(graph)
+    found = []
+    for gather in (n for n in graph.node if n.op_type == "Gather"):
+        reshape = producers.get(gather.input[0])
+        if reshape is None or reshape.op_type != "Reshape":
+            continue
+        source = producers.get(reshape.input[0])
+        if source is not None and source.op_type == "Conv" and any(
+                c.op_type == "Transpose" for c in readers.get(gather.output[0], [])):
+            found.append(gather)
+    return found
+
+
+def input_branches(graph: Any) -> dict[str, list[str]]:
+    """If nodes whose condition is computed from graph inputs: node name -> those inputs. A configuration input
+    (a sample rate, a mode flag) frozen at build time selects the branch, and the If disappears."""
+    producers = _producers(graph)
+    inputs = {value.name for value in true_inputs(graph)}
+
+    def reaches(name: str) -> list[str]:
+        fed_by, seen, pending = set(), set(), [name]
+        while pending:
+            tensor = pending.pop()
+            if tensor in inputs:
+                fed_by.add(tensor)
+            elif tensor not in seen and tensor in producers:
+                seen.add(tensor)
+                pending.extend(i for i in producers[tensor].input if i)
+        return sorted(fed_by)
+
+    found = {}
+    for node in graph.node:
+        if node.op_type == "If":
+            fed_by = reaches(node.input[0])
+            if fed_by:
+                found[node.name or node.output[0]] = fed_by
+    return found
+
+
+def _places(nodes: list[Any]) -> str:
+    names = [node.name or node.output[0] for node in nodes]
+    return f"{len(names)} place(s), e.g. '{names[0]}'"
+
+
+def compile_hints(model_path: Path, ep_name: str, entry: str, frozen: bool, message: str) -> list[str]:
+    """What would fix a failed compile of `model_path` for `ep_name`, from the causes its graph shows and the
+    failure's `message`."""
+    import onnx
+
+    if ep_name != QNN:
+        return []
+    try:
+        graph = onnx.load(str(model_path), load_external_data=False).graph
+    except Exception:  # noqa: BLE001 - a model that cannot be read has its own failure; no hint
+        return []
+    hints = []
+    rmsnorms = rsqrt_rmsnorms(graph)
+    if rmsnorms:
+        hints.append(f"the model writes RMSNorm as x * rsqrt(mean(x^2) + eps) ({_places([m for _, _, m in rmsnorms])}"
+                     f"), which QNN HTP is known to fail to finalize: add rewrite = [\"rmsnorm\"] to {entry} (the "
+                     "same value as x / sqrt(...), which compiles)")
+    strided = strided_gathers(graph)
+    if strided:
+        hints.append(f"the model has the torch dynamo exporter's as_strided pattern (Conv -> Reshape -> Gather -> "
+                     f"Transpose, {_places(strided)}), on which QNN HTP's compile aborts: export with "
+                     "torch.onnx.export(..., dynamo=False) or write the as_strided as view/unfold in the model")
+    if "Unable to compile any nodes" in message:
+        ops = Counter(node.op_type for node in graph.node)
+        loops = sorted(op for op in ops if op in ("Loop", "Scan"))
+        hints.append(f"QNN HTP took none of the model's nodes ({', '.join(f'{op} x{n}' for op, n in ops.items())})"
+                     + (f"; it does not compile {' or '.join(loops)}: export the loop unrolled (a fixed trip count) "
+                        "or build this model for a CPU or OpenVINO target" if loops else ""))
+    branches = input_branches(graph)
+    if branches and not frozen:
+        node, fed_by = next(iter(branches.items()))
+        values = ", ".join(f"{name} = ..." for name in fed_by)
+        hints.append(f"If node '{node}' branches on graph input {', '.join(repr(n) for n in fed_by)}: where QNN HTP "
+                     f"refuses the If and that is a configuration input, freeze it (freeze = {{ {values} }} in "
+                     f"{entry}) so the build picks the branch")
+    return hints
+
+
+def fp16_hint(metrics: dict[str, dict[str, Any]], thresholds: dict[str, float], target: str, entry: str) -> str | None:
+    """An fp16 artifact whose worst SNR is just below `min_snr_db`: say it is the HTP's fp16 and what the options
+    are, with the number that would pass."""
+    limit = thresholds.get("min_snr_db")
+    snrs = [m["snr_db"] for m in metrics.values() if "snr_db" in m and not m.get("near_constant")]
+    if limit is None or not snrs or not limit - FP16_MARGIN_DB <= min(snrs) < limit:
+        return None
+    suggested = int(min(snrs)) - 1
+    return (f"this fp32 model runs in fp16 on the HTP (about 3 decimal digits), which accounts for an SNR of "
+            f"{min(snrs):.1f} dB: if that is accurate enough, relax this target only (validation.targets = "
+            f"{{ {target} = {{ min_snr_db = {suggested} }} }} in {entry}), or build a quantized target")
