@@ -253,3 +253,28 @@ def strided_after_conv(path: Path) -> Path:
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 4])],
                               [_weights("conv.weight", 8, 3, 3, 3), _weights("conv.bias", 8), flat, indices])
     return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
+
+
+def cancellation_chain(path: Path, depth: int = 120, at: int = 90) -> Path:
+    """A deep elementwise chain (a stand-in for many layers) with one catastrophic cancellation at node `at`:
+    `(h + 1000) - 1000` keeps ~3 significant bits in fp16, so an fp16 EP departs from CPU exactly there (with
+    `at >= depth`, in the node that computes the graph's output)."""
+    scale, shift = (numpy_helper.from_array(np.array([v], np.float32), n) for v, n in ((0.9, "scale"), (0.1, "bias")))
+    offset = numpy_helper.from_array(np.array([1000.0], np.float32), "offset")
+    nodes, current = [], "x"
+    for index in range(depth):
+        if index == at:
+            nodes += [helper.make_node("Add", [current, "offset"], ["cancel.shifted"], name="cancel.add"),
+                      helper.make_node("Sub", ["cancel.shifted", "offset"], ["cancel.out"], name="cancel.sub")]
+            current = "cancel.out"
+        op, operand = ("Mul", "scale") if index % 2 else ("Add", "bias")
+        nodes.append(helper.make_node(op, [current, operand], [f"layer{index}"], name=f"layer{index}"))
+        current = f"layer{index}"
+    if at >= depth:  # the cancellation is the graph's output node
+        nodes += [helper.make_node("Add", [current, "offset"], ["cancel.shifted"], name="cancel.add"),
+                  helper.make_node("Sub", ["cancel.shifted", "offset"], ["y"], name="cancel.sub")]
+    else:
+        nodes.append(helper.make_node("Tanh", [current], ["y"], name="head"))
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 16])], [scale, shift, offset])
+    return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)

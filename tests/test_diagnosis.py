@@ -13,7 +13,7 @@ from conftest import build_report, ran
 from epbuild.manifest.schema import REWRITES as REWRITE_NAMES
 from epbuild.steps.diagnosis import REWRITES, input_branches, rewrite_rmsnorm, rsqrt_rmsnorms, strided_gathers
 from helpers import single_op_model
-from real_models import rmsnorm_block, sample_rate_branches, strided_after_conv
+from real_models import cancellation_chain, rmsnorm_block, sample_rate_branches, strided_after_conv
 
 QNN = """
 [targets.qnn-htp]
@@ -118,3 +118,27 @@ def test_a_model_qnn_takes_nothing_of_names_its_op_types(project):
     project.doit("--continue", check=False)
     line = reason(project, "compile:det@qnn-htp")
     assert "Unable to compile any nodes" in line and "QNN HTP took none of the model's nodes (Det x1)" in line
+
+
+def test_localise_finds_the_node_where_the_ep_departs_from_cpu(project):
+    """validation.localise on a failed fp16 validation: a 120-layer chain with one cancellation; two rounds of
+    checkpoints find the node (Sub), its SNR there and its input's, in the failure line and validation.json."""
+    cancellation_chain(project.root / "models" / "chain.onnx")
+    project.manifest(entry("chain", "validation = { localise = true }") + QNN)
+    project.doit("--continue", check=False)
+    line = reason(project, "validate:chain@qnn-htp")
+    assert "snr_db" in line and "localise: first departs at node 'cancel.sub' (Sub), tensor 'cancel.out' at SNR" in line
+    divergence = json.loads((project.artifacts / "qnn-htp" / "chain" / "validation.json").read_text())["divergence"]
+    assert divergence["found"] and divergence["node"] == "cancel.sub" and divergence["rounds"] == 2
+    assert divergence["snr_db"] < 40 and divergence["inputs_snr_db"]["cancel.shifted"] > 40
+
+
+def test_localise_says_when_every_intermediate_holds(project):
+    """The departure in the node that computes the graph's output: said as such, never a made-up node."""
+    cancellation_chain(project.root / "models" / "late.onnx", depth=6, at=6)
+    project.manifest(entry("late", "validation = { localise = true }") + QNN)
+    project.doit("--continue", check=False)
+    divergence = json.loads((project.artifacts / "qnn-htp" / "late" / "validation.json").read_text())["divergence"]
+    assert divergence == {**divergence, "found": False, "checked": 7, "rounds": 1}
+    assert "localise: the 7 intermediate tensors checked all hold; the outputs' own nodes depart" in reason(
+        project, "validate:late@qnn-htp")

@@ -190,6 +190,7 @@ CHANGES = {  # change -> the tasks that must execute
     "the validation inputs file": (_file_edit("models/tinycnn_inputs.npz", lambda p: _inputs(p, seed=1)),
                                    TINYCNN_VALIDATIONS),
     "a validation time limit": (_manifest_edit("min_snr_db = 40", "min_snr_db = 40, timeout_s = 100"), set()),
+    "localise on a passing validation": (_manifest_edit("min_snr_db = 40", "min_snr_db = 40, localise = true"), set()),
     "min_offload (a check of the recorded placement)": (
         _manifest_edit(QNN_TARGET, 'min_offload = 0.5\n' + QNN_TARGET), {"compile:tinycnn@qnn-htp"}),
     "an unrelated environment variable": (_environment, set()),

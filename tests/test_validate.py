@@ -233,7 +233,8 @@ def _reference_request(tmp_path, reference, declared, reference_is):
             "source": str(artifact), "reference": str(reference), "declared": str(declared),
             "reference_is": reference_is, "float_reference": None, "float_reference_is": "", "ep": "cpu",
             "device": "cpu", "embed": False, "mode": "run", "options": {}, "inputs": {}, "inputs_file": None,
-            "precision": "fp32", "thresholds": {}, "frozen": {}, "entry": "models.m", "manifest": "models.toml"}
+            "precision": "fp32", "thresholds": {}, "frozen": {}, "entry": "models.m", "manifest": "models.toml",
+            "target": "cpu", "localise": False, "compile_options": {}, "localise_budget_s": 60.0}
 
 
 def _unloadable(path):

@@ -61,6 +61,9 @@ class MemberValidation(TypedDict):
     entry: str  # the model's manifest entry, for errors about its keys
     manifest: str
     target: str  # the target's name, for what a failure suggests
+    localise: bool  # on failed outputs, find where the EP departs (epbuild.steps.localise)
+    compile_options: dict[str, str]  # the EP's options as the compile had them, for localise's sessions
+    localise_budget_s: float
 
 
 class ValidationRequest(TypedDict):
@@ -80,5 +83,6 @@ class ValidationReport(TypedDict, total=False):
     inputs: dict[str, Any]
     against_float_model: dict[str, dict[str, Any]]
     notes: list[str]  # what the figures mean where they can mislead (a nearly constant reference)
+    divergence: dict[str, Any]  # validation.localise: the first tensor where the EP departs from CPU
     members: dict[str, Any]  # groups: each member's report
     structural: str

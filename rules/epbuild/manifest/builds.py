@@ -89,6 +89,7 @@ class ValidationSettings:
     reference: Path | None
     thresholds: dict[str, float]  # only those the manifest sets; the rest default by precision
     timeout_s: float
+    localise: bool = False  # a failed validation finds where the EP departs from CPU (epbuild.steps.localise)
 
 
 @dataclass(frozen=True)

@@ -175,6 +175,10 @@ KEYS: tuple[Key, ...] = (
         "`targets = { qnn-htp = { min_snr_db = 30 } }` relaxes fp16 QNN without relaxing CPU or OpenVINO"),
     Key("timeout_s", ("validation",), NUMBER, "wall-time limit of the validation child (default 600)",
         check=positive),
+    Key("localise", ("validation",), bool, "when outputs miss a threshold, find the first intermediate tensor where "
+        "the EP departs from CPU (its node, op type and SNR, in the failure line and `validation.json`'s "
+        "`divergence`); a few extra EP compiles of the model with chosen tensors as outputs, within the "
+        "validation's time limit; changes no passed result, so no task reruns for it"),
     Key("max_abs_error", ("validation",), NUMBER, "threshold per output", check=non_negative),
     Key("mean_abs_error", ("validation",), NUMBER, "threshold per output", check=non_negative),
     Key("max_rel_error", ("validation",), NUMBER, "threshold per output", check=non_negative),

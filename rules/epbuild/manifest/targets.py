@@ -148,9 +148,9 @@ def validation_settings(model: ModelSpec, target: TargetSpec) -> ValidationSetti
     """The target's validation settings, the model's over them, and the model's for this target over both."""
     own = {k: v for k, v in model.validation.items() if k != "targets"}
     merged = {**target.validation, **own, **model.validation.get("targets", {}).get(target.name, {})}
-    thresholds = {k: v for k, v in merged.items() if k not in ("inputs", "reference", "timeout_s")}
+    thresholds = {k: v for k, v in merged.items() if k not in ("inputs", "reference", "timeout_s", "localise")}
     return ValidationSettings(target.validate, merged.get("inputs"), merged.get("reference"), thresholds,
-                              merged.get("timeout_s", VALIDATION_TIMEOUT_S))
+                              merged.get("timeout_s", VALIDATION_TIMEOUT_S), merged.get("localise", False))
 
 
 def _chain(model: ModelSpec, target: ResolvedTarget, manifest: Manifest, external: tuple[Path, ...]) -> Chain:

@@ -30,6 +30,8 @@ from .compilers import compiler
 from .diagnosis import fp16_hint
 from .graph import EP_CONTEXT
 from .graph import attributes as node_attributes
+from .localise import localise
+from .localise import summary as localised
 from .reference import ReferenceUnusable, float_outputs, reference_outputs, session_options
 from .stages import Stage
 from .validation_inputs import SEED, make_inputs
@@ -64,6 +66,8 @@ def member_request(build: Build, member: Member, folder: Path, files: list[str],
         "precision": target.precision(), "thresholds": settings.thresholds,
         "frozen": {name: list(values) for name, values in (member.frozen or {}).items()},
         "entry": f"models.{member.name}", "manifest": build.manifest, "target": target.name,
+        "localise": settings.localise, "compile_options": target.session_options(),
+        "localise_budget_s": settings.timeout_s / 2,
     }
 
 
@@ -306,6 +310,28 @@ def _is_qdq(path: str) -> bool:
     return any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node)
 
 
+def _localise(ort: Any, info: EpInfo, request: MemberValidation, feeds: dict[str, Any],
+              thresholds: dict[str, float]) -> dict[str, Any] | None:
+    """Where the EP departs from CPU on the model the artifact was compiled from; None for CPU targets (both
+    sides would be ONNX Runtime's CPU EP)."""
+    from ..execute.host import select_ep_device
+
+    if info.is_cpu:
+        return None
+
+    def on_ep() -> Any:
+        options = session_options(ort)
+        options.add_provider_for_devices([select_ep_device(ort, info, request["device"])],
+                                         request["compile_options"])
+        return options
+
+    try:
+        return localise(ort, request["source"], feeds, thresholds, on_ep, lambda: session_options(ort),
+                        request["localise_budget_s"])
+    except Exception as exc:  # noqa: BLE001 - the validation's own result stands; say why there is no more
+        return {"found": False, "error": " ".join(str(exc).split())[:300]}
+
+
 def validate_member(request: MemberValidation) -> ValidationReport:
     """Structural checks; then run the artifact on its EP, check where it ran, and compare every output with the
     reference model on CPU, fed the same inputs."""
@@ -346,6 +372,10 @@ def validate_member(request: MemberValidation) -> ValidationReport:
     fp16 = fp16_hint(metrics, thresholds, request["target"], request["entry"]) if kind == "fp16" and missed else None
     if fp16:
         failures.append(fp16)
+    divergence = _localise(ort, info, request, feeds, thresholds) if missed and request["localise"] else None
+    if divergence:
+        failures.append(localised(divergence) if "error" not in divergence else
+                        f"localise could not run: {divergence['error']}")
     if failures and hint:
         failures[-1] += hint
     flat = [name for name, m in metrics.items() if m.get("near_constant")]
@@ -358,6 +388,7 @@ def validate_member(request: MemberValidation) -> ValidationReport:
     report: ValidationReport = {
         "status": "failed" if failures else "passed", "precision": kind, "thresholds": thresholds,
         "ran_on": ran_on, "outputs": metrics, **({"notes": notes} if notes else {}),
+        **({"divergence": divergence} if divergence else {}),
         "inputs": {"from": request["inputs_file"] or f"generated, seed {SEED}",
                    "shapes": {k: list(v.shape) for k, v in feeds.items()},
                    **({"generated": generated} if generated else {}),
