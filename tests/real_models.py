@@ -278,3 +278,25 @@ def cancellation_chain(path: Path, depth: int = 120, at: int = 90) -> Path:
     graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 16])], [scale, shift, offset])
     return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def wide_mlp(path: Path, width: int = 3584, layers: int = 4) -> Path:
+    """`layers` square fp32 MatMuls of `width` (4 x 3584^2 x 4 B = 196 MiB) in `<name>.onnx.data`, a symbolic
+    batch, and a Shape -> ConstantOfShape bias that the fold stage folds: a large model's shape in small."""
+    rng = np.random.default_rng(1)
+    weights = [numpy_helper.from_array(rng.standard_normal((width, width), dtype=np.float32) / width**0.5,
+                                       f"layers.{i}.weight") for i in range(layers)]
+    nodes, current = [], "x"
+    for index in range(layers):
+        nodes += [helper.make_node("MatMul", [current, f"layers.{index}.weight"], [f"layers.{index}.out"]),
+                  helper.make_node("Relu", [f"layers.{index}.out"], [f"layers.{index}.act"])]
+        current = f"layers.{index}.act"
+    shape = numpy_helper.from_array(np.array([width], np.int64), "bias_shape")
+    nodes += [helper.make_node("ConstantOfShape", ["bias_shape"], ["bias"],
+                               value=numpy_helper.from_array(np.array([0.5], np.float32))),
+              helper.make_node("Add", [current, "bias"], ["y"])]
+    graph = helper.make_graph(nodes, "wide", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", width])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", width])],
+                              [*weights, shape])
+    return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path,
+                 save_as_external_data=True, location=f"{path.name}.data", size_threshold=1024)

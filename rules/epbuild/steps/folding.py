@@ -14,18 +14,24 @@ from typing import Any
 
 from .graph import EP_CONTEXT, dims, initializer_names
 
+FOLD_INPUT_LIMIT = 2**20  # bytes: a node that reads a bigger weight (a Transpose of a Linear's) is left to the EP,
+# which takes constant weights' ops itself; folding it would load and rewrite the weights the stage otherwise keeps
 KEPT = {EP_CONTEXT, "QuantizeLinear", "DequantizeLinear", "RandomNormal", "RandomUniform", "RandomNormalLike",
         "RandomUniformLike", "Multinomial", "If", "Loop", "Scan"}
 
 
 def foldable_nodes(graph: Any) -> list[Any]:
-    """The nodes to replace by their values: each computes only from initializers and other such nodes (or is the
-    Shape of a static tensor), and at least one node of its chain is not a bare Constant (those stay as they are)."""
+    """The nodes to replace by their values: each computes only from initializers of at most FOLD_INPUT_LIMIT bytes
+    and other such nodes (or is the Shape of a static tensor), and at least one node of its chain is not a bare
+    Constant (those stay as they are)."""
+    big = {t.name for t in graph.initializer if _size(t) > FOLD_INPUT_LIMIT}
     known = initializer_names(graph) | {""}
     shapes = {v.name: v for v in [*graph.value_info, *graph.input, *graph.output]}
     found = []
     for node in graph.node:  # topologically sorted in a valid model
         if node.op_type in KEPT or node.domain not in ("", "ai.onnx"):
+            continue
+        if any(name in big for name in node.input):
             continue
         static_shape = (node.op_type == "Shape" and node.input[0] in shapes
                         and all(isinstance(d, int) for d in dims(shapes[node.input[0]])))
@@ -39,6 +45,34 @@ def foldable_nodes(graph: Any) -> list[Any]:
             computing.add(id(node))
             computing.update(id(produced[name]) for name in node.input if name in produced)
     return [node for node in found if id(node) in computing]
+
+
+def _size(tensor: Any) -> int:
+    from onnx import helper
+
+    count = 1
+    for dim in tensor.dims:
+        count *= dim
+    try:
+        return count * helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+    except (KeyError, TypeError):  # strings and other types without a fixed size
+        return count * 8
+
+
+def _with_values(tensor: Any) -> Any:
+    """`tensor` with its bytes: a copy read from its external-data file (in the working folder) when the model was
+    read without its weights; the model's own tensor stays a reference."""
+    import onnx
+    from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
+
+    if not uses_external_data(tensor) or tensor.HasField("raw_data"):
+        return tensor
+    loaded = onnx.TensorProto()
+    loaded.CopyFrom(tensor)
+    load_external_data_for_tensor(loaded, ".")
+    loaded.data_location = onnx.TensorProto.DEFAULT
+    del loaded.external_data[:]
+    return loaded
 
 
 def fold_constants(model: Any) -> int:
@@ -69,7 +103,7 @@ def fold_constants(model: Any) -> int:
         else:
             evaluated.append(node)
             inputs.update(node.input)
-    weights = [t for t in graph.initializer if t.name in inputs]
+    weights = [_with_values(t) for t in graph.initializer if t.name in inputs]
     sub = helper.make_graph(evaluated, "constants", [], [helper.make_empty_tensor_value_info(n) for n in wanted],
                             weights)
     sub_model = helper.make_model(sub, opset_imports=model.opset_import, ir_version=model.ir_version)

@@ -18,7 +18,7 @@ from ..execute.fork_server import SHAPE_STAGE
 from ..store.cache import Outcome, Workspace, cached_folder, with_download
 from ..store.hashing import snapshot
 from ..store.layout import STAGES
-from ..store.publish import discard
+from ..store.publish import copy_file, discard
 from .diagnosis import PATTERNS, REWRITES
 from .fingerprint import stage_config, stage_fingerprint
 from .folding import fold_constants
@@ -92,16 +92,18 @@ def shape_tools() -> tuple[Any, Any]:
     return ort_tool("onnx_model_utils"), ort_tool("symbolic_shape_infer")
 
 
-def fix_shapes(source: Path, output: Path, inputs: dict[str, list[int]], data_file: str | None) -> list[str]:
+def fix_shapes(source: Path, output: Path, inputs: dict[str, list[int]], data_file: str | None,
+               weights: bool = True) -> list[str]:
     """Fix the inputs in the file (-1 and unnamed dimensions too, which free-dimension overrides cannot reach by
-    name), then infer every intermediate shape; returns the tensors that stay dynamic."""
+    name), then infer every intermediate shape; returns the tensors that stay dynamic. Without `weights` the
+    graph is read and written without its external data (shape inference needs dimensions, not values)."""
     import onnx
 
     model_utils, symbolic = shape_tools()
     fix_output_shapes, make_input_shape_fixed = model_utils.fix_output_shapes, model_utils.make_input_shape_fixed
     SymbolicShapeInference = symbolic.SymbolicShapeInference
 
-    model = onnx.load(source.name)  # external data resolves next to the model (the working folder)
+    model = onnx.load(source.name, load_external_data=weights)  # external data resolves in the working folder
     check_input_names(model.graph, list(inputs), "inputs")
     clear_placeholder_dims(model.graph)
     for name, shape in inputs.items():
@@ -245,7 +247,8 @@ def _run_stage(request: dict[str, Any]) -> dict[str, Any]:
     import onnxruntime as ort
 
     source, output, settings = Path(request["input"]), Path(request["output"]), request["settings"]
-    data_file = request["data_file"]
+    data_file, kept = request["data_file"], request["kept_data"]
+    weights = not kept  # a weightless stage keeps the input's external data as it is
     os.chdir(source.parent)  # external data resolves next to the model, as in compiles
     kind, result = request["kind"], {}
     if kind == "freeze":
@@ -255,13 +258,13 @@ def _run_stage(request: dict[str, Any]) -> dict[str, Any]:
             always_written(output.with_name(data_file))
     elif kind == "shape":
         with located(request["manifest"], request["entry"]):
-            result["dynamic"] = fix_shapes(source, output, settings["inputs"], data_file)
+            result["dynamic"] = fix_shapes(source, output, settings["inputs"], data_file, weights)
     elif kind == "fold":
-        model = onnx.load(source.name)  # external data resolves next to the model (the working folder)
+        model = onnx.load(source.name, load_external_data=weights)  # external data resolves in the working folder
         result["folded"] = fold_constants(model)
         save(model, output, data_file)
     elif kind == "rewrite":
-        model = onnx.load(source.name)
+        model = onnx.load(source.name, load_external_data=weights)
         result["rewritten"] = {rule: REWRITES[rule](model.graph) for rule in settings["rules"]}
         missing = [rule for rule, count in result["rewritten"].items() if not count]
         if missing:
@@ -283,9 +286,11 @@ def _run_stage(request: dict[str, Any]) -> dict[str, Any]:
         quantize(source, output, request["flavour"], settings, request["calibration"], request["task"], data_file)
     else:
         squash(source, output, settings["limit_bytes"])
-    kept = {output.name, data_file}
+    for name in kept:  # the bytes as they are: a reflink or an in-kernel copy, never through Python
+        copy_file(source.with_name(name), output.with_name(name))
+    written = {output.name, data_file, *kept}
     for leftover in output.parent.iterdir():  # quantizers may leave helper models next to the output
-        if leftover.is_file() and leftover.name not in kept:
+        if leftover.is_file() and leftover.name not in written:
             leftover.unlink()
     problems = missing_files(output, onnx.load(str(output), load_external_data=False))
     if problems:
@@ -297,7 +302,7 @@ def stage_request(stage: Stage, output: Path) -> dict[str, Any]:
     return {"kind": stage.kind, "task": stage.task, "flavour": stage.flavour, "input": str(stage.input),
             "manifest": stage.manifest, "entry": f"models.{stage.model}",
             "output": str(output), "settings": stage.settings, "calibration": [str(p) for p in stage.calibration],
-            "data_file": stage.output_data.name if stage.output_data else None}
+            "data_file": stage.output_data.name if stage.output_data else None, "kept_data": list(stage.kept_data)}
 
 
 def produce_stage(stage: Stage, workspace: Workspace, scratch: Path) -> dict[str, Any]:
@@ -311,9 +316,10 @@ def produce_stage(stage: Stage, workspace: Workspace, scratch: Path) -> dict[str
         discard(workdir)
 
 
-def run_stage(stage: Stage, workspace: Workspace) -> tuple[Outcome, float, list[str], str | None]:
+def run_stage(stage: Stage, workspace: Workspace) -> tuple[Outcome, float, list[str], str | None,
+                                                           dict[str, float] | None]:
     """Produce (or restore) the stage's output, atomically; (where from, seconds, tensors left dynamic, the Dask
-    worker that produced it)."""
+    worker that produced it, the child's usage: seconds and peak memory, None when restored)."""
     started = time.monotonic()
     inputs = snapshot([stage.input, *stage.input_external, *stage.calibration])
     fingerprint = stage_fingerprint(stage, workspace.hashes)
@@ -327,8 +333,9 @@ def run_stage(stage: Stage, workspace: Workspace) -> tuple[Outcome, float, list[
 
     outcome = cached_folder(stage.task, fingerprint, workspace, stage.output.parent,
                             sorted(p.name for p in stage.outputs), produce, stage_config(stage), inputs)
-    return (with_download(outcome, answer), time.monotonic() - started, answer.get("answer", {}).get("dynamic", []),
-            answer.get("worker"))
+    child = answer.get("answer", {})
+    return (with_download(outcome, answer), time.monotonic() - started, child.get("dynamic", []),
+            answer.get("worker"), child.get("usage"))
 
 
 def main() -> None:

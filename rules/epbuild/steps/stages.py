@@ -28,6 +28,9 @@ from ..manifest.parse import ModelSpec
 from ..store.layout import Layout
 
 PROTOBUF_LIMIT = 2**31 - 1  # a single-file ONNX model must serialize below 2 GiB
+# Stages that change only the graph: they read it without its weights and keep the input's external-data files as
+# they are (copied beside the output, a reflink where the file system has them), so their memory is the graph's.
+WEIGHTLESS = ("rewrite", "shape", "fold")
 
 
 @dataclass(frozen=True)
@@ -42,10 +45,12 @@ class Stage:
     input_external: tuple[Path, ...] = ()  # the input's external-data files
     output_data: Path | None = None  # the output's own external-data file
     manifest: str = "models.toml"  # the manifest's file name, for errors about the model's keys
+    kept_data: tuple[str, ...] = ()  # a weightless stage: the input's external-data files, copied as they are
 
     @property
     def outputs(self) -> list[Path]:
-        return [self.output, *([self.output_data] if self.output_data else [])]
+        kept = [self.output.with_name(name) for name in self.kept_data]
+        return [self.output, *([self.output_data] if self.output_data else []), *kept]
 
     @property
     def task(self) -> str:
@@ -82,6 +87,12 @@ def stage_chain(model: ModelSpec, layout: Layout, external: tuple[Path, ...], fl
         nonlocal path, external
         folder = f"{kind}-{stage_flavour}" if stage_flavour else kind
         output = layout.stage_output(model.name, folder)
+        kept = tuple(p.name for p in external)
+        if kind in WEIGHTLESS and external and all(p.parent == path.parent for p in external):
+            stages.append(Stage(kind, model.name, stage_flavour, path, output, settings, calibration, external, None,
+                                manifest, kept))
+            path, external = output, tuple(output.with_name(name) for name in kept)
+            return
         data = output.with_name(f"{model.name}.onnx.data") if external and kind != "squash" else None
         stages.append(Stage(kind, model.name, stage_flavour, path, output, settings, calibration, external, data,
                             manifest))

@@ -66,7 +66,7 @@ def run_compile(build: Build, workspace: Workspace) -> TaskFailed | dict[str, An
 
 def run_stage_task(stage: Stage, workspace: Workspace) -> TaskFailed | dict[str, Any]:
     try:
-        outcome, seconds, dynamic, worker = run_stage(stage, workspace)
+        outcome, seconds, dynamic, worker, usage = run_stage(stage, workspace)
     except FAILURES as exc:
         return failure(exc)
     if dynamic:
@@ -76,9 +76,10 @@ def run_stage_task(stage: Stage, workspace: Workspace) -> TaskFailed | dict[str,
         print(f"warning: {stage.task} calibrated on fixed-seed random data: for smoke tests only, the "
               "quantization ranges do not reflect real inputs")
     status = "restored" if outcome.restored else "compiled"
-    print(f"{status} {stage.task}: {seconds:.1f} s -> {os.path.relpath(stage.output)}{_origin(outcome)}")
+    print(f"{status} {stage.task}: {seconds:.1f} s{usage_text(usage)} -> {os.path.relpath(stage.output)}"
+          f"{_origin(outcome)}")
     return {"status": status, **outcome.report(), **({"worker": worker} if worker else {}),
-            "seconds": round(seconds, 3),
+            "seconds": round(seconds, 3), **({"child": usage} if usage else {}),
             "files": file_records(stage.output.parent, [p.name for p in stage.outputs], workspace),
             "_published": published(stage.outputs, workspace.hashes, workspace.project_root)}
 
