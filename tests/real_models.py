@@ -300,3 +300,81 @@ def wide_mlp(path: Path, width: int = 3584, layers: int = 4) -> Path:
                               [*weights, shape])
     return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path,
                  save_as_external_data=True, location=f"{path.name}.data", size_threshold=1024)
+
+
+def kv_decoder(path: Path, layers: int = 2, hidden: int = 64, heads: int = 4, vocab: int = 96) -> Path:
+    """A LLaMA-like decoder with a KV cache, as exporters write one for prompt and token graphs of the same weights:
+    `input_ids` [batch_size, sequence_length], `attention_bias` [batch_size, 1, sequence_length,
+    total_sequence_length] (0 or -10000, made by the application), `past_key_values.L.key/value` [batch_size,
+    heads, past_sequence_length, head_dim]; outputs `logits` and `present.L.key/value` (past and new, concatenated).
+    RMSNorm in the x / sqrt form, fixed-seed weights in `<name>.onnx.data`."""
+    rng = np.random.default_rng(7)
+    head_dim = hidden // heads
+
+    def weight(name: str, *shape: int, scale: float | None = None) -> onnx.TensorProto:
+        scale = scale if scale is not None else 1 / shape[0] ** 0.5
+        return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32), name)
+
+    cache = ["batch_size", heads, "past_sequence_length", head_dim]
+    inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
+              helper.make_tensor_value_info("attention_bias", TensorProto.FLOAT,
+                                            ["batch_size", 1, "sequence_length", "total_sequence_length"])]
+    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch_size", "sequence_length", vocab])]
+    initializers = [weight("embed_tokens.weight", vocab, hidden, scale=1.0), weight("lm_head.weight", hidden, vocab),
+                    numpy_helper.from_array(np.array([0, 0, heads, head_dim], np.int64), "split_heads"),
+                    numpy_helper.from_array(np.array([0, 0, hidden], np.int64), "merge_heads"),
+                    numpy_helper.from_array(np.array(head_dim ** -0.5, np.float32), "attention_scale"),
+                    numpy_helper.from_array(np.array([-1], np.int64), "last_axis"),
+                    numpy_helper.from_array(np.array(1e-6, np.float32), "eps")]
+    nodes = [helper.make_node("Gather", ["embed_tokens.weight", "input_ids"], ["embedded"])]
+
+    def rms_norm(source: str, name: str) -> str:
+        initializers.append(numpy_helper.from_array(np.ones(hidden, np.float32), f"{name}.weight"))
+        nodes.extend([helper.make_node("Mul", [source, source], [f"{name}.squared"]),
+                      helper.make_node("ReduceMean", [f"{name}.squared", "last_axis"], [f"{name}.mean"]),
+                      helper.make_node("Add", [f"{name}.mean", "eps"], [f"{name}.shifted"]),
+                      helper.make_node("Sqrt", [f"{name}.shifted"], [f"{name}.rms"]),
+                      helper.make_node("Div", [source, f"{name}.rms"], [f"{name}.normed"]),
+                      helper.make_node("Mul", [f"{name}.normed", f"{name}.weight"], [f"{name}.out"])])
+        return f"{name}.out"
+
+    hidden_state = "embedded"
+    for layer in range(layers):
+        p = f"layers.{layer}"
+        inputs += [helper.make_tensor_value_info(f"past_key_values.{layer}.{kv}", TensorProto.FLOAT, cache)
+                   for kv in ("key", "value")]
+        outputs += [helper.make_tensor_value_info(f"present.{layer}.{kv}", TensorProto.FLOAT,
+                                                  ["batch_size", heads, "total_sequence_length", head_dim])
+                    for kv in ("key", "value")]
+        initializers += [weight(f"{p}.{w}.weight", hidden, hidden) for w in ("q_proj", "k_proj", "v_proj", "o_proj")]
+        initializers += [weight(f"{p}.up_proj.weight", hidden, 2 * hidden), weight(f"{p}.down_proj.weight", 2 * hidden,
+                                                                                 hidden)]
+        normed = rms_norm(hidden_state, f"{p}.input_layernorm")
+        for kv in ("q", "k", "v"):
+            nodes += [helper.make_node("MatMul", [normed, f"{p}.{kv}_proj.weight"], [f"{p}.{kv}"]),
+                      helper.make_node("Reshape", [f"{p}.{kv}", "split_heads"], [f"{p}.{kv}.heads"]),
+                      helper.make_node("Transpose", [f"{p}.{kv}.heads"], [f"{p}.{kv}.t"], perm=[0, 2, 1, 3])]
+        nodes += [helper.make_node("Concat", [f"past_key_values.{layer}.key", f"{p}.k.t"], [f"present.{layer}.key"],
+                                   axis=2),
+                  helper.make_node("Concat", [f"past_key_values.{layer}.value", f"{p}.v.t"],
+                                   [f"present.{layer}.value"], axis=2),
+                  helper.make_node("Transpose", [f"present.{layer}.key"], [f"{p}.k.tt"], perm=[0, 1, 3, 2]),
+                  helper.make_node("MatMul", [f"{p}.q.t", f"{p}.k.tt"], [f"{p}.scores.raw"]),
+                  helper.make_node("Mul", [f"{p}.scores.raw", "attention_scale"], [f"{p}.scores.scaled"]),
+                  helper.make_node("Add", [f"{p}.scores.scaled", "attention_bias"], [f"{p}.scores"]),
+                  helper.make_node("Softmax", [f"{p}.scores"], [f"{p}.probs"], axis=-1),
+                  helper.make_node("MatMul", [f"{p}.probs", f"present.{layer}.value"], [f"{p}.context.heads"]),
+                  helper.make_node("Transpose", [f"{p}.context.heads"], [f"{p}.context.t"], perm=[0, 2, 1, 3]),
+                  helper.make_node("Reshape", [f"{p}.context.t", "merge_heads"], [f"{p}.context"]),
+                  helper.make_node("MatMul", [f"{p}.context", f"{p}.o_proj.weight"], [f"{p}.attention"]),
+                  helper.make_node("Add", [hidden_state, f"{p}.attention"], [f"{p}.residual"])]
+        normed = rms_norm(f"{p}.residual", f"{p}.post_attention_layernorm")
+        nodes += [helper.make_node("MatMul", [normed, f"{p}.up_proj.weight"], [f"{p}.up"]),
+                  helper.make_node("Relu", [f"{p}.up"], [f"{p}.act"]),
+                  helper.make_node("MatMul", [f"{p}.act", f"{p}.down_proj.weight"], [f"{p}.down"]),
+                  helper.make_node("Add", [f"{p}.residual", f"{p}.down"], [f"{p}.out"])]
+        hidden_state = f"{p}.out"
+    nodes.append(helper.make_node("MatMul", [rms_norm(hidden_state, "norm"), "lm_head.weight"], ["logits"]))
+    graph = helper.make_graph(nodes, "decoder", inputs, outputs, initializers)
+    return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path,
+                 save_as_external_data=True, location=f"{path.name}.data", size_threshold=1024)

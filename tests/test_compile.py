@@ -173,8 +173,9 @@ def test_symbolic_input_without_inputs_is_refused_before_any_build_for_npu_and_b
     project.manifest('[models.dynbatch]\npath = "models/dynbatch.onnx"\n' + QNN_TARGETS)
     done = project.doit("--continue", check=False)
     assert done.returncode == 2 and ran(done) == set()
-    assert ("models.toml: models.dynbatch.inputs: input 'x' ([?, 3, 32, 32]) has symbolic dimension 0; target "
-            "'qnn-htp' needs static shapes: set inputs = { x = [...] }") in done.stderr
+    assert ("models.toml: models.dynbatch.inputs: input 'x' ([?, 3, 32, 32]) has symbolic dimension 0 ('batch'); "
+            "target 'qnn-htp' needs static shapes: set dims = { batch = ... } (every input with that dimension) or "
+            "inputs = { x = [...] }") in done.stderr
     project.manifest('[models.dynbatch]\npath = "models/dynbatch.onnx"\ntargets = ["cpu"]\n' + QNN_TARGETS)
     assert "compiled compile:dynbatch@cpu" in project.doit(check=False).stdout  # the CPU target keeps it dynamic
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import filecmp
+import json
 
 import onnx
+import pytest
 
 from conftest import build_report, ran
-from real_models import wide_mlp
+from real_models import kv_decoder, wide_mlp
 
 QNN = """
 [targets.qnn-htp]
@@ -35,3 +37,76 @@ def test_graph_stages_keep_the_weights_on_disk_and_out_of_memory(project):
     assert "ConstantOfShape" not in [node.op_type for node in folded.graph.node]
     assert [d.dim_value for d in folded.graph.input[0].type.tensor_type.shape.dim] == [1, 3584]
     assert f"peak {tasks['fold:wide']['child']['peak_mb']:.0f} MB -> " in done.stdout
+
+
+DECODER = '''
+[models.decoder]
+path = "models/decoder.onnx"
+dims = { batch_size = 1 }
+
+[models.decoder.variants.prompt]
+dims = { sequence_length = 8, past_sequence_length = 24, total_sequence_length = 32 }
+
+[models.decoder.variants.token]
+dims = { sequence_length = 1, past_sequence_length = 31, total_sequence_length = 32 }
+
+[targets.cpu]
+ep = "cpu"
+
+[targets.qnn-htp]
+ep = "qnn"
+options = { soc_model = 60 }
+
+[groups.llm]
+target = "qnn-htp"
+models = ["decoder.prompt", "decoder.token"]
+'''
+
+
+def test_prompt_and_token_variants_of_one_decoder_share_one_qnn_context(project):
+    """One dynamic decoder with a KV cache declared once with `dims` and two `variants`: each variant builds and
+    validates alone on cpu and on the HTP simulator, and the group puts both graphs in one binary, smaller than the
+    two alone, with the loading contract in artifact.json. (QNN's weight-shared binaries differ from compile to
+    compile: nothing here compares their bytes.)"""
+    kv_decoder(project.root / "models" / "decoder.onnx")
+    project.manifest(DECODER)
+    done = project.doit("--continue", check=False)
+    tasks = build_report(project)
+    for variant in ("prompt", "token"):
+        for target in ("cpu", "qnn-htp"):
+            report = json.loads((project.artifacts / target / f"decoder.{variant}" / "validation.json").read_text())
+            assert report["status"] == "passed", report
+        assert json.loads((project.artifacts / "qnn-htp" / f"decoder.{variant}" / "validation.json").read_text())[
+            "outputs"]["logits"]["snr_db"] > 40
+    staged = onnx.load(str(project.artifacts / ".stages" / "decoder.token" / "shape" / "decoder.token.onnx"),
+                       load_external_data=False)
+    shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in staged.graph.input}
+    assert shapes["input_ids"] == [1, 1] and shapes["past_key_values.0.key"] == [1, 4, 31, 16]
+    assert shapes["attention_bias"] == [1, 1, 1, 32]
+    contract = json.loads((project.artifacts / "qnn-htp" / "groups" / "llm" / "artifact.json").read_text())["loading"]
+    assert contract["order"] == ["decoder.prompt", "decoder.token"] and contract["one_binary"]
+    assert contract["session_options"] == {"ep.share_ep_contexts": "1"}
+    sharing = contract["sharing"]
+    assert set(sharing["alone_bytes"]) == {"decoder.prompt", "decoder.token"}
+    assert sharing["shared_bytes"] < sum(sharing["alone_bytes"].values()) and 0 < sharing["ratio"] < 1
+    assert f"{sharing['ratio']:.2f} of the members compiled alone" in done.stdout
+    assert tasks["validate:llm"]["status"] == "skipped"  # the simulator cannot load it: never counted as passed
+    assert "one binary, " in (project.artifacts / "report.html").read_text()
+
+
+@pytest.mark.parametrize("model, message", [
+    ('dims = { seq_len = 8 }', "models.decoder.dims.seq_len: no input of the model has a dimension named 'seq_len'"),
+    ('variants = { prompt = { dims = { sequence_lenght = 8 } } }',
+     "models.decoder.variants.prompt.dims.sequence_lenght: no input of the model has a dimension named "
+     "'sequence_lenght' (did you mean 'sequence_length'?)"),
+    ('variants = { prompt = { dim = { sequence_length = 8 } } }',
+     "models.decoder.variants.prompt.dim: unknown key (did you mean 'dims'?)"),
+    ('dims = { sequence_length = 0 }', "models.decoder.dims.sequence_length: must be a positive integer"),
+    ('variants = { token = { dims = { sequence_length = 1 } } }\n[models."decoder.token"]\npath = '
+     '"models/decoder.onnx"', "models.decoder.variants.token: a variant of 'decoder' is named 'decoder.token'"),
+])
+def test_dims_and_variants_mistakes_are_one_line_before_any_build(project, model, message):
+    kv_decoder(project.root / "models" / "decoder.onnx")
+    project.manifest(f'[models.decoder]\npath = "models/decoder.onnx"\n{model}\n[targets.cpu]\nep = "cpu"\n')
+    done = project.doit("list", check=False)
+    assert done.returncode == 2 and done.stderr.startswith(f"error: models.toml: {message}"), done.stderr

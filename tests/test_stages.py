@@ -175,5 +175,5 @@ def test_a_stage_that_needs_a_static_shape_the_manifest_does_not_give(project):
     done = project.doit(check=False)
     assert done.returncode == 2 and done.stdout == ""  # found before any task, as every manifest error
     assert done.stderr.strip() == ("error: models.toml: models.dynbatch.inputs: input 'x' ([?, 3, 32, 32]) has "
-                                   "symbolic dimension 0; target 'qnn-int8' needs static shapes: set "
-                                   "inputs = { x = [...] }")
+                                   "symbolic dimension 0 ('batch'); target 'qnn-int8' needs static shapes: set "
+                                   "dims = { batch = ... } (every input with that dimension) or inputs = { x = [...] }")

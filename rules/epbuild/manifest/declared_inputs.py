@@ -5,22 +5,60 @@ in epbuild. The stages and compiles check again (a model can change under a runn
 
 from __future__ import annotations
 
-from ..errors import UserError
+import dataclasses
+
+from ..errors import UserError, closest
+from ..steps.graph import PLACEHOLDER
 from .builds import Build
 from .parse import Manifest
 
 Shapes = dict[str, list[int | None]]  # input -> dimensions: a size, or None where symbolic
-ModelInputs = tuple[Shapes, list[str]]  # the true inputs, and the weights an old exporter also lists as inputs
+Names = dict[str, list[str | None]]  # input -> each dimension's dim_param (None where there is none)
+# the true inputs, the weights an old exporter also lists as inputs, the dimensions' names
+ModelInputs = tuple[Shapes, list[str], Names]
+
+
+def _named(names: list[str | None]) -> list[str | None]:
+    return [None if name is None or PLACEHOLDER.match(name) else name for name in names]
+
+
+def resolve_dims(manifest: Manifest, read: dict[str, ModelInputs]) -> Manifest:
+    """The manifest with each model's `dims` turned into `inputs`: every input whose symbolic dimensions the
+    named sizes fix completely gets that shape (an input given in `inputs` keeps it). A name no input has is
+    refused, listing the model's names."""
+    models = {}
+    for name, model in manifest.models.items():
+        if not model.dims:
+            models[name] = model
+            continue
+        found, _, names = read[name]
+        known = sorted({dim for dims in names.values() for dim in _named(dims) if dim})
+        for dim in model.dims:
+            if dim not in known:
+                raise UserError(manifest.path.name, f"{model.key}.dims.{dim}", f"no input of the model has a "
+                                f"dimension named '{dim}'{closest(dim, known)}; its named dimensions: "
+                                f"{', '.join(known) or 'none'}")
+        derived = {}
+        for input_name, dims in names.items():
+            named = _named(dims)
+            if input_name in model.inputs or not any(dim in model.dims for dim in named if dim):
+                continue
+            shape = [size if size is not None else model.dims.get(dim) if dim else None
+                     for size, dim in zip(found[input_name], named, strict=True)]
+            if all(size is not None for size in shape):
+                derived[input_name] = tuple(shape)
+        models[name] = dataclasses.replace(model, inputs={**derived, **model.inputs})
+    return dataclasses.replace(manifest, models=models)
 
 
 def check_declared_inputs(manifest: Manifest, builds: list[Build], read: dict[str, ModelInputs]) -> None:
     """`read` holds each model's inputs by model name (`store.external_data.ExternalDataIndex.inputs`)."""
     file = manifest.path.name
-    shapes = {name: found for name, (found, _) in read.items()}
+    shapes = {name: found for name, (found, _, _) in read.items()}
     for name, model in manifest.models.items():
-        found, weights = read[name]
+        found, weights, _ = read[name]
         for input_name, wanted in model.inputs.items():
-            where = f"models.{name}.inputs.{input_name}"
+            where = f"{model.key}.inputs.{input_name}"
             if input_name in weights:
                 raise UserError(file, where, f"'{input_name}' is a weight (an initializer that an old exporter "
                                 f"also lists in graph.input), not a runtime input; the model's inputs: "
@@ -48,9 +86,12 @@ def check_declared_inputs(manifest: Manifest, builds: list[Build], read: dict[st
                 continue
             symbolic = [index for index, dim in enumerate(dims) if dim is None]
             if symbolic:
-                raise UserError(file, f"models.{name}.inputs", f"input '{input_name}' ({_shown(dims)}) has symbolic "
-                                f"dimension {symbolic[0]}; target '{target}' needs static shapes: set "
-                                f"inputs = {{ {input_name} = [...] }}")
+                dim_name = _named(read[name][2][input_name])[symbolic[0]]
+                fix = (f"dims = {{ {dim_name} = ... }} (every input with that dimension) or inputs = "
+                       f"{{ {input_name} = [...] }}" if dim_name else f"inputs = {{ {input_name} = [...] }}")
+                named = f" ('{dim_name}')" if dim_name else ""
+                raise UserError(file, f"{model.key}.inputs", f"input '{input_name}' ({_shown(dims)}) has symbolic "
+                                f"dimension {symbolic[0]}{named}; target '{target}' needs static shapes: set {fix}")
 
 
 def _shown(dims: list[int | None]) -> str:

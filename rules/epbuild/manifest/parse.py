@@ -6,10 +6,11 @@ Only the TOML is read here: no model file is opened, so loading stays cheap at t
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,12 @@ class ModelSpec:
     squash: bool = False
     freeze: dict[str, tuple[float, ...]] | None = None  # configuration inputs turned into constants
     rewrite: tuple[str, ...] = ()  # graph rewrites (`epbuild.manifest.schema.REWRITES`), in a stage of their own
+    dims: dict[str, int] = field(default_factory=dict)  # named dimensions, resolved into `inputs` once models are read
+    entry: str = ""  # where it is declared, for errors: models.NAME, or models.NAME.variants.V for a variant
+
+    @property
+    def key(self) -> str:
+        return self.entry or f"models.{self.name}"
 
 
 @dataclass(frozen=True)
@@ -279,7 +286,13 @@ def parse(data: dict[str, Any], path: Path) -> Manifest:
         if name in RESERVED_MODEL_NAMES:
             models_table.fail(f"'{name}' is reserved (artifacts/<target>/{name}/ holds shared-context groups); "
                               f"rename the model", name)
-        models[name] = _model(models_table.child(name), name, targets)
+        model = _model(models_table.child(name), name, targets)
+        variants = _variants(models_table.child(name), model)
+        for variant in variants:
+            if variant in models_table.table:
+                models_table.fail(f"a variant of '{name}' is named '{variant}' as another model is; rename one",
+                                  f"{name}.variants.{variant.split('.', 1)[1]}")
+        models.update(variants or {name: model})
     groups_table = top.child("groups")
     groups = {}
     for name in groups_table.table:
@@ -311,23 +324,10 @@ def _group(table: TableReader, name: str, models: dict[str, ModelSpec], targets:
             table.fail(f"model '{member}' is listed twice; each member appears once", f"models[{index}]")
     if len(members) < 2:
         table.fail(f"a shared context needs at least two models, found {len(members)}", "models")
-    file_names: dict[str, str] = {}
-    for index, member in enumerate(members):
-        other = file_names.setdefault(models[member].path.name, member)
-        if other != member:
-            table.fail(f"models '{other}' and '{member}' share the file name {models[member].path.name}; ONNX "
-                       "Runtime names compiled graphs after it, so their graphs would collide in the shared "
-                       "context: rename one file", f"models[{index}]")
     return GroupSpec(name, target, tuple(members))
 
 
-def _model(table: TableReader, name: str, targets: dict[str, TargetSpec]) -> ModelSpec:
-    values = table.read("model", skip=("validation", "quantize", "freeze"))
-    model_path = _looked_at(table.file.parent / values["path"])
-    if model_path.suffix.lower() != ".onnx":
-        table.fail(f"must name an .onnx model file, found {shown(values['path'])}", "path")
-    if not model_path.is_file():
-        table.fail(f"model file not found: {model_path}", "path")
+def _inputs(table: TableReader) -> dict[str, tuple[int, ...]]:
     inputs: dict[str, tuple[int, ...]] = {}
     inputs_table = table.child("inputs")
     for input_name in inputs_table.table:
@@ -335,6 +335,39 @@ def _model(table: TableReader, name: str, targets: dict[str, TargetSpec]) -> Mod
         if not shape or not all(isinstance(d, int) and not isinstance(d, bool) and 0 < d < 2**31 for d in shape):
             inputs_table.fail(f"must be a list of positive integers below 2^31, found {shown(shape)}", input_name)
         inputs[input_name] = tuple(shape)
+    return inputs
+
+
+def _dims(table: TableReader) -> dict[str, int]:
+    dims_table = table.child("dims")
+    for dim, size in dims_table.table.items():
+        if not isinstance(size, int) or isinstance(size, bool) or not 0 < size < 2**31:
+            dims_table.fail(f"must be a positive integer below 2^31, found {shown(size)}", dim)
+    return dict(dims_table.table)
+
+
+def _variants(table: TableReader, model: ModelSpec) -> dict[str, ModelSpec]:
+    """A model's variants (`variants`), each the model with its own `dims` and `inputs` over the model's."""
+    variants_table = table.child("variants")
+    found = {}
+    for variant in variants_table.table:
+        check_name(table.file, f"{variants_table.path}.{variant}", variant)
+        sub = variants_table.child(variant)
+        sub.read("variant", skip=("inputs", "dims"))
+        found[f"{model.name}.{variant}"] = dataclasses.replace(
+            model, name=f"{model.name}.{variant}", inputs={**model.inputs, **_inputs(sub)},
+            dims={**model.dims, **_dims(sub)}, entry=f"models.{model.name}.variants.{variant}")
+    return found
+
+
+def _model(table: TableReader, name: str, targets: dict[str, TargetSpec]) -> ModelSpec:
+    values = table.read("model", skip=("validation", "quantize", "freeze", "inputs", "dims", "variants"))
+    model_path = _looked_at(table.file.parent / values["path"])
+    if model_path.suffix.lower() != ".onnx":
+        table.fail(f"must name an .onnx model file, found {shown(values['path'])}", "path")
+    if not model_path.is_file():
+        table.fail(f"model file not found: {model_path}", "path")
+    inputs = _inputs(table)
     wanted = values["targets"]
     if wanted is None:
         wanted = list(targets)
@@ -347,7 +380,8 @@ def _model(table: TableReader, name: str, targets: dict[str, TargetSpec]) -> Mod
             table.fail(f"'{target}' is listed twice", f"targets[{index}]")
     return ModelSpec(name, model_path, inputs, tuple(wanted), _validation(table.child("validation"), model=True),
                      optimize=values["optimize"], quantize=_quantize(table) if "quantize" in table.table else None,
-                     squash=values["squash"], freeze=_freeze(table, inputs), rewrite=tuple(values["rewrite"]))
+                     squash=values["squash"], freeze=_freeze(table, inputs), rewrite=tuple(values["rewrite"]),
+                     dims=_dims(table))
 
 
 def _freeze(model: TableReader, inputs: dict[str, tuple[int, ...]]) -> dict[str, tuple[float, ...]] | None:

@@ -21,7 +21,8 @@ NUMBER = (int, float)
 
 # Where a key is allowed; the README names them in this order.
 SCOPES = {
-    "top": "top level", "model": "`[models.NAME]`", "quantize": "`[models.NAME] quantize`",
+    "top": "top level", "model": "`[models.NAME]`", "variant": "`[models.NAME] variants.V`",
+    "quantize": "`[models.NAME] quantize`",
     "target": "`[targets.NAME]`", "validation": "`validation` (model or target)", "qaic": "`[targets.NAME] qaic`",
     "group": "`[groups.NAME]`", "cache": "`[cache]`", "executor": "`[executor]`",
     "toolchain": "`[toolchains.NAME]`",
@@ -109,10 +110,17 @@ KEYS: tuple[Key, ...] = (
     # models
     Key("path", ("model",), str, "the source ONNX file, relative to models.toml; external-data files next to it "
         "are found and tracked", required=True),
-    Key("inputs", ("model",), dict, "`{input = [dims]}`: static shapes. CPU targets fix named symbolic dimensions "
-        "with free-dimension overrides; ONNX Runtime EP targets get a `shape` stage that fixes the inputs in the "
-        "file (`-1` and unnamed dimensions too) and runs shape inference. Only true inputs can be named: a weight "
-        "that an old exporter also lists in `graph.input` is refused with that explanation", {}),
+    Key("inputs", ("model", "variant"), dict, "`{input = [dims]}`: static shapes. CPU targets fix named symbolic "
+        "dimensions with free-dimension overrides; ONNX Runtime EP targets get a `shape` stage that fixes the inputs "
+        "in the file (`-1` and unnamed dimensions too) and runs shape inference. Only true inputs can be named: a "
+        "weight that an old exporter also lists in `graph.input` is refused with that explanation", {}),
+    Key("dims", ("model", "variant"), dict, "`{ dim_param = size }`: named dimensions fixed once for every input "
+        "that has them (`{ batch_size = 1, sequence_length = 128, past_sequence_length = 3968 }` instead of dozens "
+        "of KV-cache shapes in `inputs`); an input given in `inputs` wins; a name no input has is refused, listing "
+        "the model's names"),
+    Key("variants", ("model",), dict, "`{ V = { dims = {...}, inputs = {...} } }`: build the model as several "
+        "models `NAME.V` (a prompt and a token graph of one decoder), each with these keys over the model's; the "
+        "model itself is then only their template"),
     Key("targets", ("model",), list, "target names to build this model for (default: every target)"),
     Key("optimize", ("model",), str, "an ORT graph-optimization stage before quantization, in place of the `fold` "
         "stage NPU targets get by default (nodes that only compute constants replaced by their values, nothing "

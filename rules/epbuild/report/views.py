@@ -75,6 +75,11 @@ class Cell:
         nodes = (self.artifact or {}).get("nodes") or self.compile.get("nodes") or {}
         return nodes.get("offload")
 
+    @property
+    def sharing(self) -> float | None:
+        """A group's shared binary against its members compiled alone (artifact.json's loading contract)."""
+        return ((self.artifact or {}).get("loading") or {}).get("sharing", {}).get("ratio")
+
     def outputs(self) -> list[tuple[str, dict[str, Any]]]:
         """(label, metrics) of every compared output; a group's labelled by member."""
         report = self.validation or {}

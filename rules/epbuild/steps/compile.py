@@ -23,12 +23,13 @@ from ..manifest.builds import SIDECAR, Build
 from ..manifest.eps import lookup
 from ..store.cache import Outcome, Workspace, cached_folder, with_download
 from ..store.hashing import snapshot
-from ..store.layout import write_json
+from ..store.layout import Layout, write_json
 from .compilers import compiler
 from .diagnosis import compile_hints, input_branches
 from .fingerprint import compile_fingerprint, target_identity
 from .graph import check_ep_contexts, missing_files, placement, static_dims
 from .preprocess import always_written, external_output
+from .shared_context import loading_contract
 
 CPU_LEVELS = {"basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
 
@@ -75,7 +76,7 @@ def compile_build(build: Build, workspace: Workspace) -> Compiled:
     expected = list(build.outputs) if compiler(build.target).exact_outputs else None
     try:
         outcome = cached_folder(build.task, fingerprint, workspace, final, expected, produce, identity, inputs,
-                                lambda scratch: publishing(build, scratch))
+                                lambda scratch: publishing(build, scratch, workspace.layout))
     except BuildError as exc:
         raise with_hints(exc, build) from None
     recorded = json.loads((final / SIDECAR).read_text())
@@ -101,15 +102,17 @@ def with_hints(error: BuildError, build: Build) -> BuildError:
     return BuildError(f"{first}; {'; '.join(hints)}" + (f"\n{rest}" if rest else ""))
 
 
-def publishing(build: Build, folder: Path) -> None:
+def publishing(build: Build, folder: Path, layout: Layout) -> None:
     """What a published folder holds beyond its cached bytes: the target's name in `artifact.json` (written anew,
-    never through a link into the cache), after the checks that judge the recorded result (`min_offload`)."""
+    never through a link into the cache) and, for a group, the loading contract with the sizes of the members
+    compiled alone; after the checks that judge the recorded result (`min_offload`)."""
     recorded = json.loads((folder / SIDECAR).read_text())
     if build.target.min_offload is not None and not build.target.is_cpu:
         members = recorded.get("members") or {build.members[0].name: recorded}
         for member in build.members:
             check_offload(member.model.path.name, members[member.name]["nodes"], build.target.min_offload)
-    write_json(folder / SIDECAR, {**recorded, "target": build.target.name})
+    loading = {"loading": loading_contract(build, folder, recorded, layout)} if build.shared else {}
+    write_json(folder / SIDECAR, {**recorded, "target": build.target.name, **loading})
 
 
 # ---- child process ----

@@ -65,6 +65,9 @@ def _read(model_path: Path) -> dict[str, Any]:
         raise UserError(model_path.name, None, f"fails onnx.checker: {' '.join(str(exc).split())}") from None
     weights = {t.name for t in model.graph.initializer}
     return {"locations": sorted(found), "inputs": _input_shapes(model.graph),
+            "dim_names": {name: [d.dim_param or None for d in value.type.tensor_type.shape.dim]
+                          for value in model.graph.input if (name := value.name) not in weights
+                          and value.type.HasField("tensor_type")},
             "weights_as_inputs": sorted(v.name for v in model.graph.input if v.name in weights)}
 
 
@@ -127,7 +130,7 @@ class ExternalDataIndex:
             if key not in self.current:
                 entry = self.entries.get(key)
                 stat = stat_key(path.stat())
-                if entry is not None and entry["stat"] == stat and "weights_as_inputs" in entry:  # older: none
+                if entry is not None and entry["stat"] == stat and "dim_names" in entry:  # older entries: read again
                     self.current.add(key)
                 else:
                     stale.append(path)
@@ -153,11 +156,11 @@ class ExternalDataIndex:
             raise UserError(model_path.name, None, self.errors[key])
         return [check_location(model_path, location) for location in self.entries[key]["locations"]]
 
-    def inputs(self, model_path: Path) -> tuple[dict[str, list[int | None]], list[str]]:
-        """The model's inputs with their dimensions, and the weights an old exporter also lists as inputs, as it
-        was read (`files` reads it first)."""
+    def inputs(self, model_path: Path) -> tuple[dict[str, list[int | None]], list[str], dict[str, list[str | None]]]:
+        """The model's inputs with their dimensions, the weights an old exporter also lists as inputs, and each
+        input's dimension names (dim_param, None where there is none), as it was read (`files` reads it first)."""
         entry = self.entries[str(model_path)]
-        return entry["inputs"], entry["weights_as_inputs"]
+        return entry["inputs"], entry["weights_as_inputs"], entry["dim_names"]
 
     def save(self) -> None:
         if not self.changed:

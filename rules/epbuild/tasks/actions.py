@@ -3,6 +3,7 @@ returns what the build report keeps; a failure is doit's TaskFailed with one rea
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -12,7 +13,7 @@ from doit.exceptions import TaskFailed
 
 from ..errors import BuildError, UserError
 from ..execute.executor import run_operator_list, run_validation
-from ..manifest.builds import Build
+from ..manifest.builds import SIDECAR, Build
 from ..report.build_report import usage_text
 from ..steps.compile import compile_build, file_records
 from ..steps.compilers import compiler
@@ -52,6 +53,10 @@ def run_compile(build: Build, workspace: Workspace) -> TaskFailed | dict[str, An
     if build.shared:
         names = ", ".join(f["name"] for f in done.files)
         detail = f"{len(build.members)} members, {nodes['ep_context']} EPContext node(s) (keep together: {names})"
+        sharing = json.loads((done.out_dir / SIDECAR).read_text())["loading"]["sharing"]
+        if sharing.get("ratio") is not None:
+            detail += (f"; shared binaries {sharing['shared_bytes'] / 1e6:.2f} MB, {sharing['ratio']:.2f} of the "
+                       "members compiled alone")
     else:
         detail = compiler(build.target).describe(nodes)
     print(f"{done.status} {done.build}: {detail}, {done.seconds:.1f} s{usage_text(done.usage)} -> "

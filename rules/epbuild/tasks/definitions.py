@@ -107,6 +107,8 @@ class Tasks:
                 yield refused
                 continue
             checks = [f"ops:{build.name}"] if compiler(target).operator_check else []
+            if build.shared:  # the members alone first: the group's artifact.json compares the binaries' sizes
+                checks += [f"compile:{m.name}@{target.name}" for m in build.members if target.name in m.model.targets]
             yield self._task(kind, build.name, f"{doc} -> {self.project.rel(out_dir)}/", run_compile,
                              [build, self.project.workspace],
                              build.inputs, [out_dir / name for name in build.outputs],

@@ -17,7 +17,7 @@ from ..execute.fork_server import prestart, serving
 from ..execute.host import capabilities
 from ..fast_path import is_default_run, project_key
 from ..manifest.builds import Build, ResolvedTarget
-from ..manifest.declared_inputs import ModelInputs, check_declared_inputs
+from ..manifest.declared_inputs import ModelInputs, check_declared_inputs, resolve_dims
 from ..manifest.eps import lookup
 from ..manifest.parse import Manifest, load
 from ..manifest.targets import plan, resolve_targets
@@ -84,6 +84,7 @@ class Project:
         servers = self._start_fork_servers(is_default_run(requested) and not executor)
         index = ExternalDataIndex(self.layout.state)
         external, shapes = self._read_models(index, servers)
+        self.manifest = resolve_dims(self.manifest, shapes)
         self._plan(external, resolved, executor)
         check_declared_inputs(self.manifest, self.builds, shapes)
         if self.writable:  # only for a manifest that holds: a refused one writes nothing
