@@ -303,11 +303,12 @@ def wide_mlp(path: Path, width: int = 3584, layers: int = 4) -> Path:
 
 
 def kv_decoder(path: Path, layers: int = 2, hidden: int = 64, heads: int = 4, vocab: int = 96) -> Path:
-    """A LLaMA-like decoder with a KV cache, as exporters write one for prompt and token graphs of the same weights:
-    `input_ids` [batch_size, sequence_length], `attention_bias` [batch_size, 1, sequence_length,
-    total_sequence_length] (0 or -10000, made by the application), `past_key_values.L.key/value` [batch_size,
+    """A LLaMA-like decoder with a KV cache, as exporters write one for prompt and token graphs of the same weights
+    (onnxruntime-genai's names): `input_ids` [batch_size, sequence_length], `attention_mask` [batch_size,
+    total_sequence_length] (1 for filled positions, 0 for empty ones), `past_key_values.L.key/value` [batch_size,
     heads, past_sequence_length, head_dim]; outputs `logits` and `present.L.key/value` (past and new, concatenated).
-    RMSNorm in the x / sqrt form, fixed-seed weights in `<name>.onnx.data`."""
+    The causal mask is computed in the graph from the shapes (folded once they are static). RMSNorm in the
+    x / sqrt form, fixed-seed weights in `<name>.onnx.data`."""
     rng = np.random.default_rng(7)
     head_dim = hidden // heads
 
@@ -317,16 +318,38 @@ def kv_decoder(path: Path, layers: int = 2, hidden: int = 64, heads: int = 4, vo
 
     cache = ["batch_size", heads, "past_sequence_length", head_dim]
     inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
-              helper.make_tensor_value_info("attention_bias", TensorProto.FLOAT,
-                                            ["batch_size", 1, "sequence_length", "total_sequence_length"])]
+              helper.make_tensor_value_info("attention_mask", TensorProto.INT64,
+                                            ["batch_size", "total_sequence_length"])]
     outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch_size", "sequence_length", vocab])]
     initializers = [weight("embed_tokens.weight", vocab, hidden, scale=1.0), weight("lm_head.weight", hidden, vocab),
                     numpy_helper.from_array(np.array([0, 0, heads, head_dim], np.int64), "split_heads"),
                     numpy_helper.from_array(np.array([0, 0, hidden], np.int64), "merge_heads"),
                     numpy_helper.from_array(np.array(head_dim ** -0.5, np.float32), "attention_scale"),
                     numpy_helper.from_array(np.array([-1], np.int64), "last_axis"),
-                    numpy_helper.from_array(np.array(1e-6, np.float32), "eps")]
-    nodes = [helper.make_node("Gather", ["embed_tokens.weight", "input_ids"], ["embedded"])]
+                    numpy_helper.from_array(np.array(1e-6, np.float32), "eps"),
+                    numpy_helper.from_array(np.array(0, np.int64), "zero"),
+                    numpy_helper.from_array(np.array(1, np.int64), "one"),
+                    numpy_helper.from_array(np.array([0, 1, 3], np.int64), "query_axes"),
+                    numpy_helper.from_array(np.array([1, 2], np.int64), "mask_axes"),
+                    numpy_helper.from_array(np.array(-10000.0, np.float32), "blocked")]
+    # the additive attention bias [batch, 1, sequence, total]: key j is seen by query i when j <= past + i and the
+    # application marks j filled
+    nodes = [helper.make_node("Gather", ["embed_tokens.weight", "input_ids"], ["embedded"]),
+             helper.make_node("Shape", ["input_ids"], ["ids_shape"], start=1, end=2),
+             helper.make_node("Squeeze", ["ids_shape"], ["sequence"]),
+             helper.make_node("Shape", ["attention_mask"], ["mask_shape"], start=1, end=2),
+             helper.make_node("Squeeze", ["mask_shape"], ["total"]),
+             helper.make_node("Sub", ["total", "sequence"], ["past"]),
+             helper.make_node("Range", ["zero", "sequence", "one"], ["query_index"]),
+             helper.make_node("Add", ["query_index", "past"], ["query_position"]),
+             helper.make_node("Range", ["zero", "total", "one"], ["key_position"]),
+             helper.make_node("Unsqueeze", ["query_position", "query_axes"], ["query_column"]),
+             helper.make_node("LessOrEqual", ["key_position", "query_column"], ["causal"]),
+             helper.make_node("Cast", ["attention_mask"], ["filled"], to=TensorProto.BOOL),
+             helper.make_node("Unsqueeze", ["filled", "mask_axes"], ["filled_keys"]),
+             helper.make_node("And", ["causal", "filled_keys"], ["seen"]),
+             helper.make_node("Where", ["seen", "zero_bias", "blocked"], ["attention_bias"])]
+    initializers.append(numpy_helper.from_array(np.array(0.0, np.float32), "zero_bias"))
 
     def rms_norm(source: str, name: str) -> str:
         initializers.append(numpy_helper.from_array(np.ones(hidden, np.float32), f"{name}.weight"))

@@ -60,6 +60,7 @@ options = { soc_model = 60 }
 [groups.llm]
 target = "qnn-htp"
 models = ["decoder.prompt", "decoder.token"]
+pipeline = { tokens = 4 }
 '''
 
 
@@ -82,7 +83,7 @@ def test_prompt_and_token_variants_of_one_decoder_share_one_qnn_context(project)
                        load_external_data=False)
     shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in staged.graph.input}
     assert shapes["input_ids"] == [1, 1] and shapes["past_key_values.0.key"] == [1, 4, 31, 16]
-    assert shapes["attention_bias"] == [1, 1, 1, 32]
+    assert shapes["attention_mask"] == [1, 32]
     contract = json.loads((project.artifacts / "qnn-htp" / "groups" / "llm" / "artifact.json").read_text())["loading"]
     assert contract["order"] == ["decoder.prompt", "decoder.token"] and contract["one_binary"]
     assert contract["session_options"] == {"ep.share_ep_contexts": "1"}
@@ -90,7 +91,15 @@ def test_prompt_and_token_variants_of_one_decoder_share_one_qnn_context(project)
     assert set(sharing["alone_bytes"]) == {"decoder.prompt", "decoder.token"}
     assert sharing["shared_bytes"] < sum(sharing["alone_bytes"].values()) and 0 < sharing["ratio"] < 1
     assert f"{sharing['ratio']:.2f} of the members compiled alone" in done.stdout
-    assert tasks["validate:llm"]["status"] == "skipped"  # the simulator cannot load it: never counted as passed
+    # the pipeline ran on the members compiled alone (the simulator cannot load the shared binary): real numbers,
+    # and the group stays skipped, never passed
+    validation = json.loads((project.artifacts / "qnn-htp" / "groups" / "llm" / "validation.json").read_text())
+    assert tasks["validate:llm"]["status"] == "skipped" and validation["status"] == "skipped"
+    pipeline = validation["pipeline"]
+    assert pipeline["ran_on"] == "the members compiled alone" and len(pipeline["steps"]) == 5
+    assert pipeline["tokens_ep"] == pipeline["tokens_cpu"] and min(s["snr_db"] for s in pipeline["steps"]) > 40
+    assert validation["reason"].startswith("the shared binary itself needs the device (")
+    assert "pipeline on the members compiled alone: prompt + 4 token steps, logits SNR >= " in done.stdout
     assert "one binary, " in (project.artifacts / "report.html").read_text()
 
 
@@ -110,3 +119,22 @@ def test_dims_and_variants_mistakes_are_one_line_before_any_build(project, model
     project.manifest(f'[models.decoder]\npath = "models/decoder.onnx"\n{model}\n[targets.cpu]\nep = "cpu"\n')
     done = project.doit("list", check=False)
     assert done.returncode == 2 and done.stderr.startswith(f"error: models.toml: {message}"), done.stderr
+
+
+def test_a_pipeline_of_graphs_without_its_conventions_fails_in_one_line(project):
+    project.manifest('''
+[models.tinycnn]
+path = "models/tinycnn.onnx"
+
+[models.encoder]
+path = "models/encoder.onnx"
+''' + QNN + '''
+[groups.pair]
+target = "qnn-htp"
+models = ["tinycnn", "encoder"]
+pipeline = { tokens = 2 }
+''')
+    project.doit("--continue", check=False)
+    reason = build_report(project)["validate:pair"]["reason"]
+    assert reason == ("failed validate:pair: the prompt graph does not follow the pipeline's conventions (input_ids, "
+                      "attention_mask, position_ids, past_key_values.*; logits, present.*): inputs x"), reason

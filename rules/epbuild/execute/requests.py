@@ -71,6 +71,7 @@ class ValidationRequest(TypedDict):
     shared: bool  # a shared-context group: structural checks of all, then each member run
     one_binary: bool  # the EP writes one binary for all members: they must all reference it
     run_blocked: str | None  # why this host cannot load the shared context
+    pipeline: dict[str, Any] | None  # `pipeline`: token steps, and the members compiled alone (their requests)
 
 
 class ValidationReport(TypedDict, total=False):
@@ -84,5 +85,7 @@ class ValidationReport(TypedDict, total=False):
     against_float_model: dict[str, dict[str, Any]]
     notes: list[str]  # what the figures mean where they can mislead (a nearly constant reference)
     divergence: dict[str, Any]  # validation.localise: the first tensor where the EP departs from CPU
+    pipeline: dict[str, Any]  # a group's pipeline validation: per-step metrics, greedy tokens
+    summary: str  # a passed pipeline's figures
     members: dict[str, Any]  # groups: each member's report
     structural: str

@@ -131,6 +131,8 @@ class Build:
     stages: tuple[Stage, ...] = ()
     shared: bool = False
     manifest: str = "models.toml"  # the manifest's file name, for errors about a member's keys
+    pipeline_tokens: int | None = None  # a group validated as prompt + token graphs (`pipeline`)
+    alone: tuple[tuple[str, tuple[Path, ...]], ...] = ()  # a pipeline's members compiled alone: (name, their files)
 
     @property
     def kind(self) -> str:
@@ -164,7 +166,8 @@ class Build:
     @property
     def validation_files(self) -> list[Path]:
         """Files the validation reads besides the artifact: inputs, references, float models."""
-        return [p for m in self.members for p in (m.validation.inputs, m.validation.reference, m.float_model) if p]
+        return [*(p for m in self.members for p in (m.validation.inputs, m.validation.reference, m.float_model) if p),
+                *(path for _, files in self.alone for path in files)]
 
     @property
     def sources(self) -> list[Path]:

@@ -89,6 +89,7 @@ class GroupSpec:
     name: str
     target: str
     models: tuple[str, ...]
+    pipeline_tokens: int | None = None  # `pipeline`: validated as prompt + token graphs, this many token steps
 
 
 @dataclass(frozen=True)
@@ -311,7 +312,7 @@ def parse(data: dict[str, Any], path: Path) -> Manifest:
 
 
 def _group(table: TableReader, name: str, models: dict[str, ModelSpec], targets: dict[str, TargetSpec]) -> GroupSpec:
-    values = table.read("group")
+    values = table.read("group", skip=("pipeline",))
     target, members = values["target"], values["models"]
     if target not in targets:
         table.fail(f"unknown target '{target}'{closest(target, targets)}; declared targets: "
@@ -324,7 +325,12 @@ def _group(table: TableReader, name: str, models: dict[str, ModelSpec], targets:
             table.fail(f"model '{member}' is listed twice; each member appears once", f"models[{index}]")
     if len(members) < 2:
         table.fail(f"a shared context needs at least two models, found {len(members)}", "models")
-    return GroupSpec(name, target, tuple(members))
+    tokens = None
+    if "pipeline" in table.table:
+        tokens = table.child("pipeline").read("pipeline")["tokens"]
+        if len(members) != 2:
+            table.fail(f"a pipeline is a prompt graph and a token graph: 2 models, found {len(members)}", "pipeline")
+    return GroupSpec(name, target, tuple(members), tokens)
 
 
 def _inputs(table: TableReader) -> dict[str, tuple[int, ...]]:

@@ -24,7 +24,8 @@ SCOPES = {
     "top": "top level", "model": "`[models.NAME]`", "variant": "`[models.NAME] variants.V`",
     "quantize": "`[models.NAME] quantize`",
     "target": "`[targets.NAME]`", "validation": "`validation` (model or target)", "qaic": "`[targets.NAME] qaic`",
-    "group": "`[groups.NAME]`", "cache": "`[cache]`", "executor": "`[executor]`",
+    "group": "`[groups.NAME]`", "pipeline": "`[groups.NAME] pipeline`", "cache": "`[cache]`",
+    "executor": "`[executor]`",
     "toolchain": "`[toolchains.NAME]`",
 }
 
@@ -209,6 +210,13 @@ KEYS: tuple[Key, ...] = (
     # groups, cache, toolchains
     Key("target", ("group",), str, "the target whose EP shares one context (it must not embed)", required=True),
     Key("models", ("group",), list, "two or more models, compiled in this order", required=True),
+    Key("pipeline", ("group",), dict, "validate the group as an LLM runs it: the first model the prompt graph, the "
+        "second the token graph; `present.*` outputs feed the next step's `past_key_values.*` inputs (the newest "
+        "positions where the token graph's cache is shorter), `input_ids` gets the prompt then each greedy token, "
+        "`attention_mask` marks the filled positions, `position_ids` counts them; per-step logits and the greedy "
+        "tokens are compared with the source models on CPU"),
+    Key("tokens", ("pipeline",), int, "greedy token steps after the prompt", 4, check=lambda n: None if 1 <= n <= 64
+        else f"must be from 1 to 64, found {n}"),
     Key("dir", ("cache",), str, "the cache folder (EPBUILD_CACHE_DIR wins; default ~/.cache/epbuild)"),
     Key("max_size_mb", ("cache",), NUMBER, "size cap; least-recently-used entries are evicted", check=positive),
     Key("hard_links", ("cache",), bool, "publish artifacts as hard links to the cache's files instead of copies: "

@@ -174,12 +174,17 @@ def _member(model: ModelSpec, target: ResolvedTarget, manifest: Manifest, extern
 
 
 def _build(name: str, target: ResolvedTarget, models: list[ModelSpec], manifest: Manifest,
-           external: dict[str, tuple[Path, ...]], shared: bool) -> Build:
+           external: dict[str, tuple[Path, ...]], shared: bool, pipeline_tokens: int | None = None) -> Build:
     pairs = [_member(m, target, manifest, external.get(m.name, ())) for m in models]
     members = tuple(member for member, _ in pairs)
-    outputs = COMPILERS[target.compiler].output_names(target, list(members), shared)
+    backend = COMPILERS[target.compiler]
+    outputs = backend.output_names(target, list(members), shared)
+    layout = Layout(manifest.root / "artifacts")
+    alone = tuple((m.name, tuple(layout.build_dir(target.name, m.name, False) / file
+                                 for file in backend.output_names(target, [m], False)))
+                  for m in members if pipeline_tokens and target.name in m.model.targets)
     return Build(name, target, members, outputs, tuple(s for _, chain in pairs for s in chain.stages), shared,
-                 manifest.path.name)
+                 manifest.path.name, pipeline_tokens, alone)
 
 
 def check_group(spec: GroupSpec, manifest: Manifest, target: ResolvedTarget) -> None:
@@ -225,5 +230,5 @@ def plan(manifest: Manifest, external: dict[str, tuple[Path, ...]] | None = None
     for spec in manifest.groups.values():
         target = resolved[spec.target]
         builds.append(_build(spec.name, target, [manifest.models[m] for m in spec.models], manifest, external,
-                             shared=True))
+                             shared=True, pipeline_tokens=spec.pipeline_tokens))
     return builds

@@ -25,13 +25,13 @@ from ..store.cache import Outcome, Workspace, check_inputs, restore, store
 from ..store.layout import Layout, write_json
 from ..store.owners import owner_tag
 from ..store.publish import discard, scratch_dir
+from .artifact_session import context_binaries, is_qdq, open_session, placement_failures, structural_problems
 from .comparison import DEFAULT_THRESHOLDS, compare, compare_outputs
 from .compilers import compiler
 from .diagnosis import fp16_hint
-from .graph import EP_CONTEXT
-from .graph import attributes as node_attributes
 from .localise import localise
 from .localise import summary as localised
+from .pipeline import validate_pipeline
 from .reference import ReferenceUnusable, float_outputs, reference_outputs, session_options
 from .stages import Stage
 from .validation_inputs import SEED, make_inputs
@@ -87,8 +87,21 @@ def validation_request(build: Build, folder: Path) -> ValidationRequest:
                                       {**entries[m.name], "runtime_options": recorded["runtime_options"]})
                for m in build.members}
     machine = platform.machine().lower().replace("amd64", "x86_64")
+    pipeline = None
+    if build.pipeline_tokens:
+        alone = {}
+        for member in build.members:
+            own = dict(build.alone).get(member.name)
+            sidecar = own[0].parent / SIDECAR if own else None
+            if sidecar is None or not sidecar.is_file():
+                alone[member.name] = None
+                continue
+            single = json.loads(sidecar.read_text())
+            alone[member.name] = member_request(build, member, sidecar.parent, single["files"], single)
+        pipeline = {"tokens": build.pipeline_tokens, "alone": alone}
     return {"members": members, "shared": build.shared, "one_binary": build.target.ep.shares_one_binary,
-            "run_blocked": build.target.ep.shared_context_unloadable.get(machine) if build.shared else None}
+            "run_blocked": build.target.ep.shared_context_unloadable.get(machine) if build.shared else None,
+            "pipeline": pipeline}
 
 
 def validate(build: Build, layout: Layout, workdir: Path) -> ValidationReport:
@@ -161,6 +174,8 @@ def summary(report: dict[str, Any]) -> str:
     """The key metric and which EP ran the EPContext nodes, or the reason it did not pass."""
     if report["status"] != "passed":
         return report.get("reason", "")
+    if "summary" in report:  # a group's pipeline
+        return report["summary"]
     if report["mode"] == "structural":
         return "structural: every referenced file exists, EPContext attributes match the target"
     if "ran_on" in report and "outputs" not in report and "members" not in report:
@@ -177,54 +192,6 @@ def summary(report: dict[str, Any]) -> str:
 # ---- child process ----
 
 
-def structural_problems(request: dict[str, Any]) -> list[str]:
-    """Without running: referenced files exist; EPContext source, embed mode and SDK version match the target."""
-    import onnx
-
-    info = lookup(request["ep"])
-    artifact = Path(request["artifact"])
-    problems = [f"file {Path(name).name} listed in {SIDECAR} is missing" for name in request["files"]
-                if not Path(name).is_file()]
-    if problems:
-        return problems
-    model = onnx.load(str(artifact), load_external_data=False)
-    for tensor in model.graph.initializer:
-        for entry in tensor.external_data:
-            if entry.key == "location" and not (artifact.parent / entry.value).is_file():
-                problems.append(f"initializer {tensor.name} references missing file {entry.value}")
-    if info.is_cpu:
-        return problems
-    contexts = [n for n in model.graph.node if n.op_type == EP_CONTEXT]
-    if not contexts:
-        problems.append(f"no EPContext node: the artifact holds nothing compiled for {info.name}")
-    for node in contexts:
-        attributes = node_attributes(node)
-        source = attributes.get("source", b"").decode()
-        if source != info.name:
-            problems.append(f"EPContext node {node.name} comes from '{source}', the target's EP is {info.name}")
-        embed_mode = attributes.get("embed_mode", 1)
-        if embed_mode != int(request["embed"]):
-            problems.append(f"EPContext node {node.name} has embed_mode {embed_mode}, the target says "
-                            f"embed = {str(request['embed']).lower()}")
-        if embed_mode == 0 and attributes.get("main_context", 1) != 0:  # main_context 0: refers to the main node
-            name = attributes.get("ep_cache_context", b"").decode()
-            if not name or not (artifact.parent / name).is_file():
-                problems.append(f"EPContext node {node.name} references missing context binary {name or '(none)'}")
-        sdk = (attributes.get("ep_sdk_version") or b"").decode()
-        if request["ep_sdk_version"] and sdk != request["ep_sdk_version"]:
-            problems.append(f"EPContext node {node.name} has ep_sdk_version {sdk}, the build recorded "
-                            f"{request['ep_sdk_version']}")
-    return problems
-
-
-def context_binaries(artifact: str) -> set[str]:
-    import onnx
-
-    model = onnx.load(artifact, load_external_data=False)
-    return {onnx.helper.get_attribute_value(a).decode() for n in model.graph.node if n.op_type == EP_CONTEXT
-            for a in n.attribute if a.name == "ep_cache_context"}
-
-
 def _validate_group(request: ValidationRequest) -> ValidationReport:
     """Structural checks of every member (and, for EPs writing one binary, that all reference the same one),
     then each member run against its source where this host can load the shared context."""
@@ -239,6 +206,8 @@ def _validate_group(request: ValidationRequest) -> ValidationReport:
             failures.append(f"members reference different context binaries: {referenced}")
     if failures:
         return {"status": "failed", "reason": "; ".join(failures), "members": reports}
+    if request["pipeline"]:
+        return {**validate_pipeline(request), "members": reports}
     if request["run_blocked"]:
         return {"status": "skipped", "structural": "passed", "reason": request["run_blocked"], "members": reports}
     for name, member in request["members"].items():
@@ -251,63 +220,6 @@ def _validate_group(request: ValidationRequest) -> ValidationReport:
         report["reason"] = "; ".join(f"{name}: {r['reason']}" for name, r in reports.items() if "reason" in r)
     return report
 
-
-
-def _open_session(ort: Any, info: EpInfo, request: MemberValidation) -> tuple[Any, ValidationReport | None]:
-    """The artifact's session on its EP with CPU fallback disabled where the compile left nothing on CPU; or a
-    report: skipped when this host cannot run the EP, failed when the EP cannot load the artifact."""
-    from ..execute.host import register_plugin, select_ep_device
-
-    options = session_options(ort)
-    options.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
-    if not info.is_cpu:
-        try:
-            register_plugin(ort, info)
-            device = select_ep_device(ort, info, request["device"])
-        except (ImportError, OSError, RuntimeError) as exc:
-            return None, {"status": "skipped", "reason": f"this host cannot run {info.name}: {exc}"}
-        options.add_provider_for_devices([device], request["options"])
-        if request["cpu_nodes"] == 0:
-            options.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
-    try:
-        session = ort.InferenceSession(request["artifact"], options,
-                                       providers=["CPUExecutionProvider"] if info.is_cpu else None)
-        session.disable_fallback()  # no silent retry on CPU after an EP failure
-    except Exception as exc:  # noqa: BLE001 - the EP's own error is the report
-        foldable = request.get("foldable_on_cpu") or {}
-        hint = (f"; {sum(foldable.values())} node(s) left on CPU only compute constants ({', '.join(foldable)}) in "
-                "front of the EPContext node, which QNN does not load: fold them (the default for NPU targets, "
-                "without optimize = \"none\")") if foldable else ""
-        return None, {"status": "failed",
-                      "reason": f"{info.name} could not load the artifact: {str(exc).strip()}{hint}"}
-    return session, None
-
-
-def _placement_failures(session: Any, info: EpInfo, cpu_nodes: int) -> tuple[dict[str, list[str]], list[str]]:
-    """Which EP ran which op types, and failures when the EPContext nodes or more nodes than the compile left
-    there ran on CPU (a fallback)."""
-    assignment = session.get_provider_graph_assignment_info() or []
-    ran_on: dict[str, list[str]] = {}
-    for subgraph in assignment:
-        ops = ran_on.setdefault(subgraph.ep_name, [])
-        ops.extend(node.op_type for node in subgraph.get_nodes() if node.op_type not in ops)
-    if info.is_cpu:
-        return ran_on, []
-    failures = []
-    if "EPContext" in ran_on.get("CPUExecutionProvider", []) or "EPContext" not in ran_on.get(info.name, []):
-        failures.append(f"the EPContext nodes did not run on {info.name} (assignment: {ran_on})")
-    on_cpu = sum(len(sg.get_nodes()) for sg in assignment if sg.ep_name == "CPUExecutionProvider")
-    if on_cpu > cpu_nodes:
-        failures.append(f"{on_cpu} nodes fell back to CPU, the compiled model left {cpu_nodes} there")
-    return ran_on, failures
-
-
-
-def _is_qdq(path: str) -> bool:
-    import onnx
-
-    model = onnx.load(path, load_external_data=False)
-    return any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node)
 
 
 def _localise(ort: Any, info: EpInfo, request: MemberValidation, feeds: dict[str, Any],
@@ -345,7 +257,7 @@ def validate_member(request: MemberValidation) -> ValidationReport:
     import onnxruntime as ort
 
     info = lookup(request["ep"])
-    session, refused = _open_session(ort, info, request)
+    session, refused = open_session(ort, info, request)
     if refused:
         return refused
     source = onnx.load(request["source"], load_external_data=False)
@@ -358,9 +270,9 @@ def validate_member(request: MemberValidation) -> ValidationReport:
         outputs = session.run(None, feeds)
     except Exception as exc:  # noqa: BLE001 - the EP's own error is the report
         return {"status": "failed", "reason": f"{info.name} could not run the artifact: {str(exc).strip()}{hint}"}
-    ran_on, failures = _placement_failures(session, info, request["cpu_nodes"])
+    ran_on, failures = placement_failures(session, info, request["cpu_nodes"])
 
-    kind = "qdq" if _is_qdq(request["reference"]) else request["precision"]
+    kind = "qdq" if is_qdq(request["reference"]) else request["precision"]
     thresholds = {**DEFAULT_THRESHOLDS[kind], **request["thresholds"]}
     try:
         with located(request["manifest"], request["entry"]):
