@@ -87,6 +87,9 @@ def test_prompt_and_token_variants_of_one_decoder_share_one_qnn_context(project)
     contract = json.loads((project.artifacts / "qnn-htp" / "groups" / "llm" / "artifact.json").read_text())["loading"]
     assert contract["order"] == ["decoder.prompt", "decoder.token"] and contract["one_binary"]
     assert contract["session_options"] == {"ep.share_ep_contexts": "1"}
+    graphs = [json.loads((project.artifacts / "qnn-htp" / "groups" / "llm" / "artifact.json").read_text())[
+        "members"][m]["graphs"] for m in ("decoder.prompt", "decoder.token")]
+    assert all(len(g) == 1 and g[0].startswith("QNNExecutionProvider_") for g in graphs) and graphs[0] != graphs[1]
     sharing = contract["sharing"]
     assert set(sharing["alone_bytes"]) == {"decoder.prompt", "decoder.token"}
     assert sharing["shared_bytes"] < sum(sharing["alone_bytes"].values()) and 0 < sharing["ratio"] < 1
@@ -138,3 +141,28 @@ pipeline = { tokens = 2 }
     reason = build_report(project)["validate:pair"]["reason"]
     assert reason == ("failed validate:pair: the prompt graph does not follow the pipeline's conventions (input_ids, "
                       "attention_mask, position_ids, past_key_values.*; logits, present.*): inputs x"), reason
+
+
+def test_an_openvino_group_ships_the_weights_its_binaries_refer_to_and_runs_as_a_pipeline(project, openvino_reason):
+    """OpenVINO's weight-shared binaries hold no weights: they name the compiled models' external-data file, which
+    the group publishes beside them; the pipeline then runs on the shared context itself and passes."""
+    if openvino_reason:
+        pytest.skip(openvino_reason)
+    kv_decoder(project.root / "models" / "decoder.onnx")
+    group = DECODER.replace('target = "qnn-htp"', 'target = "openvino-cpu"').replace("[groups.llm]", "[groups.llm-ov]")
+    project.manifest(group + '''
+[targets.openvino-cpu]
+ep = "openvino@pypi"
+device = "cpu"
+options = { load_config = "configs/openvino_f32.json" }
+option_files = ["load_config"]
+''')
+    project.doit("validate:llm-ov")
+    folder = project.artifacts / "openvino-cpu" / "groups" / "llm-ov"
+    sidecar = json.loads((folder / "artifact.json").read_text())
+    assert "decoder.onnx.data" in sidecar["files"] and (folder / "decoder.onnx.data").is_file()
+    assert sidecar["loading"]["weights"] == {"decoder.onnx.data": (folder / "decoder.onnx.data").stat().st_size}
+    validation = json.loads((folder / "validation.json").read_text())
+    assert validation["status"] == "passed" and validation["pipeline"]["ran_on"] == "the shared context"
+    assert validation["pipeline"]["tokens_ep"] == validation["pipeline"]["tokens_cpu"]
+    assert min(step["snr_db"] for step in validation["pipeline"]["steps"]) > 60

@@ -25,10 +25,11 @@ class CompileRequest(TypedDict):
     optimization_level: str | None  # CPU targets
 
 
-class MemberResult(TypedDict):
+class MemberResult(TypedDict, total=False):
     nodes: dict[str, Any]  # where the source's nodes ended up (epbuild.steps.graph.placement)
     ep_sdk_version: str | None
     binaries: list[str]  # context binaries the compiled model references
+    graphs: list[str]  # the EPContext nodes' names: the graph names a runtime (Genie) looks up in the binary
 
 
 class CompileResult(TypedDict):

@@ -40,6 +40,9 @@ class EpInfo:
     binary_suffix: str | None = None  # context binary: <stem><suffix>, None when the EP writes none
     can_share_contexts: bool = False
     shares_one_binary: bool = False  # in a shared context: one binary for all members (named after the first)
+    # in a shared context the binaries hold no weights: they refer to the compiled models' external-data files by
+    # name, which then ship with the group (OpenVINO's weight sharing)
+    shared_weights_outside: bool = False
     float_precision: str = "fp32"  # what float graphs compute in: "fp16" for the HTP
     precision_option: str | None = None  # an option file whose text says the precision ("f16" in it: fp16)
     quantize_flavour: str = "generic"  # which QDQ configuration a `quantized` target consumes
@@ -140,7 +143,7 @@ REGISTRY: dict[str, EpInfo] = {
             package="onnxruntime-ep-openvino", module="onnxruntime_ep_openvino",
             known_options=OPENVINO_OPTIONS, ignored_options=OPENVINO_IGNORED,
             runtime_options=frozenset({"load_config"}),
-            binary_suffix="_OpenVINOExecutionProvider.bin", can_share_contexts=True,
+            binary_suffix="_OpenVINOExecutionProvider.bin", can_share_contexts=True, shared_weights_outside=True,
             precision_option="load_config", device_metadata="ov_device",
             no_device_hint="; the OpenVINO plugin lists Intel hardware only (on other x86-64 CPUs epbuild loads it "
                            "through its vendor-id shim unless EPBUILD_OPENVINO_VENDOR_SHIM=0)",

@@ -131,7 +131,8 @@ def inspect_output(path: Path, source_nodes: int, ep_name: str | None) -> Member
     branches = input_branches(model.graph) if ep_name else {}
     if branches:  # If nodes the EP left on CPU that a frozen configuration input would remove
         nodes["if_on_inputs"] = branches
-    return {"nodes": nodes, "ep_sdk_version": sdk, "binaries": binaries}
+    graphs = [node.name for node in model.graph.node if node.op_type == "EPContext"]  # what runtimes look up
+    return {"nodes": nodes, "ep_sdk_version": sdk, "binaries": binaries, **({"graphs": graphs} if graphs else {})}
 
 
 def check_offload(name: str, nodes: dict[str, Any], min_offload: float) -> None:

@@ -23,6 +23,7 @@ from ..manifest.builds import QPC_PROGRAM, SIDECAR, Build, ResolvedTarget
 from ..manifest.parse import TargetSpec
 from ..store.cache import Workspace
 from ..store.layout import Layout, write_json
+from ..store.publish import copy_file
 from . import vendor_shim
 from .graph import static_dims
 from .toolchains import (
@@ -88,7 +89,9 @@ class Compiler:
         if not target.embed:
             stems = [members[0].name] if shared and ep.shares_one_binary else [m.name for m in members]
             names += [ep.binary_name(stem) for stem in stems if ep.binary_name(stem)]
-        return tuple(sorted(names))
+        if shared and ep.shared_weights_outside:
+            names += shared_weights(members)
+        return tuple(sorted(set(names)))
 
     def produce(self, build: Build, workspace: Workspace, scratch: Path) -> dict[str, float] | None:
         """Write the build's files into `scratch`; return the child's usage (seconds, peak memory)."""
@@ -98,6 +101,8 @@ class Compiler:
                            build.log(layout, "compile"), target.ep.fork_server, target.ep.warm_compiles)
         for key, name in target.runtime_files().items():
             shutil.copyfile(target.option_files[key], scratch / name)
+        if build.shared and target.ep.shared_weights_outside:
+            copy_shared_weights(build, workspace, scratch)
         write_json(scratch / SIDECAR, sidecar(build, answer["members"]))
         return answer["usage"]
 
@@ -260,6 +265,27 @@ COMPILERS: dict[str, Compiler] = {c.name: c for c in (Compiler(), OrtSessionComp
                                                         QairtCompiler())}
 
 
+def shared_weights(members: list[Any]) -> list[str]:
+    """The external-data files a weight-sharing group ships, one per name (`copy_shared_weights` checks that
+    members agree on each)."""
+    return sorted({path.name for member in members for path in member.external})
+
+
+def copy_shared_weights(build: Build, workspace: Workspace, scratch: Path) -> None:
+    """The weights a weight-sharing group's binaries refer to by file name, beside them: members may share a name
+    only with the same bytes (variants of one model, models exported with one weights file)."""
+    by_name: dict[str, Path] = {}
+    for member in build.members:
+        for path in member.external:
+            other = by_name.setdefault(path.name, path)
+            if workspace.hashes.sha256(other) != workspace.hashes.sha256(path):
+                raise BuildError(f"{build.task}: members' external-data files are both named {path.name} with "
+                                 "different bytes; the shared context refers to its weights by file name: export "
+                                 "the members with one weights file, or with differently named ones")
+    for name, path in by_name.items():
+        copy_file(path, scratch / name)
+
+
 def compiler(target: ResolvedTarget) -> Compiler:
     return COMPILERS[target.compiler]
 
@@ -307,7 +333,7 @@ def sidecar(build: Build, results: list[MemberResult]) -> dict[str, Any]:
     if build.shared:
         return {**common, "group": build.name, "embed": False, "order": [m.name for m in build.members],
                 "members": {m.name: {"model_file": m.model_file, "binaries": r["binaries"], "nodes": r["nodes"],
-                                     "ep_sdk_version": r["ep_sdk_version"],
+                                     "ep_sdk_version": r["ep_sdk_version"], "graphs": r.get("graphs", []),
                                      "inputs": {k: list(v) for k, v in m.model.inputs.items()}}
                             for m, r in zip(build.members, results, strict=True)}}
     (member,), (result,) = build.members, results
@@ -315,6 +341,7 @@ def sidecar(build: Build, results: list[MemberResult]) -> dict[str, Any]:
         **common, "model": member.name, "embed": target.embed, "model_file": member.model_file,
         "inputs": {name: list(shape) for name, shape in member.model.inputs.items()},
         "ep_sdk_version": result.get("ep_sdk_version"), "nodes": result["nodes"],
+        **({"graphs": result["graphs"]} if result.get("graphs") else {}),
         **({"frozen": {k: list(v) for k, v in member.frozen.items()}} if member.frozen else {}),
         **({"optimization_level": target.optimization_level} if target.is_cpu else {}),
     }

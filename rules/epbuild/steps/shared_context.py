@@ -1,6 +1,7 @@
 """The contract a loader of a shared-context group must follow, recorded in the group's `artifact.json` when it is
 published: the session options, the order of the members, whether all use one binary, and the binary's size against
-the members compiled alone (the sharing ratio: weights stored once). QNN's weight-shared binaries are not
+the members compiled alone (the sharing ratio: weights stored once; for OpenVINO, whose shared binaries refer to the
+models' external-data files by name, those files ship with the group and count in). QNN's weight-shared binaries are not
 byte-stable from one compile to the next (a few hundred bytes differ), so a group's identity is its fingerprint,
 never its bytes."""
 
@@ -12,6 +13,7 @@ from typing import Any
 
 from ..manifest.builds import SIDECAR, Build
 from ..store.layout import Layout
+from .compilers import shared_weights
 
 
 def _binary_bytes(folder: Path, names: list[str]) -> int:
@@ -23,10 +25,12 @@ def loading_contract(build: Build, folder: Path, recorded: dict[str, Any], layou
     group (a task dependency), so the ratio is known whenever each member is also built alone for that target."""
     target = build.target
     binaries = sorted({name for member in recorded["members"].values() for name in member["binaries"]})
-    shared = _binary_bytes(folder, binaries)
+    weights = shared_weights(list(build.members)) if target.ep.shared_weights_outside else []
+    shared = _binary_bytes(folder, binaries + weights)
     contract: dict[str, Any] = {
         "session_options": {"ep.share_ep_contexts": "1"}, "order": [m.name for m in build.members],
         "one_binary": len(binaries) == 1, "binaries": {name: (folder / name).stat().st_size for name in binaries},
+        **({"weights": {name: (folder / name).stat().st_size for name in weights}} if weights else {}),
         "how": "create the members' sessions in this order, each with these session options (the first loads the "
                "shared binary, the later ones take their graphs from it), and destroy them in reverse order"}
     alone, missing = {}, []

@@ -55,7 +55,7 @@ def run_compile(build: Build, workspace: Workspace) -> TaskFailed | dict[str, An
         detail = f"{len(build.members)} members, {nodes['ep_context']} EPContext node(s) (keep together: {names})"
         sharing = json.loads((done.out_dir / SIDECAR).read_text())["loading"]["sharing"]
         if sharing.get("ratio") is not None:
-            detail += (f"; shared binaries {sharing['shared_bytes'] / 1e6:.2f} MB, {sharing['ratio']:.2f} of the "
+            detail += (f"; shared context {sharing['shared_bytes'] / 1e6:.2f} MB, {sharing['ratio']:.2f} of the "
                        "members compiled alone")
     else:
         detail = compiler(build.target).describe(nodes)
