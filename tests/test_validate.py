@@ -266,3 +266,19 @@ def test_a_reference_the_cpu_cannot_run_is_named_and_not_blamed_on_the_ep(tmp_pa
     user = validate_member(_reference_request(tmp_path, broken, tmp_path / "artifact.onnx",
                                               "validation.reference (m.onnx)"))
     assert user["status"] == "failed" and user["reason"].startswith("the CPU reference, validation.reference (m.onnx)")
+
+
+def test_a_large_models_reference_runs_in_a_child_of_its_own_with_the_same_result(project, monkeypatch):
+    """Past SEPARATE_REFERENCE_BYTES the CPU reference runs in a first child that ends before the artifact's starts
+    (never both in memory); the report is the one a single child gives."""
+    import epbuild.steps.validate as validation
+
+    project.manifest(QNN)
+    project.doit()
+    build = next(b for b in plan(load(project.root / "models.toml")) if b.members[0].name == "tinycnn")
+    together = validate(build, Layout(project.artifacts), project.root / "together")
+    monkeypatch.setattr(validation, "SEPARATE_REFERENCE_BYTES", 0)
+    apart = validate(build, Layout(project.artifacts), project.root / "apart")
+    assert apart["status"] == together["status"] == "passed", apart
+    assert apart["outputs"] == together["outputs"] and apart["inputs"] == together["inputs"]
+    assert (project.artifacts / ".logs" / "qnn-htp" / "tinycnn.validate.ref.log").is_file()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 
 class CompileMember(TypedDict):
@@ -73,6 +73,9 @@ class ValidationRequest(TypedDict):
     one_binary: bool  # the EP writes one binary for all members: they must all reference it
     run_blocked: str | None  # why this host cannot load the shared context
     pipeline: dict[str, Any] | None  # `pipeline`: token steps, and the members compiled alone (their requests)
+    phase: NotRequired[str]  # a large model: "reference" (the CPU reference alone), then "artifact" (with it)
+    workdir: NotRequired[str]  # the reference phase writes its arrays here
+    reference: NotRequired[dict[str, Any]]  # the artifact phase: what the reference phase saved
 
 
 class ValidationReport(TypedDict, total=False):

@@ -5,6 +5,7 @@ said in the report's notes."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from ..errors import ModelError
@@ -77,3 +78,44 @@ def float_outputs(ort: Any, request: dict[str, Any], feeds: dict[str, Any]) -> t
     except Exception as exc:  # noqa: BLE001
         return {}, (f"the float model, {request['float_reference_is']}, could not run on CPU ({_cause(exc)}): no "
                     "comparison with it")
+
+
+REFERENCE_FILE = "reference.npz"
+
+
+def reference_run(ort: Any, request: dict[str, Any]) -> dict[str, Any]:
+    """What the validation compares with, computed before (and, for large models, in another process than) the
+    artifact's session: the inputs, made from the compiled-from model's inputs; the reference's outputs; the float
+    model's; and the notes about them. Raises ReferenceUnusable or ModelError."""
+    import onnx
+
+    from .validation_inputs import make_inputs, signature_of
+
+    source = onnx.load(request["source"], load_external_data=False)
+    feeds, generated = make_inputs(signature_of(source), source, request)
+    del source
+    expected, declared_instead = reference_outputs(ort, request, feeds)
+    floats, float_note = float_outputs(ort, request, feeds) if request["float_reference"] else ({}, None)
+    return {"feeds": feeds, "generated": generated, "expected": expected, "floats": floats,
+            "notes": [note for note in (declared_instead, float_note) if note]}
+
+
+def save_reference(run: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """The arrays to `folder/reference.npz`; the rest, small, is returned (the request of the artifact's phase)."""
+    import numpy as np
+
+    arrays = {f"{kind}/{name}": value for kind in ("feeds", "expected", "floats") for name, value in run[kind].items()}
+    np.savez(folder / REFERENCE_FILE, **arrays)
+    return {"file": str(folder / REFERENCE_FILE), "generated": run["generated"], "notes": run["notes"]}
+
+
+def load_reference(saved: dict[str, Any]) -> dict[str, Any]:
+    import numpy as np
+
+    run: dict[str, Any] = {"feeds": {}, "expected": {}, "floats": {}, "generated": saved["generated"],
+                           "notes": saved["notes"]}
+    with np.load(saved["file"]) as data:
+        for key in data.files:
+            kind, name = key.split("/", 1)
+            run[kind][name] = data[key]
+    return run

@@ -32,9 +32,9 @@ from .diagnosis import fp16_hint
 from .localise import localise
 from .localise import summary as localised
 from .pipeline import validate_pipeline
-from .reference import ReferenceUnusable, float_outputs, reference_outputs, session_options
+from .reference import ReferenceUnusable, load_reference, reference_run, save_reference, session_options
 from .stages import Stage
-from .validation_inputs import SEED, make_inputs
+from .validation_inputs import SEED, feeds_for
 
 REPORT = "validation.json"
 
@@ -104,6 +104,16 @@ def validation_request(build: Build, folder: Path) -> ValidationRequest:
             "pipeline": pipeline}
 
 
+SEPARATE_REFERENCE_BYTES = 2**30  # a model this big (with its weights) gets its CPU reference in a child of its own
+
+
+def _large(build: Build) -> bool:
+    if build.shared or build.members[0].validation.mode != "run":
+        return False
+    member = build.members[0]
+    return sum(p.stat().st_size for p in (member.model.path, *member.external)) >= SEPARATE_REFERENCE_BYTES
+
+
 def validate(build: Build, layout: Layout, workdir: Path) -> ValidationReport:
     """Validate the published artifact of `build`, its child working in `workdir`; return the report.
 
@@ -113,11 +123,22 @@ def validate(build: Build, layout: Layout, workdir: Path) -> ValidationReport:
     report = compiler(target).validate(build, layout)
     if report is None:
         timeout = sum(m.validation.timeout_s for m in build.members)
+        request = validation_request(build, folder)
+        what = f"validate {'group ' if build.shared else ''}{build.name} ({target.ep.name})"
+        log = build.log(layout, "validate")
         try:
-            report = run_child("epbuild.steps.validate", validation_request(build, folder), workdir,
-                               target.limits(timeout),
-                               f"validate {'group ' if build.shared else ''}{build.name} ({target.ep.name})",
-                               build.log(layout, "validate"), target.ep.fork_server, target.ep.warm_validations)
+            if _large(build):  # the reference first, in a child of its own that ends before the artifact's starts
+                scratch = workdir / "reference"
+                answer = run_child("epbuild.steps.validate", {**request, "phase": "reference",
+                                                              "workdir": str(scratch)}, scratch,
+                                   target.limits(timeout), f"{what}: the CPU reference", log.with_suffix(".ref.log"))
+                request = {**request, "phase": "artifact", "reference": answer.get("reference")}
+                report = answer if answer["status"] == "failed" else run_child(
+                    "epbuild.steps.validate", request, workdir, target.limits(timeout), what, log,
+                    target.ep.fork_server)
+            else:
+                report = run_child("epbuild.steps.validate", request, workdir, target.limits(timeout), what, log,
+                                   target.ep.fork_server, target.ep.warm_validations)
         except BuildError as exc:
             report = {"status": "failed", "reason": str(exc)}
     if "reason" in report:  # an EP's colour codes: reports are read as text
@@ -244,26 +265,29 @@ def _localise(ort: Any, info: EpInfo, request: MemberValidation, feeds: dict[str
         return {"found": False, "error": " ".join(str(exc).split())[:300]}
 
 
-def validate_member(request: MemberValidation) -> ValidationReport:
+def validate_member(request: MemberValidation, reference: dict[str, Any] | None = None) -> ValidationReport:
     """Structural checks; then run the artifact on its EP, check where it ran, and compare every output with the
-    reference model on CPU, fed the same inputs."""
+    reference's on CPU, fed the same inputs (`reference_run`: computed here, or for a large model by an earlier
+    child, so the reference and the artifact are never in memory together)."""
     problems = structural_problems(request)
     if problems:
         return {"status": "failed", "reason": "; ".join(problems)}
     if request["mode"] == "structural":
         return {"status": "passed"}
 
-    import onnx
     import onnxruntime as ort
 
     info = lookup(request["ep"])
     session, refused = open_session(ort, info, request)
     if refused:
         return refused
-    source = onnx.load(request["source"], load_external_data=False)
-    with located(request["manifest"], request["entry"]):
-        feeds, generated = make_inputs(session, source, request)
-    del source
+    try:
+        with located(request["manifest"], request["entry"]):
+            reference = reference or reference_run(ort, request)
+            feeds = feeds_for(session, reference["feeds"], request["frozen"], "artifact")
+    except ReferenceUnusable as exc:
+        return {"status": "failed", "reason": str(exc)}
+    generated = reference["generated"]
     hint = ("; generated integer inputs " + ", ".join(f"{k}: {v}" for k, v in generated.items())
             if any("give validation.inputs" in v for v in generated.values()) else "")
     try:
@@ -274,12 +298,7 @@ def validate_member(request: MemberValidation) -> ValidationReport:
 
     kind = "qdq" if is_qdq(request["reference"]) else request["precision"]
     thresholds = {**DEFAULT_THRESHOLDS[kind], **request["thresholds"]}
-    try:
-        with located(request["manifest"], request["entry"]):
-            expected, declared_instead = reference_outputs(ort, request, feeds)
-    except ReferenceUnusable as exc:
-        return {"status": "failed", "ran_on": ran_on, "reason": str(exc)}
-    metrics, missed = compare_outputs(session, outputs, expected, thresholds)
+    metrics, missed = compare_outputs(session, outputs, reference["expected"], thresholds)
     failures += missed
     fp16 = fp16_hint(metrics, thresholds, request["target"], request["entry"]) if kind == "fp16" and missed else None
     if fp16:
@@ -291,7 +310,7 @@ def validate_member(request: MemberValidation) -> ValidationReport:
     if failures and hint:
         failures[-1] += hint
     flat = [name for name, m in metrics.items() if m.get("near_constant")]
-    notes = [declared_instead] if declared_instead else []
+    notes = list(reference["notes"])
     if flat:
         notes.append(f"the reference output {', '.join(repr(n) for n in flat)} is nearly constant for "
                      f"{'these' if request['inputs_file'] else 'generated'} inputs: SNR and cosine say nothing "
@@ -306,12 +325,10 @@ def validate_member(request: MemberValidation) -> ValidationReport:
                    **({"generated": generated} if generated else {}),
                    **({"frozen": request["frozen"]} if request["frozen"] else {})}}
     if request["float_reference"]:  # a quantized artifact: its error against the float model, for information
-        floats, unusable = float_outputs(ort, request, feeds)
+        floats = reference["floats"]
         report["against_float_model"] = {output.name: compare(got, floats[output.name])
                                          for output, got in zip(session.get_outputs(), outputs, strict=True)
                                          if output.name in floats}
-        if unusable:
-            report["notes"] = [*report.get("notes", []), unusable]
     if failures:
         report["reason"] = "; ".join(failures)
     return report
@@ -321,7 +338,17 @@ def _validate_in_child(request: ValidationRequest) -> ValidationReport:
     if request["shared"]:
         return _validate_group(request)
     (member,) = request["members"].values()
-    return validate_member(member)
+    phase = request.get("phase")
+    if phase == "reference":  # a large model's first child: the reference alone, kept for the artifact's child
+        import onnxruntime as ort
+
+        folder = Path(request["workdir"])
+        try:
+            with located(member["manifest"], member["entry"]):
+                return {"status": "reference", "reference": save_reference(reference_run(ort, member), folder)}
+        except ReferenceUnusable as exc:
+            return {"status": "failed", "reason": str(exc)}
+    return validate_member(member, load_reference(request["reference"]) if phase == "artifact" else None)
 
 
 def main() -> None:

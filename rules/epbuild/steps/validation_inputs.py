@@ -4,11 +4,12 @@ fixed seed as the model accepts them; frozen inputs get the values the artifact 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import ModelError
-from .graph import check_input_names, index_bound, known_shapes
+from .graph import check_input_names, dims, index_bound, known_shapes, true_inputs
 
 GENERATED_LIMIT = 4 * 2**30  # bytes of one generated validation input
 SEED = 0
@@ -33,13 +34,31 @@ def _mask(shape: list[int], dtype: Any) -> Any:
     return mask
 
 
+@dataclass(frozen=True)
+class InputSignature:
+    """An input as a session lists it (name, ONNX Runtime's type string, dimensions), read from the graph instead,
+    so inputs can be made before any session of the artifact exists."""
+
+    name: str
+    type: str
+    shape: list[int | str | None]
+
+
+def signature_of(model: Any) -> list[InputSignature]:
+    """The model's true inputs in graph order, as `session.get_inputs()` would list them."""
+    from onnx import TensorProto
+
+    return [InputSignature(value.name, f"tensor({TensorProto.DataType.Name(value.type.tensor_type.elem_type).lower()})",
+                           dims(value)) for value in true_inputs(model.graph)]
+
+
 def make_inputs(session: Any, source: Any, request: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
-    """Inputs for the artifact's true inputs: from the user's .npz, or generated with a fixed seed as the model
-    accepts them (floats normal; integer indices inside the dimension they index; masks as padding masks).
-    Returns (feeds, how each generated integer input was made)."""
+    """Inputs for the true inputs of `session` (a session, or `signature_of` a model): from the user's .npz, or
+    generated with a fixed seed as the model accepts them (floats normal; integer indices inside the dimension they
+    index; masks as padding masks). Returns (feeds, how each generated integer input was made)."""
     import numpy as np
 
-    signature = {i.name: i for i in session.get_inputs()}
+    signature = {i.name: i for i in (session if isinstance(session, list) else session.get_inputs())}
     shapes = {name: list(shape) for name, shape in request["inputs"].items()}
     if request["inputs_file"]:
         file = Path(request["inputs_file"]).name
