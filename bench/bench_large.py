@@ -26,7 +26,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path[:0] = [str(HERE), str(REPO / "tests")]
 
-from record import save  # noqa: E402
+from record import RESULTS, save  # noqa: E402
 
 WIDTH = 8192
 
@@ -130,7 +130,12 @@ def main() -> int:
     parser.add_argument("--skip-large", action="store_true")
     parser.add_argument("--skip-decoder", action="store_true")
     arguments = parser.parse_args()
+    previous = RESULTS / "large.json"  # a part skipped keeps its last figures
+    kept = json.loads(previous.read_text()) if previous.exists() else {"data": {}, "rows": []}
     data, rows = {}, []
+    if arguments.skip_large and "large" in kept["data"]:
+        data["large"] = kept["data"]["large"]
+        rows += [tuple(row) for row in kept["rows"] if row[0].startswith(("3", "2", "1", "4")) and "GiB" in row[0]]
     if not arguments.skip_large:
         data["large"] = found = large(arguments.gib)
         tasks = found["tasks"]
@@ -140,6 +145,9 @@ def main() -> int:
             rows.append((f"{found['weights_bytes'] / 2**30:.1f} GiB model: {name}",
                          f"{entry.get('status')}, {entry.get('seconds') or 0:.1f} s, peak "
                          f"{entry.get('peak_mb') or 0:.0f} MB"))
+    if arguments.skip_decoder and "decoder" in kept["data"]:
+        data["decoder"] = kept["data"]["decoder"]
+        rows += [tuple(row) for row in kept["rows"] if row[0].startswith("decoder")]
     if not arguments.skip_decoder:
         data["decoder"] = found = decoder()
         sharing = found["sharing"]

@@ -136,6 +136,9 @@ def validate(build: Build, layout: Layout, workdir: Path) -> ValidationReport:
                 report = answer if answer["status"] == "failed" else run_child(
                     "epbuild.steps.validate", request, workdir, target.limits(timeout), what, log,
                     target.ep.fork_server)
+                first, second = answer["usage"], report["usage"]  # both children: their time, the larger peak
+                report["usage"] = {"seconds": round(first["seconds"] + second["seconds"], 3),
+                                   "peak_mb": max(first["peak_mb"], second["peak_mb"])}
             else:
                 report = run_child("epbuild.steps.validate", request, workdir, target.limits(timeout), what, log,
                                    target.ep.fork_server, target.ep.warm_validations)
