@@ -4,6 +4,7 @@ Only the doit layer (`epbuild.tasks`, `epbuild.dodo`, `epbuild.command`) knows d
 Python that tests call directly.
 """
 
+import gc
 import sys
 
 RULES_FORMAT = 1
@@ -12,14 +13,20 @@ RULES_FORMAT = 1
 
 def _refuse_a_dodo_file_without_tasks() -> None:
     """A dodo.py that imports epbuild but defines no task would make doit build nothing and exit 0: doit's task
-    loader is wrapped so that it says what to write instead. Only inside a doit process, before it loads tasks."""
+    loader is wrapped so that it says what to write instead (and keeps Python's cyclic collector off its task
+    dicts). Only inside a doit process, before it loads tasks."""
     loader = sys.modules.get("doit.loader")
     if loader is None or getattr(loader.load_tasks, "epbuild_checked", False):
         return
     original = loader.load_tasks
 
     def load_tasks(namespace, *args, **kwargs):
-        tasks = original(namespace, *args, **kwargs)
+        gc.disable()  # creating thousands of task dicts makes no cycles worth the collector's passes over them
+        try:
+            tasks = original(namespace, *args, **kwargs)
+        finally:
+            gc.enable()
+        gc.freeze()  # they live as long as doit: later collections skip them
         if not tasks and any(getattr(value, "__name__", "").startswith("epbuild") or
                              str(getattr(value, "__module__", "")).startswith("epbuild")
                              for value in namespace.values()):
