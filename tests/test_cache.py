@@ -220,13 +220,14 @@ def test_cache_size_cap_evicts_least_recently_used_entries(tmp_path, host_cache)
 
 def test_a_restore_of_bytes_already_published_leaves_the_folder_in_place(project):
     """Another builder's compile may be reading a stage output from it; its validation report stays beside it."""
-    project.manifest(TWO_MODELS_CPU_QNN)
+    project.manifest(TWO_MODELS_CPU_QNN + '[models.dynbatch]\npath = "models/dynbatch.onnx"\n'
+                     'inputs = { x = [1, 3, 32, 32] }\n')
     project.doit()
-    stage, artifact = project.artifacts / ".stages" / "tinycnn" / "shape", project.artifacts / "cpu" / "tinycnn"
+    stage, artifact = project.artifacts / ".stages" / "dynbatch" / "shape", project.artifacts / "cpu" / "tinycnn"
     before = (stage.stat().st_ino, artifact.stat().st_ino)
-    project.doit("forget", "shape:tinycnn", "compile:tinycnn@cpu")
+    project.doit("forget", "shape:dynbatch", "compile:tinycnn@cpu")
     done = project.doit()
-    assert "restored shape:tinycnn" in done.stdout and "restored compile:tinycnn@cpu" in done.stdout
+    assert "restored shape:dynbatch" in done.stdout and "restored compile:tinycnn@cpu" in done.stdout
     assert (stage.stat().st_ino, artifact.stat().st_ino) == before
     assert (artifact / "validation.json").is_file()
 

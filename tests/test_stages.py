@@ -177,3 +177,57 @@ def test_a_stage_that_needs_a_static_shape_the_manifest_does_not_give(project):
     assert done.stderr.strip() == ("error: models.toml: models.dynbatch.inputs: input 'x' ([?, 3, 32, 32]) has "
                                    "symbolic dimension 0 ('batch'); target 'qnn-int8' needs static shapes: set "
                                    "dims = { batch = ... } (every input with that dimension) or inputs = { x = [...] }")
+
+
+STATIC = """
+[models.tinycnn]
+path = "models/tinycnn.onnx"
+targets = ["qnn-htp"]
+"""
+
+
+def _stages(project) -> set[str]:
+    listed = project.doit("list", "--all").stdout.split()
+    return {name for name in listed if name.startswith(("shape:", "fold:"))}
+
+
+def test_a_model_already_static_with_nothing_to_fold_is_compiled_as_it_is(project):
+    """tinycnn's inputs and every tensor are static and ONNX's inference agrees: no shape or fold stage (no copy of
+    the model), its compile reads the source, and it validates."""
+    project.manifest(STATIC + TARGETS)
+    assert _stages(project) == set()
+    project.doit()
+    assert not (project.artifacts / ".stages").exists()
+    report = json.loads((project.artifacts / "qnn-htp" / "tinycnn" / "validation.json").read_text())
+    assert report["status"] == "passed"
+
+
+def test_stale_static_shapes_or_constant_nodes_keep_their_stages(project):
+    """A static shape that ONNX's inference contradicts (an edited graph) goes through the shape stage; a static
+    model with nodes that only compute constants gets the fold stage alone."""
+    from real_models import runtime_weights
+
+    models = project.root / "models"
+    stale = onnx.load(str(models / "tinycnn.onnx"))
+    stale.graph.value_info[0].type.tensor_type.shape.dim[1].dim_value += 1
+    onnx.save(stale, str(models / "stale.onnx"))
+    runtime_weights(models / "weights.onnx")
+    inferred = onnx.shape_inference.infer_shapes(onnx.load(str(models / "weights.onnx")))
+    onnx.save(inferred, str(models / "weights.onnx"))
+    project.manifest(STATIC.replace("tinycnn", "stale") + STATIC.replace("tinycnn", "weights") + TARGETS)
+    assert _stages(project) == {"shape:stale", "fold:stale", "fold:weights"}
+    project.doit()
+    for model in ("stale", "weights"):
+        assert json.loads((project.artifacts / "qnn-htp" / model / "validation.json").read_text())["status"] == "passed"
+
+
+def test_group_members_compiled_from_files_of_one_name_are_refused(project):
+    (project.root / "models" / "copies").mkdir()
+    (project.root / "models" / "copies" / "tinycnn.onnx").write_bytes((project.root / "models" / "tinycnn.onnx")
+                                                                     .read_bytes())
+    project.manifest(STATIC + '[models.copy]\npath = "models/copies/tinycnn.onnx"\ntargets = ["qnn-htp"]\n' + TARGETS
+                     + '[groups.g]\ntarget = "qnn-htp"\nmodels = ["tinycnn", "copy"]\n')
+    done = project.doit("list", check=False)
+    assert done.returncode == 2 and done.stderr.startswith(
+        "error: models.toml: groups.g.models[1]: models 'tinycnn' and 'copy' are compiled from files both named "
+        "tinycnn.onnx; ONNX Runtime names compiled graphs after it"), done.stderr

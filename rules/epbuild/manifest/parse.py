@@ -54,6 +54,10 @@ class ModelSpec:
     rewrite: tuple[str, ...] = ()  # graph rewrites (`epbuild.manifest.schema.REWRITES`), in a stage of their own
     dims: dict[str, int] = field(default_factory=dict)  # named dimensions, resolved into `inputs` once models are read
     entry: str = ""  # where it is declared, for errors: models.NAME, or models.NAME.variants.V for a variant
+    # read from the model (store.external_data), not declared: every shape already static and checked, so no shape
+    # stage is needed; and whether any node only computes constants (else no fold stage)
+    graph_ready: bool = False
+    constant_nodes: bool = True
 
     @property
     def key(self) -> str:

@@ -173,10 +173,25 @@ def _member(model: ModelSpec, target: ResolvedTarget, manifest: Manifest, extern
     return Member(chain.model, settings, chain.external, chain.float_model, model.freeze), chain
 
 
+def _distinct_file_names(group: str, members: tuple[Member, ...], file: str) -> None:
+    """ONNX Runtime names compiled graphs after the file it compiles: two members compiled from one file name would
+    collide in the shared context. A member that goes through a stage is compiled from a file named after the model
+    (variants of one source are told apart); one compiled as it is, from its own file name."""
+    seen: dict[str, str] = {}
+    for index, member in enumerate(members):
+        other = seen.setdefault(member.model.path.name, member.name)
+        if other != member.name:
+            raise UserError(file, f"groups.{group}.models[{index}]", f"models '{other}' and '{member.name}' are "
+                            f"compiled from files both named {member.model.path.name}; ONNX Runtime names compiled "
+                            "graphs after it, so their graphs would collide in the shared context: rename one file")
+
+
 def _build(name: str, target: ResolvedTarget, models: list[ModelSpec], manifest: Manifest,
            external: dict[str, tuple[Path, ...]], shared: bool, pipeline_tokens: int | None = None) -> Build:
     pairs = [_member(m, target, manifest, external.get(m.name, ())) for m in models]
     members = tuple(member for member, _ in pairs)
+    if shared:
+        _distinct_file_names(name, members, manifest.path.name)
     backend = COMPILERS[target.compiler]
     outputs = backend.output_names(target, list(members), shared)
     layout = Layout(manifest.root / "artifacts")

@@ -6,8 +6,9 @@ validation tasks.
 A model's chain: `freeze` (when the model says `freeze`: configuration inputs become constants and ORT's basic
 optimization folds the branches they select), `rewrite` (when the model says `rewrite`: `steps.diagnosis`'s graph
 rewrites, such as RMSNorm's rsqrt as a division), `shape` (for targets whose EP needs static shapes, and when
-`inputs` is given and a later stage rewrites the model: the inputs fixed in the file, -1 and unnamed dimensions
-included, then shape inference so intermediate tensors are static too; exporters leave shapes computed at run time,
+`inputs` is given and a later stage rewrites the model, unless every shape of the model is already static and
+ONNX's inference agrees: the inputs fixed in the file, -1 and unnamed dimensions included, then shape inference so
+intermediate tensors are static too; exporters leave shapes computed at run time,
 e.g. the Expand before a GRU, which QNN refuses as dynamic), `fold` (NPU targets, unless the model says `optimize`:
 nodes that only compute constants replaced by their values, `steps.folding`), `optimize` (when the model says
 `optimize` = "basic" or "extended": ONNX Runtime's optimizer), `quantize` (for targets with `quantized = true`,
@@ -102,10 +103,13 @@ def stage_chain(model: ModelSpec, layout: Layout, external: tuple[Path, ...], fl
         add("freeze", {"values": {name: list(value) for name, value in sorted(model.freeze.items())}})
     if model.rewrite:  # first after freeze: every target's chain reads the same input, so one task serves all
         add("rewrite", {"rules": list(model.rewrite)})
-    if static_shapes or (inputs and (level or quantize)):
+    ready = model.graph_ready and not stages  # the model as read is what the compile gets (no earlier stage)
+    if ready:
+        inputs = {}  # the model's own static shapes: the inputs check refused any other value
+    elif static_shapes or (inputs and (level or quantize)):
         add("shape", {"inputs": {name: list(shape) for name, shape in sorted(inputs.items())}})
         inputs = {}
-    if fold:
+    if fold and (model.constant_nodes or not ready):
         add("fold", {})
     if level:
         add("optimize", {"level": level})

@@ -29,6 +29,36 @@ def _input_shapes(graph: Any) -> dict[str, list[int | None]]:
             for value in graph.input if value.name not in weights and value.type.HasField("tensor_type")}
 
 
+def _ready(model: Any) -> dict[str, bool]:
+    """Whether the graph already is what the shape and fold stages would make of it: every true input and every
+    node's output has a static shape that ONNX's own inference (strict, on the graph without its weights) agrees
+    with, so no stale shape can reach a compiler; and whether any node only computes constants."""
+    import onnx
+
+    from ..steps.folding import foldable_nodes
+
+    def static(value: Any) -> bool:
+        shape = value.type.tensor_type.shape if value.type.HasField("tensor_type") else None
+        return shape is not None and value.type.tensor_type.HasField("shape") and all(
+            d.HasField("dim_value") and d.dim_value > 0 for d in shape.dim)
+
+    graph = model.graph
+    weights = {t.name for t in graph.initializer}
+    known = {v.name: v for v in [*graph.value_info, *graph.output]}
+    outputs = [name for node in graph.node for name in node.output if name]
+    shaped = all(static(v) for v in graph.input if v.name not in weights) and all(
+        name in known and static(known[name]) for name in outputs)
+    if shaped:
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+        except Exception:  # noqa: BLE001 - a graph onnx cannot infer, or whose shapes conflict: the stage fixes it
+            shaped = False
+        else:
+            again = {v.name: v for v in [*inferred.graph.value_info, *inferred.graph.output]}
+            shaped = all(name in again and again[name].type == known[name].type for name in outputs)
+    return {"static": shaped, "foldable": bool(foldable_nodes(graph))}
+
+
 def _read(model_path: Path) -> dict[str, Any]:
     """{"locations": the external-data files it references, "inputs": `_input_shapes`}, or UserError."""
     import onnx
@@ -68,7 +98,8 @@ def _read(model_path: Path) -> dict[str, Any]:
             "dim_names": {name: [d.dim_param or None for d in value.type.tensor_type.shape.dim]
                           for value in model.graph.input if (name := value.name) not in weights
                           and value.type.HasField("tensor_type")},
-            "weights_as_inputs": sorted(v.name for v in model.graph.input if v.name in weights)}
+            "weights_as_inputs": sorted(v.name for v in model.graph.input if v.name in weights),
+            "graph": _ready(model)}
 
 
 def check_location(model_path: Path, location: str) -> Path:
@@ -130,7 +161,7 @@ class ExternalDataIndex:
             if key not in self.current:
                 entry = self.entries.get(key)
                 stat = stat_key(path.stat())
-                if entry is not None and entry["stat"] == stat and "dim_names" in entry:  # older entries: read again
+                if entry is not None and entry["stat"] == stat and "graph" in entry:  # older entries: read again
                     self.current.add(key)
                 else:
                     stale.append(path)
@@ -161,6 +192,10 @@ class ExternalDataIndex:
         input's dimension names (dim_param, None where there is none), as it was read (`files` reads it first)."""
         entry = self.entries[str(model_path)]
         return entry["inputs"], entry["weights_as_inputs"], entry["dim_names"]
+
+    def graph(self, model_path: Path) -> dict[str, bool]:
+        """`_ready`'s answer for the model, as it was read."""
+        return self.entries[str(model_path)]["graph"]
 
     def save(self) -> None:
         if not self.changed:

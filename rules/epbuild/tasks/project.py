@@ -5,6 +5,7 @@ availability on this host (or on the Dask workers) known."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import os
 import sys
@@ -152,6 +153,10 @@ class Project:
             except UserError as exc:
                 raise UserError(self.manifest.path.name, f"models.{name}.path", f"{exc.file}: {exc.message}") from None
             shapes[name] = index.inputs(model.path)
+        ready = {name: index.graph(model.path) for name, model in self.manifest.models.items()}
+        self.manifest = dataclasses.replace(self.manifest, models={
+            name: dataclasses.replace(model, graph_ready=ready[name]["static"], constant_nodes=ready[name]["foldable"])
+            for name, model in self.manifest.models.items()})
         return external, shapes
 
     def _plan(self, external: dict[str, tuple[Path, ...]], resolved: dict[str, ResolvedTarget],
