@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import filecmp
 import json
+import shutil
 
 import onnx
 import pytest
@@ -166,3 +167,22 @@ option_files = ["load_config"]
     assert validation["status"] == "passed" and validation["pipeline"]["ran_on"] == "the shared context"
     assert validation["pipeline"]["tokens_ep"] == validation["pipeline"]["tokens_cpu"]
     assert min(step["snr_db"] for step in validation["pipeline"]["steps"]) > 60
+
+
+def test_a_graph_only_stage_caches_its_graph_and_restores_the_weights_from_its_input(project):
+    """The weights a graph-only stage keeps are its input's bytes, which its fingerprint names: the cache holds the
+    graph only (no second copy of the weights), and a restore copies them from the input again."""
+    models = project.root / "models"
+    wide_mlp(models / "wide.onnx", width=512)
+    project.manifest('[models.wide]\npath = "models/wide.onnx"\ninputs = { x = [1, 512] }\n' + QNN)
+    project.doit("fold:wide")
+    entries = {p.name for p in project.cache.rglob("*") if p.is_file() and p.suffix in (".onnx", ".data")}
+    assert entries == {"wide.onnx"}, entries  # shape's and fold's graphs; no weights file
+    stage = project.artifacts / ".stages" / "wide" / "fold"
+    before = (stage / "wide.onnx").read_bytes()
+    for folder in (project.artifacts / ".stages" / "wide").iterdir():
+        shutil.rmtree(folder)
+    done = project.doit("fold:wide")
+    assert "restored shape:wide" in done.stdout and "restored fold:wide" in done.stdout
+    assert (stage / "wide.onnx").read_bytes() == before
+    assert filecmp.cmp(stage / "wide.onnx.data", models / "wide.onnx.data", shallow=False)

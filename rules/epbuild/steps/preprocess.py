@@ -332,7 +332,8 @@ def run_stage(stage: Stage, workspace: Workspace) -> tuple[Outcome, float, list[
             answer["answer"] = produce_stage(stage, workspace, scratch)
 
     outcome = cached_folder(stage.task, fingerprint, workspace, stage.output.parent,
-                            sorted(p.name for p in stage.outputs), produce, stage_config(stage), inputs)
+                            sorted(p.name for p in stage.outputs), produce, stage_config(stage), inputs,
+                            borrowed={name: stage.input.with_name(name) for name in stage.kept_data})
     child = answer.get("answer", {})
     return (with_download(outcome, answer), time.monotonic() - started, child.get("dynamic", []),
             answer.get("worker"), child.get("usage"))
