@@ -360,7 +360,7 @@ def cached_folder(label: str, fingerprint: str, workspace: Workspace, final: Pat
         cached = None if expected is None else [name for name in expected if name not in borrowed]
         try:
             found, outcome = restore(label, fingerprint, workspace, scratch)
-            if found is None or (cached is not None and found != cached):
+            if found is None or (cached is not None and found not in (cached, expected)):
                 if found is not None:  # a miss leaves the scratch folder empty
                     discard(scratch)
                     scratch.mkdir()
@@ -373,10 +373,11 @@ def cached_folder(label: str, fingerprint: str, workspace: Workspace, final: Pat
                                  identity)
                 outcome = Outcome(None, outcome.downloaded, uploaded)
                 found = None
-            else:
-                for name, source in borrowed.items():  # the inputs' very bytes: the fingerprint names them
-                    copy_file(source, scratch / name)
-                found = [*found, *borrowed]
+            else:  # an entry a Dask worker uploaded holds the borrowed files too
+                for name, source in borrowed.items():
+                    if name not in found:  # the inputs' very bytes: the fingerprint names them
+                        copy_file(source, scratch / name)
+                found = sorted({*found, *borrowed})
             check_inputs(label, inputs)
             if publishing is not None:
                 publishing(scratch)
