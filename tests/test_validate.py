@@ -273,12 +273,12 @@ def test_a_large_models_reference_runs_in_a_child_of_its_own_with_the_same_resul
     (never both in memory); the report is the one a single child gives."""
     import epbuild.steps.validate as validation
 
-    project.manifest(QNN)
+    project.manifest('[models.encoder]\npath = "models/encoder.onnx"\n[targets.cpu]\nep = "cpu"\n')
     project.doit()
-    build = next(b for b in plan(load(project.root / "models.toml")) if b.members[0].name == "tinycnn")
+    (build,) = plan(load(project.root / "models.toml"))  # a cpu target: no stage, as the build planned it
     together = validate(build, Layout(project.artifacts), project.root / "together")
     monkeypatch.setattr(validation, "SEPARATE_REFERENCE_BYTES", 0)
     apart = validate(build, Layout(project.artifacts), project.root / "apart")
     assert apart["status"] == together["status"] == "passed", apart
     assert apart["outputs"] == together["outputs"] and apart["inputs"] == together["inputs"]
-    assert (project.artifacts / ".logs" / "qnn-htp" / "tinycnn.validate.ref.log").is_file()
+    assert (project.artifacts / ".logs" / "cpu" / "encoder.validate.ref.log").is_file()

@@ -48,8 +48,12 @@ def signature_of(model: Any) -> list[InputSignature]:
     """The model's true inputs in graph order, as `session.get_inputs()` would list them."""
     from onnx import TensorProto
 
+    def shape(value: Any) -> list[int | str | None]:  # a zero-size dimension stays 0, as a session lists it
+        return [d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else named
+                for d, named in zip(value.type.tensor_type.shape.dim, dims(value), strict=True)]
+
     return [InputSignature(value.name, f"tensor({TensorProto.DataType.Name(value.type.tensor_type.elem_type).lower()})",
-                           dims(value)) for value in true_inputs(model.graph)]
+                           shape(value)) for value in true_inputs(model.graph)]
 
 
 def make_inputs(session: Any, source: Any, request: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
