@@ -167,6 +167,9 @@ option_files = ["load_config"]
     assert validation["status"] == "passed" and validation["pipeline"]["ran_on"] == "the shared context"
     assert validation["pipeline"]["tokens_ep"] == validation["pipeline"]["tokens_cpu"]
     assert min(step["snr_db"] for step in validation["pipeline"]["steps"]) > 60
+    project.manifest(project.root.joinpath("models.toml").read_text().replace("tokens = 4", "tokens = 2"))
+    assert ran(project.doit("validate:llm-ov")) == {"validate:llm-ov"}  # the pipeline's setting is the validation's
+    assert len(json.loads((folder / "validation.json").read_text())["pipeline"]["steps"]) == 3
 
 
 def test_a_graph_only_stage_caches_its_graph_and_restores_the_weights_from_its_input(project):
