@@ -1,0 +1,120 @@
+"""Scale: what a build costs around the work itself, at N targets, against bare doit and ninja of the same size.
+
+    python bench/bench_scale.py [N ...] [--repeats R]      (default: 100 1000)
+
+Per N: N/2 tinycnn copies x {cpu, qnn-htp}, built for real first; then, everything up to date, the no-op run and
+`doit list` on the fast path (the no-op stamp, the cached listing) and the full path (EPBUILD_FAST_PATH=0); bare
+doit with N and 2N trivial tasks (one file_dep... as bench_doit.py); ninja with N trivial edges; and the run users
+have on every CI run after a commit: one model's bytes changed, everything else up to date (its two compiles and
+validations are the work; the rest is overhead, from the build report's task seconds). Medians of R runs.
+Growth factors between successive N are printed. Writes bench/results/scale.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent / "tests")]
+
+from bench_doit import environment, make_bare, make_project, timed  # noqa: E402
+from record import save  # noqa: E402
+
+from helpers import perturb_weights  # noqa: E402
+
+DOIT = [sys.executable, "-m", "doit"]
+
+
+def make_ninja(folder: Path, n: int) -> None:
+    (folder / "in").mkdir(parents=True)
+    lines = ["rule touch\n  command = touch $out\n"]
+    for i in range(n):
+        (folder / "in" / f"{i}.a").write_text("a")
+        lines.append(f"build out/{i}.txt: touch in/{i}.a\n")
+    (folder / "build.ninja").write_text("".join(lines))
+
+
+def change_run(project: Path, env: dict[str, str], repeats: int) -> tuple[float, float]:
+    """(wall, of which the changed model's own tasks) of a run after one model's bytes changed; medians."""
+    walls, works = [], []
+    for seed in range(repeats):
+        perturb_weights(project / "models" / "m0.onnx", seed + 100)
+        start = time.perf_counter()
+        subprocess.run(DOIT, cwd=project, env=env, check=True, capture_output=True)
+        walls.append(time.perf_counter() - start)
+        tasks = json.loads((project / "artifacts" / "build-report.json").read_text())["tasks"]
+        works.append(sum(entry.get("seconds") or 0 for name, entry in tasks.items()
+                         if name.endswith(("m0@cpu", "m0@qnn-htp")) and entry.get("status") not in ("up-to-date",)))
+    return statistics.median(walls), statistics.median(works)
+
+
+def measure(n: int, repeats: int, top: Path) -> dict[str, float]:
+    bare, double, ninja, project = top / "bare", top / "bare2n", top / "ninja", top / "project"
+    make_bare(bare, n)
+    make_bare(double, 2 * n)
+    make_ninja(ninja, n)
+    make_project(project, n)
+    for folder in (bare, double):
+        subprocess.run(DOIT, cwd=folder, check=True, capture_output=True, env=environment())
+    subprocess.run(["ninja", "-C", str(ninja)], check=True, capture_output=True)
+    env = {**environment(), "EPBUILD_CACHE_DIR": str(top / "cache"), "EPBUILD_PROGRESS": "plain"}
+    start = time.perf_counter()
+    subprocess.run([*DOIT, "-n", "2", "-P", "process"], cwd=project, env=env, check=True, capture_output=True)
+    built = time.perf_counter() - start
+    subprocess.run(DOIT, cwd=project, env=env, check=True, capture_output=True)  # the stamp
+    full = {**env, "EPBUILD_FAST_PATH": "0"}
+    figures = {
+        "build_s": built,
+        "noop_fast_s": timed(DOIT, project, repeats, env), "noop_full_s": timed(DOIT, project, repeats, full),
+        "list_fast_s": timed([*DOIT, "list"], project, repeats, env),
+        "list_full_s": timed([*DOIT, "list"], project, repeats, full),
+        "bare_noop_s": timed(DOIT, bare, repeats), "bare2n_noop_s": timed(DOIT, double, repeats),
+        "bare_list_s": timed([*DOIT, "list"], bare, repeats),
+        "ninja_noop_s": timed(["ninja", "-C", str(ninja)], ninja, repeats),
+    }
+    figures["change_s"], figures["change_work_s"] = change_run(project, env, repeats)
+    figures["change_overhead_s"] = figures["change_s"] - figures["change_work_s"]
+    return {k: round(v, 4) for k, v in figures.items()}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("sizes", nargs="*", type=int, default=[100, 1000])
+    parser.add_argument("--repeats", type=int, default=5)
+    arguments = parser.parse_args()
+    results, rows = {}, []
+    with tempfile.TemporaryDirectory(prefix="epbuild-scale.") as temporary:
+        for n in arguments.sizes:
+            results[n] = found = measure(n, arguments.repeats, Path(temporary) / str(n))
+            shutil.rmtree(Path(temporary) / str(n), ignore_errors=True)
+            print(f"N={n}: {json.dumps(found)}", flush=True)
+            rows.append((f"{n} targets: no-op fast / full path; bare doit {n} / {2 * n} tasks; ninja",
+                         f"{found['noop_fast_s']:.3f} / {found['noop_full_s']:.3f} s; {found['bare_noop_s']:.3f} / "
+                         f"{found['bare2n_noop_s']:.3f} s; {found['ninja_noop_s']:.3f} s"))
+            rows.append((f"{n} targets: `doit list` fast / full path; bare doit",
+                         f"{found['list_fast_s']:.3f} / {found['list_full_s']:.3f} s; {found['bare_list_s']:.3f} s"))
+            times_bare = found["change_overhead_s"] / found["bare_noop_s"]
+            rows.append((f"{n} targets: first run after one model changed (its 2 compiles + 2 validations)",
+                         f"{found['change_s']:.2f} s, of which the model's own tasks {found['change_work_s']:.2f} s: "
+                         f"overhead {found['change_overhead_s']:.2f} s ({times_bare:.1f}x a bare no-op)"))
+    sizes = sorted(results)
+    for small, large in itertools.pairwise(sizes):
+        growth = {k: round(results[large][k] / results[small][k], 2) for k in results[small] if results[small][k]}
+        print(f"growth {small} -> {large}: {json.dumps(growth)}")
+        rows.append((f"growth {small} -> {large} targets (no-op full path, list full path, change overhead)",
+                     f"{growth['noop_full_s']}x, {growth['list_full_s']}x, {growth['change_overhead_s']}x"))
+    save("scale", rows, {str(n): r for n, r in results.items()})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
