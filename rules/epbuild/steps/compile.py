@@ -27,7 +27,7 @@ from ..store.layout import Layout, write_json
 from .compilers import compiler
 from .diagnosis import compile_hints, input_branches
 from .fingerprint import compile_fingerprint, target_identity
-from .graph import check_ep_contexts, missing_files, placement, static_dims
+from .graph import EP_CONTEXT, check_ep_contexts, missing_files, placement, static_dims
 from .preprocess import always_written, external_output
 from .shared_context import loading_contract
 
@@ -131,7 +131,7 @@ def inspect_output(path: Path, source_nodes: int, ep_name: str | None) -> Member
     branches = input_branches(model.graph) if ep_name else {}
     if branches:  # If nodes the EP left on CPU that a frozen configuration input would remove
         nodes["if_on_inputs"] = branches
-    graphs = [node.name for node in model.graph.node if node.op_type == "EPContext"]  # what runtimes look up
+    graphs = [node.name for node in model.graph.node if node.op_type == EP_CONTEXT]  # what runtimes look up
     return {"nodes": nodes, "ep_sdk_version": sdk, "binaries": binaries, **({"graphs": graphs} if graphs else {})}
 
 

@@ -19,18 +19,9 @@ from ..manifest.eps import lookup
 from .artifact_session import is_qdq, open_session
 from .comparison import DEFAULT_THRESHOLDS, compare
 from .reference import session_options
+from .validation_inputs import SEED, dtype_of
 
 PAST, PRESENT = "past_key_values.", "present."
-SEED = 0
-
-
-def _dtype(ort_type: str) -> Any:
-    import numpy as np
-
-    return {"tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(float)": np.float32,
-            "tensor(float16)": np.float16, "tensor(bool)": np.bool_}.get(ort_type, np.float32)
-
-
 class Graph:
     """One graph of the pipeline (a session) and what its inputs need."""
 
@@ -59,34 +50,34 @@ class Graph:
 
         length = self.cache_length()
         total = length + self.sequence
-        feeds = {"input_ids": np.array([tokens[-self.sequence:]], dtype=_dtype(self.inputs["input_ids"].type))}
+        feeds = {"input_ids": np.array([tokens[-self.sequence:]], dtype=dtype_of(self.inputs["input_ids"].type))}
         if "attention_mask" in self.inputs:
             in_use = min(filled, length)
             mask = [0] * (length - in_use) + [1] * (in_use + self.sequence)
-            feeds["attention_mask"] = np.array([mask[-total:]], dtype=_dtype(self.inputs["attention_mask"].type))
+            feeds["attention_mask"] = np.array([mask[-total:]], dtype=dtype_of(self.inputs["attention_mask"].type))
         if "position_ids" in self.inputs:
             start = len(tokens) - self.sequence
             feeds["position_ids"] = np.array([list(range(start, start + self.sequence))],
-                                             dtype=_dtype(self.inputs["position_ids"].type))
+                                             dtype=dtype_of(self.inputs["position_ids"].type))
         for name, value in self.inputs.items():
             if not name.startswith(PAST):
                 continue
             shape = [d if isinstance(d, int) else 1 for d in value.shape]
             if cache is None:
-                feeds[name] = np.zeros(shape, dtype=_dtype(value.type))
+                feeds[name] = np.zeros(shape, dtype=dtype_of(value.type))
                 continue
             present = cache.get(PRESENT + name[len(PAST):])
             if present is None:
                 raise ModelError(f"the {self.role} graph's input '{name}' has no '{PRESENT}{name[len(PAST):]}' "
                                  "output to come from")
-            feeds[name] = present[:, :, present.shape[2] - shape[2]:, :].astype(_dtype(value.type))
+            feeds[name] = present[:, :, present.shape[2] - shape[2]:, :].astype(dtype_of(value.type))
         return feeds
 
     def run(self, feeds: dict[str, Any]) -> dict[str, Any]:
         return dict(zip(self.outputs, self.session.run(None, feeds), strict=True))
 
 
-def run_pipeline(cpu: tuple[Any, Any], ep: tuple[Any, Any], tokens: int, vocab_seed: int = SEED
+def run_pipeline(cpu: tuple[Any, Any], ep: tuple[Any, Any], tokens: int
                  ) -> tuple[list[dict[str, Any]], list[int], list[int]]:
     """(per-step metrics, the CPU's greedy tokens, the EP's): `cpu` and `ep` are (prompt, token) sessions."""
     import numpy as np
@@ -95,7 +86,7 @@ def run_pipeline(cpu: tuple[Any, Any], ep: tuple[Any, Any], tokens: int, vocab_s
     ep_prompt, ep_token = Graph(ep[0], "prompt"), Graph(ep[1], "token")
     vocab = cpu[0].get_outputs()[cpu_prompt.outputs.index("logits")].shape[-1]
     vocab = vocab if isinstance(vocab, int) else 2
-    prompt = [int(t) for t in np.random.default_rng(vocab_seed).integers(0, vocab, cpu_prompt.sequence)]
+    prompt = [int(t) for t in np.random.default_rng(SEED).integers(0, vocab, cpu_prompt.sequence)]
     steps, cpu_tokens, ep_tokens = [], [], []
     sequence, cpu_cache, ep_cache = list(prompt), None, None
     for step in range(tokens + 1):

@@ -10,7 +10,7 @@ from typing import Any
 
 from ..errors import ModelError
 from .graph import static_dims
-from .validation_inputs import feeds_for
+from .validation_inputs import feeds_for, make_inputs, signature_of
 
 
 class ReferenceUnusable(Exception):
@@ -88,8 +88,6 @@ def reference_run(ort: Any, request: dict[str, Any]) -> dict[str, Any]:
     artifact's session: the inputs, made from the compiled-from model's inputs; the reference's outputs; the float
     model's; and the notes about them. Raises ReferenceUnusable or ModelError."""
     import onnx
-
-    from .validation_inputs import make_inputs, signature_of
 
     source = onnx.load(request["source"], load_external_data=False)
     feeds, generated = make_inputs(signature_of(source), source, request)

@@ -64,6 +64,14 @@ def thread_mode(argv: list[str]) -> bool:
     return False
 
 
+
+def with_graph_facts(manifest: Manifest, graphs: dict[str, dict[str, bool]]) -> Manifest:
+    """The manifest with what the model reading found: whether each model is already static (no shape stage) and
+    has nodes that only compute constants (else no fold stage)."""
+    return dataclasses.replace(manifest, models={
+        name: dataclasses.replace(model, graph_ready=graphs[name]["static"], constant_nodes=graphs[name]["foldable"])
+        for name, model in manifest.models.items()})
+
 class Project:
     """A loaded manifest with everything task creation needs, computed once. `requested` are the task names
     given on doit's command line: a task this host cannot build fails when named, and is skipped otherwise."""
@@ -84,8 +92,8 @@ class Project:
         executor = self._prepare_folders()
         servers = self._start_fork_servers(is_default_run(requested) and not executor)
         index = ExternalDataIndex(self.layout.state)
-        external, shapes = self._read_models(index, servers)
-        self.manifest = resolve_dims(self.manifest, shapes)
+        external, shapes, graphs = self._read_models(index, servers)
+        self.manifest = with_graph_facts(resolve_dims(self.manifest, shapes), graphs)
         self._plan(external, resolved, executor)
         check_declared_inputs(self.manifest, self.builds, shapes)
         if self.writable:  # only for a manifest that holds: a refused one writes nothing
@@ -134,9 +142,11 @@ class Project:
         return servers
 
     def _read_models(self, index: ExternalDataIndex,
-                     servers: set[str]) -> tuple[dict[str, tuple[Path, ...]], dict[str, ModelInputs]]:
-        """Each model's external-data files and input shapes, from the index; changed models are read by a fork
-        server running or starting anyway (it has onnx loaded), the CPU-only one first."""
+                     servers: set[str]) -> tuple[dict[str, tuple[Path, ...]], dict[str, ModelInputs],
+                                                 dict[str, dict[str, bool]]]:
+        """Each model's external-data files, input shapes and graph facts (`store.external_data._ready`), from the
+        index; changed models are read by a fork server running or starting anyway (it has onnx loaded), the
+        CPU-only one first."""
         unread = index.unread([model.path for model in self.manifest.models.values()])
         if unread:
             reader = next((alias for alias in sorted(servers | {""}) if serving(alias)), None)
@@ -153,11 +163,7 @@ class Project:
             except UserError as exc:
                 raise UserError(self.manifest.path.name, f"models.{name}.path", f"{exc.file}: {exc.message}") from None
             shapes[name] = index.inputs(model.path)
-        ready = {name: index.graph(model.path) for name, model in self.manifest.models.items()}
-        self.manifest = dataclasses.replace(self.manifest, models={
-            name: dataclasses.replace(model, graph_ready=ready[name]["static"], constant_nodes=ready[name]["foldable"])
-            for name, model in self.manifest.models.items()})
-        return external, shapes
+        return external, shapes, {name: index.graph(model.path) for name, model in self.manifest.models.items()}
 
     def _plan(self, external: dict[str, tuple[Path, ...]], resolved: dict[str, ResolvedTarget],
               executor: ExecutorSettings | None) -> None:
