@@ -17,7 +17,7 @@ import xml.etree.ElementTree as ElementTree
 import pytest
 
 from conftest import Project, build_report
-from helpers import OPENVINO_CPU_TARGET
+from helpers import OPENVINO_CPU_TARGET, perturb_weights
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 SMALL = '[models.tinycnn]\npath = "models/tinycnn.onnx"\n[models.encoder]\npath = "models/encoder.onnx"\n' \
@@ -238,5 +238,34 @@ def test_the_page_template_is_compiled_while_a_first_build_waits_and_no_thread_o
     with template_prepared_meanwhile():
         time.sleep(0.01)  # the build waits for its fork servers here
     assert report_template.cache_info().currsize == 1 and threading.active_count() == before
-    assert "<html" in report_template().render(rows=[], groups=[], targets=[], by_place={}, cells=[], stages={},
+    assert "<html" in report_template().render(rows=[], groups={}, targets=[], by_place={}, cells=[], stage_rows=[],
                                                counts={}, project="p", generated="now")
+
+
+def test_the_page_assembled_from_remembered_parts_equals_one_rendered_whole(tmp_path, host_cache, monkeypatch):
+    """Each build's parts of report.html and junit.xml are rendered again only when what they show changed; the
+    page made from remembered parts is the page a first rendering makes."""
+    from epbuild.report.views import PARTS, write_views
+    from epbuild.tasks.project import Project as Loaded
+
+    project = Project(tmp_path, host_cache)
+    project.manifest(SMALL)
+    project.doit()
+    perturb_weights(project.root / "models" / "encoder.onnx", 7)
+    project.doit()  # the encoder's compile and validation ran, the tinycnn's parts were remembered
+    time.sleep(0.1)  # every file settled: a part whose files may still change is never remembered
+
+    def written() -> tuple[str, str]:
+        page = (project.artifacts / "report.html").read_text()
+        return re.sub(r"Written .* UTC", "", page), (project.artifacts / "junit.xml").read_text()
+
+    by_the_build = written()
+    monkeypatch.chdir(tmp_path)
+    loaded = Loaded(tmp_path / "models.toml", [])
+    entries = build_report(project)
+    assert write_views(loaded.layout, loaded.builds, entries) == 0 and written() == by_the_build
+    (project.artifacts / ".state" / PARTS).unlink()
+    assert write_views(loaded.layout, loaded.builds, entries) == 2 and written() == by_the_build  # rendered whole
+    entries["validate:encoder@cpu"] = {**entries["validate:encoder@cpu"], "seconds": 12.5}
+    assert write_views(loaded.layout, loaded.builds, entries) == 1  # only the encoder's parts
+    assert 'data-task="validate:encoder@cpu"' in written()[0] and ">12.5<" in written()[0]

@@ -149,10 +149,13 @@ class Build:
     def out_dir(self, layout: Layout) -> Path:
         return layout.build_dir(self.target.name, self.folder_name, self.shared)
 
+    @property
+    def log_stem(self) -> str:
+        return f"group.{self.name}" if self.shared else self.members[0].name
+
     def log(self, layout: Layout, step: str) -> Path:
         """`step`: compile, validate, ops."""
-        stem = f"group.{self.name}" if self.shared else self.members[0].name
-        return layout.log(self.target.name, f"{stem}.{step}")
+        return layout.log(self.target.name, f"{self.log_stem}.{step}")
 
     @property
     def validates(self) -> bool:

@@ -1,129 +1,41 @@
 """The build's results as people and CI systems read them: `artifacts/report.html` (one self-contained page),
 `artifacts/junit.xml` (each validation a test case) and a Markdown table for `GITHUB_STEP_SUMMARY`.
 
-Everything comes from files a build leaves: `build-report.json` entries, and each artifact's `artifact.json` and
-`validation.json`; nothing here imports onnxruntime, so the pages are written after every run, restores included.
+Everything comes from files a build leaves (`report.cells`); nothing here imports onnxruntime, so the pages are
+written after every run, restores included. Each build's parts of both files are kept in
+`artifacts/.state/report-parts.json` under the digest of what they show, and the files are assembled from them:
+a run that changed one model of 10,000 renders that model's parts (rendering every cell took ~14 s at 10,000).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import html
 import json
 import os
 import threading
+import xml.etree.ElementTree as ElementTree
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from markupsafe import Markup
+
 from ..manifest.builds import Build
-from ..store.layout import Layout, write_atomic
+from ..store.layout import Layout, write_atomic, write_json
+from .cells import PENDING, Cell, collect, sources
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
-ARTIFACT, VALIDATION = "artifact.json", "validation.json"
 # status -> colour class: compiled/validated/restored/up to date are good, skipped is neutral
 TONE = {"compiled": "good", "validated": "good", "restored": "good", "up-to-date": "good", "passed": "good",
         "failed": "bad", "skipped": "muted", "pending": "muted", "not built": "warn"}
-PENDING = "pending"  # no run has reached the task yet ("not built": a task it needs failed)
-
-
-@dataclass
-class Cell:
-    """One build (a model for a target, or a group) with what the last runs said about it."""
-
-    build: str
-    row: str  # the model, or the group's name
-    target: str
-    ep: str
-    shared: bool
-    members: list[str]
-    compile_task: str
-    validate_task: str | None
-    compile: dict[str, Any]  # its build-report entry ({} when never run)
-    validate: dict[str, Any]
-    artifact: dict[str, Any] | None  # artifact.json
-    validation: dict[str, Any] | None  # validation.json
-    logs: dict[str, str] = field(default_factory=dict)  # step -> log path, relative to the project
-
-    @property
-    def compile_status(self) -> str:
-        return self.compile.get("status", PENDING)
-
-    @property
-    def validate_status(self) -> str:
-        if self.validate_task is None:
-            return "off"
-        status = self.validate.get("status", PENDING)
-        if status == "up-to-date" and self.validation:
-            return self.validation.get("status", status)
-        if status == "restored":  # a result restored from the cache for these very bytes
-            return f"{(self.validation or {}).get('status', 'passed')} (restored)"
-        return {"validated": "passed"}.get(status, status)
-
-    @property
-    def size(self) -> int | None:
-        files = self.compile.get("files")
-        return sum(f["size"] for f in files) if files else None
-
-    @property
-    def offload(self) -> float | None:
-        nodes = (self.artifact or {}).get("nodes") or self.compile.get("nodes") or {}
-        return nodes.get("offload")
-
-    @property
-    def sharing(self) -> float | None:
-        """A group's shared binary against its members compiled alone (artifact.json's loading contract)."""
-        return ((self.artifact or {}).get("loading") or {}).get("sharing", {}).get("ratio")
-
-    def outputs(self) -> list[tuple[str, dict[str, Any]]]:
-        """(label, metrics) of every compared output; a group's labelled by member."""
-        report = self.validation or {}
-        if "members" in report:
-            return [(f"{member} / {name}", metrics) for member, sub in sorted(report["members"].items())
-                    for name, metrics in sorted(sub.get("outputs", {}).items())]
-        return sorted(report.get("outputs", {}).items())
-
-    @property
-    def snr_db(self) -> float | None:
-        values = [m["snr_db"] for _, m in self.outputs() if isinstance(m.get("snr_db"), (int, float))]
-        return min(values) if values else None
-
-    @property
-    def reason(self) -> str | None:
-        """Why the compile or the validation did not pass, as the build said it."""
-        for entry in (self.compile, self.validate):
-            if entry.get("status") in ("failed", "skipped", "not built") and entry.get("reason"):
-                return entry["reason"]
-        if self.validation and self.validation.get("status") in ("failed", "skipped"):
-            return self.validation.get("reason")
-        return None
-
-
-def _json(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def collect(layout: Layout, builds: list[Build], entries: dict[str, dict[str, Any]]) -> list[Cell]:
-    cells = []
-    for build in builds:
-        folder = build.out_dir(layout)
-        validate_task = f"validate:{build.name}" if build.validates else None
-        logs = {step: os.path.relpath(path, layout.root.parent) for step in ("compile", "validate", "ops")
-                if (path := build.log(layout, step)).is_file() and path.stat().st_size}  # an empty log says nothing
-        cells.append(Cell(build.name, build.name if build.shared else build.members[0].name, build.target.name,
-                          build.target.ep.name, build.shared, [m.name for m in build.members], build.task,
-                          validate_task, entries.get(build.task, {}),
-                          entries.get(validate_task, {}) if validate_task else {},
-                          _json(folder / ARTIFACT), _json(folder / VALIDATION), logs))
-    return cells
+PARTS = "report-parts.json"
 
 
 def _environment() -> Any:
@@ -148,9 +60,20 @@ def _environment() -> Any:
 
 
 @functools.cache
+def _templates() -> Any:
+    return _environment()
+
+
+@functools.cache
 def report_template() -> Any:
     """report.html's compiled template, made once per process."""
-    return _environment().get_template("report.html.j2")
+    return _templates().get_template("report.html.j2")
+
+
+@functools.cache
+def cell_macros() -> Any:
+    """The macros that render one build's parts of the page (templates/cell.html.j2)."""
+    return _templates().get_template("cell.html.j2").module
 
 
 @contextmanager
@@ -162,6 +85,7 @@ def template_prepared_meanwhile() -> Iterator[None]:
     def prepare() -> None:
         with contextlib.suppress(Exception):  # a broken template is reported where the page is written
             report_template()
+            cell_macros()
 
     thread = threading.Thread(target=prepare, daemon=True)
     thread.start()
@@ -171,49 +95,135 @@ def template_prepared_meanwhile() -> Iterator[None]:
         thread.join()
 
 
-def render_html(cells: list[Cell], entries: dict[str, dict[str, Any]], project: str) -> str:
-    rows = list(dict.fromkeys(c.row for c in cells if not c.shared))
-    groups = list(dict.fromkeys(c.row for c in cells if c.shared))
-    targets = list(dict.fromkeys(c.target for c in cells))
-    by_place = {(c.row, c.target): c for c in cells}
-    stages = {name: entry for name, entry in sorted(entries.items())
-              if not name.startswith(("compile:", "validate:", "group:"))}
+@dataclass(frozen=True)
+class Part:
+    """One build's rendered parts: its matrix cell, its rows of the task table, its section, its junit test case."""
+
+    row: str
+    target: str
+    shared: bool
+    members: tuple[str, ...]
+    summary: Markup
+    tasks: Markup
+    section: Markup
+    case: str  # "" when the build does not validate
+    outcome: str  # the test case's: failed, skipped or passed ("" without one)
+
+
+def render_part(cell: Cell) -> dict[str, str]:
+    macros = cell_macros()
+    case, outcome = junit_case(cell)
+    return {"summary": str(macros.summary_cell(cell)), "tasks": str(macros.task_rows(cell)),
+            "section": str(macros.section(cell)), "case": case, "outcome": outcome}
+
+
+def junit_case(cell: Cell) -> tuple[str, str]:
+    """The validate task as a test case (failed -> <failure> with the metrics, skipped -> <skipped> with why),
+    indented for its place in the suite, and its outcome."""
+    if cell.validate_task is None:
+        return "", ""
+    case = ElementTree.Element("testcase", classname=f"epbuild.{cell.target}", name=cell.row,
+                               time=f"{cell.validate.get('seconds', 0):.3f}")
+    status, outcome = cell.validate_status, "passed"
+    metrics = "\n".join(f"{label}: " + ", ".join(f"{k}={v}" for k, v in sorted(m.items())
+                                                 if isinstance(v, (int, float)) and not isinstance(v, bool))
+                        for label, m in cell.outputs())
+    if status == "failed":
+        outcome = "failed"
+        ElementTree.SubElement(case, "failure", message=cell.reason or "validation failed").text = \
+            metrics or cell.reason
+    elif status in ("skipped", "not built", PENDING):
+        outcome = "skipped"
+        ElementTree.SubElement(case, "skipped", message=cell.reason or status)
+    if metrics and status != "failed":
+        ElementTree.SubElement(case, "system-out").text = metrics
+    ElementTree.indent(case, space="  ", level=1)
+    return "  " + ElementTree.tostring(case, encoding="unicode"), outcome
+
+
+class PartStore:
+    """`.state/report-parts.json`: each build's rendered parts under the digest of what they show, and each stage's
+    task row under its entry's; dropped whole when the templates or this code change."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.version = _renderer_version()
+        try:
+            stored = json.loads(path.read_text())
+        except (OSError, ValueError):
+            stored = {}
+        fresh = isinstance(stored, dict) and stored.get("version") == self.version
+        self.old: dict[str, dict[str, str]] = stored.get("parts", {}) if fresh else {}
+        self.new: dict[str, dict[str, str]] = {}
+        self.rendered = 0  # parts rendered this time (the rest were remembered)
+
+    def get(self, name: str, key: str | None, render: Any) -> dict[str, str]:
+        remembered = self.old.get(name)
+        if key is not None and remembered is not None and remembered.get("key") == key:
+            self.new[name] = remembered
+            return remembered
+        self.rendered += 1
+        part = {**render(), "key": key}
+        if key is not None:
+            self.new[name] = part
+        return part
+
+    def save(self) -> None:
+        if self.new != self.old:
+            write_json(self.path, {"version": self.version, "parts": self.new}, indent=None)
+
+
+@functools.cache
+def _renderer_version() -> str:
+    digest = hashlib.sha256()
+    for path in sorted([*TEMPLATES.iterdir(), *Path(__file__).parent.glob("*.py")]):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def parts(layout: Layout, builds: list[Build], entries: dict[str, dict[str, Any]],
+          store: PartStore) -> list[Part]:
+    found = []
+    for source in sources(layout, builds):
+        build = source.build
+        part = store.get(build.name, source.key(entries), lambda s=source: render_part(s.cell(layout, entries)))
+        found.append(Part(build.name if build.shared else build.members[0].name, build.target.name, build.shared,
+                          tuple(m.name for m in build.members), Markup(part["summary"]), Markup(part["tasks"]),
+                          Markup(part["section"]), part["case"], part["outcome"]))
+    return found
+
+
+def stage_rows(entries: dict[str, dict[str, Any]], store: PartStore) -> list[Markup]:
+    rows = []
+    for name, entry in sorted(entries.items()):
+        if name.startswith(("compile:", "validate:", "group:")):
+            continue
+        key = hashlib.blake2b(json.dumps(entry, sort_keys=True).encode(), digest_size=16).hexdigest()
+        part = store.get(name, key, lambda n=name, e=entry: {"row": str(cell_macros().task_row(n, e))})
+        rows.append(Markup(part["row"]))
+    return rows
+
+
+def render_html(page_parts: list[Part], stages: list[Markup], entries: dict[str, dict[str, Any]],
+                project: str) -> str:
+    rows = list(dict.fromkeys(p.row for p in page_parts if not p.shared))
+    groups = {p.row: p.members for p in page_parts if p.shared}
+    targets = list(dict.fromkeys(p.target for p in page_parts))
+    by_place = {(p.row, p.target): p for p in page_parts}
     counts = Counter(entry.get("status", "?") for entry in entries.values())
     return report_template().render(
         project=project, generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), rows=rows,
-        groups=groups, targets=targets, by_place=by_place, cells=cells, stages=stages, counts=counts)
+        groups=groups, targets=targets, by_place=by_place, cells=page_parts, stage_rows=stages, counts=counts)
 
 
-def junit_xml(cells: list[Cell]) -> bytes:
-    """One test case per validate task: failed -> <failure> with the metrics, skipped -> <skipped> with why."""
-    import xml.etree.ElementTree as ElementTree  # here: task creation imports this module, a no-op run needs no XML
-
-    suite = ElementTree.Element("testsuite", name="epbuild validations")
-    failures = skipped = 0
-    for cell in cells:
-        if cell.validate_task is None:
-            continue
-        case = ElementTree.SubElement(suite, "testcase", classname=f"epbuild.{cell.target}", name=cell.row,
-                                      time=f"{cell.validate.get('seconds', 0):.3f}")
-        status = cell.validate_status
-        metrics = "\n".join(f"{label}: " + ", ".join(f"{k}={v}" for k, v in sorted(m.items())
-                                                     if isinstance(v, (int, float)) and not isinstance(v, bool))
-                            for label, m in cell.outputs())
-        if status == "failed":
-            failures += 1
-            element = ElementTree.SubElement(case, "failure", message=cell.reason or "validation failed")
-            element.text = metrics or cell.reason
-        elif status in ("skipped", "not built", PENDING):
-            skipped += 1
-            ElementTree.SubElement(case, "skipped", message=cell.reason or status)
-        if metrics and status != "failed":
-            ElementTree.SubElement(case, "system-out").text = metrics
-    suite.set("tests", str(len(suite)))
-    suite.set("failures", str(failures))
-    suite.set("skipped", str(skipped))
-    suite.set("errors", "0")
-    ElementTree.indent(suite)
-    return ElementTree.tostring(suite, encoding="utf-8", xml_declaration=True) + b"\n"
+def junit_xml(page_parts: list[Part]) -> bytes:
+    """One test case per validate task, in the builds' order."""
+    cases = [p.case for p in page_parts if p.case]
+    outcomes = Counter(p.outcome for p in page_parts if p.case)
+    head = (f'<testsuite name="epbuild validations" tests="{len(cases)}" failures="{outcomes["failed"]}" '
+            f'skipped="{outcomes["skipped"]}" errors="0"')
+    body = f"{head}>\n" + "\n".join(cases) + "\n</testsuite>" if cases else f"{head} />"
+    return ("<?xml version='1.0' encoding='utf-8'?>\n" + body + "\n").encode()
 
 
 def markdown_summary(cells: list[Cell]) -> str:
@@ -233,11 +243,17 @@ def markdown_summary(cells: list[Cell]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_views(layout: Layout, builds: list[Build], entries: dict[str, dict[str, Any]]) -> None:
-    """report.html and junit.xml next to build-report.json."""
-    cells = collect(layout, builds, entries)
-    write_atomic(layout.html_report, render_html(cells, entries, layout.root.parent.name))
-    write_atomic(layout.junit_report, junit_xml(cells).decode())
+def write_views(layout: Layout, builds: list[Build], entries: dict[str, dict[str, Any]]) -> int:
+    """report.html and junit.xml next to build-report.json, from the builds' remembered parts where what they
+    show is unchanged; returns how many parts were rendered."""
+    store = PartStore(layout.state / PARTS)
+    page_parts = parts(layout, builds, entries, store)
+    page = render_html(page_parts, stage_rows(entries, store), entries, layout.root.parent.name)
+    write_atomic(layout.html_report, page)
+    write_atomic(layout.junit_report, junit_xml(page_parts).decode())
+    with contextlib.suppress(OSError):  # not remembered: the next run renders again, the same parts
+        store.save()
+    return store.rendered
 
 
 def append_step_summary(layout: Layout, builds: list[Build], entries: dict[str, dict[str, Any]]) -> None:
