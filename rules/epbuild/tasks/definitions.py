@@ -24,6 +24,7 @@ from .checker import HashChecker
 from .commands import run_prune, show_backends, show_cache, show_graph
 from .project import Project, in_shard, named_tasks
 from .reporter import BuildReporter
+from .selection import RunRecord, full_name, runnable
 
 Task = dict[str, Any]
 
@@ -47,6 +48,26 @@ class Tasks:
 
     def __init__(self, project: Project):
         self.project = project
+        self.selection: set[str] | None = None  # a default run's tasks for doit (tasks.selection); None: all
+        self.hidden: dict[str, list[str]] = {}  # the others: task -> its files as the last run's record has them
+        self.identities: dict[str, list[int] | None] = {}  # the record's file identities
+
+    def _select(self, default: list[str]) -> list[str]:
+        """On a default run whose last run's record holds, keep only the tasks that can run (`tasks.selection`)."""
+        project = self.project
+        if project.key is None or project.command == "list" or os.environ.get("EPBUILD_FAST_PATH", "1") == "0":
+            return default
+        loaded = RunRecord(project.layout).load(project.key)
+        if loaded is None:
+            return default
+        recorded, self.identities = loaded
+        every = [task for task in self.all_tasks() if task.get("name")]
+        self.selection = runnable(every, recorded, self.identities)
+        self.hidden = {name: recorded[name] for name in map(full_name, every) if name not in self.selection}
+        return [name for name in default if name in self.selection or ":" not in name]
+
+    def _skipped(self, task: str) -> bool:
+        return self.selection is not None and task not in self.selection
 
     def doit_config(self) -> dict[str, Any]:
         project = self.project
@@ -54,13 +75,15 @@ class Tasks:
                    in_shard(b, project.shard) for name in project.task_names(b)]
         if project.unavailable:
             default.append("unavailable")
+        default = self._select(default)
         recorded = project.configs.published_files()  # paths relative to the project; doit's are relative to its folder
         inside = project.rel(project.root)
         published = recorded if inside == "." else {os.path.join(inside, p): v for p, v in recorded.items()}
         checker = type("ProjectHashChecker", (HashChecker,), {"hashes": FileHashes(project.layout.state),
                                                               "checked": {}, "published": published, "edited": set()})
         project.checked, project.edited = checker.checked, checker.edited
-        reporter = type("ProjectBuildReporter", (BuildReporter,), {"project": project})
+        reporter = type("ProjectBuildReporter", (BuildReporter,), {"project": project, "hidden": self.hidden,
+                                                                   "identities": self.identities})
         # Live: doit captures each task's output (verbosity 1) and the reporter prints it above the status area;
         # threads share one sys.stdout, which doit's capture would race on, so there the status area catches prints.
         verbosity = 1 if project.live and not project.threads else 2
@@ -94,7 +117,7 @@ class Tasks:
         yield {"basename": kind, "name": None, "doc": "compile every model for each of its targets" if kind ==
                "compile" else "compile every shared-context group"}
         for build in self.project.builds:
-            if build.kind != kind:
+            if build.kind != kind or self._skipped(f"{kind}:{build.name}"):
                 continue
             target, out_dir = build.target, build.out_dir(self.project.layout)
             if build.shared:
@@ -120,7 +143,7 @@ class Tasks:
     def validate_tasks(self) -> Iterator[Task]:
         yield {"basename": "validate", "name": None, "doc": "run every compiled artifact and compare with its source"}
         for build in self.project.builds:
-            if not build.validates:
+            if not build.validates or self._skipped(f"validate:{build.name}"):
                 continue
             if build.shared:
                 doc = f"group {build.name}: structural checks, and each member run where this host loads the context"
@@ -160,7 +183,8 @@ class Tasks:
         yield {"basename": "ops", "name": None, "doc": "check every qaic model's operators against qaic-compile"}
         for build in self.project.builds:
             backend = compiler(build.target)
-            if not backend.operator_check or build.target.name in self.project.unavailable:
+            if not backend.operator_check or build.target.name in self.project.unavailable or \
+                    self._skipped(f"ops:{build.name}"):
                 continue
             report = self.project.layout.ops_report(build.target.name, build.members[0].name)
             yield self._task("ops", build.name, f"operators of {build.members[0].name} supported by qaic-compile?",
@@ -187,6 +211,8 @@ class Tasks:
         for kind in dict.fromkeys(stage.kind for stage in self.project.stages.values()):
             yield {"basename": kind, "name": None, "doc": docs[kind]}
         for stage in self.project.stages.values():
+            if self._skipped(stage.task):
+                continue
             doc = (f"{stage.kind} {stage.model}{f' for {stage.flavour} targets' if stage.flavour else ''} -> "
                    f"{self.project.rel(stage.output)}")
             yield self._task(stage.kind, stage.task.split(":", 1)[1], doc, run_stage_task,

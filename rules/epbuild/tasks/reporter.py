@@ -12,7 +12,8 @@ from doit.reporter import ConsoleReporter
 from ..fast_path import Stamp
 from ..report.build_report import BuildReport
 from ..report.progress import LiveProgress, load_durations, save_durations
-from ..report.views import append_step_summary, write_views
+from ..report.views import append_step_summary, templates_prepared_in_background, write_views
+from .selection import RunRecord, files_of
 
 if TYPE_CHECKING:
     from .project import Project
@@ -36,10 +37,14 @@ class BuildReporter(ConsoleReporter):
     """doit's console output (with a live status area on a terminal), plus `artifacts/build-report.json`,
     `report.html`, `junit.xml` and a summary at the end of every run."""
 
-    project: Project  # set on a per-project subclass
+    project: Project  # set on a per-project subclass, with:
+    hidden: dict[str, list[str]]  # tasks not handed to doit, up to date by the last run's record (tasks.selection)
+    identities: dict[str, list[int] | None]  # that record's file identities
 
     def initialize(self, tasks, selected_tasks):
         super().initialize(tasks, selected_tasks)
+        self.doit_tasks = tasks
+        self.preparing = None  # the page's templates, compiled while the first task that runs waits for its child
         self.report = BuildReport(self.project.layout.build_report)
         self.started: dict[str, float] = {}
         self.blocked: set[str] = set()  # not run: a task they need failed
@@ -65,6 +70,8 @@ class BuildReporter(ConsoleReporter):
             self.live.started(task.name)
         elif task.name != "backends":  # its output, --json included, stays clean for machines
             super().execute_task(task)
+        if self.preparing is None and ":" in task.name:
+            self.preparing = templates_prepared_in_background()
         self.started[task.name] = time.monotonic()
 
     def add_success(self, task):
@@ -104,10 +111,33 @@ class BuildReporter(ConsoleReporter):
         if ":" in task.name:
             self.report.up_to_date(task.name)
 
+    def _write_run_record(self) -> None:
+        """The tasks this run found up to date, with their files' identities as doit judged them: the next
+        default run hands doit only the others (tasks.selection). A file two tasks saw differently is recorded as
+        unknown, so both are handed to doit next time."""
+        tasks = dict(self.hidden)
+        files = {path: self.identities[path] for files in self.hidden.values() for path in files}
+        for name in self.uptodate:
+            task = self.doit_tasks.get(name)
+            if task is None or ":" not in name or name in self.hidden:
+                continue
+            tasks[name] = listed = files_of(task.file_dep, task.targets)
+            for path in listed:
+                seen = self.project.checked.get(path)
+                files[path] = seen if files.get(path, seen) == seen else None
+        RunRecord(self.project.layout).write(self.project.key, tasks, files)
+
     def complete_run(self):
         if self.live is not None:
             self.live.stop()
             self.live = None
+        if self.preparing is not None:
+            self.preparing.join()
+        for name in self.hidden:  # up to date without doit's check: as if it had found them so
+            self.uptodate.add(name)
+            self.report.up_to_date(name)
+        for path in {path for files in self.hidden.values() for path in files}:
+            self.project.checked.setdefault(path, self.identities[path])
         seen = set(self.started) | self.uptodate | self.blocked
         if "unavailable" in seen:  # the default run: tasks this host cannot build were skipped
             for name, reason in self.project.skipped().items():
@@ -129,11 +159,16 @@ class BuildReporter(ConsoleReporter):
                 skipped = self.project.skipped() if "unavailable" in seen else {}
                 Stamp(layout).write(self.project.key, self.project.checked, self.project.looked_at, len(up_to_date),
                                     skipped)
+            if self.project.key and self.project.command != "list":
+                self._write_run_record()
             save_durations(layout.durations, self.durations, self.report.entries, set(self.started))
         except OSError as exc:
             self.write(f"warning: build state not saved ({exc.strerror or exc}: {exc.filename}); the next run "
                        "re-checks the tasks\n")
         line = self.report.summary(seen, set(self.started), set(self.project.stages))
+        if line and self.hidden:
+            line += (f"; {len(seen) - len(self.hidden)} tasks handed to doit, {len(self.hidden)} unchanged since the "
+                     "last run's record")
         if line:
             self.write(line + "\n")
         if layout.html_report.exists() and any(":" in name for name in self.started):  # a run that built

@@ -1,0 +1,104 @@
+"""Which tasks a default run hands doit when the last run's record holds (`epbuild.tasks.selection`): the rule on
+task dicts and real files, the record's validity, and a build that takes it. `test_incremental_contract.py` proves
+on every kind of file edit that what executes equals the full path's set."""
+
+from __future__ import annotations
+
+import os
+
+from conftest import Project, build_report, ran
+from epbuild.store.layout import stat_key
+from epbuild.tasks.checker import SEEN_CHANGING, HashChecker
+from epbuild.tasks.selection import files_of, runnable
+from helpers import perturb_weights
+
+HANDED = "unchanged since the last run's record"
+
+
+def _task(name: str, file_dep=(), targets=(), task_dep=(), uptodate=True) -> dict:
+    basename, _, rest = name.partition(":")
+    return {"basename": basename, "name": rest, "file_dep": list(file_dep), "targets": list(targets),
+            "task_dep": list(task_dep), "uptodate": [uptodate]}
+
+
+def _chain(folder) -> list[dict]:
+    """m.onnx -> shape:m -> compile:m@a, compile:m@b -> validate:m@a; group:g waits for compile:m@a by name;
+    other.onnx -> compile:o@a."""
+    path = {name: str(folder / name) for name in ("m.onnx", "s.onnx", "a.ctx", "b.ctx", "a.json", "g.ctx",
+                                                   "other.onnx", "o.ctx")}
+    for file in path.values():
+        with open(file, "w") as handle:
+            handle.write(file)
+    return [_task("shape:m", [path["m.onnx"]], [path["s.onnx"]]),
+            _task("compile:m@a", [path["s.onnx"]], [path["a.ctx"]]),
+            _task("compile:m@b", [path["s.onnx"]], [path["b.ctx"]]),
+            _task("validate:m@a", [path["a.ctx"], path["m.onnx"]], [path["a.json"]]),
+            _task("group:g", [path["s.onnx"]], [path["g.ctx"]], task_dep=["compile:m@b"]),
+            _task("compile:o@a", [path["other.onnx"]], [path["o.ctx"]])]
+
+
+def _recorded(tasks: list[dict]) -> tuple[dict, dict]:
+    names = {f"{t['basename']}:{t['name']}": files_of(t["file_dep"], t["targets"]) for t in tasks}
+    files = {path: stat_key(os.stat(path)) for listed in names.values() for path in listed}
+    return names, files
+
+
+def test_nothing_changed_hands_doit_nothing(tmp_path):
+    tasks = _chain(tmp_path)
+    assert runnable(tasks, *_recorded(tasks)) == set()
+
+
+def test_a_changed_file_hands_its_readers_and_everything_downstream_and_what_they_name(tmp_path):
+    tasks = _chain(tmp_path)
+    recorded = _recorded(tasks)
+    (tmp_path / "a.ctx").write_text("edited")
+    assert runnable(tasks, *recorded) == {"compile:m@a", "validate:m@a"}
+    (tmp_path / "m.onnx").write_text("retrained")
+    assert runnable(tasks, *recorded) == {"shape:m", "compile:m@a", "compile:m@b", "validate:m@a", "group:g"}
+
+
+def test_a_task_named_in_task_dep_is_handed_with_the_task_that_names_it(tmp_path):
+    tasks = _chain(tmp_path)
+    recorded = _recorded(tasks)
+    (tmp_path / "g.ctx").unlink()  # the group's output is gone: it runs, and doit must know compile:m@b
+    assert runnable(tasks, *recorded) == {"group:g", "compile:m@b"}
+
+
+def test_settings_a_new_task_another_file_list_or_an_unknown_identity_hand_that_task(tmp_path):
+    tasks = _chain(tmp_path)
+    names, files = _recorded(tasks)
+    settings = [dict(t, uptodate=[False]) if t["name"] == "o@a" else t for t in tasks]
+    assert runnable(settings, names, files) == {"compile:o@a"}
+    assert runnable(tasks, {k: v for k, v in names.items() if k != "compile:o@a"}, files) == {"compile:o@a"}
+    assert runnable(tasks, {**names, "compile:o@a": [str(tmp_path / "o.ctx")]}, files) == {"compile:o@a"}
+    assert runnable(tasks, names, {**files, str(tmp_path / "other.onnx"): None}) == {"compile:o@a"}
+
+
+def test_a_file_seen_with_two_identities_in_one_run_is_recorded_as_neither(tmp_path):
+    path = tmp_path / "m.onnx"
+    path.write_text("one")
+    checker = type("Checker", (HashChecker,), {"checked": {}, "published": {}, "edited": set()})()
+    assert checker.exists(str(path))
+    path.write_text("two, longer")  # changed between two tasks' checks
+    assert checker.exists(str(path))
+    assert checker.checked[str(path)] == SEEN_CHANGING != stat_key(os.stat(path))
+
+
+def test_a_build_after_one_change_hands_doit_that_models_tasks_and_a_named_run_between_voids_the_record(
+        tmp_path, host_cache):
+    project = Project(tmp_path, host_cache)
+    project.manifest('[models.tinycnn]\npath = "models/tinycnn.onnx"\n[models.encoder]\npath = '
+                     '"models/encoder.onnx"\n[targets.cpu]\nep = "cpu"\n')
+    project.env.pop("EPBUILD_FAST_PATH", None)
+    project.doit()
+    assert HANDED not in project.doit().stdout  # no task was up to date in the first build: no record of any
+    perturb_weights(project.root / "models" / "encoder.onnx", 3)
+    done = project.doit()
+    assert ran(done) == {"compile:encoder@cpu", "validate:encoder@cpu"}
+    assert f"2 tasks handed to doit, 2 {HANDED}" in done.stdout  # the tinycnn's two were not
+    assert build_report(project)["compile:tinycnn@cpu"]["status"] == "up-to-date"
+    perturb_weights(project.root / "models" / "tinycnn.onnx", 4)
+    named = project.doit("compile:tinycnn@cpu")  # doit's database changes under the record
+    assert ran(named) == {"compile:tinycnn@cpu"}
+    done = project.doit()
+    assert ran(done) == {"validate:tinycnn@cpu"} and HANDED not in done.stdout  # the full path, every task checked
