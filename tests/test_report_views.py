@@ -269,3 +269,20 @@ def test_the_page_assembled_from_remembered_parts_equals_one_rendered_whole(tmp_
     entries["validate:encoder@cpu"] = {**entries["validate:encoder@cpu"], "seconds": 12.5}
     assert write_views(loaded.layout, loaded.builds, entries) == 1  # only the encoder's parts
     assert 'data-task="validate:encoder@cpu"' in written()[0] and ">12.5<" in written()[0]
+
+
+def test_the_build_report_keeps_unchanged_entries_text_and_reads_a_file_of_any_layout(tmp_path):
+    from epbuild.report.build_report import BuildReport
+
+    path = tmp_path / "build-report.json"
+    path.write_text(json.dumps({"format": 1, "tasks": {"compile:a@cpu": {"status": "compiled", "seconds": 1.5},
+                                                       "validate:a@cpu": {"status": "validated"}}}, indent=4))
+    report = BuildReport(path)  # laid out by hand: every entry is encoded again
+    assert report.texts == {} and report.write()
+    written = path.read_text()
+    assert written.splitlines()[1] == '  "compile:a@cpu": {"status": "compiled", "seconds": 1.5},'
+    again = BuildReport(path)
+    assert again.entry_text("validate:a@cpu") == '{"status": "validated"}' and not again.write()
+    again.up_to_date("compile:a@cpu")
+    assert again.write() and json.loads(path.read_text())["tasks"] == {
+        "compile:a@cpu": {"status": "up-to-date", "seconds": 1.5}, "validate:a@cpu": {"status": "validated"}}

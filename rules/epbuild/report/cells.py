@@ -8,6 +8,7 @@ import contextlib
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,7 +108,7 @@ class Sources:
     validate_task: str | None
     files: tuple[str, ...]  # artifact.json, validation.json, then the compile, validate and ops logs
 
-    def key(self, entries: dict[str, dict[str, Any]]) -> str | None:
+    def key(self, entry_text: Callable[[str], str]) -> str | None:
         """A digest of everything the cell shows: equal digests, equal cells. None while a file may still change
         under its identity (written in the last moment): such a cell is rendered, never remembered."""
         identities = []
@@ -121,9 +122,9 @@ class Sources:
                 return None
             identities.append(stat_key(stat))
         build = self.build
-        facts = [build.name, build.target.ep.name, [m.name for m in build.members], self.validate_task,
-                 entries.get(build.task), entries.get(self.validate_task or ""), identities]
-        return hashlib.blake2b(json.dumps(facts, sort_keys=True).encode(), digest_size=16).hexdigest()
+        facts = [build.name, build.target.ep.name, *(m.name for m in build.members), str(self.validate_task),
+                 entry_text(build.task), entry_text(self.validate_task) if self.validate_task else "", repr(identities)]
+        return hashlib.blake2b("\0".join(facts).encode(), digest_size=16).hexdigest()
 
     def cell(self, layout: Layout, entries: dict[str, dict[str, Any]]) -> Cell:
         build, project = self.build, layout.root.parent
@@ -144,12 +145,10 @@ def sources(layout: Layout, builds: list[Build]) -> list[Sources]:
     root, logs_root, found = str(layout.root), str(layout.logs), []
     for build in builds:
         target = build.target.name
-        folder = os.path.join(root, target, *([GROUPS] if build.shared else []), build.folder_name)
-        logs = [os.path.join(logs_root, target, f"{build.log_stem}.{step}.log") for step in LOG_STEPS]
+        folder = f"{root}/{target}/{GROUPS}/{build.folder_name}" if build.shared else \
+            f"{root}/{target}/{build.folder_name}"
+        logs = f"{logs_root}/{target}/{build.log_stem}"
         found.append(Sources(build, f"validate:{build.name}" if build.validates else None,
-                             (os.path.join(folder, ARTIFACT), os.path.join(folder, VALIDATION), *logs)))
+                             (f"{folder}/{ARTIFACT}", f"{folder}/{VALIDATION}",
+                              *(f"{logs}.{step}.log" for step in LOG_STEPS))))
     return found
-
-
-def collect(layout: Layout, builds: list[Build], entries: dict[str, dict[str, Any]]) -> list[Cell]:
-    return [source.cell(layout, entries) for source in sources(layout, builds)]

@@ -18,7 +18,7 @@ import os
 import threading
 import xml.etree.ElementTree as ElementTree
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -29,7 +29,7 @@ from markupsafe import Markup
 
 from ..manifest.builds import Build
 from ..store.layout import Layout, write_atomic, write_json
-from .cells import PENDING, Cell, collect, sources
+from .cells import PENDING, Cell, sources
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 # status -> colour class: compiled/validated/restored/up to date are good, skipped is neutral
@@ -115,13 +115,14 @@ class Part:
     section: Markup
     case: str  # "" when the build does not validate
     outcome: str  # the test case's: failed, skipped or passed ("" without one)
+    markdown: str  # its line of the GitHub job summary
 
 
 def render_part(cell: Cell) -> dict[str, str]:
     macros = cell_macros()
     case, outcome = junit_case(cell)
     return {"summary": str(macros.summary_cell(cell)), "tasks": str(macros.task_rows(cell)),
-            "section": str(macros.section(cell)), "case": case, "outcome": outcome}
+            "section": str(macros.section(cell)), "case": case, "outcome": outcome, "markdown": markdown_line(cell)}
 
 
 def junit_case(cell: Cell) -> tuple[str, str]:
@@ -188,24 +189,29 @@ def _renderer_version() -> str:
     return digest.hexdigest()
 
 
-def parts(layout: Layout, builds: list[Build], entries: dict[str, dict[str, Any]],
-          store: PartStore) -> list[Part]:
+def parts(layout: Layout, builds: list[Build], entries: dict[str, dict[str, Any]], store: PartStore,
+          entry_text: Callable[[str], str] | None = None) -> list[Part]:
+    """Each build's parts, remembered or rendered; `entry_text` gives an entry's JSON (the build report keeps the
+    text of entries a run did not change)."""
+    entry_text = entry_text or (lambda name: json.dumps(entries.get(name)))
     found = []
     for source in sources(layout, builds):
         build = source.build
-        part = store.get(build.name, source.key(entries), lambda s=source: render_part(s.cell(layout, entries)))
+        part = store.get(build.name, source.key(entry_text), lambda s=source: render_part(s.cell(layout, entries)))
         found.append(Part(build.name if build.shared else build.members[0].name, build.target.name, build.shared,
                           tuple(m.name for m in build.members), Markup(part["summary"]), Markup(part["tasks"]),
-                          Markup(part["section"]), part["case"], part["outcome"]))
+                          Markup(part["section"]), part["case"], part["outcome"], part["markdown"]))
     return found
 
 
-def stage_rows(entries: dict[str, dict[str, Any]], store: PartStore) -> list[Markup]:
+def stage_rows(entries: dict[str, dict[str, Any]], store: PartStore,
+               entry_text: Callable[[str], str] | None = None) -> list[Markup]:
+    entry_text = entry_text or (lambda name: json.dumps(entries.get(name)))
     rows = []
     for name, entry in sorted(entries.items()):
         if name.startswith(("compile:", "validate:", "group:")):
             continue
-        key = hashlib.blake2b(json.dumps(entry, sort_keys=True).encode(), digest_size=16).hexdigest()
+        key = hashlib.blake2b(entry_text(name).encode(), digest_size=16).hexdigest()
         part = store.get(name, key, lambda n=name, e=entry: {"row": str(cell_macros().task_row(n, e))})
         rows.append(Markup(part["row"]))
     return rows
@@ -233,29 +239,24 @@ def junit_xml(page_parts: list[Part]) -> bytes:
     return ("<?xml version='1.0' encoding='utf-8'?>\n" + body + "\n").encode()
 
 
-def markdown_summary(cells: list[Cell]) -> str:
-    """A table for GitHub's job summary: one line per build."""
-    def escape(text: str) -> str:
-        return html.escape(text.replace("|", "\\|").replace("\n", " "), quote=False)[:300]
-
-    lines = ["### epbuild", "", "| build | compile | seconds | size | offload | validation | SNR dB | note |",
-             "|---|---|---:|---:|---:|---|---:|---|"]
-    for c in cells:
-        snr = f"{c.snr_db:.1f}" if c.snr_db is not None else ""
-        size = f"{c.size / 1e6:.2f} MB" if c.size is not None else ""
-        offload = f"{c.offload * 100:.0f}%" if c.offload is not None else ""
-        seconds = f"{c.compile['seconds']:.1f}" if c.compile.get("seconds") is not None else ""
-        lines.append(f"| `{c.build}` | {c.compile_status} | {seconds} | {size} | {offload} | {c.validate_status} "
-                     f"| {snr} | {escape(c.reason or '')} |")
-    return "\n".join(lines) + "\n"
+def markdown_line(c: Cell) -> str:
+    """The build's line of the table for GitHub's job summary."""
+    snr = f"{c.snr_db:.1f}" if c.snr_db is not None else ""
+    size = f"{c.size / 1e6:.2f} MB" if c.size is not None else ""
+    offload = f"{c.offload * 100:.0f}%" if c.offload is not None else ""
+    seconds = f"{c.compile['seconds']:.1f}" if c.compile.get("seconds") is not None else ""
+    note = html.escape((c.reason or "").replace("|", "\\|").replace("\n", " "), quote=False)[:300]
+    return (f"| `{c.build}` | {c.compile_status} | {seconds} | {size} | {offload} | {c.validate_status} | {snr} "
+            f"| {note} |")
 
 
-def write_views(layout: Layout, builds: list[Build], entries: dict[str, dict[str, Any]]) -> int:
+def write_views(layout: Layout, builds: list[Build], entries: dict[str, dict[str, Any]],
+                entry_text: Callable[[str], str] | None = None) -> int:
     """report.html and junit.xml next to build-report.json, from the builds' remembered parts where what they
     show is unchanged; returns how many parts were rendered."""
     store = PartStore(layout.state / PARTS)
-    page_parts = parts(layout, builds, entries, store)
-    page = render_html(page_parts, stage_rows(entries, store), entries, layout.root.parent.name)
+    page_parts = parts(layout, builds, entries, store, entry_text)
+    page = render_html(page_parts, stage_rows(entries, store, entry_text), entries, layout.root.parent.name)
     write_atomic(layout.html_report, page)
     write_atomic(layout.junit_report, junit_xml(page_parts).decode())
     with contextlib.suppress(OSError):  # not remembered: the next run renders again, the same parts
@@ -263,7 +264,15 @@ def write_views(layout: Layout, builds: list[Build], entries: dict[str, dict[str
     return store.rendered
 
 
-def append_step_summary(layout: Layout, builds: list[Build], entries: dict[str, dict[str, Any]]) -> None:
-    """GitHub Actions shows the Markdown appended to the file GITHUB_STEP_SUMMARY names."""
+def append_step_summary(layout: Layout, builds: list[Build], entries: dict[str, dict[str, Any]],
+                        entry_text: Callable[[str], str] | None = None) -> None:
+    """GitHub Actions shows the Markdown appended to the file GITHUB_STEP_SUMMARY names: one line per build,
+    from the remembered parts."""
+    store = PartStore(layout.state / PARTS)
+    lines = ["### epbuild", "", "| build | compile | seconds | size | offload | validation | SNR dB | note |",
+             "|---|---|---:|---:|---:|---|---:|---|", *(p.markdown for p in parts(layout, builds, entries, store,
+                                                                                  entry_text))]
     with open(os.environ["GITHUB_STEP_SUMMARY"], "a", encoding="utf-8") as handle:
-        handle.write(markdown_summary(collect(layout, builds, entries)))
+        handle.write("\n".join(lines) + "\n")
+    with contextlib.suppress(OSError):
+        store.save()

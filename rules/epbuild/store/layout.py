@@ -9,7 +9,8 @@ shares (atomic writes, a file's identity).
     artifacts/.logs/<target>/             child and tool output, one file per task
     artifacts/.scratch/                   private work folders, renamed into place or deleted
     artifacts/.state/                     host probe, hash memory, external-data index, operator checks, durations,
-                                          the settings each task last succeeded with
+                                          the settings each task last succeeded with, the no-op stamp, the last
+                                          run's record, the reports' remembered parts
 """
 
 from __future__ import annotations

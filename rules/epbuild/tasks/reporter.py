@@ -147,9 +147,9 @@ class BuildReporter(ConsoleReporter):
         self.report.keep_only(self.project.declared_tasks())  # a removed model's entries would keep CI red
         try:  # the views are for people: one that cannot be written is a warning, never a failed build
             if self.report.write() or not layout.html_report.exists():
-                write_views(layout, self.project.builds, self.report.entries)
+                write_views(layout, self.project.builds, self.report.entries, self.report.entry_text)
             if os.environ.get("GITHUB_STEP_SUMMARY") and seen:
-                append_step_summary(layout, self.project.builds, self.report.entries)
+                append_step_summary(layout, self.project.builds, self.report.entries, self.report.entry_text)
         except Exception as exc:  # noqa: BLE001 - any rendering error, reported with its type
             self.write(f"warning: report.html / junit.xml not written: {type(exc).__name__}: {exc}\n")
         try:  # a record that cannot be written makes the next run check, and possibly re-run, more: never wrong
