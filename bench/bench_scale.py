@@ -1,13 +1,14 @@
 """Scale: what a build costs around the work itself, at N targets, against bare doit and ninja of the same size.
 
-    python bench/bench_scale.py [N ...] [--repeats R]      (default: 100 1000)
+    python bench/bench_scale.py [N ...] [--repeats R] [--keep DIR]      (default: 100 1000)
 
 Per N: N/2 tinycnn copies x {cpu, qnn-htp}, built for real first; then, everything up to date, the no-op run and
 `doit list` on the fast path (the no-op stamp, the cached listing) and the full path (EPBUILD_FAST_PATH=0); bare
 doit with N and 2N trivial tasks (one file_dep... as bench_doit.py); ninja with N trivial edges; and the run users
 have on every CI run after a commit: one model's bytes changed, everything else up to date (its two compiles and
 validations are the work; the rest is overhead, from the build report's task seconds). Medians of R runs.
-Growth factors between successive N are printed. Writes bench/results/scale.json.
+Growth factors between successive N are printed. Writes bench/results/scale.json. With --keep, the projects stay
+in DIR/N and a later run reuses them (10,000 targets take ~30 min to build on 2 cores).
 """
 
 from __future__ import annotations
@@ -59,10 +60,12 @@ def change_run(project: Path, env: dict[str, str], repeats: int) -> tuple[float,
 
 def measure(n: int, repeats: int, top: Path) -> dict[str, float]:
     bare, double, ninja, project = top / "bare", top / "bare2n", top / "ninja", top / "project"
-    make_bare(bare, n)
-    make_bare(double, 2 * n)
-    make_ninja(ninja, n)
-    make_project(project, n)
+    if not (project / "models.toml").exists():
+        shutil.rmtree(top, ignore_errors=True)
+        make_bare(bare, n)
+        make_bare(double, 2 * n)
+        make_ninja(ninja, n)
+        make_project(project, n)
     for folder in (bare, double):
         subprocess.run(DOIT, cwd=folder, check=True, capture_output=True, env=environment())
     subprocess.run(["ninja", "-C", str(ninja)], check=True, capture_output=True)
@@ -90,12 +93,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sizes", nargs="*", type=int, default=[100, 1000])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--keep", type=Path, help="keep the projects in this folder, reuse those found there")
     arguments = parser.parse_args()
     results, rows = {}, []
     with tempfile.TemporaryDirectory(prefix="epbuild-scale.") as temporary:
         for n in arguments.sizes:
-            results[n] = found = measure(n, arguments.repeats, Path(temporary) / str(n))
-            shutil.rmtree(Path(temporary) / str(n), ignore_errors=True)
+            top = (arguments.keep or Path(temporary)) / str(n)
+            results[n] = found = measure(n, arguments.repeats, top)
+            if not arguments.keep:
+                shutil.rmtree(top, ignore_errors=True)
             print(f"N={n}: {json.dumps(found)}", flush=True)
             rows.append((f"{n} targets: no-op fast / full path; bare doit {n} / {2 * n} tasks; ninja",
                          f"{found['noop_fast_s']:.3f} / {found['noop_full_s']:.3f} s; {found['bare_noop_s']:.3f} / "
