@@ -27,6 +27,10 @@ def _interrupted(kind: type[BaseException], value: BaseException, trace: Any) ->
 def _load(manifest: Path, requested: list[str]) -> Any:
     sys.excepthook = _interrupted
     quick = shortcut(manifest, requested)
+    if isinstance(quick, str):  # `doit list` unchanged: printed here, doit has nothing left to do
+        sys.stdout.write(quick)
+        sys.stdout.flush()
+        raise SystemExit(0)
     if quick is not None:
         return quick
     from .tasks.definitions import load_full_project

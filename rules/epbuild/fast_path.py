@@ -6,7 +6,9 @@ bytes, epbuild's sources and dodo.py (bytes), the host probe (bytes), the Python
 path and the identity of each import folder, so an installed or upgraded package changes it), the working folder
 and the variables epbuild reads. Standard library only: this runs before anything heavy is imported.
 
-- `doit list` (no options): the names and docs the last full `doit list` produced under the same key.
+- `doit list` (no options): the names and docs the last full `doit list` produced under the same key, printed as
+  doit prints them, without doit creating a task (creating 25,000 tasks from the cached names took longer than a
+  bare dodo.py's listing of 10,000).
 - `doit` (the default tasks; `-n`, `-P`, `--continue` allowed): the last run under the same key was a full no-op
   (nothing executed, nothing failed), and every file doit then judged unchanged (each file_dep and target of each
   task), the state files and doit's own database still have the size, mtime and inode they had. Then doit would
@@ -149,50 +151,37 @@ def listed(task: dict[str, Any]) -> dict[str, Any]:
     return {key: task[key] for key in ("basename", "name", "doc") if key in task}
 
 
-class UpToDate:
-    """Stands in for the project when a shortcut holds: the same generator methods as `epbuild.tasks.Project`,
-    yielding either the cached listing or, for a no-op run, nothing; the reporter says what was checked."""
+def first_line(doc: str | None) -> str:
+    """doit's: a task's doc is its first non-blank line, stripped."""
+    return next((line.strip() for line in (doc or "").splitlines() if line.strip()), "")
 
-    def __init__(self, listing: dict[str, list[dict[str, Any]]] | None = None, stamp: dict[str, Any] | None = None):
-        self.listing = listing or {}
+
+def listing_text(listing: dict[str, list[dict[str, Any]]]) -> str:
+    """What doit 0.37's `doit list` prints for these tasks with subtasks shown: private ones (`_...`) left out,
+    sorted by name, each padded to the longest name plus three, then its doc (tests/test_fast_path.py compares it
+    with doit's own)."""
+    rows = sorted((f"{t['basename']}:{t['name']}" if t.get("name") else t["basename"], first_line(t.get("doc")))
+                  for tasks in listing.values() for t in tasks)
+    rows = [(name, doc) for name, doc in rows if not name.startswith("_")]
+    width = max((len(name) for name, _ in rows), default=0) + 3
+    return "".join(f"{name:<{width}}{doc}\n" for name, doc in rows)
+
+
+class UpToDate:
+    """Stands in for the project when the no-op stamp holds: the same generator methods as
+    `epbuild.tasks.Tasks`, yielding nothing; the reporter says what was checked."""
+
+    def __init__(self, stamp: dict[str, Any]):
         self.stamp = stamp
 
-    def _cached(self, generator: str) -> Iterator[dict[str, Any]]:
-        for task in self.listing.get(generator, []):
-            yield {**task, "actions": None}
+    def _nothing(self, *_: Any) -> Iterator[dict[str, Any]]:
+        return iter(())
 
-    def stage_tasks(self) -> Iterator[dict[str, Any]]:
-        return self._cached("stages")
-
-    def build_tasks(self, kind: str) -> Iterator[dict[str, Any]]:
-        return self._cached(kind)
-
-    def validate_tasks(self) -> Iterator[dict[str, Any]]:
-        return self._cached("validate")
-
-    def ops_tasks(self) -> Iterator[dict[str, Any]]:
-        return self._cached("ops")
-
-    def backends_task(self) -> Iterator[dict[str, Any]]:
-        return self._cached("backends")
-
-    def cache_task(self) -> Iterator[dict[str, Any]]:
-        return self._cached("cache")
-
-    def unavailable_task(self) -> Iterator[dict[str, Any]]:
-        return self._cached("unavailable")
-
-    def graph_task(self) -> Iterator[dict[str, Any]]:
-        return self._cached("graph")
-
-    def prune_task(self) -> Iterator[dict[str, Any]]:
-        return self._cached("prune")
+    stage_tasks = build_tasks = validate_tasks = ops_tasks = backends_task = cache_task = unavailable_task = \
+        graph_task = prune_task = _nothing
 
     def doit_config(self) -> dict[str, Any]:
-        config: dict[str, Any] = dict(DOIT_BASE)
-        if self.stamp is not None:
-            config.update(default_tasks=[], reporter=_reporter(self.stamp))
-        return config
+        return {**DOIT_BASE, "default_tasks": [], "reporter": _reporter(self.stamp)}
 
 
 def _reporter(stamp: dict[str, Any]) -> type:
@@ -209,8 +198,9 @@ def _reporter(stamp: dict[str, Any]) -> type:
     return type("UpToDateReporter", (ConsoleReporter,), {"complete_run": complete_run})
 
 
-def shortcut(manifest: Path, argv: list[str]) -> UpToDate | None:
-    """The stand-in project when `argv` is a plain `doit list` or a default run and its shortcut holds."""
+def shortcut(manifest: Path, argv: list[str]) -> UpToDate | str | None:
+    """When `argv` is a plain `doit list` or a default run and its shortcut holds: the listing's text, or the
+    stand-in project of a no-op run."""
     if os.environ.get("EPBUILD_FAST_PATH", "1") == "0" or os.environ.get("GITHUB_STEP_SUMMARY"):
         return None
     listing_asked = argv == ["list"]
@@ -220,6 +210,6 @@ def shortcut(manifest: Path, argv: list[str]) -> UpToDate | None:
     key = project_key(manifest)
     if listing_asked:
         listing = Listing(layout).load(key)
-        return UpToDate(listing=listing) if listing is not None else None
+        return listing_text(listing) if listing is not None else None
     stamp = Stamp(layout).still_valid(key)
-    return UpToDate(stamp=stamp) if stamp is not None else None
+    return UpToDate(stamp) if stamp is not None else None
