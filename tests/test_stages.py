@@ -44,7 +44,7 @@ def test_symbolic_batch_fixed_by_a_shape_stage_then_optimized_compiles_for_qnn(p
     project.manifest('[models.dynbatch]\npath = "models/dynbatch.onnx"\ninputs = { x = [1, 3, 32, 32] }\n'
                      'optimize = "basic"\ntargets = ["qnn-htp"]\n' + TARGETS)
     done = project.doit()
-    assert {"shape:dynbatch", "optimize:dynbatch", "compile:dynbatch@qnn-htp"} <= ran(done)
+    assert {"shape:dynbatch", "optimize:dynbatch+shape", "compile:dynbatch@qnn-htp"} <= ran(done)
     shaped = onnx.load(str(project.artifacts / ".stages" / "dynbatch" / "shape" / "dynbatch.onnx"))
     assert [d.dim_value for d in shaped.graph.input[0].type.tensor_type.shape.dim] == [1, 3, 32, 32]
     assert report(project, "qnn-htp", "dynbatch")["status"] == "passed"
@@ -231,3 +231,20 @@ def test_group_members_compiled_from_files_of_one_name_are_refused(project):
     assert done.returncode == 2 and done.stderr.startswith(
         "error: models.toml: groups.g.models[1]: models 'tinycnn' and 'copy' are compiled from files both named "
         "tinycnn.onnx; ONNX Runtime names compiled graphs after it"), done.stderr
+
+
+def test_a_stage_after_shape_or_fold_is_its_own_task_beside_the_same_kind_of_a_chain_without_them(project):
+    """A CPU target's squash reads the dynamic model as declared, an NPU target's the shaped and folded one: two
+    tasks, and each compile gets its own chain's model (before, one task served both, and the CPU artifact was
+    compiled from the NPU's static model)."""
+    project.manifest('[models.dynbatch]\npath = "models/dynbatch.onnx"\ninputs = { x = [1, 3, 32, 32] }\n'
+                     'squash = true\ntargets = ["cpu", "qnn-htp"]\n' + TARGETS)
+    done = project.doit()
+    assert {"squash:dynbatch", "shape:dynbatch", "fold:dynbatch", "squash:dynbatch+fold"} <= ran(done)
+
+    def batch(folder: str) -> onnx.TensorShapeProto.Dimension:
+        squashed = onnx.load(str(project.artifacts / ".stages" / "dynbatch" / folder / "dynbatch.onnx"))
+        return squashed.graph.input[0].type.tensor_type.shape.dim[0]
+
+    assert batch("squash").dim_param == "batch" and batch("squash+fold").dim_value == 1  # each its chain's input
+    assert report(project, "cpu", "dynbatch")["status"] == report(project, "qnn-htp", "dynbatch")["status"] == "passed"

@@ -32,6 +32,10 @@ PROTOBUF_LIMIT = 2**31 - 1  # a single-file ONNX model must serialize below 2 Gi
 # Stages that change only the graph: they read it without its weights and keep the input's external-data files as
 # they are (copied beside the output, a reflink where the file system has them), so their memory is the graph's.
 WEIGHTLESS = ("rewrite", "shape", "fold")
+# Stages only some targets' chains of one model have (NPU targets need static shapes and folded constants): a later
+# stage of such a chain reads another input than the same kind of stage of a chain without them, so its name says
+# which it follows (`squash:dyn+fold`, beside `squash:dyn` of a CPU target); freeze and rewrite are in every chain.
+TARGET_DEPENDENT = ("shape", "fold")
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,7 @@ class Stage:
     output_data: Path | None = None  # the output's own external-data file
     manifest: str = "models.toml"  # the manifest's file name, for errors about the model's keys
     kept_data: tuple[str, ...] = ()  # a weightless stage: the input's external-data files, copied as they are
+    after: str | None = None  # the target-dependent stage (shape or fold) earlier in its chain, if any
 
     @property
     def outputs(self) -> list[Path]:
@@ -55,7 +60,8 @@ class Stage:
 
     @property
     def task(self) -> str:
-        return f"{self.kind}:{self.model}" + (f"[{self.flavour}]" if self.flavour else "")
+        return (f"{self.kind}:{self.model}" + (f"[{self.flavour}]" if self.flavour else "")
+                + (f"+{self.after}" if self.after else ""))
 
 
 @dataclass(frozen=True)
@@ -83,20 +89,25 @@ def stage_chain(model: ModelSpec, layout: Layout, external: tuple[Path, ...], fl
     level = None if model.optimize == "none" else model.optimize  # ONNX Runtime's optimizer, which folds too
     fold = fold and model.optimize is None
 
+    after = None  # shape and fold are in some chains of a model and not in others: a stage after one is named so
+
     def add(kind: str, settings: dict[str, Any], stage_flavour: str | None = None,
             calibration: tuple[Path, ...] = ()) -> None:
-        nonlocal path, external
-        folder = f"{kind}-{stage_flavour}" if stage_flavour else kind
+        nonlocal path, external, after
+        follows = None if kind in TARGET_DEPENDENT else after
+        folder = (f"{kind}-{stage_flavour}" if stage_flavour else kind) + (f"+{follows}" if follows else "")
         output = layout.stage_output(model.name, folder)
         kept = tuple(p.name for p in external)
+        if kind in TARGET_DEPENDENT:
+            after = kind
         if kind in WEIGHTLESS and external and all(p.parent == path.parent for p in external):
             stages.append(Stage(kind, model.name, stage_flavour, path, output, settings, calibration, external, None,
-                                manifest, kept))
+                                manifest, kept, follows))
             path, external = output, tuple(output.with_name(name) for name in kept)
             return
         data = output.with_name(f"{model.name}.onnx.data") if external and kind != "squash" else None
         stages.append(Stage(kind, model.name, stage_flavour, path, output, settings, calibration, external, data,
-                            manifest))
+                            manifest, (), follows))
         path, external = output, ((data,) if data else ())
 
     if model.freeze:

@@ -26,6 +26,7 @@ from ..report.progress import live_wanted
 from ..report.views import template_prepared_meanwhile
 from ..steps import vendor_shim
 from ..steps.compilers import COMPILERS, compiler
+from ..steps.stages import Stage
 from ..store.cache import Workspace, cache_location, remote_location
 from ..store.external_data import ExternalDataIndex
 from ..store.layout import STAGES, Layout
@@ -174,7 +175,9 @@ class Project:
                 self.builds = with_worker_toolchains(self.builds, executor)
             except BuildError as exc:
                 raise self.executor_error(str(exc)) from None
-        self.stages = {stage.task: stage for b in self.builds for stage in b.stages}
+        self.stages: dict[str, Stage] = {}
+        for stage in (stage for b in self.builds for stage in b.stages):  # one name, one input and output
+            assert self.stages.setdefault(stage.task, stage) == stage, f"two stages named {stage.task}"
 
     def _check_availability(self, executor: ExecutorSettings | None) -> None:
         """Which targets this host (or, with an executor, the cluster) cannot build, and why; what was probed."""
