@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -168,6 +169,7 @@ def test_the_hash_memory_is_compacted_when_superseded_lines_pile_up(tmp_path, mo
     from epbuild.store import hashing
 
     monkeypatch.setattr(hashing, "COMPACT_SLACK", 5)
+    monkeypatch.setattr(hashing, "LOOKUPS_BEFORE_LOADING", 0)  # parsed whole at the first lookup
     kept, gone = tmp_path / "kept.bin", tmp_path / "gone.bin"
     memory = hashing.FileHashes(tmp_path / "state")
     for round_ in range(10):  # each rewrite of the file appends one line
@@ -184,6 +186,28 @@ def test_the_hash_memory_is_compacted_when_superseded_lines_pile_up(tmp_path, mo
     assert fresh.sha256(kept) == hashing.sha256_file(kept)  # loads, compacts
     lines = memory.log.read_text().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"{kept}\t") and lines[0].endswith(hashing.sha256_file(kept))
+
+
+def test_a_few_lookups_search_the_memory_for_the_files_last_line_without_parsing_it(tmp_path, monkeypatch):
+    """One model changed among 10,000: its lookup finds its latest line in the memory's text; a line cut short by a
+    killed process is passed over; past LOOKUPS_BEFORE_LOADING lookups the memory is parsed whole."""
+    from epbuild.store import hashing
+
+    model, other = tmp_path / "model.onnx", tmp_path / "model.onnx.data"
+    memory = hashing.FileHashes(tmp_path / "state")
+    for round_ in range(3):
+        model.write_bytes(f"weights {round_}".encode())
+        other.write_bytes(f"data {round_}".encode())
+        time.sleep(0.01)
+        memory.sha256(model), memory.sha256(other)
+    with open(memory.log, "a") as handle:
+        handle.write(f"{model}\t1\t2\t3")  # killed mid-line
+    monkeypatch.setattr(hashing, "sha256_file", lambda path: pytest.fail(f"{path} read again"))
+    fresh = hashing.FileHashes(tmp_path / "state")
+    assert fresh.sha256(model) == hashlib.sha256(b"weights 2").hexdigest() and fresh._known is None
+    assert fresh.sha256(other) == hashlib.sha256(b"data 2").hexdigest() and fresh._known is None
+    monkeypatch.setattr(hashing, "LOOKUPS_BEFORE_LOADING", 2)
+    assert fresh.sha256(model) == hashlib.sha256(b"weights 2").hexdigest() and fresh._known is not None
 
 
 def test_a_file_under_several_names_is_read_once_until_it_changes(tmp_path, monkeypatch):

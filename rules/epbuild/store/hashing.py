@@ -17,6 +17,7 @@ from .layout import settled, stat_key, write_atomic
 
 CHUNK = 1 << 20
 COMPACT_SLACK = 1000  # superseded lines tolerated before the memory is rewritten
+LOOKUPS_BEFORE_LOADING = 64  # files looked up by searching the memory's text before it is parsed whole
 
 
 def sha256_file(path: str | Path) -> str:
@@ -37,6 +38,11 @@ class FileHashes:
     def __init__(self, state_dir: Path):
         self.log = state_dir / "hashes.tsv"
         self._known: dict[str, tuple[list[int], str]] | None = None
+        # a run that hashes a few files (one model changed among 10,000) searches the memory's text for them:
+        # parsing every line took 0.5 s at 10,000 targets; past LOOKUPS_BEFORE_LOADING it is parsed whole
+        self._text: str | None = None
+        self._lookups = 0
+        self._added: dict[str, tuple[list[int], str]] = {}  # remembered here while the memory is not parsed
         self._appender: Any = None  # the memory, open for appending: one write per new hash, not an open
         # digests by (device, size, mtime, ctime, inode) seen in this process: a file stored into the cache, published
         # or restored by hard links is read once, not once per name (a 1 GB artifact took 0.6 s per name)
@@ -56,6 +62,7 @@ class FileHashes:
                             self._known[fields[0]] = ([int(f) for f in fields[1:5]], fields[5])
             except FileNotFoundError:
                 pass
+            self._known.update(self._added)
             if lines > 2 * len(self._known) + COMPACT_SLACK:
                 self._compact()
         return self._known
@@ -76,12 +83,39 @@ class FileHashes:
         stat = os.stat(path)
         self._by_identity[(stat.st_dev, *stat_key(stat))] = digest
 
+    def _remembered(self, absolute: str) -> tuple[list[int], str] | None:
+        """The memory's (identity, sha256) of a file: its last line, as the whole memory read in order says."""
+        if self._known is not None:
+            return self._known.get(absolute)
+        if absolute in self._added:
+            return self._added[absolute]
+        self._lookups += 1
+        if self._lookups > LOOKUPS_BEFORE_LOADING:
+            return self.known.get(absolute)
+        if self._text is None:
+            try:
+                with open(self.log, encoding="utf-8") as handle:
+                    self._text = "\n" + handle.read()
+            except FileNotFoundError:
+                self._text = "\n"
+        start = self._text.rfind(f"\n{absolute}\t")
+        while start >= 0:
+            end = self._text.find("\n", start + 1)
+            if end < 0:  # a line cut short by a killed process
+                start = self._text.rfind(f"\n{absolute}\t", 0, start)
+                continue
+            fields = self._text[start + 1:end].split("\t")
+            if len(fields) == 6 and len(fields[5]) == 64:
+                return [int(f) for f in fields[1:5]], fields[5]
+            start = self._text.rfind(f"\n{absolute}\t", 0, start)
+        return None
+
     def sha256(self, path: str | Path, stat: os.stat_result | None = None) -> str:
         absolute = os.path.abspath(path)
         stat = stat or os.stat(absolute)
         key = stat_key(stat)
         identity = (stat.st_dev, *key)  # the same file under another name: a hard link (cache entry, artifact)
-        remembered = self.known.get(absolute)
+        remembered = self._remembered(absolute)
         if remembered and remembered[0] == key:
             self._by_identity[identity] = remembered[1]
             return remembered[1]
@@ -89,7 +123,7 @@ class FileHashes:
         if not settled(stat):
             return digest  # it may change again under this identity: hashed again next time
         self._by_identity[identity] = digest
-        self.known[absolute] = (key, digest)
+        (self._known if self._known is not None else self._added)[absolute] = (key, digest)
         if "\t" not in absolute and "\n" not in absolute:
             if self._appender is None:
                 self.log.parent.mkdir(parents=True, exist_ok=True)

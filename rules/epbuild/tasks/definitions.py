@@ -51,6 +51,16 @@ class Tasks:
         self.selection: set[str] | None = None  # a default run's tasks for doit (tasks.selection); None: all
         self.hidden: dict[str, list[str]] = {}  # the others: task -> its files as the last run's record has them
         self.identities: dict[str, list[int] | None] = {}  # the record's file identities
+        self._outs: dict[str, tuple[Path, str]] = {}
+
+    def _out(self, build: Build) -> tuple[Path, str]:
+        """The build's output folder, and as doit spells it: made once per run (its compile and its validation
+        both need it, and a selecting run makes every task twice)."""
+        found = self._outs.get(build.name)
+        if found is None:
+            folder = build.out_dir(self.project.layout)
+            found = self._outs[build.name] = (folder, self.project.rel(folder))
+        return found
 
     def _select(self, default: list[str]) -> list[str]:
         """On a default run whose last run's record holds, keep only the tasks that can run (`tasks.selection`)."""
@@ -122,7 +132,7 @@ class Tasks:
         for build in self.project.builds:
             if build.kind != kind or self._skipped(f"{kind}:{build.name}"):
                 continue
-            target, out_dir = build.target, build.out_dir(self.project.layout)
+            target, (out_dir, out) = build.target, self._out(build)
             if build.shared:
                 doc = (f"{', '.join(m.name for m in build.members)} into one shared context for {target.name} "
                        f"({target.ep.name})")
@@ -135,7 +145,6 @@ class Tasks:
             checks = [f"ops:{build.name}"] if compiler(target).operator_check else []
             if build.shared:  # the members alone first: the group's artifact.json compares the binaries' sizes
                 checks += [f"compile:{m.name}@{target.name}" for m in build.members if target.name in m.model.targets]
-            out = self.project.rel(out_dir)
             yield self._task(kind, build.name, f"{doc} -> {out}/", run_compile,
                              [build, self.project.workspace],
                              build.inputs, [os.path.join(out, name) for name in build.outputs],
@@ -159,8 +168,7 @@ class Tasks:
             if refused:
                 yield refused
                 continue
-            out = self.project.rel(build.out_dir(self.project.layout))
-            config = validate_config(build, self.project.root)
+            out, config = self._out(build)[1], validate_config(build, self.project.root)
             external = [p for m in build.members for p in m.external]
             inputs = [*(os.path.join(out, name) for name in build.outputs), *build.sources, *external,
                       *build.validation_files]
