@@ -61,7 +61,7 @@ def _file_bytes(path: Path) -> bytes:
         return b""
 
 
-def _identity(path: str) -> list[int] | None:
+def file_identity(path: str) -> list[int] | None:
     try:
         return stat_key(os.stat(path))
     except OSError:
@@ -80,7 +80,7 @@ def project_key(manifest: Path) -> str:
     # an import folder's identity changes when a package is installed, upgraded or removed there; the project's
     # own folders change with every build (doit's journal), and epbuild's sources are hashed above
     own = {os.path.abspath(p) for p in (".", manifest.parent)}
-    folders = [(entry, None if os.path.abspath(entry or ".") in own else _identity(entry)) for entry in sys.path]
+    folders = [(entry, None if os.path.abspath(entry or ".") in own else file_identity(entry)) for entry in sys.path]
     digest.update(json.dumps([FORMAT, sys.executable, sys.version, platform.node(), os.getcwd(), environment,
                               folders]).encode())
     return digest.hexdigest()
@@ -103,7 +103,7 @@ class Stamp:
         if not isinstance(stamp, dict) or stamp.get("key") != key:
             return None
         for path, identity in stamp["files"].items():
-            if _identity(path) != identity:
+            if file_identity(path) != identity:
                 return None
         return stamp
 
@@ -112,9 +112,9 @@ class Stamp:
         """Record a full no-op: `checked` are the files doit judged unchanged, with the identity it saw;
         `looked_at` every other file and folder task creation read or probed, present or not (a folder's identity
         changes when an entry is added or removed)."""
-        files: dict[str, list[int] | None] = {**{str(p): _identity(str(p)) for p in looked_at}, **checked}
+        files: dict[str, list[int] | None] = {**{str(p): file_identity(str(p)) for p in looked_at}, **checked}
         for path in self.watched:
-            identity = _identity(str(path))
+            identity = file_identity(str(path))
             if identity is None:
                 return  # a run without them is not a steady state
             files[str(path)] = identity
@@ -198,10 +198,15 @@ def _reporter(stamp: dict[str, Any]) -> type:
     return type("UpToDateReporter", (ConsoleReporter,), {"complete_run": complete_run})
 
 
+def enabled() -> bool:
+    """The shortcuts (and a default run's selection, `tasks.selection`) unless EPBUILD_FAST_PATH=0."""
+    return os.environ.get("EPBUILD_FAST_PATH", "1") != "0"
+
+
 def shortcut(manifest: Path, argv: list[str]) -> UpToDate | str | None:
     """When `argv` is a plain `doit list` or a default run and its shortcut holds: the listing's text, or the
     stand-in project of a no-op run."""
-    if os.environ.get("EPBUILD_FAST_PATH", "1") == "0" or os.environ.get("GITHUB_STEP_SUMMARY"):
+    if not enabled() or os.environ.get("GITHUB_STEP_SUMMARY"):
         return None
     listing_asked = argv == ["list"]
     if not listing_asked and not is_default_run(argv):

@@ -190,10 +190,9 @@ def _renderer_version() -> str:
 
 
 def parts(layout: Layout, builds: list[Build], entries: dict[str, dict[str, Any]], store: PartStore,
-          entry_text: Callable[[str], str] | None = None) -> list[Part]:
+          entry_text: Callable[[str], str]) -> list[Part]:
     """Each build's parts, remembered or rendered; `entry_text` gives an entry's JSON (the build report keeps the
     text of entries a run did not change)."""
-    entry_text = entry_text or (lambda name: json.dumps(entries.get(name)))
     found = []
     for source in sources(layout, builds):
         build = source.build
@@ -204,9 +203,7 @@ def parts(layout: Layout, builds: list[Build], entries: dict[str, dict[str, Any]
     return found
 
 
-def stage_rows(entries: dict[str, dict[str, Any]], store: PartStore,
-               entry_text: Callable[[str], str] | None = None) -> list[Markup]:
-    entry_text = entry_text or (lambda name: json.dumps(entries.get(name)))
+def stage_rows(entries: dict[str, dict[str, Any]], store: PartStore, entry_text: Callable[[str], str]) -> list[Markup]:
     rows = []
     for name, entry in sorted(entries.items()):
         if name.startswith(("compile:", "validate:", "group:")):
@@ -251,28 +248,22 @@ def markdown_line(c: Cell) -> str:
 
 
 def write_views(layout: Layout, builds: list[Build], entries: dict[str, dict[str, Any]],
-                entry_text: Callable[[str], str] | None = None) -> int:
-    """report.html and junit.xml next to build-report.json, from the builds' remembered parts where what they
-    show is unchanged; returns how many parts were rendered."""
+                entry_text: Callable[[str], str] | None = None, pages: bool = True, step_summary: bool = False) -> int:
+    """report.html and junit.xml next to build-report.json (`pages`) and the lines GitHub Actions shows, appended
+    to the file GITHUB_STEP_SUMMARY names (`step_summary`), from the builds' remembered parts where what they show
+    is unchanged; returns how many parts were rendered."""
+    entry_text = entry_text or (lambda name: json.dumps(entries.get(name)))
     store = PartStore(layout.state / PARTS)
     page_parts = parts(layout, builds, entries, store, entry_text)
-    page = render_html(page_parts, stage_rows(entries, store, entry_text), entries, layout.root.parent.name)
-    write_atomic(layout.html_report, page)
-    write_atomic(layout.junit_report, junit_xml(page_parts).decode())
-    with contextlib.suppress(OSError):  # not remembered: the next run renders again, the same parts
-        store.save()
+    if pages:
+        page = render_html(page_parts, stage_rows(entries, store, entry_text), entries, layout.root.parent.name)
+        write_atomic(layout.html_report, page)
+        write_atomic(layout.junit_report, junit_xml(page_parts).decode())
+        with contextlib.suppress(OSError):  # not remembered: the next run renders again, the same parts
+            store.save()  # only with the stage rows: a store saved without them would render them again
+    if step_summary:
+        lines = ["### epbuild", "", "| build | compile | seconds | size | offload | validation | SNR dB | note |",
+                 "|---|---|---:|---:|---:|---|---:|---|", *(p.markdown for p in page_parts)]
+        with open(os.environ["GITHUB_STEP_SUMMARY"], "a", encoding="utf-8") as handle:
+            handle.write("\n".join(lines) + "\n")
     return store.rendered
-
-
-def append_step_summary(layout: Layout, builds: list[Build], entries: dict[str, dict[str, Any]],
-                        entry_text: Callable[[str], str] | None = None) -> None:
-    """GitHub Actions shows the Markdown appended to the file GITHUB_STEP_SUMMARY names: one line per build,
-    from the remembered parts."""
-    store = PartStore(layout.state / PARTS)
-    lines = ["### epbuild", "", "| build | compile | seconds | size | offload | validation | SNR dB | note |",
-             "|---|---|---:|---:|---:|---|---:|---|", *(p.markdown for p in parts(layout, builds, entries, store,
-                                                                                  entry_text))]
-    with open(os.environ["GITHUB_STEP_SUMMARY"], "a", encoding="utf-8") as handle:
-        handle.write("\n".join(lines) + "\n")
-    with contextlib.suppress(OSError):
-        store.save()

@@ -12,6 +12,14 @@ from ..store.layout import settled, stat_key
 SEEN_CHANGING = [-1]  # no file has this identity
 
 
+def saw(checked: dict[str, list[int]], path: str, key: list[int]) -> None:
+    """Remember the identity a check saw; a file seen with two identities in one run (changed between two tasks'
+    checks, or since the last run's record vouched for it) is remembered as neither, so that no record claims
+    either task saw it unchanged."""
+    if checked.setdefault(path, key) != key:
+        checked[path] = SEEN_CHANGING
+
+
 class HashChecker(FileChangedChecker):
     """doit's file checker on the shared hash memory: state is [size, mtime_ns, ctime_ns, inode, sha256], and a file
     whose identity changed but whose bytes did not (a fresh clone, a touch) is hashed once, not on every run. It
@@ -28,7 +36,7 @@ class HashChecker(FileChangedChecker):
         key = stat_key(file_stat)
         if key != state[:4] and self.hashes.sha256(file_path, file_stat) != state[4]:
             return True
-        self._saw(file_path, key)
+        saw(self.checked, file_path, key)
         return False
 
     def exists(self, file_path):
@@ -39,18 +47,12 @@ class HashChecker(FileChangedChecker):
         except OSError:
             return False
         key = stat_key(stat)
-        self._saw(file_path, key)
+        saw(self.checked, file_path, key)
         recorded = self.published.get(file_path)
         if recorded and key != recorded[:4] and self.hashes.sha256(file_path, stat) != recorded[4]:
             self.edited.add(file_path)
             return False
         return True
-
-    def _saw(self, path: str, key: list[int]) -> None:
-        """Remember the identity a check saw; a file seen with two identities in one run (changed between two
-        tasks' checks) is remembered as neither, so that no record claims either task saw it unchanged."""
-        if self.checked.setdefault(path, key) != key:
-            self.checked[path] = SEEN_CHANGING
 
     def get_state(self, dep, current_state):
         stat = os.stat(dep)

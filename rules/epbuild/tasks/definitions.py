@@ -12,6 +12,7 @@ from typing import Any
 
 from ..errors import UserError, closest
 from ..fast_path import DOIT_BASE, Listing, listed
+from ..fast_path import enabled as fast_path_enabled
 from ..manifest.builds import Build
 from ..steps.compilers import compiler
 from ..steps.fingerprint import compile_config, stage_config, validate_config
@@ -65,7 +66,7 @@ class Tasks:
     def _select(self, default: list[str]) -> list[str]:
         """On a default run whose last run's record holds, keep only the tasks that can run (`tasks.selection`)."""
         project = self.project
-        if project.key is None or project.command == "list" or os.environ.get("EPBUILD_FAST_PATH", "1") == "0":
+        if project.key is None or project.command == "list" or not fast_path_enabled():
             return default
         loaded = RunRecord(project.layout).load(project.key)
         if loaded is None:

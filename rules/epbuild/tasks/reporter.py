@@ -12,7 +12,8 @@ from doit.reporter import ConsoleReporter
 from ..fast_path import Stamp
 from ..report.build_report import BuildReport
 from ..report.progress import LiveProgress, load_durations, save_durations
-from ..report.views import append_step_summary, templates_prepared_in_background, write_views
+from ..report.views import templates_prepared_in_background, write_views
+from .checker import saw
 from .selection import RunRecord, files_of
 
 if TYPE_CHECKING:
@@ -112,19 +113,16 @@ class BuildReporter(ConsoleReporter):
             self.report.up_to_date(task.name)
 
     def _write_run_record(self) -> None:
-        """The tasks this run found up to date, with their files' identities as doit judged them: the next
-        default run hands doit only the others (tasks.selection). A file two tasks saw differently is recorded as
-        unknown, so both are handed to doit next time."""
+        """The tasks this run found up to date, with their files' identities as doit judged them (or, for those
+        not handed to doit, as the last record had them): the next default run hands doit only the others
+        (tasks.selection). A file seen with two identities is recorded as such, so its tasks are handed again."""
         tasks = dict(self.hidden)
-        files = {path: self.identities[path] for files in self.hidden.values() for path in files}
         for name in self.uptodate:
             task = self.doit_tasks.get(name)
-            if task is None or ":" not in name or name in self.hidden:
-                continue
-            tasks[name] = listed = files_of(task.file_dep, task.targets)
-            for path in listed:
-                seen = self.project.checked.get(path)
-                files[path] = seen if files.get(path, seen) == seen else None
+            if task is not None and ":" in name:
+                tasks[name] = files_of(task.file_dep, task.targets)
+        checked = self.project.checked
+        files = {path: checked.get(path) for listed in tasks.values() for path in listed}
         RunRecord(self.project.layout).write(self.project.key, tasks, files)
 
     def complete_run(self):
@@ -137,7 +135,7 @@ class BuildReporter(ConsoleReporter):
             self.uptodate.add(name)
             self.report.up_to_date(name)
         for path in {path for files in self.hidden.values() for path in files}:
-            self.project.checked.setdefault(path, self.identities[path])
+            saw(self.project.checked, path, self.identities[path])
         seen = set(self.started) | self.uptodate | self.blocked
         if "unavailable" in seen:  # the default run: tasks this host cannot build were skipped
             for name, reason in self.project.skipped().items():
@@ -146,10 +144,11 @@ class BuildReporter(ConsoleReporter):
         layout = self.project.layout
         self.report.keep_only(self.project.declared_tasks())  # a removed model's entries would keep CI red
         try:  # the views are for people: one that cannot be written is a warning, never a failed build
-            if self.report.write() or not layout.html_report.exists():
-                write_views(layout, self.project.builds, self.report.entries, self.report.entry_text)
-            if os.environ.get("GITHUB_STEP_SUMMARY") and seen:
-                append_step_summary(layout, self.project.builds, self.report.entries, self.report.entry_text)
+            pages = self.report.write() or not layout.html_report.exists()
+            step_summary = bool(os.environ.get("GITHUB_STEP_SUMMARY") and seen)
+            if pages or step_summary:
+                write_views(layout, self.project.builds, self.report.entries, self.report.entry_text, pages,
+                            step_summary)
         except Exception as exc:  # noqa: BLE001 - any rendering error, reported with its type
             self.write(f"warning: report.html / junit.xml not written: {type(exc).__name__}: {exc}\n")
         try:  # a record that cannot be written makes the next run check, and possibly re-run, more: never wrong

@@ -18,22 +18,15 @@ and nothing it reads is rebuilt. `EPBUILD_FAST_PATH=0` turns it off, as the othe
 
 from __future__ import annotations
 
-import os
+import json
 from pathlib import Path
 from typing import Any
 
-from ..fast_path import DEP_FILE
-from ..store.layout import Layout, stat_key, write_json
+from ..fast_path import DEP_FILE, file_identity
+from ..store.layout import Layout, write_json
 
 Task = dict[str, Any]
 FORMAT = 1
-
-
-def _identity(path: str) -> list[int] | None:
-    try:
-        return stat_key(os.stat(path))
-    except OSError:
-        return None
 
 
 def files_of(file_dep: Any, targets: list[str]) -> list[str]:
@@ -55,20 +48,18 @@ class RunRecord:
     def load(self, key: str) -> tuple[dict[str, list[str]], dict[str, list[int] | None]] | None:
         """(task -> files, file -> identity) when the record was written under `key` and no run wrote doit's
         database, the settings record or the build report since; else None."""
-        import json
-
         try:
             record = json.loads(self.path.read_text())
         except (OSError, ValueError):
             return None
         if not isinstance(record, dict) or record.get("format") != FORMAT or record.get("key") != key:
             return None
-        if any(_identity(str(path)) != record["watched"].get(str(path)) for path in self.watched):
+        if any(file_identity(str(path)) != record["watched"].get(str(path)) for path in self.watched):
             return None
         return record["tasks"], record["files"]
 
     def write(self, key: str, tasks: dict[str, list[str]], files: dict[str, list[int] | None]) -> None:
-        watched = {str(path): _identity(str(path)) for path in self.watched}
+        watched = {str(path): file_identity(str(path)) for path in self.watched}
         if None in watched.values():
             return  # a run without them left no state to compare with
         write_json(self.path, {"format": FORMAT, "key": key, "watched": watched, "tasks": tasks, "files": files},
@@ -82,7 +73,7 @@ def runnable(tasks: list[Task], recorded: dict[str, list[str]], identities: dict
 
     def unchanged(path: str) -> bool:
         if path not in seen:
-            seen[path] = _identity(path)
+            seen[path] = file_identity(path)
         recorded_identity = identities.get(path)
         return recorded_identity is not None and seen[path] == recorded_identity
 
