@@ -13,7 +13,7 @@ from epbuild.errors import UserError
 from epbuild.manifest.parse import load
 from epbuild.manifest.targets import plan
 from epbuild.steps.validate import validate
-from epbuild.store.layout import Layout
+from epbuild.store.cache import Workspace
 from helpers import ep_context_nodes, perturb_weights
 
 MEMBERS = """
@@ -85,7 +85,7 @@ def test_a_crash_while_loading_the_shared_context_is_contained(project, monkeypa
     (group,) = [b for b in plan(load(project.root / "models.toml")) if b.shared]
     loadable = dataclasses.replace(group.target.ep, shared_context_unloadable={})
     group = dataclasses.replace(group, target=dataclasses.replace(group.target, ep=loadable))
-    report = validate(group, Layout(project.artifacts), project.root / "work")
+    report = validate(group, Workspace(project.artifacts, project.root / "cache.test", None), project.root / "work")
     assert report["status"] == "failed" and "killed by SIGSEGV" in report["reason"]
 
 

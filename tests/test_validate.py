@@ -16,7 +16,7 @@ from epbuild.execute.child import Limits, run_child
 from epbuild.manifest.parse import load
 from epbuild.manifest.targets import plan
 from epbuild.steps.validate import validate, validate_member
-from epbuild.store.layout import Layout
+from epbuild.store.cache import Workspace
 from helpers import single_op_model
 
 QNN = """
@@ -30,6 +30,11 @@ path = "models/encoder.onnx"
 ep = "qnn"
 options = { soc_model = 60 }
 """
+
+
+def _workspace(project, cache: str = "cache.test") -> Workspace:
+    """The project's artifacts with a cache of the test's own (validations keep their CPU reference there)."""
+    return Workspace(project.artifacts, project.root / cache, None)
 
 
 def report(project, target: str, model: str) -> dict:
@@ -156,7 +161,7 @@ def test_structural_mode_catches_a_missing_binary(project):
     assert "passed validate:tinycnn@qnn-htp: structural" in done.stdout
     (project.artifacts / "qnn-htp" / "tinycnn" / "tinycnn_qnn.bin").unlink()
     build = next(b for b in plan(load(project.root / "models.toml")) if b.members[0].name == "tinycnn")
-    result = validate(build, Layout(project.artifacts), project.root / "work")
+    result = validate(build, _workspace(project), project.root / "work")
     assert result["status"] == "failed" and "tinycnn_qnn.bin listed in artifact.json is missing" in result["reason"]
 
 
@@ -166,7 +171,7 @@ def test_structural_mode_catches_an_embed_mismatch(project):
     project.doit()
     build = next(b for b in plan(load(project.root / "models.toml")) if b.members[0].name == "tinycnn")
     embedded = dataclasses.replace(build.target, embed=True)
-    result = validate(dataclasses.replace(build, target=embedded), Layout(project.artifacts), project.root / "work")
+    result = validate(dataclasses.replace(build, target=embedded), _workspace(project), project.root / "work")
     assert result["status"] == "failed" and "has embed_mode 0, the target says embed = true" in result["reason"]
 
 
@@ -271,14 +276,19 @@ def test_a_reference_the_cpu_cannot_run_is_named_and_not_blamed_on_the_ep(tmp_pa
 def test_a_large_models_reference_runs_in_a_child_of_its_own_with_the_same_result(project, monkeypatch):
     """Past SEPARATE_REFERENCE_BYTES the CPU reference runs in a first child that ends before the artifact's starts
     (never both in memory); the report is the one a single child gives."""
-    import epbuild.steps.validate as validation
+    import epbuild.steps.cached_reference as cached_reference
 
     project.manifest('[models.encoder]\npath = "models/encoder.onnx"\n[targets.cpu]\nep = "cpu"\n')
     project.doit()
     (build,) = plan(load(project.root / "models.toml"))  # a cpu target: no stage, as the build planned it
-    together = validate(build, Layout(project.artifacts), project.root / "together")
-    monkeypatch.setattr(validation, "SEPARATE_REFERENCE_BYTES", 0)
-    apart = validate(build, Layout(project.artifacts), project.root / "apart")
+    together = validate(build, _workspace(project, "cache.together"), project.root / "together")
+    monkeypatch.setattr(cached_reference, "SEPARATE_REFERENCE_BYTES", 0)
+    apart = validate(build, _workspace(project, "cache.apart"), project.root / "apart")
     assert apart["status"] == together["status"] == "passed", apart
     assert apart["outputs"] == together["outputs"] and apart["inputs"] == together["inputs"]
     assert (project.artifacts / ".logs" / "cpu" / "encoder.validate.ref.log").is_file()
+    assert apart["cpu_reference"] == together["cpu_reference"] and apart["cpu_reference"]["from"] == "computed"
+    (project.artifacts / ".logs" / "cpu" / "encoder.validate.ref.log").unlink()
+    again = validate(build, _workspace(project, "cache.apart"), project.root / "again")  # the kept reference
+    assert again["cpu_reference"]["from"] == "cache" and again["outputs"] == apart["outputs"]
+    assert not (project.artifacts / ".logs" / "cpu" / "encoder.validate.ref.log").exists()  # no reference child

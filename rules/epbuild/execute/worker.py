@@ -168,7 +168,7 @@ def _run_job(job: dict[str, Any], base: Path, root: Path) -> dict[str, Any]:
         operators = supported_operators(toolchain, what.log(workspace.layout, "ops"))
         return {"answer": sorted(operators), "version": toolchain.version, "files": {}, "digests": {}}
     else:
-        result["report"] = validate(what, workspace.layout, scratch)
+        result["report"] = validate(what, workspace, scratch)
     if job.get("remote") and _through_remote(job, scratch):
         return {**result, "files": {}, "digests": {}, "via_remote": True}
     files = _outputs(scratch)

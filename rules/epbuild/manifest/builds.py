@@ -103,6 +103,8 @@ class Member:
     external: tuple[Path, ...] = ()  # the external-data files of `model`
     float_model: Path | None = None
     frozen: dict[str, tuple[float, ...]] | None = None
+    declared: Path | None = None  # the model as declared, when stages make `model` (the reference's fallback)
+    reference_files: tuple[Path, ...] = ()  # every file the CPU reference may read (`targets.reference_files`)
 
     @property
     def name(self) -> str:
@@ -168,8 +170,10 @@ class Build:
 
     @property
     def validation_files(self) -> list[Path]:
-        """Files the validation reads besides the artifact: inputs, references, float models."""
-        return [*(p for m in self.members for p in (m.validation.inputs, m.validation.reference, m.float_model) if p),
+        """Files the validation reads besides the artifact and the compiled-from model: the inputs file, the
+        reference, the model as declared and the float model, with their external data; a pipeline's members
+        compiled alone."""
+        return [*(p for m in self.members for p in m.reference_files if p not in m.external and p != m.model.path),
                 *(path for _, files in self.alone for path in files)]
 
     @property

@@ -161,8 +161,22 @@ def _chain(model: ModelSpec, target: ResolvedTarget, manifest: Manifest, externa
                        fold=in_onnxruntime and target.device == "npu")
 
 
-def _member(model: ModelSpec, target: ResolvedTarget, manifest: Manifest, external: tuple[Path, ...]) -> tuple[
-        Member, Chain]:
+def reference_files(model: ModelSpec, chain: Chain, settings: ValidationSettings, external: tuple[Path, ...],
+                    reference_external: tuple[Path, ...]) -> tuple[Path, ...]:
+    """Every file the CPU reference of a validation may read: the models it may run (the compiled-from model,
+    `validation.reference`, the model as declared, the float model) with their external data, and the inputs
+    file. Its outputs are cached under their bytes (`fingerprint.reference_fingerprint`)."""
+    data = {model.path: external, **{stage.output: tuple(stage.outputs[1:]) for stage in chain.stages}}
+    if settings.reference is not None:
+        data.setdefault(settings.reference, reference_external)
+    models = [chain.model.path, settings.reference, model.path if chain.stages else None, chain.float_model]
+    found = [path for path in models if path is not None]
+    return tuple(dict.fromkeys([*(p for path in found for p in (path, *data[path])),
+                                *([settings.inputs] if settings.inputs else [])]))
+
+
+def _member(model: ModelSpec, target: ResolvedTarget, manifest: Manifest, external: tuple[Path, ...],
+            reference_external: tuple[Path, ...]) -> tuple[Member, Chain]:
     """A model as its build consumes it (after its stages), with its validation settings."""
     chain = _chain(model, target, manifest, external)
     settings = validation_settings(model, manifest.targets[target.name])
@@ -170,7 +184,9 @@ def _member(model: ModelSpec, target: ResolvedTarget, manifest: Manifest, extern
     if folded and chain.float_model is None and settings.reference is None:
         # compare with the model as declared (fed the frozen values): folding errors cannot hide
         settings = dataclasses.replace(settings, reference=model.path)
-    return Member(chain.model, settings, chain.external, chain.float_model, model.freeze), chain
+    return Member(chain.model, settings, chain.external, chain.float_model, model.freeze,
+                  model.path if chain.stages else None,
+                  reference_files(model, chain, settings, external, reference_external)), chain
 
 
 def _distinct_file_names(group: str, members: tuple[Member, ...], file: str) -> None:
@@ -187,8 +203,10 @@ def _distinct_file_names(group: str, members: tuple[Member, ...], file: str) -> 
 
 
 def _build(name: str, target: ResolvedTarget, models: list[ModelSpec], manifest: Manifest,
-           external: dict[str, tuple[Path, ...]], shared: bool, pipeline_tokens: int | None = None) -> Build:
-    pairs = [_member(m, target, manifest, external.get(m.name, ())) for m in models]
+           external: dict[Path, tuple[Path, ...]], shared: bool, pipeline_tokens: int | None = None) -> Build:
+    pairs = [_member(m, target, manifest, external.get(m.path, ()),
+                     external.get(m.validation["reference"], ()) if "reference" in m.validation else ())
+             for m in models]
     members = tuple(member for member, _ in pairs)
     if shared:
         _distinct_file_names(name, members, manifest.path.name)
@@ -234,10 +252,11 @@ def resolve_targets(manifest: Manifest) -> dict[str, ResolvedTarget]:
     return resolved
 
 
-def plan(manifest: Manifest, external: dict[str, tuple[Path, ...]] | None = None,
+def plan(manifest: Manifest, external: dict[Path, tuple[Path, ...]] | None = None,
          resolved: dict[str, ResolvedTarget] | None = None) -> list[Build]:
     """Every build the manifest asks for: each (model, target) compile in manifest order, then each group;
-    `external` holds each model's external-data files, `resolved` the targets (`resolve_targets`)."""
+    `external` holds the external-data files of each model and `validation.reference` by path, `resolved` the
+    targets (`resolve_targets`)."""
     external = external or {}
     resolved = resolved or resolve_targets(manifest)
     builds = [_build(f"{model.name}@{name}", resolved[name], [model], manifest, external, shared=False)

@@ -115,6 +115,21 @@ def validation_fingerprint(artifact_files: list[Path], config: dict[str, Any], e
                     "host": {"machine": platform.machine(), "cpu_flags": cpu_flags()}})
 
 
+def reference_fingerprint(member: Member, request: dict[str, Any], hashes: FileHashes) -> str:
+    """What the CPU reference's outputs depend on, so that targets validating the same model on the same inputs
+    share them: the bytes of each model it may run, in its role, and of their external data and the inputs file
+    (`Member.reference_files`); the inputs' shapes and frozen values; what the notes call those models; the CPU
+    libraries and this host's CPU. Not the target: a CPU reference is the same for every EP."""
+    roles = {role: hashes.sha256(Path(request[role])) if request[role] else None
+             for role in ("source", "reference", "declared", "float_reference", "inputs_file")}
+    return _digest({"kind": "reference", "rules_format": RULES_FORMAT, "code": code_digest(), "roles": roles,
+                    "files": sorted([path.name, hashes.sha256(path)] for path in member.reference_files),
+                    "inputs": request["inputs"], "frozen": request["frozen"],
+                    "described": [request["reference_is"], request["float_reference_is"]],
+                    "versions": {p: package_version(p) for p in ("onnxruntime", "onnx", "numpy")},
+                    "host": {"machine": platform.machine(), "cpu_flags": cpu_flags()}})
+
+
 def stage_config(stage: Stage) -> dict[str, Any]:
     return {"rules_format": RULES_FORMAT, "code": code_digest(), "stage": stage.kind, "flavour": stage.flavour,
             "settings": stage.settings,

@@ -5,6 +5,7 @@ said in the report's notes."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +81,10 @@ def float_outputs(ort: Any, request: dict[str, Any], feeds: dict[str, Any]) -> t
                     "comparison with it")
 
 
-REFERENCE_FILE = "reference.npz"
+REFERENCE_FILE = "reference.npz"  # the arrays: feeds, expected and float outputs
+NOTES_FILE = "reference.json"  # the rest: generated inputs' descriptions, notes
+REFERENCE_FILES = [NOTES_FILE, REFERENCE_FILE]  # a cache entry of the reference (sorted, as the cache lists them)
+NO_TIME = (1980, 1, 1, 0, 0, 0)  # the zip members' date: the file's bytes depend on the arrays alone
 
 
 def reference_run(ort: Any, request: dict[str, Any]) -> dict[str, Any]:
@@ -98,21 +102,28 @@ def reference_run(ort: Any, request: dict[str, Any]) -> dict[str, Any]:
             "notes": [note for note in (declared_instead, float_note) if note]}
 
 
-def save_reference(run: dict[str, Any], folder: Path) -> dict[str, Any]:
-    """The arrays to `folder/reference.npz`; the rest, small, is returned (the request of the artifact's phase)."""
+def save_reference(run: dict[str, Any], folder: Path) -> None:
+    """The reference into `folder` (REFERENCE_FILES): an .npz numpy reads, written without a timestamp, so that a
+    cache entry holds nothing but what its fingerprint names."""
+    import zipfile
+
     import numpy as np
 
-    arrays = {f"{kind}/{name}": value for kind in ("feeds", "expected", "floats") for name, value in run[kind].items()}
-    np.savez(folder / REFERENCE_FILE, **arrays)
-    return {"file": str(folder / REFERENCE_FILE), "generated": run["generated"], "notes": run["notes"]}
+    folder.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(folder / REFERENCE_FILE, "w") as archive:
+        for kind in ("feeds", "expected", "floats"):
+            for name, value in sorted(run[kind].items()):
+                with archive.open(zipfile.ZipInfo(f"{kind}/{name}.npy", NO_TIME), "w", force_zip64=True) as out:
+                    np.lib.format.write_array(out, np.asanyarray(value), allow_pickle=False)
+    (folder / NOTES_FILE).write_text(json.dumps({"generated": run["generated"], "notes": run["notes"]},
+                                                sort_keys=True, indent=1))
 
 
-def load_reference(saved: dict[str, Any]) -> dict[str, Any]:
+def load_reference(folder: Path) -> dict[str, Any]:
     import numpy as np
 
-    run: dict[str, Any] = {"feeds": {}, "expected": {}, "floats": {}, "generated": saved["generated"],
-                           "notes": saved["notes"]}
-    with np.load(saved["file"]) as data:
+    run: dict[str, Any] = {"feeds": {}, "expected": {}, "floats": {}, **json.loads((folder / NOTES_FILE).read_text())}
+    with np.load(folder / REFERENCE_FILE, allow_pickle=False) as data:
         for key in data.files:
             kind, name = key.split("/", 1)
             run[kind][name] = data[key]

@@ -22,17 +22,24 @@ from ..execute.requests import MemberValidation, ValidationReport, ValidationReq
 from ..manifest.builds import SIDECAR, Build, Member
 from ..manifest.eps import EpInfo, lookup
 from ..store.cache import Outcome, Workspace, check_inputs, restore, store
-from ..store.layout import Layout, write_json
+from ..store.layout import write_json
 from ..store.owners import owner_tag
 from ..store.publish import discard, scratch_dir
 from .artifact_session import context_binaries, is_qdq, open_session, placement_failures, structural_problems
+from .cached_reference import run_against_reference
 from .comparison import DEFAULT_THRESHOLDS, compare, compare_outputs
 from .compilers import compiler
 from .diagnosis import fp16_hint
 from .localise import localise
 from .localise import summary as localised
 from .pipeline import validate_pipeline
-from .reference import ReferenceUnusable, load_reference, reference_run, save_reference, session_options
+from .reference import (
+    ReferenceUnusable,
+    load_reference,
+    reference_run,
+    save_reference,
+    session_options,
+)
 from .stages import Stage
 from .validation_inputs import SEED, feeds_for
 
@@ -104,21 +111,12 @@ def validation_request(build: Build, folder: Path) -> ValidationRequest:
             "pipeline": pipeline}
 
 
-SEPARATE_REFERENCE_BYTES = 2**30  # a model this big (with its weights) gets its CPU reference in a child of its own
-
-
-def _large(build: Build) -> bool:
-    if build.shared or build.members[0].validation.mode != "run":
-        return False
-    member = build.members[0]
-    return sum(p.stat().st_size for p in (member.model.path, *member.external)) >= SEPARATE_REFERENCE_BYTES
-
-
-def validate(build: Build, layout: Layout, workdir: Path) -> ValidationReport:
+def validate(build: Build, workspace: Workspace, workdir: Path) -> ValidationReport:
     """Validate the published artifact of `build`, its child working in `workdir`; return the report.
 
     A crash or timeout of the child becomes a `failed` report naming the signal or timeout."""
     started = time.monotonic()
+    layout = workspace.layout
     folder, target = build.out_dir(layout), build.target
     report = compiler(target).validate(build, layout)
     if report is None:
@@ -127,21 +125,11 @@ def validate(build: Build, layout: Layout, workdir: Path) -> ValidationReport:
         what = f"validate {'group ' if build.shared else ''}{build.name} ({target.ep.name})"
         log = build.log(layout, "validate")
         try:
-            if _large(build):  # the reference first, in a child of its own that ends before the artifact's starts
-                scratch = workdir / "reference"
-                answer = run_child("epbuild.steps.validate", {**request, "phase": "reference",
-                                                              "workdir": str(scratch)}, scratch,
-                                   target.limits(timeout), f"{what}: the CPU reference", log.with_suffix(".ref.log"))
-                request = {**request, "phase": "artifact", "reference": answer.get("reference")}
-                report = answer if answer["status"] == "failed" else run_child(
-                    "epbuild.steps.validate", request, workdir, target.limits(timeout), what, log,
-                    target.ep.fork_server)
-                first, second = answer["usage"], report["usage"]  # both children: their time, the larger peak
-                report["usage"] = {"seconds": round(first["seconds"] + second["seconds"], 3),
-                                   "peak_mb": max(first["peak_mb"], second["peak_mb"])}
-            else:
+            if build.shared or build.members[0].validation.mode != "run":
                 report = run_child("epbuild.steps.validate", request, workdir, target.limits(timeout), what, log,
                                    target.ep.fork_server, target.ep.warm_validations)
+            else:
+                report = run_against_reference(build, workspace, request, workdir, what, log, timeout)
         except BuildError as exc:
             report = {"status": "failed", "reason": str(exc)}
     if "reason" in report:  # an EP's colour codes: reports are read as text
@@ -152,8 +140,8 @@ def validate(build: Build, layout: Layout, workdir: Path) -> ValidationReport:
             "seconds": round(time.monotonic() - started, 3), **report}
 
 
-NOT_CACHED = ("target", "seconds", "usage", "worker")  # outside the validation's fingerprint: never cached
-NOT_PUBLISHED = ("seconds", "usage", "worker")  # timings and where it ran: in the build report, not beside the artifact
+NOT_CACHED = ("target", "seconds", "usage", "worker", "cpu_reference")  # outside its fingerprint: never cached
+NOT_PUBLISHED = ("seconds", "usage", "worker", "cpu_reference")  # in the build report, not beside the artifact
 
 
 def cached_validation(label: str, fingerprint: str, workspace: Workspace, folder: Path,
@@ -342,16 +330,21 @@ def _validate_in_child(request: ValidationRequest) -> ValidationReport:
         return _validate_group(request)
     (member,) = request["members"].values()
     phase = request.get("phase")
-    if phase == "reference":  # a large model's first child: the reference alone, kept for the artifact's child
-        import onnxruntime as ort
+    if phase == "artifact":  # the reference computed earlier, by another child or another target's validation
+        return validate_member(member, load_reference(Path(request["reference"])))
+    import onnxruntime as ort
 
-        folder = Path(request["workdir"])
-        try:
-            with located(member["manifest"], member["entry"]):
-                return {"status": "reference", "reference": save_reference(reference_run(ort, member), folder)}
-        except ReferenceUnusable as exc:
-            return {"status": "failed", "reason": str(exc)}
-    return validate_member(member, load_reference(request["reference"]) if phase == "artifact" else None)
+    try:
+        with located(member["manifest"], member["entry"]):
+            reference = reference_run(ort, member) if member["mode"] == "run" else None
+    except ReferenceUnusable as exc:
+        return {"status": "failed", "reason": str(exc)}
+    if reference is not None and request.get("reference_to"):  # kept for the targets that validate the same model
+        save_reference(reference, Path(request["reference_to"]))
+    if phase == "reference":  # a large model's first child: the reference alone
+        return {"status": "reference"}
+    report = validate_member(member, reference)
+    return {**report, "reference_saved": True} if reference is not None and request.get("reference_to") else report
 
 
 def main() -> None:

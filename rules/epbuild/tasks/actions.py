@@ -99,7 +99,7 @@ def run_validate(build: Build, workspace: Workspace, config: dict[str, Any]) -> 
     fingerprint = validation_fingerprint(artifact, config, [*build.sources, *build.validation_files], workspace.hashes)
     try:
         produce = (lambda workdir: run_validation(build, workspace)) if workspace.executor else (
-            lambda workdir: validate(build, layout, workdir))
+            lambda workdir: validate(build, workspace, workdir))
         report, outcome = cached_validation(f"validate:{build.name}", fingerprint, workspace, folder, produce, config,
                                             inputs, build.target.name)
     except (OSError, BuildError) as exc:
@@ -107,11 +107,14 @@ def run_validate(build: Build, workspace: Workspace, config: dict[str, Any]) -> 
     line = f"{report['status']} validate:{build.name}: {summary(report)}"
     if report["status"] == "failed":
         return TaskFailed(line)
-    print(line + (f" (restored from the {outcome.origin} cache)" if outcome.restored else ""))
+    reference = report.get("cpu_reference")  # from the cache when another validation computed it
+    print(line + (f" (restored from the {outcome.origin} cache)" if outcome.restored else
+                  " (CPU reference from the cache)" if reference and reference["from"] == "cache" else ""))
     status = "restored" if outcome.restored else "skipped" if report["status"] == "skipped" else "validated"
     seconds = time.monotonic() - started if outcome.restored else report["seconds"]
     return {"status": status, **outcome.report(), **({"worker": report["worker"]} if "worker" in report else {}),
             "fingerprint": fingerprint, "validation": line, **({"child": report["usage"]} if "usage" in report else {}),
+            **({"cpu_reference": reference} if reference else {}),
             "seconds": round(seconds, 3), "_published": published([folder / REPORT], workspace.hashes,
                                                                           workspace.project_root)}
 

@@ -143,12 +143,14 @@ class Project:
         return servers
 
     def _read_models(self, index: ExternalDataIndex,
-                     servers: set[str]) -> tuple[dict[str, tuple[Path, ...]], dict[str, ModelInputs],
+                     servers: set[str]) -> tuple[dict[Path, tuple[Path, ...]], dict[str, ModelInputs],
                                                  dict[str, dict[str, bool]]]:
-        """Each model's external-data files, input shapes and graph facts (`store.external_data._ready`), from the
-        index; changed models are read by a fork server running or starting anyway (it has onnx loaded), the
-        CPU-only one first."""
-        unread = index.unread([model.path for model in self.manifest.models.values()])
+        """The external-data files of each model and `validation.reference` (by path), each model's input shapes
+        and graph facts (`store.external_data._ready`), from the index; changed models are read by a fork server
+        running or starting anyway (it has onnx loaded), the CPU-only one first."""
+        models = self.manifest.models.values()
+        references = {m.validation["reference"]: m.name for m in models if "reference" in m.validation}
+        unread = index.unread(list(dict.fromkeys([*(model.path for model in models), *references])))
         if unread:
             reader = next((alias for alias in sorted(servers | {""}) if serving(alias)), None)
             made = [p for p in (self.layout.scratch_root, *self.layout.scratch_root.parents) if not p.exists()]
@@ -158,15 +160,17 @@ class Project:
                 with contextlib.suppress(OSError):
                     folder.rmdir()
         external, shapes = {}, {}
-        for name, model in self.manifest.models.items():
+        for where, path in [*((f"models.{m.name}.path", m.path) for m in models),
+                            *((f"models.{name}.validation.reference", path) for path, name in references.items())]:
             try:
-                external[name] = tuple(index.files(model.path))
+                external[path] = tuple(index.files(path))
             except UserError as exc:
-                raise UserError(self.manifest.path.name, f"models.{name}.path", f"{exc.file}: {exc.message}") from None
+                raise UserError(self.manifest.path.name, where, f"{exc.file}: {exc.message}") from None
+        for name, model in self.manifest.models.items():
             shapes[name] = index.inputs(model.path)
         return external, shapes, {name: index.graph(model.path) for name, model in self.manifest.models.items()}
 
-    def _plan(self, external: dict[str, tuple[Path, ...]], resolved: dict[str, ResolvedTarget],
+    def _plan(self, external: dict[Path, tuple[Path, ...]], resolved: dict[str, ResolvedTarget],
               executor: ExecutorSettings | None) -> None:
         """The builds and their stages; with an executor, the toolchain versions the workers offer."""
         self.builds = plan(self.manifest, external, resolved)
