@@ -31,8 +31,9 @@ from record import RESULTS, save  # noqa: E402
 WIDTH = 8192
 
 
-def write_chain(path: Path, gib: float) -> int:
-    """A MatMul chain of about `gib` GiB, written layer by layer (never the whole model in memory)."""
+def write_chain(path: Path, gib: float, static: bool = False) -> int:
+    """A MatMul chain of about `gib` GiB, written layer by layer (never the whole model in memory); a symbolic
+    batch unless `static`."""
     import onnx
     from onnx import TensorProto, helper
 
@@ -53,10 +54,13 @@ def write_chain(path: Path, gib: float) -> int:
             nodes.append(helper.make_node("MatMul", [current, weight.name], [f"layers.{index}.out"]))
             current = f"layers.{index}.out"
     nodes.append(helper.make_node("Tanh", [current], ["y"]))
-    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", WIDTH])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", WIDTH])], weights)
+    batch = 1 if static else "batch"
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, WIDTH])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, WIDTH])], weights)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     model.ir_version = 9
+    if static:  # every shape known: an NPU target compiles it as declared, with no shape stage
+        model = onnx.shape_inference.infer_shapes(model)
     onnx.save(model, str(path))
     return offset
 

@@ -120,8 +120,8 @@ def reference_fingerprint(member: Member, request: dict[str, Any], hashes: FileH
     share them: the bytes of each model it may run, in its role, and of their external data and the inputs file
     (`Member.reference_files`); the inputs' shapes and frozen values; what the notes call those models; the CPU
     libraries and this host's CPU. Not the target: a CPU reference is the same for every EP."""
-    roles = {role: hashes.sha256(Path(request[role])) if request[role] else None
-             for role in ("source", "reference", "declared", "float_reference", "inputs_file")}
+    roles = {role: [Path(request[role]).name, hashes.sha256(Path(request[role]))] if request[role] else None
+             for role in ("source", "reference", "declared", "float_reference", "inputs_file")}  # names: in notes
     return _digest({"kind": "reference", "rules_format": RULES_FORMAT, "code": code_digest(), "roles": roles,
                     "files": sorted([path.name, hashes.sha256(path)] for path in member.reference_files),
                     "inputs": request["inputs"], "frozen": request["frozen"],
