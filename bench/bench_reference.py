@@ -92,7 +92,9 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--against", action="append", default=[], help="LABEL=RULES_DIR of another checkout")
     args = parser.parse_args()
-    checkouts = {"this": REPO / "rules", **{k: Path(v) for k, v in (a.split("=", 1) for a in args.against)}}
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    this = f"{head.stdout.strip() or 'this'}, this checkout"
+    checkouts = {this: REPO / "rules", **{k: Path(v) for k, v in (a.split("=", 1) for a in args.against)}}
     scratch = Path(tempfile.mkdtemp(prefix="epbuild-bench-reference.", dir=os.environ.get("EPBUILD_BENCH_DIR")))
     try:
         (scratch / "model").mkdir()
