@@ -1,5 +1,5 @@
 """A child for run_child tests: dies by the signal named in its request (or aborts as a C++ exception does),
-sleeps (past its timeout), holds memory,
+sleeps (past its timeout), holds memory, leaves a thread running,
 answers with its pid and an environment variable (what a warm worker carries from job to job), or exits 0
 without an answer."""
 
@@ -25,6 +25,11 @@ def _misbehave(request: dict) -> dict:
         os.abort()
     if request["action"] == "vanish":  # ends without an answer, as a worker that died flushing its log
         os._exit(0)
+    if request["action"] == "thread":  # leaves a thread running, as QNN's HTP simulator leaves its HVX threads
+        import threading
+
+        threading.Thread(target=lambda: time.sleep(3600), daemon=True).start()
+        return {"pid": os.getpid()}
     if request["action"] == "env":
         return {"pid": os.getpid(), "value": os.environ.get(request["name"])}
     time.sleep(request.get("seconds", 0))

@@ -117,13 +117,36 @@ def test_a_warm_worker_runs_job_after_job_each_with_its_own_environment_folder_a
     second = job("b", {"action": "env", "name": "EPBUILD_TEST_MARK"})
     assert first["value"] == "first" and second["value"] is None and second["pid"] == first["pid"]
     assert os.readlink(f"/proc/{first['pid']}/cwd") == "/"  # between jobs it holds no job's folder
-    big = job("c", {"action": "allocate", "mb": 300})
+    medium = job("c", {"action": "allocate", "mb": 100})
     small = job("d", {"action": "sleep"})
-    assert small["pid"] == first["pid"]  # still the same worker: it is below its memory bound again
-    assert big["usage"]["peak_mb"] > small["usage"]["peak_mb"] + 250  # each job's own peak, not the worker's
+    assert medium["pid"] == small["pid"] == first["pid"]  # below the bound: the same worker
+    assert medium["usage"]["peak_mb"] > small["usage"]["peak_mb"] + 80  # each job's own peak, not the worker's
+    big = job("c", {"action": "allocate", "mb": 300})  # past the bound: a large model's job leaves its worker
+    assert big["pid"] == first["pid"] and job("d", {"action": "sleep"})["pid"] != first["pid"]
+    first = job("d", {"action": "sleep"})
     with pytest.raises(BuildError, match=r"exceeded 0\.2 GB of memory"):
         job("e", {"action": "allocate", "mb": 600}, 0.2)
     assert job("f", {"action": "sleep"})["pid"] != first["pid"]
+
+
+def test_a_job_that_leaves_a_thread_running_retires_its_warm_worker(tmp_path, monkeypatch, crash_child):
+    """A worker is forked with one thread; a job that leaves another behind (an EP's threads that outlive its
+    session) ends the worker, threads and all, and the next job gets a new one."""
+    def job(folder: str, action: str) -> dict:
+        return run_child("crash_child", {"action": action}, tmp_path / folder, Limits(60), "validate m@t",
+                         reuse=True)
+
+    monkeypatch.setenv(SWITCH, "1")
+    first = job("a", "sleep")
+    assert job("b", "sleep")["pid"] == first["pid"]  # a job that leaves nothing running keeps its worker
+    threaded = job("c", "thread")
+    assert threaded["pid"] == first["pid"]
+    after = job("d", "sleep")
+    assert after["pid"] != first["pid"]
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{first['pid']}/task") and len(os.listdir(f"/proc/{first['pid']}/task")) > 1:
+        assert time.monotonic() < deadline, "the retired worker's thread still runs"
+        time.sleep(0.05)
 
 
 def test_a_warm_worker_is_leased_to_one_thread_at_a_time(tmp_path, monkeypatch, crash_child):

@@ -14,7 +14,8 @@ run in a warm worker instead: a child forked the same way and leased to one thre
 sends it its jobs directly, one at a time, so the ~5 ms a fresh child pays for its first session is paid once
 and a job costs two messages. A crash or hang still ends only the job running in it (the client kills the
 worker's pid; the server reaps it, writes its end to the client, and the client leases a new worker for its next
-job); a worker retires after a failed job, after 200 jobs, or when it holds 256 MB more than when it was forked
+job); a worker retires after a failed job, after 200 jobs, when a job left a thread running, or when a job's
+peak or the worker holds 256 MB more than when it was forked
 (`epbuild.execute.forked_jobs`), and its reported peak memory is each job's own (the kernel's high-water mark is
 reset before every job). Since a worker serves one client at a time, a client's late kill can only hit its own
 worker, which it then lets go.

@@ -4,9 +4,12 @@ A forked process first drops what belongs to the server (its signal handling, so
 becomes a job as `python -m MODULE request result` would: the job's folder, its output file as stdout and
 stderr, its environment, `sys.path` and argv, and the module's `main()`. `run_one` runs one job and exits;
 `run_many` (a warm worker) is leased to one client at a time and runs the jobs it sends, one at a time; it
-retires after a failed job, after `WORKER_MAX_JOBS`, or when it holds more than `WORKER_MAX_GROWTH_MB` beyond
-what it held when forked (so a job's memory limit, polled on the worker's resident memory, sees at most that
-much of earlier jobs).
+retires after a failed job, after `WORKER_MAX_JOBS`, after a job whose peak, or when it holds, more than
+`WORKER_MAX_GROWTH_MB` beyond what it held when forked (so a job's memory limit, polled on the worker's resident
+memory, sees at most that much of earlier jobs; and a large model's job leaves no state to the next: QNN's HTP
+simulator ran a 0.75 GiB model's second session in one process in 6.95 s against the first's 0.74 s), or when a
+job left a thread running (it was forked with one: QNN's HVX threads were found spinning on both cores in an idle
+worker).
 """
 
 from __future__ import annotations
@@ -150,7 +153,12 @@ def run_many(control: socket.socket, server_sockets: list[socket.socket], wake: 
                 code, peak_kb, result = _one_of_many(request)
                 _tell(control, {"idle": True})
                 jobs += 1
-                retire = code != 0 or jobs >= WORKER_MAX_JOBS or _status_kb("VmRSS:") > bound_kb
+                # a job that needed more than the bound (a large model: the few ms a warm worker saves are nothing
+                # beside it) leaves state that burdens the next (QNN's HTP simulator runs a large graph's later
+                # sessions in one process ~10x slower), and a thread it left running (QNN's HVX threads) would take
+                # the cores from the next job and from the build's other jobs
+                retire = (code != 0 or jobs >= WORKER_MAX_JOBS or peak_kb > bound_kb
+                          or _status_kb("VmRSS:") > bound_kb or _status_kb("Threads:") > 1)
                 answer = {"code": code, "maxrss": peak_kb, "retire": retire,
                           **({"result": result} if result is not None else {})}
                 client.sendall(json.dumps(answer).encode() + b"\n")
