@@ -54,7 +54,7 @@ def member_request(build: Build, member: Member, folder: Path, files: list[str],
     target, settings = build.target, member.validation
     runtime_files = target.runtime_files()
     stages = [stage for stage in build.stages if stage.model == member.name]
-    declared = stages[0].input if stages else member.model.path
+    declared = member.declared or member.model.path
     reference = settings.reference or member.model.path
     return {
         "float_reference": str(member.float_model) if member.float_model else None,
