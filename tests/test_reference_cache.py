@@ -9,7 +9,7 @@ import zipfile
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from test_trust import external_data_model
 
 from conftest import build_report, ran
 from epbuild.steps.reference import NO_TIME, REFERENCE_FILE, load_reference, save_reference
@@ -64,34 +64,20 @@ def test_targets_validating_one_model_share_its_cpu_reference(project):
     assert _outputs(project, "qnn-htp") != first
 
 
-def _matmul(path, weight: np.ndarray, external: bool) -> None:
-    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "mm",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 64])],
-                              [numpy_helper.from_array(weight, "w")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 9
-    if external:
-        onnx.save(model, str(path), save_as_external_data=True, location=f"{path.name}.data", size_threshold=0)
-    else:
-        onnx.save(model, str(path))
-
-
 def test_a_validation_reference_with_external_data_is_tracked_to_its_weights(project):
     """The reference's weights file is an input of the validation and of its reference's key: new weights there
     re-run the validation against a reference computed again (it fails: the artifact has the old weights). A
     reference onnx cannot read is refused when the manifest is loaded, naming its key."""
-    weight = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
     models = project.root / "models"
-    _matmul(models / "mm.onnx", weight, external=False)
-    _matmul(models / "ref.onnx", weight, external=True)
+    reference = external_data_model(models / "ref.onnx", seed=0)
+    onnx.save(onnx.load(str(reference)), str(models / "mm.onnx"))  # the same weights, inside the model
     project.manifest('[models.mm]\npath = "models/mm.onnx"\nvalidation = { reference = "models/ref.onnx" }\n'
                      '[targets.cpu]\nep = "cpu"\n')
     project.doit()
     assert _references(project) == {"validate:mm@cpu": "computed"}
     assert project.doit("-v", "2").stdout.count(".  ") == 0
 
-    _matmul(models / "ref.onnx", weight * 2, external=True)  # the same graph file, new weights beside it
+    external_data_model(models / "ref.onnx", seed=1)  # the same graph file, new weights beside it
     done = project.doit("-v", "2", check=False)
     assert done.returncode != 0 and ran(done) == {"validate:mm@cpu"}
     assert "failed validate:mm@cpu: " in done.stdout + done.stderr
