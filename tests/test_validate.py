@@ -292,3 +292,20 @@ def test_a_large_models_reference_runs_in_a_child_of_its_own_with_the_same_resul
     again = validate(build, _workspace(project, "cache.apart"), project.root / "again")  # the kept reference
     assert again["cpu_reference"]["from"] == "cache" and again["outputs"] == apart["outputs"]
     assert not (project.artifacts / ".logs" / "cpu" / "encoder.validate.ref.log").exists()  # no reference child
+
+
+def test_a_reference_that_cannot_be_saved_costs_its_keeping_not_the_validation(tmp_path):
+    """The child saves the reference for the cache where it can; a disk that refuses it (here a file where its
+    folder would be) leaves the validation as it is, with the reason for the one warning."""
+    from epbuild.steps.validate import _validate_in_child
+
+    model = single_op_model(tmp_path / "m.onnx", "Relu")
+    member = _reference_request(tmp_path, model, model, "the model as declared (m.onnx)")
+    (tmp_path / "blocked").write_text("a file, not a folder")
+    request = {"members": {"m": member}, "shared": False, "reference_to": str(tmp_path / "blocked" / "ref")}
+    report = _validate_in_child(request)
+    assert report["status"] == "passed" and "reference_saved" not in report
+    assert "blocked" in report["reference_unsaved"]
+    saved = _validate_in_child({**request, "reference_to": str(tmp_path / "ref")})
+    assert saved["reference_saved"] and saved["outputs"] == report["outputs"]
+    assert (tmp_path / "ref" / "reference.npz").is_file()

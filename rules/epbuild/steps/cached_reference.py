@@ -4,6 +4,7 @@ its artifact. The outputs are the reference child's (`epbuild.steps.reference`),
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ from ..execute.requests import ValidationReport, ValidationRequest
 from ..manifest.builds import Build
 from ..store.cache import Workspace, check_inputs, restore, store
 from ..store.hashing import snapshot
-from ..store.publish import copy_file, discard, scratch_dir
+from ..store.publish import discard, scratch_dir
 from .fingerprint import reference_fingerprint
 from .reference import REFERENCE_FILES
 
@@ -25,21 +26,24 @@ def _large(build: Build) -> bool:
 
 
 def run_against_reference(build: Build, workspace: Workspace, request: ValidationRequest, workdir: Path,
-                           what: str, log: Path, timeout: float) -> ValidationReport:
+                          what: str, log: Path, timeout: float) -> ValidationReport:
     """One artifact run against its CPU reference, which is computed once per (model, inputs) and kept in the
     caches (`reference_fingerprint`): a target validating the same model restores it and runs the artifact
     alone. A reference not cached is computed in the artifact's child and stored from there; a large model's
     in a child of its own that ends before the artifact's starts (never both in memory), under the reference's
     lock, so that two targets never compute it at once (small ones may: cheaper than waiting)."""
-    target, (member,) = build.target, request["members"].values()
-    label, files = f"the CPU reference of validate:{build.name}", list(build.members[0].reference_files)
-    inputs = snapshot(files)  # before they are hashed: what the child reads must be what the key names
+    (member,) = request["members"].values()
+    label = f"the CPU reference of validate:{build.name}"
+    inputs = snapshot(list(build.members[0].reference_files))  # before they are hashed: the child reads those
     key = reference_fingerprint(build.members[0], member, workspace.hashes)
-    restored, limits = workdir / "reference", target.limits(timeout)
+    # among the artifacts, like every restore (the validation's own folder may be in a full cache)
+    restored = _staging(workspace, key)
+    target = build.target
+    limits, fork_server, warm = target.limits(timeout), target.ep.fork_server, target.ep.warm_validations
 
     def artifact_child(extra: dict[str, Any]) -> ValidationReport:
-        return run_child("epbuild.steps.validate", {**request, **extra}, workdir, limits, what, log,
-                         target.ep.fork_server, target.ep.warm_validations)
+        return run_child("epbuild.steps.validate", {**request, **extra}, workdir, limits, what, log, fork_server,
+                         warm)
 
     def origin(how: str) -> dict[str, Any]:  # for the build report: outside the validation's fingerprint
         return {"cpu_reference": {"from": how, "fingerprint": key}}
@@ -50,49 +54,57 @@ def run_against_reference(build: Build, workspace: Workspace, request: Validatio
         discard(restored)
         return False
 
-    if cached():
-        return {**artifact_child({"phase": "artifact", "reference": str(restored)}), **origin("cache")}
-    if not _large(build):
-        staging = _staging(workspace, key)
-        try:
-            report = artifact_child({"reference_to": str(staging)})
-            if report.pop("reference_saved", False):
-                check_inputs(label, inputs)
-                store(label, key, workspace, staging, REFERENCE_FILES, {"kind": "reference"}, adopt=True)
-            return {**report, **origin("computed")}
-        finally:
-            discard(staging)
-    computed = None
-    with workspace.cache.lock(key):
-        if not cached():  # not computed by another target's validation meanwhile
+    def kept(staging: Path, answer: dict[str, Any]) -> bool:
+        """Store what the child saved in `staging`; whether it saved it."""
+        if not _saved(answer, label):
+            return False
+        check_inputs(label, inputs)
+        store(label, key, workspace, staging, REFERENCE_FILES, {"kind": "reference"})
+        return True
+
+    try:
+        if cached():
+            return {**artifact_child({"phase": "artifact", "reference": str(restored)}), **origin("cache")}
+        if not _large(build):
             staging = _staging(workspace, key)
             try:
+                report = artifact_child({"reference_to": str(staging)})
+                kept(staging, report)
+                return {**report, **origin("computed")}
+            finally:
+                discard(staging)
+        computed = None
+        with workspace.cache.lock(key):
+            if not cached():  # not computed by another target's validation meanwhile
                 computed = run_child("epbuild.steps.validate", {**request, "phase": "reference",
-                                                                "reference_to": str(staging)}, staging,
+                                                                "reference_to": str(restored)}, restored,
                                      limits, f"{what}: the CPU reference", log.with_suffix(".ref.log"))
                 if computed["status"] == "failed":
                     return computed
-                check_inputs(label, inputs)
-                restored.mkdir(parents=True, exist_ok=True)
-                for name in REFERENCE_FILES:
-                    copy_file(staging / name, restored / name)
-                store(label, key, workspace, staging, REFERENCE_FILES, {"kind": "reference"}, adopt=True)
-            finally:
-                discard(staging)
-    report = artifact_child({"phase": "artifact", "reference": str(restored)})
-    if computed is None:
-        return {**report, **origin("cache")}
-    first, second = computed["usage"], report["usage"]  # both children: their time, the larger peak
-    return {**report, **origin("computed"),
-            "usage": {"seconds": round(first["seconds"] + second["seconds"], 3),
-                      "peak_mb": max(first["peak_mb"], second["peak_mb"])}}
+                if not kept(restored, computed):
+                    discard(restored)
+        # the reference kept (cached or just computed), or where it could not be written computed again by the
+        # artifact's child (a full disk costs the memory split, not the validation)
+        report = artifact_child({"phase": "artifact", "reference": str(restored)} if restored.is_dir() else {})
+        if computed is None:
+            return {**report, **origin("cache")}
+        first, second = computed["usage"], report["usage"]  # both children: their time, the larger peak
+        return {**report, **origin("computed"),
+                "usage": {"seconds": round(first["seconds"] + second["seconds"], 3),
+                          "peak_mb": max(first["peak_mb"], second["peak_mb"])}}
+    finally:
+        discard(restored)
+
+
+def _saved(answer: dict[str, Any], label: str) -> bool:
+    """Whether the child saved the reference; one line when the disk refused it."""
+    if "reference_unsaved" in answer:
+        print(f"warning: {label} could not be kept ({answer.pop('reference_unsaved')}); it is computed where it "
+              "is needed", file=sys.stderr)
+    return bool(answer.pop("reference_saved", False))
 
 
 def _staging(workspace: Workspace, key: str) -> Path:
-    """A folder of the cache that becomes the reference's entry (in artifacts/.scratch when the cache cannot be
-    written)."""
-    try:
-        return workspace.cache.staging(key)
-    except OSError as exc:
-        workspace.cache.give_up(exc, "staging")
-        return scratch_dir(workspace.layout.scratch_root, f"reference.{key[:16]}")
+    """A scratch folder among the artifacts for the child to save the reference in; the cache copies it from
+    there (a full or read-only cache costs one warning, never the validation)."""
+    return scratch_dir(workspace.layout.scratch_root, f"reference.{key[:16]}")

@@ -258,8 +258,8 @@ def _localise(ort: Any, info: EpInfo, request: MemberValidation, feeds: dict[str
 
 def validate_member(request: MemberValidation, reference: dict[str, Any] | None = None) -> ValidationReport:
     """Structural checks; then run the artifact on its EP, check where it ran, and compare every output with the
-    reference's on CPU, fed the same inputs (`reference_run`: computed here, or for a large model by an earlier
-    child, so the reference and the artifact are never in memory together)."""
+    reference's on CPU, fed the same inputs (`reference_run`: computed here before the artifact's session opens,
+    or earlier by another child or another target's validation, `cached_reference`)."""
     problems = structural_problems(request)
     if problems:
         return {"status": "failed", "reason": "; ".join(problems)}
@@ -269,15 +269,16 @@ def validate_member(request: MemberValidation, reference: dict[str, Any] | None 
     import onnxruntime as ort
 
     info = lookup(request["ep"])
+    try:
+        with located(request["manifest"], request["entry"]):
+            reference = reference or reference_run(ort, request)  # first: its session is gone when the artifact's opens
+    except ReferenceUnusable as exc:
+        return {"status": "failed", "reason": str(exc)}
     session, refused = open_session(ort, info, request)
     if refused:
         return refused
-    try:
-        with located(request["manifest"], request["entry"]):
-            reference = reference or reference_run(ort, request)
-            feeds = feeds_for(session, reference["feeds"], request["frozen"], "artifact")
-    except ReferenceUnusable as exc:
-        return {"status": "failed", "reason": str(exc)}
+    with located(request["manifest"], request["entry"]):
+        feeds = feeds_for(session, reference["feeds"], request["frozen"], "artifact")
     generated = reference["generated"]
     hint = ("; generated integer inputs " + ", ".join(f"{k}: {v}" for k, v in generated.items())
             if any("give validation.inputs" in v for v in generated.values()) else "")
@@ -332,19 +333,25 @@ def _validate_in_child(request: ValidationRequest) -> ValidationReport:
     phase = request.get("phase")
     if phase == "artifact":  # the reference computed earlier, by another child or another target's validation
         return validate_member(member, load_reference(Path(request["reference"])))
-    import onnxruntime as ort
+    reference = None
+    if member["mode"] == "run":  # the reference first: its session is gone before the artifact's opens
+        import onnxruntime as ort
 
-    try:
-        with located(member["manifest"], member["entry"]):
-            reference = reference_run(ort, member) if member["mode"] == "run" else None
-    except ReferenceUnusable as exc:
-        return {"status": "failed", "reason": str(exc)}
+        try:
+            with located(member["manifest"], member["entry"]):
+                reference = reference_run(ort, member)
+        except ReferenceUnusable as exc:
+            return {"status": "failed", "reason": str(exc)}
+    saved: dict[str, Any] = {}
     if reference is not None and request.get("reference_to"):  # kept for the targets that validate the same model
-        save_reference(reference, Path(request["reference_to"]))
+        try:
+            save_reference(reference, Path(request["reference_to"]))
+            saved = {"reference_saved": True}
+        except OSError as exc:  # a full disk: the validation goes on, its reference is not kept
+            saved = {"reference_unsaved": f"{exc.strerror or exc} ({exc.filename or request['reference_to']})"}
     if phase == "reference":  # a large model's first child: the reference alone
-        return {"status": "reference"}
-    report = validate_member(member, reference)
-    return {**report, "reference_saved": True} if reference is not None and request.get("reference_to") else report
+        return {"status": "reference", **saved}
+    return {**validate_member(member, reference), **saved}
 
 
 def main() -> None:
