@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from conftest import REPO, ran
+from conftest import REPO, build_report, ran
 from epbuild.errors import UserError
 from epbuild.manifest.parse import load
 from epbuild.manifest.targets import plan
@@ -101,6 +101,13 @@ def test_an_openvino_group_builds_and_run_validates(project, openvino_reason):
     assert (folder / "encoder_OpenVINOExecutionProvider.bin").is_file()
     report = json.loads((folder / "validation.json").read_text())
     assert report["status"] == "passed" and set(report["members"]) == {"tinycnn", "encoder"}
+    # the members' CPU references are kept: a standalone validation of one of them restores its own
+    assert {m["from"] for m in build_report(project)["validate:cnn-encoder-openvino"]["cpu_reference"][
+        "members"].values()} == {"computed"}
+    done = project.doit("validate:tinycnn@openvino-cpu")
+    assert "(CPU reference from the cache)" in done.stdout
+    assert build_report(project)["validate:tinycnn@openvino-cpu"]["cpu_reference"]["from"] == "cache"
+    assert "cpu_reference" not in json.loads((folder / "validation.json").read_text())
 
 
 @pytest.mark.parametrize("group, message", [

@@ -96,6 +96,37 @@ def run_against_reference(build: Build, workspace: Workspace, request: Validatio
         discard(restored)
 
 
+def run_group_against_references(build: Build, workspace: Workspace, request: ValidationRequest, workdir: Path,
+                                 what: str, log: Path, timeout: float) -> ValidationReport:
+    """A group whose members run here: each member's reference restored from the caches where one is kept
+    (the same key as a standalone validation of that model: those of a full build are there), the others computed
+    in the group's child and stored from there."""
+    label = f"the CPU references of validate:{build.name}"
+    runs = {m.name: m for m in build.members if request["members"][m.name]["mode"] == "run"}
+    inputs = snapshot([path for member in runs.values() for path in member.reference_files])
+    keys = {name: reference_fingerprint(m, request["members"][name], workspace.hashes) for name, m in runs.items()}
+    folders = {name: _staging(workspace, key) for name, key in keys.items()}
+    try:
+        restored = {name for name, key in keys.items()
+                    if restore(label, key, workspace, folders[name])[0] == REFERENCE_FILES}
+        report = run_child("epbuild.steps.validate", {
+            **request, "references": {name: str(folders[name]) for name in restored},
+            "references_to": {name: str(folders[name]) for name in keys if name not in restored}},
+            workdir, build.target.limits(timeout), what, log, build.target.ep.fork_server,
+            build.target.ep.warm_validations)
+        answers = report.pop("references", {})
+        for name, answer in answers.items():
+            if _saved(answer, label):
+                check_inputs(label, inputs)
+                store(label, keys[name], workspace, folders[name], REFERENCE_FILES, {"kind": "reference"})
+        origins = {name: {"from": "cache" if name in restored else "computed", "fingerprint": key}
+                   for name, key in keys.items() if name in answers}
+        return {**report, **({"cpu_reference": {"members": origins}} if origins else {})}
+    finally:
+        for folder in folders.values():
+            discard(folder)
+
+
 def _saved(answer: dict[str, Any], label: str) -> bool:
     """Whether the child saved the reference; one line when the disk refused it."""
     if "reference_unsaved" in answer:

@@ -26,7 +26,7 @@ from ..store.layout import write_json
 from ..store.owners import owner_tag
 from ..store.publish import discard, scratch_dir
 from .artifact_session import context_binaries, is_qdq, open_session, placement_failures, structural_problems
-from .cached_reference import run_against_reference
+from .cached_reference import run_against_reference, run_group_against_references
 from .comparison import DEFAULT_THRESHOLDS, compare, compare_outputs
 from .compilers import compiler
 from .diagnosis import fp16_hint
@@ -125,7 +125,9 @@ def validate(build: Build, workspace: Workspace, workdir: Path) -> ValidationRep
         what = f"validate {'group ' if build.shared else ''}{build.name} ({target.ep.name})"
         log = build.log(layout, "validate")
         try:
-            if build.shared or build.members[0].validation.mode != "run":
+            if build.shared and not request["pipeline"] and not request["run_blocked"]:
+                report = run_group_against_references(build, workspace, request, workdir, what, log, timeout)
+            elif build.shared or build.members[0].validation.mode != "run":
                 report = run_child("epbuild.steps.validate", request, workdir, target.limits(timeout), what, log,
                                    target.ep.fork_server, target.ep.warm_validations)
             else:
@@ -222,15 +224,41 @@ def _validate_group(request: ValidationRequest) -> ValidationReport:
         return {**validate_pipeline(request), "members": reports}
     if request["run_blocked"]:
         return {"status": "skipped", "structural": "passed", "reason": request["run_blocked"], "members": reports}
+    kept, save_to, saved = request.get("references", {}), request.get("references_to", {}), {}
     for name, member in request["members"].items():
         if member["mode"] == "run":
-            reports[name] = validate_member(member)
+            try:
+                reference, saved[name] = _reference_for(member, kept.get(name), save_to.get(name))
+            except ReferenceUnusable as exc:
+                reports[name] = {"status": "failed", "reason": str(exc)}
+                continue
+            reports[name] = validate_member(member, reference)
     statuses = {r["status"] for r in reports.values()}
     status = "failed" if "failed" in statuses else "skipped" if "skipped" in statuses else "passed"
-    report: dict[str, Any] = {"status": status, "members": reports}
+    report: dict[str, Any] = {"status": status, "members": reports, **({"references": saved} if saved else {})}
     if status != "passed":
         report["reason"] = "; ".join(f"{name}: {r['reason']}" for name, r in reports.items() if "reason" in r)
     return report
+
+
+def _reference_for(member: MemberValidation, kept: str | None, save_to: str | None) -> tuple[dict[str, Any],
+                                                                                            dict[str, Any]]:
+    """A member's CPU reference: from the folder the job restored it into (`kept`), else computed here and saved
+    into `save_to` for the cache where the disk lets it; and what to tell the job about that saving. Raises
+    ReferenceUnusable."""
+    if kept:
+        return load_reference(Path(kept)), {}
+    import onnxruntime as ort
+
+    with located(member["manifest"], member["entry"]):
+        reference = reference_run(ort, member)
+    if not save_to:
+        return reference, {}
+    try:
+        save_reference(reference, Path(save_to))
+    except OSError as exc:  # a full disk: the validation goes on, its reference is not kept
+        return reference, {"reference_unsaved": f"{exc.strerror or exc} ({exc.filename or save_to})"}
+    return reference, {"reference_saved": True}
 
 
 
@@ -333,22 +361,12 @@ def _validate_in_child(request: ValidationRequest) -> ValidationReport:
     phase = request.get("phase")
     if phase == "artifact":  # the reference computed earlier, by another child or another target's validation
         return validate_member(member, load_reference(Path(request["reference"])))
-    reference = None
-    if member["mode"] == "run":  # the reference first: its session is gone before the artifact's opens
-        import onnxruntime as ort
-
-        try:
-            with located(member["manifest"], member["entry"]):
-                reference = reference_run(ort, member)
-        except ReferenceUnusable as exc:
-            return {"status": "failed", "reason": str(exc)}
-    saved: dict[str, Any] = {}
-    if reference is not None and request.get("reference_to"):  # kept for the targets that validate the same model
-        try:
-            save_reference(reference, Path(request["reference_to"]))
-            saved = {"reference_saved": True}
-        except OSError as exc:  # a full disk: the validation goes on, its reference is not kept
-            saved = {"reference_unsaved": f"{exc.strerror or exc} ({exc.filename or request['reference_to']})"}
+    if member["mode"] != "run":
+        return validate_member(member)
+    try:  # the reference first: its session is gone before the artifact's opens
+        reference, saved = _reference_for(member, None, request.get("reference_to"))
+    except ReferenceUnusable as exc:
+        return {"status": "failed", "reason": str(exc)}
     if phase == "reference":  # a large model's first child: the reference alone
         return {"status": "reference", **saved}
     return {**validate_member(member, reference), **saved}

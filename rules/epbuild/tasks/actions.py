@@ -107,9 +107,12 @@ def run_validate(build: Build, workspace: Workspace, config: dict[str, Any]) -> 
     line = f"{report['status']} validate:{build.name}: {summary(report)}"
     if report["status"] == "failed":
         return TaskFailed(line)
-    reference = report.get("cpu_reference")  # from the cache when another validation computed it
+    reference = report.get("cpu_reference")  # from the cache when another validation computed it (a group: each)
+    origins = {r["from"] for r in reference["members"].values()} if reference and "members" in reference else {
+        reference["from"]} if reference else set()
     print(line + (f" (restored from the {outcome.origin} cache)" if outcome.restored else
-                  " (CPU reference from the cache)" if reference and reference["from"] == "cache" else ""))
+                  f" (CPU reference{'s' if reference and 'members' in reference else ''} from the cache)"
+                  if origins == {"cache"} else ""))
     status = "restored" if outcome.restored else "skipped" if report["status"] == "skipped" else "validated"
     seconds = time.monotonic() - started if outcome.restored else report["seconds"]
     return {"status": status, **outcome.report(), **({"worker": report["worker"]} if "worker" in report else {}),
