@@ -54,14 +54,6 @@ def run_against_reference(build: Build, workspace: Workspace, request: Validatio
         discard(restored)
         return False
 
-    def kept(staging: Path, answer: dict[str, Any]) -> bool:
-        """Store what the child saved in `staging`; whether it saved it."""
-        if not _saved(answer, label):
-            return False
-        check_inputs(label, inputs)
-        store(label, key, workspace, staging, REFERENCE_FILES, {"kind": "reference"})
-        return True
-
     try:
         if cached():
             return {**artifact_child({"phase": "artifact", "reference": str(restored)}), **origin("cache")}
@@ -69,7 +61,7 @@ def run_against_reference(build: Build, workspace: Workspace, request: Validatio
             staging = _staging(workspace, key)
             try:
                 report = artifact_child({"reference_to": str(staging)})
-                kept(staging, report)
+                _keep(report, staging, key, label, inputs, workspace)
                 return {**report, **origin("computed")}
             finally:
                 discard(staging)
@@ -81,7 +73,7 @@ def run_against_reference(build: Build, workspace: Workspace, request: Validatio
                                      limits, f"{what}: the CPU reference", log.with_suffix(".ref.log"))
                 if computed["status"] == "failed":
                     return computed
-                if not kept(restored, computed):
+                if not _keep(computed, restored, key, label, inputs, workspace):
                     discard(restored)
         # the reference kept (cached or just computed), or where it could not be written computed again by the
         # artifact's child (a full disk costs the memory split, not the validation)
@@ -116,9 +108,7 @@ def run_group_against_references(build: Build, workspace: Workspace, request: Va
             build.target.ep.warm_validations)
         answers = report.pop("references", {})
         for name, answer in answers.items():
-            if _saved(answer, label):
-                check_inputs(label, inputs)
-                store(label, keys[name], workspace, folders[name], REFERENCE_FILES, {"kind": "reference"})
+            _keep(answer, folders[name], keys[name], label, inputs, workspace)
         origins = {name: {"from": "cache" if name in restored else "computed", "fingerprint": key}
                    for name, key in keys.items() if name in answers}
         return {**report, **({"cpu_reference": {"members": origins}} if origins else {})}
@@ -127,12 +117,18 @@ def run_group_against_references(build: Build, workspace: Workspace, request: Va
             discard(folder)
 
 
-def _saved(answer: dict[str, Any], label: str) -> bool:
-    """Whether the child saved the reference; one line when the disk refused it."""
+def _keep(answer: dict[str, Any], folder: Path, key: str, label: str, inputs: dict[Path, list[int] | None],
+          workspace: Workspace) -> bool:
+    """Store the reference a child saved in `folder` under `key`, its inputs checked unchanged first; whether it
+    saved one (one line when the disk refused it)."""
     if "reference_unsaved" in answer:
         print(f"warning: {label} could not be kept ({answer.pop('reference_unsaved')}); it is computed where it "
               "is needed", file=sys.stderr)
-    return bool(answer.pop("reference_saved", False))
+    if not answer.pop("reference_saved", False):
+        return False
+    check_inputs(label, inputs)
+    store(label, key, workspace, folder, REFERENCE_FILES, {"kind": "reference"})
+    return True
 
 
 def _staging(workspace: Workspace, key: str) -> Path:
