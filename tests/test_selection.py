@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from conftest import Project, build_report, ran
 from epbuild.store.layout import stat_key
 from epbuild.tasks.checker import SEEN_CHANGING, HashChecker
-from epbuild.tasks.selection import files_of, runnable
-from helpers import perturb_weights
+from epbuild.tasks.selection import Recorded, files_of
+from epbuild.tasks.selection import runnable as select
+from helpers import perturb_weights, single_op_model
 
 HANDED = "unchanged since the last run's record"
 
@@ -37,10 +40,23 @@ def _chain(folder) -> list[dict]:
             _task("compile:o@a", [path["other.onnx"]], [path["o.ctx"]])]
 
 
-def _recorded(tasks: list[dict]) -> tuple[dict, dict]:
+def _recorded(tasks: list[dict]) -> tuple[dict, dict, dict]:
     names = {f"{t['basename']}:{t['name']}": files_of(t["file_dep"], t["targets"]) for t in tasks}
     files = {path: stat_key(os.stat(path)) for listed in names.values() for path in listed}
-    return names, files
+    return names, files, {f"{t['basename']}:{t['name']}": t["task_dep"] for t in tasks if t["task_dep"]}
+
+
+def runnable(tasks: list[dict], names: dict, files: dict, task_deps: dict | None = None,
+             suspects: set[str] | None = None, made: list[str] | None = None) -> set[str]:
+    """The selection over these task dicts and this record; `made` collects the names whose dicts were made."""
+    by_name = {f"{t['basename']}:{t['name']}": t for t in tasks}
+
+    def make(name: str) -> dict | None:
+        if made is not None:
+            made.append(name)
+        return by_name.get(name)
+
+    return select(by_name, make, Recorded(names, files, task_deps or {}), suspects)[0]
 
 
 def test_nothing_changed_hands_doit_nothing(tmp_path):
@@ -48,13 +64,31 @@ def test_nothing_changed_hands_doit_nothing(tmp_path):
     assert runnable(tasks, *_recorded(tasks)) == set()
 
 
-def test_a_changed_file_hands_its_readers_and_everything_downstream_and_what_they_name(tmp_path):
+@pytest.mark.parametrize("suspects", [None, set()], ids=["every-dict-made", "only-stale-dicts-made"])
+def test_a_changed_file_hands_its_readers_and_everything_downstream_and_what_they_name(tmp_path, suspects):
     tasks = _chain(tmp_path)
     recorded = _recorded(tasks)
     (tmp_path / "a.ctx").write_text("edited")
-    assert runnable(tasks, *recorded) == {"compile:m@a", "validate:m@a"}
+    made: list[str] = []
+    assert runnable(tasks, *recorded, suspects, made) == {"compile:m@a", "validate:m@a"}
+    if suspects is not None:  # the record's files and task_deps stand for the rest
+        assert sorted(made) == ["compile:m@a", "validate:m@a"]
     (tmp_path / "m.onnx").write_text("retrained")
-    assert runnable(tasks, *recorded) == {"shape:m", "compile:m@a", "compile:m@b", "validate:m@a", "group:g"}
+    assert runnable(tasks, *recorded, suspects) == {"shape:m", "compile:m@a", "compile:m@b", "validate:m@a",
+                                                    "group:g"}
+
+
+def test_a_suspect_is_compared_with_the_record_and_a_task_not_suspected_is_taken_from_it(tmp_path):
+    """A model whose file changed can plan other files for its tasks (a stage added or dropped): those tasks'
+    dicts are made and compared even where their own recorded files are unchanged."""
+    tasks = _chain(tmp_path)
+    recorded = _recorded(tasks)
+    (tmp_path / "extra.json").write_text("{}")
+    replanned = [dict(t, file_dep=[*t["file_dep"], str(tmp_path / "extra.json")]) if t["name"] == "o@a" else t
+                 for t in tasks]
+    assert runnable(replanned, *recorded, {"compile:o@a"}) == {"compile:o@a"}
+    made: list[str] = []
+    assert runnable(replanned, *recorded, set(), made) == set() and made == []
 
 
 def test_a_task_named_in_task_dep_is_handed_with_the_task_that_names_it(tmp_path):
@@ -66,7 +100,7 @@ def test_a_task_named_in_task_dep_is_handed_with_the_task_that_names_it(tmp_path
 
 def test_settings_a_new_task_another_file_list_or_an_unknown_identity_hand_that_task(tmp_path):
     tasks = _chain(tmp_path)
-    names, files = _recorded(tasks)
+    names, files, _ = _recorded(tasks)
     settings = [dict(t, uptodate=[False]) if t["name"] == "o@a" else t for t in tasks]
     assert runnable(settings, names, files) == {"compile:o@a"}
     assert runnable(tasks, {k: v for k, v in names.items() if k != "compile:o@a"}, files) == {"compile:o@a"}
@@ -102,3 +136,31 @@ def test_a_build_after_one_change_hands_doit_that_models_tasks_and_a_named_run_b
     assert ran(named) == {"compile:tinycnn@cpu"}
     done = project.doit()
     assert ran(done) == {"validate:tinycnn@cpu"} and HANDED not in done.stdout  # the full path, every task checked
+
+
+def test_a_model_whose_new_bytes_drop_its_shape_stage_hands_the_new_plan_and_hides_no_stale_task(tmp_path, host_cache):
+    """The stage exists only for a dynamic model: made static, the compile reads the model itself. The record
+    cannot know that, so every task of a changed model is made again and compared (not only those reading it)."""
+    from onnx import TensorProto, helper, save
+
+    project = Project(tmp_path, host_cache)
+    project.env.pop("EPBUILD_FAST_PATH", None)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 8, 8])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "relu", [x],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3, 8, 8])])
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9),
+         str(project.root / "models" / "relu.onnx"))
+    project.manifest('[models.relu]\npath = "models/relu.onnx"\ninputs = { x = [1, 3, 8, 8] }\ntargets = ["npu"]\n'
+                     '[models.tinycnn]\npath = "models/tinycnn.onnx"\ntargets = ["npu"]\n'
+                     '[targets.npu]\nep = "qnn"\noptions = { soc_model = 60 }\n')
+    project.doit()
+    project.doit()
+    assert any(name.startswith("shape:relu") for name in build_report(project))
+    single_op_model(project.root / "models" / "relu.onnx", "Relu", shape=(1, 3, 8, 8))  # now static
+    done = project.doit()
+    assert ran(done) == {"compile:relu@npu", "validate:relu@npu"} and HANDED in done.stdout, done.stdout[-800:]
+    report = build_report(project)
+    assert not any(name.startswith("shape:") for name in report)
+    assert report["compile:tinycnn@npu"]["status"] == "up-to-date"
+    project.env["EPBUILD_FAST_PATH"] = "0"
+    assert ran(project.doit()) == set()  # the full path agrees: nothing left to run

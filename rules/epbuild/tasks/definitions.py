@@ -4,9 +4,10 @@ are compared with those it last succeeded with (`store.task_configs`)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from ..fast_path import enabled as fast_path_enabled
 from ..manifest.builds import Build
 from ..steps.compilers import compiler
 from ..steps.fingerprint import compile_config, stage_config, validate_config
+from ..steps.stages import Stage
 from ..steps.validate import REPORT
 from ..store.hashing import FileHashes
 from ..store.publish import discard
@@ -25,7 +27,7 @@ from .checker import HashChecker
 from .commands import run_prune, show_backends, show_cache, show_graph
 from .project import Project, in_shard, named_tasks
 from .reporter import BuildReporter
-from .selection import RunRecord, full_name, runnable
+from .selection import Recorded, RunRecord, identities, runnable
 
 Task = dict[str, Any]
 
@@ -50,8 +52,9 @@ class Tasks:
     def __init__(self, project: Project):
         self.project = project
         self.selection: set[str] | None = None  # a default run's tasks for doit (tasks.selection); None: all
-        self.hidden: dict[str, list[str]] = {}  # the others: task -> its files as the last run's record has them
-        self.identities: dict[str, list[int] | None] = {}  # the record's file identities
+        self.record: Recorded | None = None  # the last run's record, when it holds
+        self.hidden: list[str] = []  # the others, up to date by that record
+        self._made: dict[str, Task | None] = {}  # task dicts made while selecting (None: no such task)
         self._outs: dict[str, tuple[Path, str]] = {}
 
     def _out(self, build: Build) -> tuple[Path, str]:
@@ -64,18 +67,51 @@ class Tasks:
         return found
 
     def _select(self, default: list[str]) -> list[str]:
-        """On a default run whose last run's record holds, keep only the tasks that can run (`tasks.selection`)."""
+        """On a default run whose last run's record holds, keep only the tasks that can run (`tasks.selection`),
+        making only the task dicts that may differ from the record."""
         project = self.project
         if project.key is None or project.command == "list" or not fast_path_enabled():
             return default
-        loaded = RunRecord(project.layout).load(project.key)
-        if loaded is None:
+        record = RunRecord(project.layout).load(project.key)
+        if record is None:
             return default
-        recorded, self.identities = loaded
-        every = [task for task in self.all_tasks() if task.get("name")]
-        self.selection = runnable(every, recorded, self.identities)
-        self.hidden = {name: recorded[name] for name in map(full_name, every) if name not in self.selection}
+        makers = self._makers()
+        suspects = self._suspects(record) if record.read_the_same() else None
+        self.selection, self._made = runnable(makers, lambda name: makers[name]() if name in makers else None,
+                                              record, suspects)
+        self.record = record
+        self.hidden = [name for name in makers if name not in self.selection and name in record.tasks
+                       and self._made.get(name, True) is not None]
         return [name for name in default if name in self.selection or ":" not in name]
+
+    def _makers(self) -> dict[str, Callable[[], Task | None]]:
+        """Every task of the plan that does work, by name, with what makes its dict."""
+        project, makers = self.project, {}
+        for stage in project.stages.values():
+            makers[stage.task] = functools.partial(self._stage_task, stage)
+        for build in project.builds:
+            makers[build.task] = functools.partial(self._build_task, build)
+            if build.validates:
+                makers[f"validate:{build.name}"] = functools.partial(self._validate_task, build)
+            makers[f"ops:{build.name}"] = functools.partial(self._ops_task, build)
+        return makers
+
+    def _suspects(self, record: Recorded) -> set[str]:
+        """The tasks of every model whose file changed: what task creation read of it may differ (its stages,
+        inputs and external data), so their dicts are compared with the record even where their files are not
+        the model's."""
+        project = self.project
+        changed = {name for name, model in project.manifest.models.items()
+                   if not all(record.unchanged(project.rel(path))
+                              for path in (model.path, *project.external.get(model.path, ())))}
+        found: set[str] = set()
+        for build in project.builds:
+            if changed.intersection(m.name for m in build.members):
+                found |= {build.task, f"validate:{build.name}", f"ops:{build.name}", *(s.task for s in build.stages)}
+        return found
+
+    def _made_or(self, name: str, make: Callable[..., Task | None], *args: Any) -> Task | None:
+        return self._made[name] if name in self._made else make(*args)
 
     def _skipped(self, task: str) -> bool:
         return self.selection is not None and task not in self.selection
@@ -93,8 +129,9 @@ class Tasks:
         checker = type("ProjectHashChecker", (HashChecker,), {"hashes": FileHashes(project.layout.state),
                                                               "checked": {}, "published": published, "edited": set()})
         project.checked, project.edited = checker.checked, checker.edited
+        looked_at = identities([project.rel(path) for path in project.looked_at]) if project.key else {}
         reporter = type("ProjectBuildReporter", (BuildReporter,), {"project": project, "hidden": self.hidden,
-                                                                   "identities": self.identities})
+                                                                   "record": self.record, "looked_at": looked_at})
         # Live: doit captures each task's output (verbosity 1) and the reporter prints it above the status area;
         # threads share one sys.stdout, which doit's capture would race on, so there the status area catches prints.
         verbosity = 1 if project.live and not project.threads else 2
@@ -131,52 +168,54 @@ class Tasks:
         yield {"basename": kind, "name": None, "doc": "compile every model for each of its targets" if kind ==
                "compile" else "compile every shared-context group"}
         for build in self.project.builds:
-            if build.kind != kind or self._skipped(f"{kind}:{build.name}"):
-                continue
-            target, (out_dir, out) = build.target, self._out(build)
-            if build.shared:
-                doc = (f"{', '.join(m.name for m in build.members)} into one shared context for {target.name} "
-                       f"({target.ep.name})")
-            else:
-                doc = f"{build.members[0].name} for {target.name} ({target.ep.name}, {target.device})"
-            refused = self._unavailable(kind, build, doc)
-            if refused:
-                yield refused
-                continue
-            checks = [f"ops:{build.name}"] if compiler(target).operator_check else []
-            if build.shared:  # the members alone first: the group's artifact.json compares the binaries' sizes
-                checks += [f"compile:{m.name}@{target.name}" for m in build.members if target.name in m.model.targets]
-            yield self._task(kind, build.name, f"{doc} -> {out}/", run_compile,
-                             [build, self.project.workspace],
-                             build.inputs, [os.path.join(out, name) for name in build.outputs],
-                             compile_config(build, self.project.root), clean=[(discard, [out_dir])], task_dep=checks)
+            if build.kind == kind and not self._skipped(build.task):
+                yield self._made_or(build.task, self._build_task, build)  # type: ignore[misc]
         if kind == "compile":
             yield from self._per_model("compile", [b for b in self.project.builds if not b.shared], "compile",
                                        self.project.requested)
 
+    def _build_task(self, build: Build) -> Task:
+        target, (out_dir, out) = build.target, self._out(build)
+        if build.shared:
+            doc = (f"{', '.join(m.name for m in build.members)} into one shared context for {target.name} "
+                   f"({target.ep.name})")
+        else:
+            doc = f"{build.members[0].name} for {target.name} ({target.ep.name}, {target.device})"
+        refused = self._unavailable(build.kind, build, doc)
+        if refused:
+            return refused
+        checks = [f"ops:{build.name}"] if compiler(target).operator_check else []
+        if build.shared:  # the members alone first: the group's artifact.json compares the binaries' sizes
+            checks += [f"compile:{m.name}@{target.name}" for m in build.members if target.name in m.model.targets]
+        return self._task(build.kind, build.name, f"{doc} -> {out}/", run_compile, [build, self.project.workspace],
+                          build.inputs, [os.path.join(out, name) for name in build.outputs],
+                          compile_config(build, self.project.root), clean=[(discard, [out_dir])], task_dep=checks)
+
     def validate_tasks(self) -> Iterator[Task]:
         yield {"basename": "validate", "name": None, "doc": "run every compiled artifact and compare with its source"}
         for build in self.project.builds:
-            if not build.validates or self._skipped(f"validate:{build.name}"):
-                continue
-            if build.shared:
-                doc = f"group {build.name}: structural checks, and each member run where this host loads the context"
-            else:
-                what = ("structural checks" if build.members[0].validation.mode == "structural"
-                        else "run, compare with the source on CPU")
-                doc = f"{build.members[0].name} on {build.target.name}: {what}"
-            refused = self._unavailable("validate", build, doc)
-            if refused:
-                yield refused
-                continue
-            out, config = self._out(build)[1], validate_config(build, self.project.root)
-            external = [p for m in build.members for p in m.external]
-            inputs = [*(os.path.join(out, name) for name in build.outputs), *build.sources, *external,
-                      *build.validation_files]
-            yield self._task("validate", build.name, doc, run_validate, [build, self.project.workspace, config], inputs,
-                             [os.path.join(out, REPORT)], config)
+            name = f"validate:{build.name}"
+            if build.validates and not self._skipped(name):
+                yield self._made_or(name, self._validate_task, build)  # type: ignore[misc]
         yield from self._per_model("validate", [b for b in self.project.builds if b.validates and not b.shared],
                                    "validate", self.project.requested)
+
+    def _validate_task(self, build: Build) -> Task:
+        if build.shared:
+            doc = f"group {build.name}: structural checks, and each member run where this host loads the context"
+        else:
+            what = ("structural checks" if build.members[0].validation.mode == "structural"
+                    else "run, compare with the source on CPU")
+            doc = f"{build.members[0].name} on {build.target.name}: {what}"
+        refused = self._unavailable("validate", build, doc)
+        if refused:
+            return refused
+        out, config = self._out(build)[1], validate_config(build, self.project.root)
+        external = [p for m in build.members for p in m.external]
+        inputs = [*(os.path.join(out, name) for name in build.outputs), *build.sources, *external,
+                  *build.validation_files]
+        return self._task("validate", build.name, doc, run_validate, [build, self.project.workspace, config], inputs,
+                          [os.path.join(out, REPORT)], config)
 
     @staticmethod
     def _per_model(basename: str, builds: list[Build], verb: str,
@@ -196,14 +235,19 @@ class Tasks:
     def ops_tasks(self) -> Iterator[Task]:
         yield {"basename": "ops", "name": None, "doc": "check every qaic model's operators against qaic-compile"}
         for build in self.project.builds:
-            backend = compiler(build.target)
-            if not backend.operator_check or build.target.name in self.project.unavailable or \
-                    self._skipped(f"ops:{build.name}"):
-                continue
-            report = self.project.layout.ops_report(build.target.name, build.members[0].name)
-            yield self._task("ops", build.name, f"operators of {build.members[0].name} supported by qaic-compile?",
-                             run_ops, [build, self.project.workspace, report], [build.members[0].model.path], [report],
-                             {"toolchain": backend.identity(build.target)})
+            name = f"ops:{build.name}"
+            if not self._skipped(name) and (task := self._made_or(name, self._ops_task, build)) is not None:
+                yield task
+
+    def _ops_task(self, build: Build) -> Task | None:
+        """None for a target without an operator check, or one this host cannot build."""
+        backend = compiler(build.target)
+        if not backend.operator_check or build.target.name in self.project.unavailable:
+            return None
+        report = self.project.layout.ops_report(build.target.name, build.members[0].name)
+        return self._task("ops", build.name, f"operators of {build.members[0].name} supported by qaic-compile?",
+                          run_ops, [build, self.project.workspace, report], [build.members[0].model.path], [report],
+                          {"toolchain": backend.identity(build.target)})
 
     def backends_task(self) -> Iterator[Task]:
         yield {"basename": "backends", "doc": "what this host can build: EPs, compilers, toolchains, targets",
@@ -225,14 +269,15 @@ class Tasks:
         for kind in dict.fromkeys(stage.kind for stage in self.project.stages.values()):
             yield {"basename": kind, "name": None, "doc": docs[kind]}
         for stage in self.project.stages.values():
-            if self._skipped(stage.task):
-                continue
-            doc = (f"{stage.kind} {stage.model}{f' for {stage.flavour} targets' if stage.flavour else ''} -> "
-                   f"{self.project.rel(stage.output)}")
-            yield self._task(stage.kind, stage.task.split(":", 1)[1], doc, run_stage_task,
-                             [stage, self.project.workspace],
-                             [stage.input, *stage.input_external, *stage.calibration], stage.outputs,
-                             stage_config(stage), clean=[(discard, [stage.output.parent])])
+            if not self._skipped(stage.task):
+                yield self._made_or(stage.task, self._stage_task, stage)  # type: ignore[misc]
+
+    def _stage_task(self, stage: Stage) -> Task:
+        doc = (f"{stage.kind} {stage.model}{f' for {stage.flavour} targets' if stage.flavour else ''} -> "
+               f"{self.project.rel(stage.output)}")
+        return self._task(stage.kind, stage.task.split(":", 1)[1], doc, run_stage_task, [stage, self.project.workspace],
+                          [stage.input, *stage.input_external, *stage.calibration], stage.outputs,
+                          stage_config(stage), clean=[(discard, [stage.output.parent])])
 
     def save_listing(self) -> None:
         """What `doit list` shows, for the next one under the same key (epbuild.fast_path)."""

@@ -94,6 +94,7 @@ class Project:
         servers = self._start_fork_servers(is_default_run(requested) and not executor)
         index = ExternalDataIndex(self.layout.state)
         external, shapes, graphs = self._read_models(index, servers)
+        self.external = external  # by path: each model's external-data files
         self.manifest = with_graph_facts(resolve_dims(self.manifest, shapes), graphs)
         self._plan(external, resolved, executor)
         check_declared_inputs(self.manifest, self.builds, shapes)

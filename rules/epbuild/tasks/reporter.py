@@ -14,7 +14,7 @@ from ..report.build_report import BuildReport
 from ..report.progress import LiveProgress, load_durations, save_durations
 from ..report.views import templates_prepared_in_background, write_views
 from .checker import saw
-from .selection import RunRecord, files_of
+from .selection import Recorded, RunRecord, files_of
 
 if TYPE_CHECKING:
     from .project import Project
@@ -39,8 +39,9 @@ class BuildReporter(ConsoleReporter):
     `report.html`, `junit.xml` and a summary at the end of every run."""
 
     project: Project  # set on a per-project subclass, with:
-    hidden: dict[str, list[str]]  # tasks not handed to doit, up to date by the last run's record (tasks.selection)
-    identities: dict[str, list[int] | None]  # that record's file identities
+    hidden: list[str]  # tasks not handed to doit, up to date by the last run's record (tasks.selection)
+    record: Recorded | None  # that record
+    looked_at: dict[str, list[int] | None]  # what task creation read besides the tasks' files, as it found them
 
     def initialize(self, tasks, selected_tasks):
         super().initialize(tasks, selected_tasks)
@@ -114,16 +115,25 @@ class BuildReporter(ConsoleReporter):
 
     def _write_run_record(self) -> None:
         """The tasks this run found up to date, with their files' identities as doit judged them (or, for those
-        not handed to doit, as the last record had them): the next default run hands doit only the others
-        (tasks.selection). A file seen with two identities is recorded as such, so its tasks are handed again."""
-        tasks = dict(self.hidden)
+        not handed to doit, as the last record had them) and the tasks they name: the next default run hands doit
+        only the others (tasks.selection). A file seen with two identities is recorded as such, so its tasks are
+        handed again."""
+        old = self.record
+        tasks = {name: old.tasks[name] for name in self.hidden} if old else {}
+        task_deps = {name: old.task_deps[name] for name in self.hidden if name in old.task_deps} if old else {}
         for name in self.uptodate:
             task = self.doit_tasks.get(name)
             if task is not None and ":" in name:
                 tasks[name] = files_of(task.file_dep, task.targets)
+                if task.task_dep:
+                    task_deps[name] = list(task.task_dep)
         checked = self.project.checked
         files = {path: checked.get(path) for listed in tasks.values() for path in listed}
-        RunRecord(self.project.layout).write(self.project.key, tasks, files)
+        # a file some task reads is that task's to check (and a model's, its tasks' suspicion: tasks.selection)
+        read = {path for task in self.doit_tasks.values() for path in task.file_dep}
+        looked_at = {path: identity for path, identity in self.looked_at.items()
+                     if path not in files and path not in read}
+        RunRecord(self.project.layout).write(self.project.key, Recorded(tasks, files, task_deps, looked_at))
 
     def complete_run(self):
         if self.live is not None:
@@ -134,8 +144,9 @@ class BuildReporter(ConsoleReporter):
         for name in self.hidden:  # up to date without doit's check: as if it had found them so
             self.uptodate.add(name)
             self.report.up_to_date(name)
-        for path in {path for files in self.hidden.values() for path in files}:
-            saw(self.project.checked, path, self.identities[path])
+        if self.record is not None:
+            for path in {path for name in self.hidden for path in self.record.tasks[name]}:
+                saw(self.project.checked, path, self.record.files[path])
         seen = set(self.started) | self.uptodate | self.blocked
         if "unavailable" in seen:  # the default run: tasks this host cannot build were skipped
             for name, reason in self.project.skipped().items():

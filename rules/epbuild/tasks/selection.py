@@ -2,31 +2,39 @@
 
 doit checks every task it is given (its database record, every file's state), and at 1,000 targets that was
 most of the run after one model changed. The record (`artifacts/.state/last-run.json`), written at the end of
-every default run, holds each task that run found up to date: its files (file_dep, sorted, then targets) and
-the identity each had when doit judged it. The next default run under the same project key (`fast_path`:
-manifest, epbuild's code, environment), with doit's database, the settings record and the build report as that
-run left them (no other run since), hands doit:
+every default run, holds each task that run found up to date: its files (file_dep, sorted, then targets), the
+identity each had when doit judged it and the tasks it names in `task_dep`; and the identity of every other file
+task creation read (option files, calibration folders, probed toolchains). The next default run under the same
+project key (`fast_path`: manifest, epbuild's code, environment), with doit's database, the settings record and
+the build report as that run left them (no other run since), hands doit:
 
-- every task the record lacks (it ran, failed or is new), whose files are not the recorded ones, whose settings
-  differ from those it last succeeded with, or any of whose files' identity changed;
+- every task the record lacks (it ran, failed or is new), any of whose files' identity changed, whose files are
+  not the recorded ones or whose settings differ from those it last succeeded with;
 - every task that reads a file such a task writes, or names one in `task_dep` (transitively);
 - every task those name in `task_dep`, so that doit can resolve the names.
 
 Every other task is one doit would find up to date: its inputs, outputs and settings are those it judged so,
-and nothing it reads is rebuilt. `EPBUILD_FAST_PATH=0` turns it off, as the other shortcuts.
+and nothing it reads is rebuilt. Only the tasks that may differ from the record are made at all (their dicts
+compared with it): those the record lacks or whose files changed, and every task of a model whose file changed
+(what task creation reads of a model, its inputs and graph facts, is a function of its bytes); a change to any
+other file task creation read makes every task. `EPBUILD_FAST_PATH=0` turns it off, as the other shortcuts.
 """
 
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..fast_path import DEP_FILE, file_identity
-from ..store.layout import Layout, write_json
+from ..store.layout import Layout, settled, stat_key, write_json
 
 Task = dict[str, Any]
-FORMAT = 1
+Identity = list[int] | None
+FORMAT = 2
 
 
 def files_of(file_dep: Any, targets: list[str]) -> list[str]:
@@ -34,8 +42,31 @@ def files_of(file_dep: Any, targets: list[str]) -> list[str]:
     return [*sorted(set(file_dep)), *targets]
 
 
-def full_name(task: Task) -> str:
-    return f"{task['basename']}:{task['name']}"
+@dataclass
+class Recorded:
+    """What the last run's record holds, and the files' identities now (each file stat'ed once)."""
+
+    tasks: dict[str, list[str]]  # task -> its files
+    files: dict[str, Identity]  # file -> its identity then
+    task_deps: dict[str, list[str]] = field(default_factory=dict)
+    looked_at: dict[str, Identity] = field(default_factory=dict)  # the other files task creation read
+    _now: dict[str, Identity] = field(default_factory=dict)
+
+    def unchanged(self, path: str) -> bool:
+        if path not in self._now:
+            self._now[path] = file_identity(path)
+        then = self.files.get(path)
+        return then is not None and self._now[path] == then
+
+    def stale(self, task: str) -> bool:
+        """Whether the record lacks the task or any of its files changed."""
+        files = self.tasks.get(task)
+        return files is None or not all(self.unchanged(path) for path in files)
+
+    def read_the_same(self) -> bool:
+        """Whether every file task creation read besides the tasks' files is as it was (present or not; an
+        identity recorded as [] was taken while the file could still change: never the same)."""
+        return all(file_identity(path) == then for path, then in self.looked_at.items())
 
 
 class RunRecord:
@@ -45,9 +76,9 @@ class RunRecord:
         self.path = layout.state / "last-run.json"
         self.watched = [layout.configs, layout.build_report, Path(DEP_FILE)]
 
-    def load(self, key: str) -> tuple[dict[str, list[str]], dict[str, list[int] | None]] | None:
-        """(task -> files, file -> identity) when the record was written under `key` and no run wrote doit's
-        database, the settings record or the build report since; else None."""
+    def load(self, key: str) -> Recorded | None:
+        """The record when it was written under `key` and no run wrote doit's database, the settings record or the
+        build report since; else None."""
         try:
             record = json.loads(self.path.read_text())
         except (OSError, ValueError):
@@ -56,49 +87,77 @@ class RunRecord:
             return None
         if any(file_identity(str(path)) != record["watched"].get(str(path)) for path in self.watched):
             return None
-        return record["tasks"], record["files"]
+        return Recorded(record["tasks"], record["files"], record["task_deps"], record["looked_at"])
 
-    def write(self, key: str, tasks: dict[str, list[str]], files: dict[str, list[int] | None]) -> None:
+    def write(self, key: str, recorded: Recorded) -> None:
         watched = {str(path): file_identity(str(path)) for path in self.watched}
         if None in watched.values():
             return  # a run without them left no state to compare with
-        write_json(self.path, {"format": FORMAT, "key": key, "watched": watched, "tasks": tasks, "files": files},
-                   indent=None)
+        write_json(self.path, {"format": FORMAT, "key": key, "watched": watched, "tasks": recorded.tasks,
+                               "files": recorded.files, "task_deps": recorded.task_deps,
+                               "looked_at": recorded.looked_at}, indent=None)
 
 
-def runnable(tasks: list[Task], recorded: dict[str, list[str]], identities: dict[str, list[int] | None]) -> set[str]:
-    """The names of the tasks to hand doit (see the module's docstring); `tasks` are every task's dicts."""
-    named = {full_name(task): task for task in tasks if task.get("name")}
-    seen: dict[str, list[int] | None] = {}
+def identities(paths: list[str]) -> dict[str, Identity]:
+    """Each file's identity now; [] for one changed so recently that a later change could keep its identity."""
+    found: dict[str, Identity] = {}
+    for path in paths:
+        try:
+            stat = os.stat(path)
+        except OSError:
+            found[path] = None
+            continue
+        found[path] = stat_key(stat) if settled(stat) else []
+    return found
 
-    def unchanged(path: str) -> bool:
-        if path not in seen:
-            seen[path] = file_identity(path)
-        recorded_identity = identities.get(path)
-        return recorded_identity is not None and seen[path] == recorded_identity
 
-    selected = {name for name, task in named.items()
-                if recorded.get(name) != files_of(task["file_dep"], task["targets"]) or task.get("uptodate") != [True]
-                or not all(unchanged(path) for path in recorded[name])}
-    readers: dict[str, list[str]] = {}  # file -> tasks reading it
+def runnable(names: Iterable[str], make: Callable[[str], Task | None], record: Recorded,
+             suspects: set[str] | None = None) -> tuple[set[str], dict[str, Task | None]]:
+    """The names of the tasks to hand doit (see the module's docstring), and the dicts made on the way. `names`:
+    every task of this run; `make(name)`: its dict (None: no such task); `suspects`: the tasks to compare with the
+    record even when it holds them unchanged (None: every task)."""
+    names = list(names)
+    made: dict[str, Task | None] = {}
+
+    def task(name: str) -> Task | None:
+        if name not in made:
+            made[name] = make(name)
+        return made[name]
+
+    selected = set()
+    for name in names:
+        stale = record.stale(name)
+        if stale or suspects is None or name in suspects:
+            found = task(name)
+            if found is not None and (stale or record.tasks[name] != files_of(found["file_dep"], found["targets"])
+                                      or found.get("uptodate") != [True]):
+                selected.add(name)
+    readers: dict[str, list[str]] = {}  # file -> tasks reading it (a task not made: every file it has)
     dependents: dict[str, list[str]] = {}  # task -> tasks naming it in task_dep
-    for name, task in named.items():
-        for path in task["file_dep"]:
+    for name in names:
+        if name in made:
+            found = made[name]
+            if found is None:
+                continue
+            reads, needs = found["file_dep"], found.get("task_dep", ())
+        else:
+            reads, needs = record.tasks[name], record.task_deps.get(name, ())
+        for path in reads:
             readers.setdefault(path, []).append(name)
-        for needed in task.get("task_dep", ()):
+        for needed in needs:
             dependents.setdefault(needed, []).append(name)
     todo = list(selected)
     while todo:  # downstream: what reads their outputs or waits for them
         name = todo.pop()
-        later = [*dependents.get(name, ()), *(r for path in named[name]["targets"] for r in readers.get(path, ()))]
-        for other in later:
-            if other not in selected:
+        writes = task(name)["targets"]  # type: ignore[index]
+        for other in [*dependents.get(name, ()), *(r for path in writes for r in readers.get(path, ()))]:
+            if other not in selected and task(other) is not None:
                 selected.add(other)
                 todo.append(other)
     todo = list(selected)
     while todo:  # upstream by name: doit needs every task_dep it is handed
-        for needed in named[todo.pop()].get("task_dep", ()):
-            if needed in named and needed not in selected:
+        for needed in task(todo.pop()).get("task_dep", ()):  # type: ignore[union-attr]
+            if needed not in selected and task(needed) is not None:
                 selected.add(needed)
                 todo.append(needed)
-    return selected
+    return selected, made
