@@ -1,6 +1,7 @@
 """Scale: what a build costs around the work itself, at N targets, against bare doit and ninja of the same size.
 
-    python bench/bench_scale.py [N ...] [--repeats R] [--keep DIR]      (default: 100 1000)
+    python bench/bench_scale.py [N ...] [--repeats R] [--keep DIR] [--against LABEL=RULES_DIR ...]
+                                                                    (default: 100 1000)
 
 Per N: N/2 tinycnn copies x {cpu, qnn-htp}, built for real first; then, everything up to date, the no-op run and
 `doit list` on the fast path (the no-op stamp, the cached listing) and the full path (EPBUILD_FAST_PATH=0); bare
@@ -8,7 +9,11 @@ doit with N and 2N trivial tasks (one file_dep... as bench_doit.py); ninja with 
 have on every CI run after a commit: one model's bytes changed, everything else up to date (its two compiles and
 validations are the work; the rest is overhead, from the build report's task seconds). Medians of R runs.
 Growth factors between successive N are printed. Writes bench/results/scale.json. With --keep, the projects stay
-in DIR/N and a later run reuses them (10,000 targets take ~30 min to build on 2 cores).
+in DIR/N and a later run reuses them (10,000 targets take ~30 min to build on 2 cores). With --against, each other
+checkout's rules run on a copy of the built project (the project key holds epbuild's sources, so one copy per
+version keeps each one's records), every measure interleaved with this checkout's; the change runs of both use
+the same new weights, so each version's cache hits count alike (the first to run a seed compiles, the other
+restores: the overhead excludes either).
 """
 
 from __future__ import annotations
@@ -44,21 +49,24 @@ def make_ninja(folder: Path, n: int) -> None:
     (folder / "build.ninja").write_text("".join(lines))
 
 
-def change_run(project: Path, env: dict[str, str], repeats: int) -> tuple[float, float]:
-    """(wall, of which the changed model's own tasks) of a run after one model's bytes changed; medians."""
-    walls, works = [], []
-    for seed in range(repeats):
-        perturb_weights(project / "models" / "m0.onnx", seed + 100)
-        start = time.perf_counter()
-        subprocess.run(DOIT, cwd=project, env=env, check=True, capture_output=True)
-        walls.append(time.perf_counter() - start)
-        tasks = json.loads((project / "artifacts" / "build-report.json").read_text())["tasks"]
-        works.append(sum(entry.get("seconds") or 0 for name, entry in tasks.items()
-                         if name.endswith(("m0@cpu", "m0@qnn-htp")) and entry.get("status") not in ("up-to-date",)))
-    return statistics.median(walls), statistics.median(works)
+def change_run(project: Path, env: dict[str, str], seed: int) -> tuple[float, float]:
+    """(wall, of which the changed model's own tasks) of a run after one model's bytes changed."""
+    perturb_weights(project / "models" / "m0.onnx", seed)
+    start = time.perf_counter()
+    subprocess.run(DOIT, cwd=project, env=env, check=True, capture_output=True)
+    wall = time.perf_counter() - start
+    tasks = json.loads((project / "artifacts" / "build-report.json").read_text())["tasks"]
+    work = sum(entry.get("seconds") or 0 for name, entry in tasks.items()
+               if name.endswith(("m0@cpu", "m0@qnn-htp")) and entry.get("status") not in ("up-to-date",))
+    return wall, work
 
 
-def measure(n: int, repeats: int, top: Path) -> dict[str, float]:
+def once(args: list[str], cwd: Path, env: dict[str, str]) -> float:
+    return timed(args, cwd, 1, env)
+
+
+def measure(n: int, repeats: int, top: Path, versions: dict[str, Path]) -> dict[str, dict[str, float]]:
+    """Every version's figures (the first is this checkout, which builds the project)."""
     bare, double, ninja, project = top / "bare", top / "bare2n", top / "ninja", top / "project"
     if not (project / "models.toml").exists():
         shutil.rmtree(top, ignore_errors=True)
@@ -69,24 +77,39 @@ def measure(n: int, repeats: int, top: Path) -> dict[str, float]:
     for folder in (bare, double):
         subprocess.run(DOIT, cwd=folder, check=True, capture_output=True, env=environment())
     subprocess.run(["ninja", "-C", str(ninja)], check=True, capture_output=True)
-    env = {**environment(), "EPBUILD_CACHE_DIR": str(top / "cache"), "EPBUILD_PROGRESS": "plain"}
+    base = {**environment(), "EPBUILD_CACHE_DIR": str(top / "cache"), "EPBUILD_PROGRESS": "plain"}
     start = time.perf_counter()
-    subprocess.run([*DOIT, "-n", "2", "-P", "process"], cwd=project, env=env, check=True, capture_output=True)
+    subprocess.run([*DOIT, "-n", "2", "-P", "process"], cwd=project, env=base, check=True, capture_output=True)
     built = time.perf_counter() - start
-    subprocess.run(DOIT, cwd=project, env=env, check=True, capture_output=True)  # the stamp
-    full = {**env, "EPBUILD_FAST_PATH": "0"}
-    figures = {
-        "build_s": built,
-        "noop_fast_s": timed(DOIT, project, repeats, env), "noop_full_s": timed(DOIT, project, repeats, full),
-        "list_fast_s": timed([*DOIT, "list"], project, repeats, env),
-        "list_full_s": timed([*DOIT, "list"], project, repeats, full),
-        "bare_noop_s": timed(DOIT, bare, repeats), "bare2n_noop_s": timed(DOIT, double, repeats),
-        "bare_list_s": timed([*DOIT, "list"], bare, repeats),
-        "ninja_noop_s": timed(["ninja", "-C", str(ninja)], ninja, repeats),
-    }
-    figures["change_s"], figures["change_work_s"] = change_run(project, env, repeats)
-    figures["change_overhead_s"] = figures["change_s"] - figures["change_work_s"]
-    return {k: round(v, 4) for k, v in figures.items()}
+    copies, envs = {}, {}
+    for at, (label, rules) in enumerate(versions.items()):
+        copies[label] = project if at == 0 else top / f"project-{label}"
+        if at and not copies[label].exists():
+            shutil.copytree(project, copies[label], symlinks=True)
+        envs[label] = {**base, "PYTHONPATH": str(rules)}
+        for _ in range(2):  # the full no-op for the record, then the stamp
+            subprocess.run(DOIT, cwd=copies[label], env=envs[label], check=True, capture_output=True)
+    samples: dict[str, dict[str, list[float]]] = {label: {} for label in versions}
+    kinds = {"noop_fast_s": (DOIT, False), "noop_full_s": (DOIT, True), "list_fast_s": ([*DOIT, "list"], False),
+             "list_full_s": ([*DOIT, "list"], True)}
+    for kind, (args, full) in kinds.items():
+        for _ in range(repeats):
+            for label in versions:
+                env = {**envs[label], "EPBUILD_FAST_PATH": "0"} if full else envs[label]
+                samples[label].setdefault(kind, []).append(once(args, copies[label], env))
+    for label in versions:  # after the full-path runs, a no-op for the record of this run's kind
+        subprocess.run(DOIT, cwd=copies[label], env=envs[label], check=True, capture_output=True)
+    for seed in range(repeats):
+        for label in list(versions)[::1 if seed % 2 else -1]:  # who compiles a seed first alternates
+            wall, work = change_run(copies[label], envs[label], seed + 100)
+            for kind, value in (("change_s", wall), ("change_work_s", work), ("change_overhead_s", wall - work)):
+                samples[label].setdefault(kind, []).append(value)
+    shared = {"build_s": built, "bare_noop_s": timed(DOIT, bare, repeats),
+              "bare2n_noop_s": timed(DOIT, double, repeats), "bare_list_s": timed([*DOIT, "list"], bare, repeats),
+              "ninja_noop_s": timed(["ninja", "-C", str(ninja)], ninja, repeats)}
+    return {label: {**{k: round(v, 4) for k, v in shared.items()},
+                    **{k: round(statistics.median(v), 4) for k, v in found.items()}}
+            for label, found in samples.items()}
 
 
 def main() -> int:
@@ -94,15 +117,19 @@ def main() -> int:
     parser.add_argument("sizes", nargs="*", type=int, default=[100, 1000])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--keep", type=Path, help="keep the projects in this folder, reuse those found there")
+    parser.add_argument("--against", action="append", default=[], help="LABEL=RULES_DIR of another checkout")
     arguments = parser.parse_args()
-    results, rows = {}, []
+    versions = {"this": HERE.parent / "rules", **{k: Path(v) for k, v in (a.split("=", 1) for a in arguments.against)}}
+    results, others, rows = {}, {}, []
     with tempfile.TemporaryDirectory(prefix="epbuild-scale.") as temporary:
         for n in arguments.sizes:
             top = (arguments.keep or Path(temporary)) / str(n)
-            results[n] = found = measure(n, arguments.repeats, top)
+            every = measure(n, arguments.repeats, top, versions)
+            results[n], others[n] = found, _ = every["this"], {k: v for k, v in every.items() if k != "this"}
             if not arguments.keep:
                 shutil.rmtree(top, ignore_errors=True)
-            print(f"N={n}: {json.dumps(found)}", flush=True)
+            for label, figures in every.items():
+                print(f"N={n} {label}: {json.dumps(figures)}", flush=True)
             rows.append((f"{n} targets: no-op fast / full path; bare doit {n} / {2 * n} tasks; ninja",
                          f"{found['noop_fast_s']:.3f} / {found['noop_full_s']:.3f} s; {found['bare_noop_s']:.3f} / "
                          f"{found['bare2n_noop_s']:.3f} s; {found['ninja_noop_s']:.3f} s"))
@@ -118,7 +145,8 @@ def main() -> int:
         print(f"growth {small} -> {large}: {json.dumps(growth)}")
         rows.append((f"growth {small} -> {large} targets (no-op full path, list full path, change overhead)",
                      f"{growth['noop_full_s']}x, {growth['list_full_s']}x, {growth['change_overhead_s']}x"))
-    save("scale", rows, {str(n): r for n, r in results.items()})
+    save("scale", rows, {**{str(n): r for n, r in results.items()},
+                         **({"against": {str(n): o for n, o in others.items()}} if arguments.against else {})})
     return 0
 
 
