@@ -11,9 +11,9 @@ validations are the work; the rest is overhead, from the build report's task sec
 Growth factors between successive N are printed. Writes bench/results/scale.json. With --keep, the projects stay
 in DIR/N and a later run reuses them (10,000 targets take ~30 min to build on 2 cores). With --against, each other
 checkout's rules run on a copy of the built project (the project key holds epbuild's sources, so one copy per
-version keeps each one's records), every measure interleaved with this checkout's; the change runs of both use
-the same new weights, so each version's cache hits count alike (the first to run a seed compiles, the other
-restores: the overhead excludes either).
+version keeps each one's records), every measure interleaved with this checkout's; each version's change runs
+write weights of their own, so every one of them compiles (a restore from the other's upload would skip the
+model read and the fork servers that a compile warms).
 """
 
 from __future__ import annotations
@@ -100,8 +100,8 @@ def measure(n: int, repeats: int, top: Path, versions: dict[str, Path]) -> dict[
     for label in versions:  # after the full-path runs, a no-op for the record of this run's kind
         subprocess.run(DOIT, cwd=copies[label], env=envs[label], check=True, capture_output=True)
     for seed in range(repeats):
-        for label in list(versions)[::1 if seed % 2 else -1]:  # who compiles a seed first alternates
-            wall, work = change_run(copies[label], envs[label], seed + 100)
+        for label in list(versions)[::1 if seed % 2 else -1]:  # who goes first alternates
+            wall, work = change_run(copies[label], envs[label], 100 + seed + 1000 * list(versions).index(label))
             for kind, value in (("change_s", wall), ("change_work_s", work), ("change_overhead_s", wall - work)):
                 samples[label].setdefault(kind, []).append(value)
     shared = {"build_s": built, "bare_noop_s": timed(DOIT, bare, repeats),

@@ -273,6 +273,39 @@ def test_the_page_assembled_from_remembered_parts_equals_one_rendered_whole(tmp_
     assert 'data-task="validate:encoder@cpu"' in written()[0] and ">12.5<" in written()[0]
 
 
+def test_a_run_appends_the_parts_it_rendered_and_the_base_is_rewritten_when_the_journal_outgrows_half_of_it(
+        tmp_path):
+    """10,000 builds' parts are 30 MB: a run that rendered two appends them to the journal; a torn line (a killed
+    build) is skipped; without its base the journal is ignored."""
+    from epbuild.report.views import PartStore
+
+    path = tmp_path / "report-parts.json"
+    store = PartStore(path)
+    for name in ("a", "b", "c", "d"):
+        store.get(name, f"{name}1", lambda n=name: {"html": n * 400})
+    store.save()
+    base = path.read_bytes()
+    assert not store.journal.exists() and store.rendered == 4  # the first save writes the base
+    store = PartStore(path)
+    assert store.get("a", "a1", lambda: pytest.fail("remembered")) == {"html": "a" * 400, "key": "a1"}
+    store.get("b", "b2", lambda: {"html": "B" * 400})
+    store.save()
+    assert path.read_bytes() == base and len(store.journal.read_text().splitlines()) == 1  # appended, not rewritten
+    with open(store.journal, "a") as handle:
+        handle.write('{"version": "torn')
+    store = PartStore(path)
+    assert store.get("b", "b2", lambda: pytest.fail("remembered")) == {"html": "B" * 400, "key": "b2"}
+    store.get("c", "c2", lambda: {"html": "C" * 400})  # this line takes the journal past half the base
+    store.save()
+    assert not store.journal.exists() and set(json.loads(path.read_text())["parts"]) == {"b", "c"}  # this run's
+    store.get("d", "d2", lambda: {"html": "D" * 400})
+    store.journal.write_text(json.dumps({"version": store.version, "parts": {"x": {"key": "x1"}}}) + "\n")
+    path.unlink()
+    store = PartStore(path)
+    store.get("x", "x1", lambda: {"html": "x"})
+    assert store.rendered == 1  # no base: the journal is not read
+
+
 def test_the_build_report_keeps_unchanged_entries_text_and_reads_a_file_of_any_layout(tmp_path):
     from epbuild.report.build_report import BuildReport
 

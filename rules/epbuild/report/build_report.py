@@ -73,7 +73,9 @@ class BuildReport:
         self._set(task, {"status": "not built", "reason": reason})
 
     def up_to_date(self, task: str) -> None:
-        self._set(task, {**self.entries.get(task, {}), "status": "up-to-date"})
+        entry = self.entries.get(task)
+        if entry is None or entry.get("status") != "up-to-date":  # 20,000 unchanged entries are not copied
+            self._set(task, {**(entry or {}), "status": "up-to-date"})
 
     def skipped(self, task: str, reason: str) -> None:
         self._set(task, {"status": "skipped", "reason": reason})

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..manifest.builds import Build
+from ..steps.compilers import compiler
 from ..store.layout import GROUPS, Layout, settled, stat_key
 
 ARTIFACT, VALIDATION = "artifact.json", "validation.json"
-LOG_STEPS = ("compile", "validate", "ops")
 PENDING = "pending"  # no run has reached the task yet ("not built": a task it needs failed)
 
 
@@ -106,7 +106,8 @@ class Sources:
 
     build: Build
     validate_task: str | None
-    files: tuple[str, ...]  # artifact.json, validation.json, then the compile, validate and ops logs
+    files: tuple[str, ...]  # artifact.json, validation.json, then the log of each of `steps`
+    steps: tuple[str, ...]  # the build's tasks that write a log: compile, and validate and ops where it has them
 
     def key(self, entry_text: Callable[[str], str]) -> str | None:
         """A digest of everything the cell shows: equal digests, equal cells. None while a file may still change
@@ -129,7 +130,7 @@ class Sources:
     def cell(self, layout: Layout, entries: dict[str, dict[str, Any]]) -> Cell:
         build, project = self.build, layout.root.parent
         logs = {}
-        for step, path in zip(LOG_STEPS, self.files[2:], strict=True):
+        for step, path in zip(self.steps, self.files[2:], strict=True):
             with contextlib.suppress(OSError):
                 if os.path.getsize(path):  # an empty log says nothing
                     logs[step] = os.path.relpath(path, project)
@@ -148,7 +149,8 @@ def sources(layout: Layout, builds: list[Build]) -> list[Sources]:
         folder = f"{root}/{target}/{GROUPS}/{build.folder_name}" if build.shared else \
             f"{root}/{target}/{build.folder_name}"
         logs = f"{logs_root}/{target}/{build.log_stem}"
-        found.append(Sources(build, f"validate:{build.name}" if build.validates else None,
-                             (f"{folder}/{ARTIFACT}", f"{folder}/{VALIDATION}",
-                              *(f"{logs}.{step}.log" for step in LOG_STEPS))))
+        steps = ("compile", *(("validate",) if build.validates else ()),
+                 *(("ops",) if compiler(build.target).operator_check else ()))
+        files = (f"{folder}/{ARTIFACT}", f"{folder}/{VALIDATION}", *(f"{logs}.{step}.log" for step in steps))
+        found.append(Sources(build, f"validate:{build.name}" if build.validates else None, files, steps))
     return found

@@ -3,8 +3,9 @@
 
 Everything comes from files a build leaves (`report.cells`); nothing here imports onnxruntime, so the pages are
 written after every run, restores included. Each build's parts of both files are kept in
-`artifacts/.state/report-parts.json` under the digest of what they show, and the files are assembled from them:
-a run that changed one model of 10,000 renders that model's parts (rendering every cell took ~14 s at 10,000).
+`artifacts/.state/report-parts.json` (and its journal) under the digest of what they show, and the files are
+assembled from them: a run that changed one model of 10,000 renders that model's parts (rendering every cell took
+~14 s at 10,000).
 """
 
 from __future__ import annotations
@@ -151,17 +152,33 @@ def junit_case(cell: Cell) -> tuple[str, str]:
 
 class PartStore:
     """`.state/report-parts.json`: each build's rendered parts under the digest of what they show, and each stage's
-    task row under its entry's; dropped whole when the templates or this code change."""
+    task row under its entry's; dropped whole when the templates or this code change. A run appends the parts it
+    rendered to `report-parts.journal` (one JSON line) instead of writing 30 MB again at 10,000 builds; the base is
+    rewritten, with only the parts of this run, when the journal outgrows half of it. A part is a function of its
+    key, so a line read twice, lost or torn (skipped) costs a rendering, never a wrong page."""
 
     def __init__(self, path: Path):
-        self.path = path
+        self.path, self.journal = path, path.with_suffix(".journal")
         self.version = _renderer_version()
+        self.old: dict[str, dict[str, str]] = {}
+        self.base_size = self.journal_size = 0
         try:
-            stored = json.loads(path.read_text())
+            text = path.read_text()
+            stored = json.loads(text)
+            if isinstance(stored, dict) and stored.get("version") == self.version:
+                self.old, self.base_size = stored.get("parts", {}), len(text)
         except (OSError, ValueError):
-            stored = {}
-        fresh = isinstance(stored, dict) and stored.get("version") == self.version
-        self.old: dict[str, dict[str, str]] = stored.get("parts", {}) if fresh else {}
+            pass
+        try:  # a journal extends its base: without one, everything is rendered afresh
+            lines = self.journal.read_text() if self.base_size else ""
+        except OSError:
+            lines = ""
+        self.journal_size = len(lines)
+        for line in lines.splitlines():
+            with contextlib.suppress(ValueError):  # a line torn by a killed build
+                added = json.loads(line)
+                if isinstance(added, dict) and added.get("version") == self.version:
+                    self.old.update(added.get("parts", {}))
         self.new: dict[str, dict[str, str]] = {}
         self.rendered = 0  # parts rendered this time (the rest were remembered)
 
@@ -177,8 +194,16 @@ class PartStore:
         return part
 
     def save(self) -> None:
-        if self.new != self.old:
-            write_json(self.path, {"version": self.version, "parts": self.new}, indent=None)
+        added = {name: part for name, part in self.new.items() if self.old.get(name) != part}
+        if not added:
+            return
+        line = json.dumps({"version": self.version, "parts": added}) + "\n"
+        if self.base_size and self.journal_size + len(line) <= self.base_size // 2:
+            with open(self.journal, "a", encoding="utf-8") as handle:
+                handle.write(line)
+            return
+        write_json(self.path, {"version": self.version, "parts": self.new}, indent=None)
+        self.journal.unlink(missing_ok=True)
 
 
 @functools.cache

@@ -4,7 +4,6 @@ are compared with those it last succeeded with (`store.task_configs`)."""
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
@@ -75,26 +74,35 @@ class Tasks:
         record = RunRecord(project.layout).load(project.key)
         if record is None:
             return default
-        makers = self._makers()
+        planned = self._planned()
         suspects = self._suspects(record) if record.read_the_same() else None
-        self.selection, self._made = runnable(makers, lambda name: makers[name]() if name in makers else None,
-                                              record, suspects)
+        self.selection, self._made = runnable(planned, lambda name: self._make(name, planned.get(name)), record,
+                                              suspects)
         self.record = record
-        self.hidden = [name for name in makers if name not in self.selection and name in record.tasks
+        self.hidden = [name for name in planned if name not in self.selection and name in record.tasks
                        and self._made.get(name, True) is not None]
         return [name for name in default if name in self.selection or ":" not in name]
 
-    def _makers(self) -> dict[str, Callable[[], Task | None]]:
-        """Every task of the plan that does work, by name, with what makes its dict."""
-        project, makers = self.project, {}
-        for stage in project.stages.values():
-            makers[stage.task] = functools.partial(self._stage_task, stage)
+    def _planned(self) -> dict[str, Build | Stage]:
+        """Every task of the plan that does work, by name, with the build or stage it is made from."""
+        project = self.project
+        planned: dict[str, Build | Stage] = {stage.task: stage for stage in project.stages.values()}
         for build in project.builds:
-            makers[build.task] = functools.partial(self._build_task, build)
+            planned[build.task] = build
             if build.validates:
-                makers[f"validate:{build.name}"] = functools.partial(self._validate_task, build)
-            makers[f"ops:{build.name}"] = functools.partial(self._ops_task, build)
-        return makers
+                planned[f"validate:{build.name}"] = build
+            if compiler(build.target).operator_check and build.target.name not in project.unavailable:
+                planned[f"ops:{build.name}"] = build
+        return planned
+
+    def _make(self, name: str, source: Build | Stage | None) -> Task | None:
+        if source is None:
+            return None
+        if isinstance(source, Stage):
+            return self._stage_task(source)
+        kind = name.partition(":")[0]
+        return self._validate_task(source) if kind == "validate" else self._ops_task(source) if kind == "ops" \
+            else self._build_task(source)
 
     def _suspects(self, record: Recorded) -> set[str]:
         """The tasks of every model whose file changed: what task creation read of it may differ (its stages,
