@@ -22,6 +22,7 @@ other file task creation read makes every task. `EPBUILD_FAST_PATH=0` turns it o
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Callable, Iterable
@@ -50,18 +51,19 @@ class Recorded:
     files: dict[str, Identity]  # file -> its identity then
     task_deps: dict[str, list[str]] = field(default_factory=dict)
     looked_at: dict[str, Identity] = field(default_factory=dict)  # the other files task creation read
-    _now: dict[str, Identity] = field(default_factory=dict)
+
+    @functools.cached_property
+    def changed(self) -> set[str]:
+        """The recorded files whose identity is not the recorded one (each stat'ed once)."""
+        return {path for path, then in self.files.items() if then is None or file_identity(path) != then}
 
     def unchanged(self, path: str) -> bool:
-        if path not in self._now:
-            self._now[path] = file_identity(path)
-        then = self.files.get(path)
-        return then is not None and self._now[path] == then
+        return path in self.files and path not in self.changed
 
     def stale(self, task: str) -> bool:
         """Whether the record lacks the task or any of its files changed."""
         files = self.tasks.get(task)
-        return files is None or not all(self.unchanged(path) for path in files)
+        return files is None or not self.changed.isdisjoint(files)
 
     def read_the_same(self) -> bool:
         """Whether every file task creation read besides the tasks' files is as it was (present or not; an
