@@ -164,3 +164,20 @@ def test_a_model_whose_new_bytes_drop_its_shape_stage_hands_the_new_plan_and_hid
     assert report["compile:tinycnn@npu"]["status"] == "up-to-date"
     project.env["EPBUILD_FAST_PATH"] = "0"
     assert ran(project.doit()) == set()  # the full path agrees: nothing left to run
+
+
+def test_the_tasks_of_a_target_this_host_cannot_build_are_always_compared(tmp_path, host_cache, monkeypatch):
+    """Such a task is a refusal now, whatever the record says it was: its dict is made, never taken from it."""
+    from epbuild.tasks.definitions import Tasks
+    from epbuild.tasks.project import Project as Loaded
+
+    project = Project(tmp_path, host_cache)
+    project.manifest('[models.tinycnn]\npath = "models/tinycnn.onnx"\n[targets.cpu]\nep = "cpu"\n'
+                     '[targets.dml-gpu]\nep = "dml"\n')
+    monkeypatch.chdir(tmp_path)
+    loaded = Loaded(tmp_path / "models.toml", [])
+    model = "models/tinycnn.onnx"
+    record = Recorded({}, {model: stat_key(os.stat(model))})
+    assert "dml-gpu" in loaded.unavailable
+    assert Tasks(loaded)._suspects(record) == {"compile:tinycnn@dml-gpu", "validate:tinycnn@dml-gpu",
+                                               "ops:tinycnn@dml-gpu"}

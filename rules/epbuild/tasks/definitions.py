@@ -107,14 +107,14 @@ class Tasks:
     def _suspects(self, record: Recorded) -> set[str]:
         """The tasks of every model whose file changed: what task creation read of it may differ (its stages,
         inputs and external data), so their dicts are compared with the record even where their files are not
-        the model's."""
+        the model's; and those of targets this host cannot build."""
         project = self.project
         changed = {name for name, model in project.manifest.models.items()
                    if not all(record.unchanged(project.rel(path))
                               for path in (model.path, *project.external.get(model.path, ())))}
         found: set[str] = set()
-        for build in project.builds:
-            if changed.intersection(m.name for m in build.members):
+        for build in project.builds:  # a target this host cannot build now has refusing tasks, never the record's
+            if build.target.name in project.unavailable or changed.intersection(m.name for m in build.members):
                 found |= {build.task, f"validate:{build.name}", f"ops:{build.name}", *(s.task for s in build.stages)}
         return found
 
