@@ -107,6 +107,26 @@ def test_prompt_and_token_variants_of_one_decoder_share_one_qnn_context(project)
     assert "one binary, " in (project.artifacts / "report.html").read_text()
 
 
+def test_a_pipelines_cpu_run_is_computed_once_and_restored_when_only_its_judgement_changes(project):
+    """The prompt + token steps on CPU depend on the source models alone: a validation whose thresholds changed
+    restores them and runs only the EP's side, with the same figures."""
+    kv_decoder(project.root / "models" / "decoder.onnx")
+    project.manifest(DECODER)
+    project.doit("validate:llm")
+    folder = project.artifacts / "qnn-htp" / "groups" / "llm"
+    assert build_report(project)["validate:llm"]["cpu_reference"]["from"] == "computed"
+    before = json.loads((folder / "validation.json").read_text())
+    project.manifest(DECODER.replace("options = { soc_model = 60 }",
+                                     "options = { soc_model = 60 }\nvalidation = { min_snr_db = 30 }"))
+    done = project.doit("validate:llm")
+    assert ran(done) == {"validate:llm"} and "(CPU reference from the cache)" in done.stdout, done.stdout[-600:]
+    entry = build_report(project)["validate:llm"]
+    assert entry["cpu_reference"] == {"from": "cache", "fingerprint": entry["cpu_reference"]["fingerprint"]}
+    after = json.loads((folder / "validation.json").read_text())
+    assert after["pipeline"] == before["pipeline"] and after["thresholds"]["min_snr_db"] == 30
+    assert "cpu_reference" not in after  # the build report's, not the published validation's
+
+
 @pytest.mark.parametrize("model, message", [
     ('dims = { seq_len = 8 }', "models.decoder.dims.seq_len: no input of the model has a dimension named 'seq_len'"),
     ('variants = { prompt = { dims = { sequence_lenght = 8 } } }',

@@ -14,7 +14,8 @@ from ..manifest.builds import Build
 from ..store.cache import Workspace, check_inputs, restore, store
 from ..store.hashing import snapshot
 from ..store.publish import discard, scratch_dir
-from .fingerprint import reference_fingerprint
+from .fingerprint import pipeline_fingerprint, reference_fingerprint
+from .pipeline import PIPELINE_FILES
 from .reference import REFERENCE_FILES
 
 SEPARATE_REFERENCE_BYTES = 2**30  # a model this big (with its weights) gets its CPU reference in a child of its own
@@ -117,17 +118,43 @@ def run_group_against_references(build: Build, workspace: Workspace, request: Va
             discard(folder)
 
 
+def run_pipeline_against_cache(build: Build, workspace: Workspace, request: ValidationRequest, workdir: Path,
+                               what: str, log: Path, timeout: float) -> ValidationReport:
+    """A pipeline group: its CPU run (prompt, then the token steps, on the source models) restored from the caches
+    where one is kept (`pipeline_fingerprint`), else computed in the group's child and stored from there; the EP's
+    run is compared with it step by step."""
+    label = f"the CPU run of validate:{build.name}"
+    inputs = snapshot([path for member in build.members for path in member.reference_files])
+    key = pipeline_fingerprint(build, request, workspace.hashes)
+    folder = _staging(workspace, key)
+    try:
+        kept = restore(label, key, workspace, folder)[0] == PIPELINE_FILES
+        if not kept:
+            discard(folder)
+        pipeline = {**request["pipeline"], **({"cpu": str(folder)} if kept else {"cpu_to": str(folder)})}
+        report = run_child("epbuild.steps.validate", {**request, "pipeline": pipeline}, workdir,
+                           build.target.limits(timeout), what, log, build.target.ep.fork_server,
+                           build.target.ep.warm_validations)
+        if not kept:
+            _keep(report, folder, key, label, inputs, workspace, PIPELINE_FILES, "pipeline")
+        if "pipeline" not in report:  # it failed or was skipped before running the pipeline
+            return report
+        return {**report, "cpu_reference": {"from": "cache" if kept else "computed", "fingerprint": key}}
+    finally:
+        discard(folder)
+
+
 def _keep(answer: dict[str, Any], folder: Path, key: str, label: str, inputs: dict[Path, list[int] | None],
-          workspace: Workspace) -> bool:
-    """Store the reference a child saved in `folder` under `key`, its inputs checked unchanged first; whether it
-    saved one (one line when the disk refused it)."""
+          workspace: Workspace, files: list[str] = REFERENCE_FILES, kind: str = "reference") -> bool:
+    """Store what a child saved in `folder` (`files`) under `key`, its inputs checked unchanged first; whether it
+    saved it (one line when the disk refused it)."""
     if "reference_unsaved" in answer:
         print(f"warning: {label} could not be kept ({answer.pop('reference_unsaved')}); it is computed where it "
               "is needed", file=sys.stderr)
     if not answer.pop("reference_saved", False):
         return False
     check_inputs(label, inputs)
-    store(label, key, workspace, folder, REFERENCE_FILES, {"kind": "reference"})
+    store(label, key, workspace, folder, files, {"kind": kind})
     return True
 
 

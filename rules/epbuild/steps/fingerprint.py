@@ -130,6 +130,13 @@ def reference_fingerprint(member: Member, request: dict[str, Any], hashes: FileH
                     "host": {"machine": platform.machine(), "cpu_flags": cpu_flags()}})
 
 
+def pipeline_fingerprint(build: Build, request: dict[str, Any], hashes: FileHashes) -> str:
+    """What a pipeline's CPU run depends on: each member's CPU reference key (its source's bytes, the CPU
+    libraries, this host's CPU), in the group's order, and the number of token steps. Not the target."""
+    members = [reference_fingerprint(member, request["members"][member.name], hashes) for member in build.members]
+    return _digest({"kind": "pipeline", "members": members, "tokens": request["pipeline"]["tokens"]})
+
+
 def stage_config(stage: Stage) -> dict[str, Any]:
     return {"rules_format": RULES_FORMAT, "code": code_digest(), "stage": stage.kind, "flavour": stage.flavour,
             "settings": stage.settings,

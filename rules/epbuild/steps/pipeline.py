@@ -11,6 +11,7 @@ every step compares the same computation; the EP's own greedy tokens are reporte
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from ..errors import ModelError
@@ -18,7 +19,7 @@ from ..execute.requests import ValidationReport, ValidationRequest
 from ..manifest.eps import lookup
 from .artifact_session import is_qdq, open_session
 from .comparison import DEFAULT_THRESHOLDS, compare
-from .reference import session_options
+from .reference import NO_TIME, session_options
 from .validation_inputs import SEED, dtype_of
 
 PAST, PRESENT = "past_key_values.", "present."
@@ -77,33 +78,76 @@ class Graph:
         return dict(zip(self.outputs, self.session.run(None, feeds), strict=True))
 
 
-def run_pipeline(cpu: tuple[Any, Any], ep: tuple[Any, Any], tokens: int
-                 ) -> tuple[list[dict[str, Any]], list[int], list[int]]:
-    """(per-step metrics, the CPU's greedy tokens, the EP's): `cpu` and `ep` are (prompt, token) sessions."""
+PIPELINE_FILE = "pipeline.npz"  # a cache entry of the CPU run: the prompt, each step's logits, the greedy tokens
+PIPELINE_FILES = [PIPELINE_FILE]
+
+
+def cpu_run(prompt: Any, token: Any, tokens: int) -> dict[str, Any]:
+    """The application's greedy run on CPU with the source models (`prompt`, `token`: their sessions): the prompt
+    tokens, each step's filled positions and logits, and the greedy tokens. It depends on the sources alone, so it
+    is computed once and kept in the caches (`cached_reference`)."""
     import numpy as np
 
-    cpu_prompt, cpu_token = Graph(cpu[0], "prompt"), Graph(cpu[1], "token")
-    ep_prompt, ep_token = Graph(ep[0], "prompt"), Graph(ep[1], "token")
-    vocab = cpu[0].get_outputs()[cpu_prompt.outputs.index("logits")].shape[-1]
+    graphs = Graph(prompt, "prompt"), Graph(token, "token")
+    vocab = prompt.get_outputs()[graphs[0].outputs.index("logits")].shape[-1]
     vocab = vocab if isinstance(vocab, int) else 2
-    prompt = [int(t) for t in np.random.default_rng(SEED).integers(0, vocab, cpu_prompt.sequence)]
-    steps, cpu_tokens, ep_tokens = [], [], []
-    sequence, cpu_cache, ep_cache = list(prompt), None, None
+    sequence = [int(t) for t in np.random.default_rng(SEED).integers(0, vocab, graphs[0].sequence)]
+    run: dict[str, Any] = {"prompt": list(sequence), "filled": [], "logits": [], "tokens": []}
+    cache = None
     for step in range(tokens + 1):
-        cpu_graph, ep_graph = (cpu_prompt, ep_prompt) if step == 0 else (cpu_token, ep_token)
-        filled = len(sequence) - cpu_graph.sequence
-        on_cpu = cpu_graph.run(cpu_graph.feeds(sequence, filled, cpu_cache))
-        on_ep = ep_graph.run(ep_graph.feeds(sequence, filled, ep_cache))
-        metrics = compare(on_ep["logits"], on_cpu["logits"])
-        cpu_next, ep_next = int(on_cpu["logits"][0, -1].argmax()), int(on_ep["logits"][0, -1].argmax())
+        graph = graphs[min(step, 1)]
+        filled = len(sequence) - graph.sequence
+        cache = graph.run(graph.feeds(sequence, filled, cache))
+        chosen = int(cache["logits"][0, -1].argmax())
+        run["filled"].append(filled)
+        run["logits"].append(cache["logits"])
+        run["tokens"].append(chosen)
+        sequence.append(chosen)
+    return run
+
+
+def ep_run(prompt: Any, token: Any, cpu: dict[str, Any]) -> tuple[list[dict[str, Any]], list[int]]:
+    """(per-step metrics, the EP's greedy tokens): the EP's sessions fed what the CPU run was fed, step by step
+    (the CPU's greedy tokens, so that every step compares the same computation)."""
+    graphs = Graph(prompt, "prompt"), Graph(token, "token")
+    steps, chosen, cache = [], [], None
+    sequence = list(cpu["prompt"])
+    for step, (filled, expected, cpu_next) in enumerate(zip(cpu["filled"], cpu["logits"], cpu["tokens"],
+                                                            strict=True)):
+        graph = graphs[min(step, 1)]
+        cache = graph.run(graph.feeds(sequence, filled, cache))
+        metrics = compare(cache["logits"], expected)
+        ep_next = int(cache["logits"][0, -1].argmax())
         steps.append({"step": "prompt" if step == 0 else f"token {step}", "snr_db": round(metrics["snr_db"], 2),
                       "cosine": metrics["cosine"], "max_abs_error": metrics["max_abs_error"],
                       "token_cpu": cpu_next, "token_ep": ep_next})
-        cpu_tokens.append(cpu_next)
-        ep_tokens.append(ep_next)
-        sequence.append(cpu_next)  # both sides continue from the CPU's token: every step compares the same work
-        cpu_cache, ep_cache = on_cpu, on_ep
-    return steps, cpu_tokens, ep_tokens
+        chosen.append(ep_next)
+        sequence.append(cpu_next)
+    return steps, chosen
+
+
+def save_cpu_run(run: dict[str, Any], folder: Path) -> None:
+    """The CPU run into `folder` (PIPELINE_FILES), without a timestamp: the entry holds what its key names."""
+    import zipfile
+
+    import numpy as np
+
+    arrays = {"prompt": run["prompt"], "filled": run["filled"], "tokens": run["tokens"],
+              **{f"logits/{step}": logits for step, logits in enumerate(run["logits"])}}
+    folder.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(folder / PIPELINE_FILE, "w") as archive:
+        for name, value in arrays.items():
+            with archive.open(zipfile.ZipInfo(f"{name}.npy", NO_TIME), "w", force_zip64=True) as out:
+                np.lib.format.write_array(out, np.asanyarray(value), allow_pickle=False)
+
+
+def load_cpu_run(folder: Path) -> dict[str, Any]:
+    import numpy as np
+
+    with np.load(folder / PIPELINE_FILE, allow_pickle=False) as data:
+        steps = len([key for key in data.files if key.startswith("logits/")])
+        return {"prompt": [int(t) for t in data["prompt"]], "filled": [int(f) for f in data["filled"]],
+                "tokens": [int(t) for t in data["tokens"]], "logits": [data[f"logits/{i}"] for i in range(steps)]}
 
 
 def judge(steps: list[dict[str, Any]], thresholds: dict[str, float]) -> list[str]:
@@ -134,19 +178,30 @@ def validate_pipeline(request: ValidationRequest) -> ValidationReport:
         return {"status": "skipped", "structural": "passed",
                 "reason": f"{blocked}; the pipeline runs here on the members compiled alone, and {', '.join(missing)} "
                           "is not built alone for this target: add the target to the model's targets"}
-    info = lookup(members[0]["ep"])
-    sessions = []
-    for member in members:
-        session, refused = open_session(ort, info, {**member, "share": not blocked})
-        if refused:
-            return {**refused, "structural": "passed"}
-        sessions.append(session)
-    cpu = [ort.InferenceSession(m["source"], session_options(ort), providers=["CPUExecutionProvider"])
-           for m in members]
+    kept, save_to, answer = pipeline.get("cpu"), pipeline.get("cpu_to"), {}
     try:
-        steps, cpu_tokens, ep_tokens = run_pipeline((cpu[0], cpu[1]), (sessions[0], sessions[1]), pipeline["tokens"])
+        if kept:
+            cpu = load_cpu_run(Path(kept))
+        else:  # its sessions end before the EP's open: never both in memory
+            cpu = cpu_run(*(ort.InferenceSession(m["source"], session_options(ort), providers=["CPUExecutionProvider"])
+                            for m in members), pipeline["tokens"])
+            if save_to:
+                try:
+                    save_cpu_run(cpu, Path(save_to))
+                    answer["reference_saved"] = True
+                except OSError as exc:  # the artifact is judged anyway; the run is computed again next time
+                    answer["reference_unsaved"] = f"{exc.strerror or exc}: {exc.filename}"
+        info = lookup(members[0]["ep"])
+        sessions = []
+        for member in members:
+            session, refused = open_session(ort, info, {**member, "share": not blocked})
+            if refused:
+                return {**refused, "structural": "passed", **answer}
+            sessions.append(session)
+        steps, ep_tokens = ep_run(sessions[0], sessions[1], cpu)
     except ModelError as exc:
-        return {"status": "failed", "structural": "passed", "reason": exc.message}
+        return {"status": "failed", "structural": "passed", "reason": exc.message, **answer}
+    cpu_tokens = cpu["tokens"]
     kind = "qdq" if is_qdq(members[0]["reference"]) else members[0]["precision"]
     thresholds = {**DEFAULT_THRESHOLDS[kind], **members[0]["thresholds"]}
     failures = judge(steps, thresholds)
@@ -158,8 +213,8 @@ def validate_pipeline(request: ValidationRequest) -> ValidationReport:
                                 "pipeline": {"ran_on": where, "steps": steps, "tokens_cpu": cpu_tokens,
                                              "tokens_ep": ep_tokens}}
     if failures:
-        return {**report, "status": "failed", "reason": f"{figures}: " + "; ".join(failures)}
+        return {**report, **answer, "status": "failed", "reason": f"{figures}: " + "; ".join(failures)}
     if blocked:
-        return {**report, "status": "skipped",
+        return {**report, **answer, "status": "skipped",
                 "reason": f"the shared binary itself needs the device ({blocked}); {figures}"}
-    return {**report, "status": "passed", "summary": figures}
+    return {**report, **answer, "status": "passed", "summary": figures}

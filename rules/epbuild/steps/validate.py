@@ -26,7 +26,7 @@ from ..store.layout import write_json
 from ..store.owners import owner_tag
 from ..store.publish import discard, scratch_dir
 from .artifact_session import context_binaries, is_qdq, open_session, placement_failures, structural_problems
-from .cached_reference import run_against_reference, run_group_against_references
+from .cached_reference import run_against_reference, run_group_against_references, run_pipeline_against_cache
 from .comparison import DEFAULT_THRESHOLDS, compare, compare_outputs
 from .compilers import compiler
 from .diagnosis import fp16_hint
@@ -125,7 +125,9 @@ def validate(build: Build, workspace: Workspace, workdir: Path) -> ValidationRep
         what = f"validate {'group ' if build.shared else ''}{build.name} ({target.ep.name})"
         log = build.log(layout, "validate")
         try:
-            if build.shared and not request["pipeline"] and not request["run_blocked"]:
+            if build.shared and request["pipeline"]:
+                report = run_pipeline_against_cache(build, workspace, request, workdir, what, log, timeout)
+            elif build.shared and not request["run_blocked"]:
                 report = run_group_against_references(build, workspace, request, workdir, what, log, timeout)
             elif build.shared or build.members[0].validation.mode != "run":
                 report = run_child("epbuild.steps.validate", request, workdir, target.limits(timeout), what, log,
