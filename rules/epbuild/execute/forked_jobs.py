@@ -230,12 +230,21 @@ class WorkerHandle:
     def let_go(self, within_s: float) -> bool:
         """Whether its client has closed the lease (its connection at its end) and the worker says it is free
         within `within_s`: a lease asked for just after another was let go takes that worker, not a new one."""
+        if self.client is None:
+            return False
+        # a peek that never waits: the connection keeps the timeout its request was read with, and a socket with a
+        # timeout waits that long for data before MSG_DONTWAIT applies (a busy worker cost each lease 10 s)
+        timeout = self.client.gettimeout()
+        self.client.settimeout(0)
         try:
-            closed = self.client is not None and self.client.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+            closed = self.client.recv(1, socket.MSG_PEEK) == b""
         except BlockingIOError:
             closed = False
         except OSError:
             closed = True
+        finally:
+            with contextlib.suppress(OSError):
+                self.client.settimeout(timeout)
         deadline = time.monotonic() + within_s
         while closed and self.client is not None and (left := deadline - time.monotonic()) > 0:
             if not select.select([self.control], [], [], left)[0]:
