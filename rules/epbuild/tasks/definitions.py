@@ -100,9 +100,8 @@ class Tasks:
             return None
         if isinstance(source, Stage):
             return self._stage_task(source)
-        kind = name.partition(":")[0]
-        return self._validate_task(source) if kind == "validate" else self._ops_task(source) if kind == "ops" \
-            else self._build_task(source)
+        by_kind = {"validate": self._validate_task, "ops": self._ops_task}  # else compile: or group:
+        return by_kind.get(name.partition(":")[0], self._build_task)(source)
 
     def _suspects(self, record: Recorded) -> set[str]:
         """The tasks of every model whose file changed: what task creation read of it may differ (its stages,
