@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import filecmp
 import json
 import shutil
+import struct
 
 import onnx
 import pytest
@@ -21,8 +21,8 @@ options = { soc_model = 60 }
 
 def test_graph_stages_keep_the_weights_on_disk_and_out_of_memory(project):
     """A 196 MiB model's shape and fold stages read the graph only: each child's peak memory stays well below the
-    weights' size, the weights are the source's bytes (a copy of the file, not re-serialized), and the fold still
-    folds the small constant subgraph."""
+    weights' size, each writes its graph alone (its references name the source's weights file, read where it is:
+    no copy per stage), and the fold still folds the small constant subgraph."""
     models = project.root / "models"
     wide_mlp(models / "wide.onnx")
     project.manifest('[models.wide]\npath = "models/wide.onnx"\ninputs = { x = [1, 3584] }\n' + QNN)
@@ -31,10 +31,12 @@ def test_graph_stages_keep_the_weights_on_disk_and_out_of_memory(project):
     tasks = build_report(project)
     for stage in ("shape", "fold"):
         assert tasks[f"{stage}:wide"]["child"]["peak_mb"] < 150, tasks[f"{stage}:wide"]
-        data = project.artifacts / ".stages" / "wide" / stage / "wide.onnx.data"
-        assert filecmp.cmp(data, models / "wide.onnx.data", shallow=False)
-        assert data.stat().st_ino != (models / "wide.onnx.data").stat().st_ino and data.stat().st_nlink == 1
-    folded = onnx.load(str(project.artifacts / ".stages" / "wide" / "fold" / "wide.onnx"))  # loads the weights
+        folder = project.artifacts / ".stages" / "wide" / stage
+        assert [p.name for p in folder.iterdir()] == ["wide.onnx"]
+        assert (folder / "wide.onnx").stat().st_size < 100_000
+    folded = onnx.load(str(project.artifacts / ".stages" / "wide" / "fold" / "wide.onnx"), load_external_data=False)
+    assert {entry.value for tensor in folded.graph.initializer for entry in tensor.external_data
+            if entry.key == "location"} == {"wide.onnx.data"}
     assert "ConstantOfShape" not in [node.op_type for node in folded.graph.node]
     assert [d.dim_value for d in folded.graph.input[0].type.tensor_type.shape.dim] == [1, 3584]
     assert f"peak {tasks['fold:wide']['child']['peak_mb']:.0f} MB -> " in done.stdout
@@ -192,20 +194,56 @@ option_files = ["load_config"]
     assert len(json.loads((folder / "validation.json").read_text())["pipeline"]["steps"]) == 3
 
 
-def test_a_graph_only_stage_caches_its_graph_and_restores_the_weights_from_its_input(project):
-    """The weights a graph-only stage keeps are its input's bytes, which its fingerprint names: the cache holds the
-    graph only (no second copy of the weights), and a restore copies them from the input again."""
+def test_graph_only_stages_read_the_sources_weights_where_they_are(project):
+    """A chain of graph-only stages (shape, fold) holds no copy of the weights, in the artifacts or the cache; the
+    compile after them, a quantize and an optimize stage after them, and the validations (the float model's
+    comparison included) read the source's weights file where it is; a restore brings back the graph alone; and
+    editing the weights rebuilds every task of the chain (the weights are each one's input)."""
     models = project.root / "models"
     wide_mlp(models / "wide.onnx", width=512)
-    project.manifest('[models.wide]\npath = "models/wide.onnx"\ninputs = { x = [1, 512] }\n' + QNN)
-    project.doit("fold:wide")
-    entries = {p.name for p in project.cache.rglob("*") if p.is_file() and p.suffix in (".onnx", ".data")}
-    assert entries == {"wide.onnx"}, entries  # shape's and fold's graphs; no weights file
-    stage = project.artifacts / ".stages" / "wide" / "fold"
-    before = (stage / "wide.onnx").read_bytes()
-    for folder in (project.artifacts / ".stages" / "wide").iterdir():
-        shutil.rmtree(folder)
-    done = project.doit("fold:wide")
-    assert "restored shape:wide" in done.stdout and "restored fold:wide" in done.stdout
-    assert (stage / "wide.onnx").read_bytes() == before
-    assert filecmp.cmp(stage / "wide.onnx.data", models / "wide.onnx.data", shallow=False)
+    wide_mlp(models / "opt.onnx", width=512)
+    project.manifest('''
+[models.wide]
+path = "models/wide.onnx"
+inputs = { x = [1, 512] }
+targets = ["qnn-htp", "qnn-int8"]
+quantize = { calibration = "random", activation_type = "uint16" }
+
+[models.opt]
+path = "models/opt.onnx"
+inputs = { x = [1, 512] }
+optimize = "basic"
+targets = ["qnn-htp"]
+
+[targets.qnn-int8]
+ep = "qnn"
+quantized = true
+''' + QNN)
+    project.doit("fold:wide", "shape:opt")
+    cached = [p for p in project.cache.rglob("*") if p.is_file()]
+    assert not [p for p in cached if p.name.endswith(".data")], cached
+    project.doit()
+    stages = project.artifacts / ".stages"
+    assert sorted(f"{p.parent.parent.name}/{p.parent.name}" for p in stages.rglob("*.data")) == [
+        "opt/optimize+shape", "wide/quantize-qnn+fold"]  # the stages that change weights; shape and fold: graphs alone
+    for name, target in (("wide", "qnn-htp"), ("wide", "qnn-int8"), ("opt", "qnn-htp")):
+        folder = project.artifacts / target / name
+        validation = json.loads((folder / "validation.json").read_text())
+        assert validation["status"] == "passed", (name, target, validation)
+        assert json.loads((folder / "artifact.json").read_text())["nodes"]["in_ep"] > 0
+    assert json.loads((project.artifacts / "qnn-int8" / "wide" / "validation.json").read_text())[
+        "against_float_model"]  # the float model, fold's graph alone, ran with the source's weights
+    shape = stages / "wide" / "shape" / "wide.onnx"
+    before = shape.read_bytes()
+    shutil.rmtree(stages / "wide")
+    assert "restored shape:wide" in project.doit("shape:wide").stdout
+    assert [p.name for p in shape.parent.iterdir()] == ["wide.onnx"] and shape.read_bytes() == before
+    with (models / "wide.onnx.data").open("r+b") as file:  # one weight scaled in place, the size kept
+        file.seek(4096)
+        (value,) = struct.unpack("<f", file.read(4))
+        file.seek(4096)
+        file.write(struct.pack("<f", value * 1.5))
+    again = ran(project.doit())
+    assert {"shape:wide", "fold:wide", "quantize:wide[qnn]+fold", "compile:wide@qnn-htp", "compile:wide@qnn-int8",
+            "validate:wide@qnn-htp", "validate:wide@qnn-int8"} <= again, again
+    assert not any(task.endswith(":opt") or ":opt@" in task for task in again), again

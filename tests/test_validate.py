@@ -235,7 +235,7 @@ def test_a_separate_reference_model_is_compared_against(project):
 def _reference_request(tmp_path, reference, declared, reference_is):
     artifact = single_op_model(tmp_path / "artifact.onnx", "Relu")
     return {"artifact": str(artifact), "files": [], "ep_sdk_version": None, "cpu_nodes": 1, "foldable_on_cpu": {},
-            "source": str(artifact), "reference": str(reference), "declared": str(declared),
+            "source": str(artifact), "weights": {}, "reference": str(reference), "declared": str(declared),
             "reference_is": reference_is, "float_reference": None, "float_reference_is": "", "ep": "cpu",
             "device": "cpu", "embed": False, "mode": "run", "options": {}, "inputs": {}, "inputs_file": None,
             "precision": "fp32", "thresholds": {}, "frozen": {}, "entry": "models.m", "manifest": "models.toml",

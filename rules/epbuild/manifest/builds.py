@@ -105,6 +105,13 @@ class Member:
     frozen: dict[str, tuple[float, ...]] | None = None
     declared: Path | None = None  # the model as declared, when stages make `model` (the reference's fallback)
     reference_files: tuple[Path, ...] = ()  # every file the CPU reference may read (`targets.reference_files`)
+    elsewhere: tuple[tuple[Path, str], ...] = ()  # graphs that read their weights from another folder (`Chain`)
+
+    @property
+    def weights(self) -> dict[str, str]:
+        """For a child's request: each graph of the member's chain whose external data resolves in another folder
+        than its own, and that folder (`steps.weights`)."""
+        return {str(path): folder for path, folder in self.elsewhere}
 
     @property
     def name(self) -> str:

@@ -166,7 +166,7 @@ def reference_files(model: ModelSpec, chain: Chain, settings: ValidationSettings
     """Every file the CPU reference of a validation may read: the models it may run (the compiled-from model,
     `validation.reference`, the model as declared, the float model) with their external data, and the inputs
     file. Its outputs are cached under their bytes (`fingerprint.reference_fingerprint`)."""
-    data = {model.path: external, **{stage.output: tuple(stage.outputs[1:]) for stage in chain.stages}}
+    data = {model.path: external, **{stage.output: stage.output_external for stage in chain.stages}}
     if settings.reference is not None:
         data.setdefault(settings.reference, reference_external)
     models = [chain.model.path, settings.reference, model.path if chain.stages else None, chain.float_model]
@@ -186,7 +186,7 @@ def _member(model: ModelSpec, target: ResolvedTarget, manifest: Manifest, extern
         settings = dataclasses.replace(settings, reference=model.path)
     return Member(chain.model, settings, chain.external, chain.float_model, model.freeze,
                   model.path if chain.stages else None,
-                  reference_files(model, chain, settings, external, reference_external)), chain
+                  reference_files(model, chain, settings, external, reference_external), chain.elsewhere), chain
 
 
 def _distinct_file_names(group: str, members: tuple[Member, ...], file: str) -> None:

@@ -30,6 +30,7 @@ from .fingerprint import compile_fingerprint, target_identity
 from .graph import EP_CONTEXT, check_ep_contexts, missing_files, placement, static_dims
 from .preprocess import always_written, external_output
 from .shared_context import loading_contract
+from .weights import FOLDER_OPTION
 
 CPU_LEVELS = {"basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
 
@@ -214,6 +215,8 @@ def _compile_in_child(request: CompileRequest) -> CompileResult:
         # names, so an absolute path would make two checkouts produce different bytes, and bytes without a path
         # give every member of a shared context the same graph names.
         os.chdir(Path(member["model"]).parent)
+        if member["weights"]:  # relative, through the model's folder: it names the graphs instead (steps.weights)
+            options.add_session_config_entry(FOLDER_OPTION, member["weights"])
         if info.is_cpu:
             _optimize_for_cpu(ort, options, member, request["optimization_level"] or "extended")
         else:

@@ -36,6 +36,7 @@ from .toolchains import (
     qaic_command,
     run_tool,
 )
+from .weights import resolved
 
 
 def _not_for(spec: TargetSpec, file: str, keys: tuple[str, ...], why: str) -> None:
@@ -166,7 +167,7 @@ class QairtCompiler(Compiler):
         what = f"compile {build.name} (QAIRT)"
         shapes = [arg for name, shape in sorted(member.model.inputs.items())
                   for arg in ("--source_model_input_shape", name, ",".join(map(str, shape)))]
-        run_tool([str(toolchain.executables["converter"]), "--input_network", str(member.model.path),
+        run_tool([str(toolchain.executables["converter"]), "--input_network", str(standalone(member, work)),
                   "--output_path", str(work / "model.dlc"), *shapes], log, what, target.timeout_s)
         binary = target.ep.binary_name(member.name)
         run_tool([str(toolchain.executables["context"]), "--backend", str(toolchain.executables["backend"]),
@@ -286,6 +287,22 @@ def copy_shared_weights(build: Build, workspace: Workspace, scratch: Path) -> No
         copy_file(path, scratch / name)
 
 
+def standalone(member: Any, work: Path) -> Path:
+    """The model for a tool that reads external data beside the file it is given: a graph that reads its weights
+    from another folder (`steps.weights`) gets a working copy in `work`, the weights beside it (reflinks where the
+    file system has them), gone with `work`."""
+    folder = member.weights.get(str(member.model.path))
+    if folder is None:
+        return member.model.path
+    base, copy = resolved(member.model.path, folder), work / "input" / member.model.path.name
+    copy.parent.mkdir()
+    copy_file(member.model.path, copy)
+    for path in member.external:
+        (copy.parent / path.relative_to(base)).parent.mkdir(parents=True, exist_ok=True)
+        copy_file(path, copy.parent / path.relative_to(base))
+    return copy
+
+
 def compiler(target: ResolvedTarget) -> Compiler:
     return COMPILERS[target.compiler]
 
@@ -314,7 +331,8 @@ def compile_request(build: Build, scratch: Path) -> CompileRequest:
         "members": [{"model": str(m.model.path), "output": str(scratch / m.model_file),
                      "external_data": m.data_file if target.is_cpu and m.external else None,
                      "inputs": {name: list(shape) for name, shape in m.model.inputs.items()},
-                     "entry": f"models.{m.name}"} for m in build.members],
+                     "entry": f"models.{m.name}", "weights": m.weights.get(str(m.model.path))}
+                    for m in build.members],
         "manifest": build.manifest, "share": build.shared, "ep": target.ep.alias, "device": target.device,
         "compiler": target.compiler, "embed": target.embed, "options": target.session_options(),
         "optimization_level": target.optimization_level,

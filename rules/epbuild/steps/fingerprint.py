@@ -28,6 +28,7 @@ from ..store.hashing import FileHashes
 from . import vendor_shim
 from .compilers import compiler
 from .stages import Stage
+from .weights import resolved
 
 
 @functools.cache
@@ -88,12 +89,14 @@ def _digest(payload: dict[str, Any]) -> str:
 
 
 def _member_identity(member: Member, hashes: FileHashes) -> dict[str, Any]:
-    """The output stem, the file name (ONNX Runtime hashes it into graph names), and every byte."""
+    """The output stem, the file name or the weights' folder string (ONNX Runtime hashes it into graph names), and
+    every byte."""
     model = member.model
+    folder = member.weights.get(str(model.path))
+    base = resolved(model.path, folder) if folder else model.path.parent
     return {"name": model.name, "file": model.path.name, "sha256": hashes.sha256(model.path),
-            "external": {path.relative_to(model.path.parent).as_posix(): hashes.sha256(path)
-                         for path in member.external},
-            "inputs": _shapes(member)}
+            "external": {path.relative_to(base).as_posix(): hashes.sha256(path) for path in member.external},
+            **({"weights": folder} if folder else {}), "inputs": _shapes(member)}
 
 
 def compile_fingerprint(build: Build, hashes: FileHashes) -> str:
@@ -147,5 +150,5 @@ def stage_fingerprint(stage: Stage, hashes: FileHashes) -> str:
     """The stage's input bytes (external data too), calibration samples, settings and tool versions."""
     return _digest({"kind": "stage", **stage_config(stage), "model": stage.model, "input": {
         "file": stage.input.name, "sha256": hashes.sha256(stage.input),
-        "external": {p.relative_to(stage.input.parent).as_posix(): hashes.sha256(p) for p in stage.input_external}},
+        "external": {p.relative_to(stage.input_folder).as_posix(): hashes.sha256(p) for p in stage.input_external}},
         "calibration": [hashes.sha256(p) for p in stage.calibration]})

@@ -155,9 +155,10 @@ def referenced_files(model: Any) -> dict[str, str]:
     return needed
 
 
-def missing_files(path: Path, model: Any) -> list[str]:
-    """The closed-file-set check: every referenced file lies inside the model's folder and exists."""
-    folder = path.parent.resolve()
+def missing_files(path: Path, model: Any, folder: Path | None = None) -> list[str]:
+    """The closed-file-set check: every referenced file lies inside the model's folder (or the `folder` its
+    external data resolves in) and exists."""
+    folder = (folder or path.parent).resolve()
     problems = []
     for name, user in sorted(referenced_files(model).items()):
         file = (folder / name).resolve()

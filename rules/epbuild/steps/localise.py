@@ -8,9 +8,11 @@ the last one that held and it, so a few compiles find the node. Runs in the vali
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 from .comparison import compare
+from .weights import load_with_weights
 
 CHECKPOINTS = 48  # tensors made graph outputs per round: one EP compile each round
 ROUNDS = 3
@@ -59,13 +61,12 @@ def _held(metrics: dict[str, Any], thresholds: dict[str, float]) -> bool:
 
 
 def localise(ort: Any, model_path: str, feeds: dict[str, Any], thresholds: dict[str, float], ep_options: Any,
-             cpu_options: Any, budget_s: float) -> dict[str, Any]:
+             cpu_options: Any, budget_s: float, weights: Path | None = None) -> dict[str, Any]:
     """The first tensor whose EP value misses `thresholds` against CPU, with its node, op type and metrics, and
-    the inputs' metrics; or that every tensor checked held. `ep_options()`/`cpu_options()` make session options."""
-    import onnx
-
+    the inputs' metrics; or that every tensor checked held. `ep_options()`/`cpu_options()` make session options;
+    `weights`: the folder the model's external data resolves in, when not its own."""
     started = time.monotonic()
-    model = onnx.load(model_path)
+    model = load_with_weights(model_path, weights)
     candidates = _candidates(model)
     window, last_good, first_bad, checked, rounds = candidates, None, None, 0, 0
     measured: dict[str, dict[str, Any]] = {}

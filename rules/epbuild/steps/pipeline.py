@@ -21,6 +21,7 @@ from .artifact_session import is_qdq, open_session
 from .comparison import DEFAULT_THRESHOLDS, compare
 from .reference import NO_TIME, session_options
 from .validation_inputs import SEED, dtype_of
+from .weights import read_weights_from
 
 PAST, PRESENT = "past_key_values.", "present."
 class Graph:
@@ -80,6 +81,13 @@ class Graph:
 
 PIPELINE_FILE = "pipeline.npz"  # a cache entry of the CPU run: the prompt, each step's logits, the greedy tokens
 PIPELINE_FILES = [PIPELINE_FILE]
+
+
+def source_options(ort: Any, member: dict[str, Any]) -> Any:
+    """A CPU session's options for a member's source model, wherever its weights are."""
+    options = session_options(ort)
+    read_weights_from(options, member["source"], member["weights"])
+    return options
 
 
 def cpu_run(prompt: Any, token: Any, tokens: int) -> dict[str, Any]:
@@ -183,8 +191,9 @@ def validate_pipeline(request: ValidationRequest) -> ValidationReport:
         if kept:
             cpu = load_cpu_run(Path(kept))
         else:  # its sessions end before the EP's open: never both in memory
-            cpu = cpu_run(*(ort.InferenceSession(m["source"], session_options(ort), providers=["CPUExecutionProvider"])
-                            for m in members), pipeline["tokens"])
+            cpu = cpu_run(*(ort.InferenceSession(m["source"], source_options(ort, m),
+                                                 providers=["CPUExecutionProvider"]) for m in members),
+                          pipeline["tokens"])
             if save_to:
                 try:
                     save_cpu_run(cpu, Path(save_to))

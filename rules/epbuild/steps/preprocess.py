@@ -18,22 +18,24 @@ from ..execute.fork_server import SHAPE_STAGE
 from ..store.cache import Outcome, Workspace, cached_folder, with_download
 from ..store.hashing import snapshot
 from ..store.layout import STAGES
-from ..store.publish import copy_file, discard
+from ..store.publish import discard
 from .diagnosis import PATTERNS, REWRITES
 from .fingerprint import stage_config, stage_fingerprint
 from .folding import fold_constants
 from .graph import check_input_names, clear_placeholder_dims, dims, missing_files, true_inputs
 from .stages import PROTOBUF_LIMIT, Stage
+from .weights import FOLDER_OPTION, load_with_weights
 
 RANDOM_SAMPLES, RANDOM_SEED = 8, 0
 STAGE_TIMEOUT_S = 3600
 
 
-def squash(source: Path, output: Path, limit_bytes: int = PROTOBUF_LIMIT) -> int:
-    """Write a single-file ONNX model with every external tensor inlined; refuse beyond `limit_bytes`."""
+def squash(source: Path, output: Path, limit_bytes: int = PROTOBUF_LIMIT, weights: Path | None = None) -> int:
+    """Write a single-file ONNX model with every external tensor inlined (read from `weights`, None: beside the
+    source); refuse beyond `limit_bytes`."""
     import onnx
 
-    model = onnx.load(str(source), load_external_data=True)
+    model = load_with_weights(source, weights)
     size = model.ByteSize()
     if size > limit_bytes:
         raise ModelError(f"squash: {source.name} is {size:,} bytes with its external data inlined, over the "
@@ -103,7 +105,7 @@ def fix_shapes(source: Path, output: Path, inputs: dict[str, list[int]], data_fi
     fix_output_shapes, make_input_shape_fixed = model_utils.fix_output_shapes, model_utils.make_input_shape_fixed
     SymbolicShapeInference = symbolic.SymbolicShapeInference
 
-    model = onnx.load(source.name, load_external_data=weights)  # external data resolves in the working folder
+    model = onnx.load(str(source), load_external_data=weights)
     check_input_names(model.graph, list(inputs), "inputs")
     clear_placeholder_dims(model.graph)
     for name, shape in inputs.items():
@@ -136,7 +138,7 @@ def freeze(source: Path, output: Path, values: dict[str, list[float]], data_file
     import onnxruntime as ort
     from onnx import helper, numpy_helper
 
-    model = onnx.load(source.name, load_external_data=False)
+    model = onnx.load(str(source), load_external_data=False)
     check_input_names(model.graph, list(values), "freeze")
     for name, given in values.items():
         value = next(v for v in model.graph.input if v.name == name)
@@ -216,7 +218,9 @@ class _Calibration:
 
 
 def quantize(source: Path, output: Path, flavour: str, settings: dict[str, Any], files: list[str], task: str,
-             data_file: str | None) -> None:
+             data_file: str | None, weights: Path | None = None) -> None:
+    """QDQ quantization; a graph whose weights are in another folder (`weights`) is handed to the quantizers with
+    its tensors read from there (they resolve external data beside the file they are given)."""
     import onnx
     from onnx import helper
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
@@ -232,13 +236,15 @@ def quantize(source: Path, output: Path, flavour: str, settings: dict[str, Any],
              "int16": QuantType.QInt16}
     activation, weight = types[settings["activation_type"]], types[settings["weight_type"]]
     external = data_file is not None  # the quantizers write <output>.data, which is `data_file`
+    given = load_with_weights(source, weights) if weights else str(source)
+    os.chdir(output.parent)  # onnx refuses to save a data file whose name exists in the working folder
     if flavour == "qnn":
-        config = get_qnn_qdq_config(str(source), reader, activation_type=activation, weight_type=weight,
+        config = get_qnn_qdq_config(given, reader, activation_type=activation, weight_type=weight,
                                     per_channel=settings["per_channel"])
         config.use_external_data_format = external
-        quantize_with_config(str(source), str(output), config)
+        quantize_with_config(given, str(output), config)
     else:
-        quantize_static(str(source), str(output), reader, quant_format=QuantFormat.QDQ, activation_type=activation,
+        quantize_static(given, str(output), reader, quant_format=QuantFormat.QDQ, activation_type=activation,
                         weight_type=weight, per_channel=settings["per_channel"], use_external_data_format=external)
 
 
@@ -247,9 +253,10 @@ def _run_stage(request: dict[str, Any]) -> dict[str, Any]:
     import onnxruntime as ort
 
     source, output, settings = Path(request["input"]), Path(request["output"]), request["settings"]
-    data_file, kept = request["data_file"], request["kept_data"]
-    weights = not kept  # a weightless stage keeps the input's external data as it is
-    os.chdir(source.parent)  # external data resolves next to the model, as in compiles
+    data_file, graph_only = request["data_file"], request["graph_only"]
+    elsewhere = Path(request["weights"]) if request["weights"] else None  # the input's weights, not beside it
+    weights = not graph_only  # a graph-only stage reads and writes the graph alone
+    os.chdir(elsewhere or source.parent)  # external data read from bytes resolves in the working folder
     kind, result = request["kind"], {}
     if kind == "freeze":
         with located(request["manifest"], request["entry"]):
@@ -260,11 +267,11 @@ def _run_stage(request: dict[str, Any]) -> dict[str, Any]:
         with located(request["manifest"], request["entry"]):
             result["dynamic"] = fix_shapes(source, output, settings["inputs"], data_file, weights)
     elif kind == "fold":
-        model = onnx.load(source.name, load_external_data=weights)  # external data resolves in the working folder
+        model = onnx.load(str(source), load_external_data=weights)  # values it folds: from the working folder
         result["folded"] = fold_constants(model)
         save(model, output, data_file)
     elif kind == "rewrite":
-        model = onnx.load(source.name, load_external_data=weights)
+        model = onnx.load(str(source), load_external_data=weights)
         result["rewritten"] = {rule: REWRITES[rule](model.graph) for rule in settings["rules"]}
         missing = [rule for rule, count in result["rewritten"].items() if not count]
         if missing:
@@ -279,20 +286,23 @@ def _run_stage(request: dict[str, Any]) -> dict[str, Any]:
             settings["level"]]
         options.optimized_model_filepath = str(output)
         external_output(options, data_file)
-        ort.InferenceSession(source.name, options, providers=["CPUExecutionProvider"])
+        if elsewhere:
+            options.add_session_config_entry(FOLDER_OPTION, str(elsewhere))
+        ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
         if data_file:
             always_written(output.with_name(data_file))
     elif kind == "quantize":
-        quantize(source, output, request["flavour"], settings, request["calibration"], request["task"], data_file)
+        quantize(source, output, request["flavour"], settings, request["calibration"], request["task"], data_file,
+                 elsewhere)
     else:
-        squash(source, output, settings["limit_bytes"])
-    for name in kept:  # the bytes as they are: a reflink or an in-kernel copy, never through Python
-        copy_file(source.with_name(name), output.with_name(name))
-    written = {output.name, data_file, *kept}
+        squash(source, output, settings["limit_bytes"], elsewhere)
+    written = {output.name, data_file}
     for leftover in output.parent.iterdir():  # quantizers may leave helper models next to the output
         if leftover.is_file() and leftover.name not in written:
             leftover.unlink()
-    problems = missing_files(output, onnx.load(str(output), load_external_data=False))
+    # a graph-only output references its input's files, where they are
+    problems = missing_files(output, onnx.load(str(output), load_external_data=False),
+                             (elsewhere or source.parent) if graph_only else None)
     if problems:
         raise ModelError("; ".join(problems))
     return result
@@ -302,7 +312,8 @@ def stage_request(stage: Stage, output: Path) -> dict[str, Any]:
     return {"kind": stage.kind, "task": stage.task, "flavour": stage.flavour, "input": str(stage.input),
             "manifest": stage.manifest, "entry": f"models.{stage.model}",
             "output": str(output), "settings": stage.settings, "calibration": [str(p) for p in stage.calibration],
-            "data_file": stage.output_data.name if stage.output_data else None, "kept_data": list(stage.kept_data)}
+            "data_file": stage.output_data.name if stage.output_data else None, "graph_only": stage.graph_only,
+            "weights": str(stage.input_folder) if stage.input_weights else None}
 
 
 def produce_stage(stage: Stage, workspace: Workspace, scratch: Path) -> dict[str, Any]:
@@ -332,8 +343,7 @@ def run_stage(stage: Stage, workspace: Workspace) -> tuple[Outcome, float, list[
             answer["answer"] = produce_stage(stage, workspace, scratch)
 
     outcome = cached_folder(stage.task, fingerprint, workspace, stage.output.parent,
-                            sorted(p.name for p in stage.outputs), produce, stage_config(stage), inputs,
-                            borrowed={name: stage.input.with_name(name) for name in stage.kept_data})
+                            sorted(p.name for p in stage.outputs), produce, stage_config(stage), inputs)
     child = answer.get("answer", {})
     return (with_download(outcome, answer), time.monotonic() - started, child.get("dynamic", []),
             answer.get("worker"), child.get("usage"))

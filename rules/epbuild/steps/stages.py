@@ -14,8 +14,9 @@ nodes that only compute constants replaced by their values, `steps.folding`), `o
 `optimize` = "basic" or "extended": ONNX Runtime's optimizer), `quantize` (for targets with `quantized = true`,
 QNN's QDQ configuration for QNN targets and the generic static quantizer otherwise), `squash` (when the model says
 `squash = true`). Outputs are named after the model, so compiles by file name stay unique and checkout-independent.
-A stage whose input has external data writes its own `<model>.onnx.data` beside its output (squash inlines it), so
-no output refers to a file outside its folder.
+A stage that changes weights and whose input has external data writes its own `<model>.onnx.data` beside its
+output (squash inlines it); a graph-only stage writes the graph alone, which reads its weights from its input's folder
+(`steps.weights`): the chain's external data stays the source's files, never copied.
 """
 
 from __future__ import annotations
@@ -27,10 +28,12 @@ from typing import Any
 
 from ..manifest.parse import ModelSpec
 from ..store.layout import Layout
+from .weights import folder_string, resolved
 
 PROTOBUF_LIMIT = 2**31 - 1  # a single-file ONNX model must serialize below 2 GiB
-# Stages that change only the graph: they read it without its weights and keep the input's external-data files as
-# they are (copied beside the output, a reflink where the file system has them), so their memory is the graph's.
+# Stages that change only the graph: they read it without its weights and write the graph alone, whose references
+# still name the input's external-data files, read from the input's folder: their memory is the graph's and their
+# output holds no copy of the weights.
 WEIGHTLESS = ("rewrite", "shape", "fold")
 # Stages only some targets' chains of one model have (NPU targets need static shapes and folded constants): a later
 # stage of such a chain reads another input than the same kind of stage of a chain without them, so its name says
@@ -50,13 +53,29 @@ class Stage:
     input_external: tuple[Path, ...] = ()  # the input's external-data files
     output_data: Path | None = None  # the output's own external-data file
     manifest: str = "models.toml"  # the manifest's file name, for errors about the model's keys
-    kept_data: tuple[str, ...] = ()  # a weightless stage: the input's external-data files, copied as they are
     after: str | None = None  # the target-dependent stage (shape or fold) earlier in its chain, if any
+    input_weights: str | None = None  # where the input's external data resolves, when not in its folder
 
     @property
     def outputs(self) -> list[Path]:
-        kept = [self.output.with_name(name) for name in self.kept_data]
-        return [self.output, *([self.output_data] if self.output_data else []), *kept]
+        return [self.output, *([self.output_data] if self.output_data else [])]
+
+    @property
+    def graph_only(self) -> bool:
+        """The output is the graph alone and reads the input's external-data files where they are."""
+        return self.kind in WEIGHTLESS and bool(self.input_external)
+
+    @property
+    def input_folder(self) -> Path:
+        """The folder the input's external data resolves in."""
+        return resolved(self.input, self.input_weights) if self.input_weights else self.input.parent
+
+    @property
+    def output_external(self) -> tuple[Path, ...]:
+        """The external-data files the output references."""
+        if self.graph_only:
+            return self.input_external
+        return (self.output_data,) if self.output_data else ()
 
     @property
     def task(self) -> str:
@@ -67,12 +86,15 @@ class Stage:
 @dataclass(frozen=True)
 class Chain:
     """What a compile consumes after its stages: the model (path and remaining `inputs`), its external-data
-    files, the stages that make it, and the float model before quantization (None without quantization)."""
+    files, the stages that make it, and the float model before quantization (None without quantization).
+    `elsewhere`: the chain's graphs whose external data resolves in another folder (graph-only stage outputs),
+    with that folder as `steps.weights.folder_string` names it."""
 
     model: ModelSpec
     external: tuple[Path, ...]
     stages: tuple[Stage, ...]
     float_model: Path | None
+    elsewhere: tuple[tuple[Path, str], ...] = ()
 
 
 def stage_chain(model: ModelSpec, layout: Layout, external: tuple[Path, ...], flavour: str | None,
@@ -90,25 +112,27 @@ def stage_chain(model: ModelSpec, layout: Layout, external: tuple[Path, ...], fl
     fold = fold and model.optimize is None
 
     after = None  # shape and fold are in some chains of a model and not in others: a stage after one is named so
+    weights = model.path.parent  # the folder the current model's external data resolves in
+    elsewhere: dict[Path, str] = {}
 
     def add(kind: str, settings: dict[str, Any], stage_flavour: str | None = None,
             calibration: tuple[Path, ...] = ()) -> None:
-        nonlocal path, external, after
+        nonlocal path, external, after, weights
         follows = None if kind in TARGET_DEPENDENT else after
         folder = (f"{kind}-{stage_flavour}" if stage_flavour else kind) + (f"+{follows}" if follows else "")
         output = layout.stage_output(model.name, folder)
-        kept = tuple(p.name for p in external)
         if kind in TARGET_DEPENDENT:
             after = kind
-        if kind in WEIGHTLESS and external and all(p.parent == path.parent for p in external):
-            stages.append(Stage(kind, model.name, stage_flavour, path, output, settings, calibration, external, None,
-                                manifest, kept, follows))
-            path, external = output, tuple(output.with_name(name) for name in kept)
-            return
-        data = output.with_name(f"{model.name}.onnx.data") if external and kind != "squash" else None
-        stages.append(Stage(kind, model.name, stage_flavour, path, output, settings, calibration, external, data,
-                            manifest, (), follows))
-        path, external = output, ((data,) if data else ())
+        data = output.with_name(f"{model.name}.onnx.data") if external and kind not in (*WEIGHTLESS, "squash") \
+            else None
+        stage = Stage(kind, model.name, stage_flavour, path, output, settings, calibration, external, data, manifest,
+                      follows, elsewhere.get(path))
+        stages.append(stage)
+        path, external = output, stage.output_external
+        if stage.graph_only:
+            elsewhere[output] = folder_string(output, weights)
+        else:
+            weights = output.parent
 
     if model.freeze:
         add("freeze", {"values": {name: list(value) for name, value in sorted(model.freeze.items())}})
@@ -133,4 +157,5 @@ def stage_chain(model: ModelSpec, layout: Layout, external: tuple[Path, ...], fl
         add("squash", {"limit_bytes": PROTOBUF_LIMIT}, flavour if quantize else None)
     if not stages:
         return Chain(model, external, (), None)
-    return Chain(dataclasses.replace(model, path=path, inputs=inputs), external, tuple(stages), float_path)
+    return Chain(dataclasses.replace(model, path=path, inputs=inputs), external, tuple(stages), float_path,
+                 tuple(elsewhere.items()))

@@ -42,6 +42,7 @@ from .reference import (
 )
 from .stages import Stage
 from .validation_inputs import SEED, feeds_for
+from .weights import weights_folder
 
 REPORT = "validation.json"
 
@@ -64,6 +65,7 @@ def member_request(build: Build, member: Member, folder: Path, files: list[str],
         "cpu_nodes": recorded["nodes"]["cpu"] + recorded["nodes"].get("cpu_in_subgraphs", 0),  # as a session counts
         "foldable_on_cpu": recorded["nodes"].get("foldable_on_cpu", {}),
         "source": str(member.model.path), "reference": str(reference), "declared": str(declared),
+        "weights": member.weights,
         "reference_is": describe(reference, declared, stages),
         "ep": target.ep.alias, "device": target.device, "embed": target.embed, "mode": settings.mode,
         "options": {key: str(folder / value) if key in runtime_files else value
@@ -281,7 +283,7 @@ def _localise(ort: Any, info: EpInfo, request: MemberValidation, feeds: dict[str
 
     try:
         return localise(ort, request["source"], feeds, thresholds, on_ep, lambda: session_options(ort),
-                        request["localise_budget_s"])
+                        request["localise_budget_s"], weights_folder(request["source"], request["weights"]))
     except Exception as exc:  # noqa: BLE001 - the validation's own result stands; say why there is no more
         return {"found": False, "error": " ".join(str(exc).split())[:300]}
 

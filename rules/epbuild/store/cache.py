@@ -342,25 +342,20 @@ def check_inputs(label: str, inputs: dict[Path, list[int] | None]) -> None:
 
 def cached_folder(label: str, fingerprint: str, workspace: Workspace, final: Path, expected: list[str] | None,
                   produce: Callable[[Path], None], identity: dict[str, Any],
-                  inputs: dict[Path, list[int] | None], publishing: Callable[[Path], None] | None = None,
-                  borrowed: dict[str, Path] | None = None) -> Outcome:
+                  inputs: dict[Path, list[int] | None], publishing: Callable[[Path], None] | None = None) -> Outcome:
     """Restore `fingerprint` from the caches, or run `produce(scratch)` and store what it wrote (exactly
     `expected`, or whatever the tool decides when None); then publish the folder atomically. `identity` (tool
     versions, host) goes into the remote's manifest for people reading it; `inputs` are the identities the inputs
     had before they were hashed (`hashing.snapshot`), checked before anything is stored or published;
-    `publishing(scratch)` adds what is not cached (names outside the fingerprint) and may refuse. `borrowed`
-    names output files that are byte copies of inputs (a graph-only stage's weights, which its fingerprint covers):
-    they are not stored, and a restore copies them from those inputs again. The fingerprint's lock is held
-    throughout, so two builders never produce it twice, and a failure leaves neither
+    `publishing(scratch)` adds what is not cached (names outside the fingerprint) and may refuse. The
+    fingerprint's lock is held throughout, so two builders never produce it twice, and a failure leaves neither
     the scratch folder nor an older `final` behind."""
     with workspace.cache.lock(fingerprint):
         label_text = label.replace(":", ".").replace("@", ".").replace("[", ".")
         scratch = scratch_dir(workspace.layout.scratch_root, label_text)
-        borrowed = borrowed or {}
-        cached = None if expected is None else [name for name in expected if name not in borrowed]
         try:
             found, outcome = restore(label, fingerprint, workspace, scratch)
-            if found is None or (cached is not None and found not in (cached, expected)):
+            if found is None or (expected is not None and found != expected):
                 if found is not None:  # a miss leaves the scratch folder empty
                     discard(scratch)
                     scratch.mkdir()
@@ -369,15 +364,9 @@ def cached_folder(label: str, fingerprint: str, workspace: Workspace, final: Pat
                 produced = produced_files(scratch)
                 if expected is not None and produced != expected:
                     raise BuildError(f"{label}: wrote {produced}, expected {expected}")
-                uploaded = store(label, fingerprint, workspace, scratch, [n for n in produced if n not in borrowed],
-                                 identity)
+                uploaded = store(label, fingerprint, workspace, scratch, produced, identity)
                 outcome = Outcome(None, outcome.downloaded, uploaded)
                 found = None
-            else:  # an entry a Dask worker uploaded holds the borrowed files too
-                for name, source in borrowed.items():
-                    if name not in found:  # the inputs' very bytes: the fingerprint names them
-                        copy_file(source, scratch / name)
-                found = sorted({*found, *borrowed})
             check_inputs(label, inputs)
             if publishing is not None:
                 publishing(scratch)
