@@ -247,3 +247,32 @@ quantized = true
     assert {"shape:wide", "fold:wide", "quantize:wide[qnn]+fold", "compile:wide@qnn-htp", "compile:wide@qnn-int8",
             "validate:wide@qnn-htp", "validate:wide@qnn-int8"} <= again, again
     assert not any(task.endswith(":opt") or ":opt@" in task for task in again), again
+
+
+def test_weights_in_a_subfolder_one_file_per_tensor_stay_where_they_are(project):
+    """External data as some exporters lay it out (one file per tensor, in a folder beside the model) goes through
+    the graph-only stages untouched: the compile and the validation read each file where it is, and an edit of one
+    of them rebuilds the chain."""
+    models = project.root / "models"
+    wide_mlp(models / "split.onnx", width=256)
+    model = onnx.load(str(models / "split.onnx"))
+    (models / "split.onnx.data").unlink()
+    (models / "weights").mkdir()
+    for tensor in model.graph.initializer:
+        if tensor.HasField("raw_data") and len(tensor.raw_data) > 1024:
+            (models / "weights" / f"{tensor.name}.bin").write_bytes(tensor.raw_data)
+            size = len(tensor.raw_data)
+            tensor.ClearField("raw_data")
+            tensor.data_location = onnx.TensorProto.EXTERNAL
+            for key, value in (("location", f"weights/{tensor.name}.bin"), ("offset", "0"), ("length", str(size))):
+                tensor.external_data.add(key=key, value=value)  # as onnx writes them (QNN needs the length)
+    onnx.save(model, str(models / "split.onnx"))
+    project.manifest('[models.split]\npath = "models/split.onnx"\ninputs = { x = [1, 256] }\n' + QNN)
+    done = project.doit()
+    assert {"shape:split", "fold:split", "compile:split@qnn-htp", "validate:split@qnn-htp"} <= ran(done)
+    assert [p.name for p in (project.artifacts / ".stages" / "split" / "fold").iterdir()] == ["split.onnx"]
+    validation = json.loads((project.artifacts / "qnn-htp" / "split" / "validation.json").read_text())
+    assert validation["status"] == "passed", validation
+    weight = models / "weights" / "layers.1.weight.bin"
+    weight.write_bytes(weight.read_bytes()[::-1])  # another weight, the same size
+    assert {"shape:split", "fold:split", "compile:split@qnn-htp", "validate:split@qnn-htp"} <= ran(project.doit())
