@@ -273,6 +273,64 @@ def test_the_page_assembled_from_remembered_parts_equals_one_rendered_whole(tmp_
     assert 'data-task="validate:encoder@cpu"' in written()[0] and ">12.5<" in written()[0]
 
 
+def test_a_build_no_task_of_which_ran_shows_the_part_the_last_page_showed_without_keying_it(tmp_path, host_cache,
+                                                                                           monkeypatch):
+    """After a run that changed one model, the other model's builds (none of their tasks ran, none of their entries
+    changed) take the part the last page showed without stat'ing their files; the page is the one a full rendering
+    makes. A torn last journal line, or a build report rewritten since, makes every part keyed again."""
+    from epbuild.report import cells
+    from epbuild.report.views import PartStore, write_views
+    from epbuild.store.layout import stat_key
+    from epbuild.tasks.project import Project as Loaded
+
+    project = Project(tmp_path, host_cache)
+    project.manifest(SMALL)
+    project.doit()
+    for seed in (7, 8):  # the second change run: the tinycnn's entries were already "up-to-date"
+        perturb_weights(project.root / "models" / "encoder.onnx", seed)
+        project.doit()
+    time.sleep(0.1)
+
+    def written() -> tuple[str, str]:
+        page = (project.artifacts / "report.html").read_text()
+        return re.sub(r"Written .* UTC", "", page), (project.artifacts / "junit.xml").read_text()
+
+    by_the_build = written()
+    monkeypatch.chdir(tmp_path)
+    loaded = Loaded(tmp_path / "models.toml", [])
+    entries, keyed = build_report(project), []
+    original = cells.Sources.key
+    monkeypatch.setattr(cells.Sources, "key", lambda self, text: keyed.append(self.build.name) or original(self, text))
+    report = project.artifacts / "build-report.json"
+    now = stat_key(os.stat(report))
+    assert write_views(loaded.layout, loaded.builds, entries, untouched={"tinycnn@cpu"}, made_from=now) <= 1
+    assert keyed == ["encoder@cpu"] and written() == by_the_build
+    store = PartStore(loaded.layout.state / "report-parts.json")
+    with open(store.journal if store.journal.exists() else store.path, "a") as handle:
+        handle.write('{"version": "torn')
+    keyed.clear()
+    write_views(loaded.layout, loaded.builds, entries, untouched={"tinycnn@cpu"}, made_from=now)
+    assert sorted(keyed) == ["encoder@cpu", "tinycnn@cpu"] and written() == by_the_build
+    keyed.clear()
+    write_views(loaded.layout, loaded.builds, entries, untouched={"tinycnn@cpu"}, made_from=[0, 0, 0, 0])
+    assert sorted(keyed) == ["encoder@cpu", "tinycnn@cpu"] and written() == by_the_build
+
+
+def test_a_part_rendered_while_its_files_could_change_is_never_taken_as_shown(tmp_path):
+    from epbuild.report.views import PartStore
+
+    path, report = tmp_path / "report-parts.json", tmp_path / "build-report.json"
+    report.write_text("{}")
+    store = PartStore(path, report)
+    store.get("a", "a1", lambda: {"html": "a"})
+    store.get("b", None, lambda: {"html": "b"})  # rendered, not remembered
+    store.save()
+    identity = json.loads(path.read_text())["made_from"]
+    again = PartStore(path, report, identity)
+    assert again.current("a") == {"html": "a", "key": "a1"} and again.current("b") is None
+    assert PartStore(path, report, None).current("a") is None  # no build report was read: nothing is known
+
+
 def test_a_run_appends_the_parts_it_rendered_and_the_base_is_rewritten_when_the_journal_outgrows_half_of_it(
         tmp_path):
     """10,000 builds' parts are 30 MB: a run that rendered two appends them to the journal; a torn line (a killed

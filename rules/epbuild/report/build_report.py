@@ -8,13 +8,14 @@ Written atomically, one line per task so that diffs between CI runs stay readabl
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from .. import RULES_FORMAT
 from ..errors import plain
-from ..store.layout import write_atomic
+from ..store.layout import stat_key, write_atomic
 
 
 def usage_text(usage: dict[str, float] | None) -> str:
@@ -43,17 +44,20 @@ class BuildReport:
 
     def __init__(self, path: Path):
         self.path = path
+        self.modified: set[str] = set()  # the tasks whose entries this run changed
         try:
+            self.read_as = stat_key(os.stat(path))  # the identity of the file read, taken before reading it
             self.text = path.read_text()
             self.entries: dict[str, dict[str, Any]] = json.loads(self.text)["tasks"]
             self.texts = _texts(self.text, self.entries)  # name -> its entry's JSON, while unchanged
         except (OSError, ValueError, KeyError):
-            self.text, self.entries, self.texts = None, {}, {}
+            self.read_as, self.text, self.entries, self.texts = None, None, {}, {}
 
     def _set(self, task: str, entry: dict[str, Any]) -> None:
         if self.entries.get(task) != entry:
             self.entries[task] = entry
             self.texts.pop(task, None)
+            self.modified.add(task)
 
     def entry_text(self, task: str) -> str:
         """The entry's JSON text, as written ('null' for none)."""

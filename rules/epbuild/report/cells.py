@@ -141,16 +141,18 @@ class Sources:
                     _json(self.files[0]), _json(self.files[1]), logs)
 
 
-def sources(layout: Layout, builds: list[Build]) -> list[Sources]:
-    """Each build's sources, the paths spelled as strings (pathlib's joins took 0.13 s at 1,000 builds)."""
-    root, logs_root, found = str(layout.root), str(layout.logs), []
-    for build in builds:
-        target = build.target.name
-        folder = f"{root}/{target}/{GROUPS}/{build.folder_name}" if build.shared else \
-            f"{root}/{target}/{build.folder_name}"
-        logs = f"{logs_root}/{target}/{build.log_stem}"
-        steps = ("compile", *(("validate",) if build.validates else ()),
-                 *(("ops",) if compiler(build.target).operator_check else ()))
-        files = (f"{folder}/{ARTIFACT}", f"{folder}/{VALIDATION}", *(f"{logs}.{step}.log" for step in steps))
-        found.append(Sources(build, f"validate:{build.name}" if build.validates else None, files, steps))
-    return found
+def cell_tasks(build: Build) -> tuple[str, ...]:
+    """The tasks whose entries and files a build's cell shows: its compile, then validate and ops where it has them."""
+    return (build.task, *((f"validate:{build.name}",) if build.validates else ()),
+            *((f"ops:{build.name}",) if compiler(build.target).operator_check else ()))
+
+
+def source_of(layout: Layout, build: Build) -> Sources:
+    """The build's sources, the paths spelled as strings (pathlib's joins took 0.13 s at 1,000 builds)."""
+    root, target = str(layout.root), build.target.name
+    folder = f"{root}/{target}/{GROUPS}/{build.folder_name}" if build.shared else f"{root}/{target}/{build.folder_name}"
+    logs = f"{layout.logs}/{target}/{build.log_stem}"
+    steps = ("compile", *(("validate",) if build.validates else ()),
+             *(("ops",) if compiler(build.target).operator_check else ()))
+    files = (f"{folder}/{ARTIFACT}", f"{folder}/{VALIDATION}", *(f"{logs}.{step}.log" for step in steps))
+    return Sources(build, f"validate:{build.name}" if build.validates else None, files, steps)

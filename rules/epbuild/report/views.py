@@ -29,8 +29,8 @@ from typing import Any
 from markupsafe import Markup
 
 from ..manifest.builds import Build
-from ..store.layout import Layout, write_atomic, write_json
-from .cells import PENDING, Cell, sources
+from ..store.layout import Layout, stat_key, write_atomic, write_json
+from .cells import PENDING, Cell, source_of
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 # status -> colour class: compiled/validated/restored/up to date are good, skipped is neutral
@@ -155,18 +155,25 @@ class PartStore:
     task row under its entry's; dropped whole when the templates or this code change. A run appends the parts it
     rendered to `report-parts.journal` (one JSON line) instead of writing 30 MB again at 10,000 builds; the base is
     rewritten, with only the parts of this run, when the journal outgrows half of it. A part is a function of its
-    key, so a line read twice, lost or torn (skipped) costs a rendering, never a wrong page."""
+    key, so a line read twice, lost or torn (skipped) costs a rendering, never a wrong page.
 
-    def __init__(self, path: Path):
+    Each save also names the build report the pages were made from (its identity) and the parts it could not
+    remember (rendered while their files could still change): while that build report is still the current one,
+    every other part of that save is the one its page showed, which `current` hands out without keying it."""
+
+    def __init__(self, path: Path, report: Path | None = None, before: list[int] | None = None):
+        """`report`: the build report the pages are made from; `before`: its identity when this run read it."""
         self.path, self.journal = path, path.with_suffix(".journal")
         self.version = _renderer_version()
         self.old: dict[str, dict[str, str]] = {}
         self.base_size = self.journal_size = 0
+        made_from, unsettled = None, []
         try:
             text = path.read_text()
             stored = json.loads(text)
             if isinstance(stored, dict) and stored.get("version") == self.version:
                 self.old, self.base_size = stored.get("parts", {}), len(text)
+                made_from, unsettled = stored.get("made_from"), stored.get("unsettled", [])
         except (OSError, ValueError):
             pass
         try:  # a journal extends its base: without one, everything is rendered afresh
@@ -175,12 +182,29 @@ class PartStore:
             lines = ""
         self.journal_size = len(lines)
         for line in lines.splitlines():
+            added = None
             with contextlib.suppress(ValueError):  # a line torn by a killed build
                 added = json.loads(line)
-                if isinstance(added, dict) and added.get("version") == self.version:
-                    self.old.update(added.get("parts", {}))
+            if isinstance(added, dict) and added.get("version") == self.version:
+                self.old.update(added.get("parts", {}))
+                made_from, unsettled = added.get("made_from"), added.get("unsettled", [])
+            else:  # what the last save said is not known for sure
+                made_from = None
+        self.report = report
+        # the last save's parts are those its page showed, and nothing had rewritten its build report since
+        self.shown = made_from is not None and made_from == before
+        self.unsettled = set(unsettled)
         self.new: dict[str, dict[str, str]] = {}
         self.rendered = 0  # parts rendered this time (the rest were remembered)
+        self.unremembered: list[str] = []  # rendered while their files could still change
+
+    def current(self, name: str) -> dict[str, str] | None:
+        """The part of `name` the last save's page showed, if known: for a build none of whose files and entries
+        changed since (the caller knows that)."""
+        part = self.old.get(name) if self.shown and name not in self.unsettled else None
+        if part is not None:
+            self.new[name] = part
+        return part
 
     def get(self, name: str, key: str | None, render: Any) -> dict[str, str]:
         remembered = self.old.get(name)
@@ -191,19 +215,29 @@ class PartStore:
         part = {**render(), "key": key}
         if key is not None:
             self.new[name] = part
+        else:
+            self.unremembered.append(name)
         return part
 
     def save(self) -> None:
+        """After the pages are written from the build report (`report`, as it is now)."""
         added = {name: part for name, part in self.new.items() if self.old.get(name) != part}
-        if not added:
-            return
-        line = json.dumps({"version": self.version, "parts": added}) + "\n"
+        made_from = _identity(self.report) if self.report else None
+        record = {"version": self.version, "made_from": made_from, "unsettled": self.unremembered}
+        line = json.dumps({**record, "parts": added}) + "\n"
         if self.base_size and self.journal_size + len(line) <= self.base_size // 2:
             with open(self.journal, "a", encoding="utf-8") as handle:
                 handle.write(line)
             return
-        write_json(self.path, {"version": self.version, "parts": self.new}, indent=None)
+        write_json(self.path, {**record, "parts": self.new}, indent=None)
         self.journal.unlink(missing_ok=True)
+
+
+def _identity(path: Path) -> list[int] | None:
+    try:
+        return stat_key(os.stat(path))
+    except OSError:
+        return None
 
 
 @functools.cache
@@ -215,13 +249,17 @@ def _renderer_version() -> str:
 
 
 def parts(layout: Layout, builds: list[Build], entries: dict[str, dict[str, Any]], store: PartStore,
-          entry_text: Callable[[str], str]) -> list[Part]:
+          entry_text: Callable[[str], str], untouched: set[str] = frozenset()) -> list[Part]:
     """Each build's parts, remembered or rendered; `entry_text` gives an entry's JSON (the build report keeps the
-    text of entries a run did not change)."""
+    text of entries a run did not change). A build in `untouched` (no task of it ran, none of its entries
+    changed) takes the part the last page showed, unkeyed, where the store knows it."""
     found = []
-    for source in sources(layout, builds):
-        build = source.build
-        part = store.get(build.name, source.key(entry_text), lambda s=source: render_part(s.cell(layout, entries)))
+    for build in builds:
+        part = store.current(build.name) if build.name in untouched else None
+        if part is None:
+            source = source_of(layout, build)
+            part = store.get(build.name, source.key(entry_text),
+                             lambda s=source: render_part(s.cell(layout, entries)))
         found.append(Part(build.name if build.shared else build.members[0].name, build.target.name, build.shared,
                           tuple(m.name for m in build.members), Markup(part["summary"]), Markup(part["tasks"]),
                           Markup(part["section"]), part["case"], part["outcome"], part["markdown"]))
@@ -273,13 +311,15 @@ def markdown_line(c: Cell) -> str:
 
 
 def write_views(layout: Layout, builds: list[Build], entries: dict[str, dict[str, Any]],
-                entry_text: Callable[[str], str] | None = None, pages: bool = True, step_summary: bool = False) -> int:
+                entry_text: Callable[[str], str] | None = None, pages: bool = True, step_summary: bool = False,
+                untouched: set[str] = frozenset(), made_from: list[int] | None = None) -> int:
     """report.html and junit.xml next to build-report.json (`pages`) and the lines GitHub Actions shows, appended
     to the file GITHUB_STEP_SUMMARY names (`step_summary`), from the builds' remembered parts where what they show
-    is unchanged; returns how many parts were rendered."""
+    is unchanged; returns how many parts were rendered. `untouched` (`parts`) with `made_from`, the build report's
+    identity before this run rewrote it: the last page's parts are those of the build report as it was then."""
     entry_text = entry_text or (lambda name: json.dumps(entries.get(name)))
-    store = PartStore(layout.state / PARTS)
-    page_parts = parts(layout, builds, entries, store, entry_text)
+    store = PartStore(layout.state / PARTS, layout.build_report, made_from)
+    page_parts = parts(layout, builds, entries, store, entry_text, untouched)
     if pages:
         page = render_html(page_parts, stage_rows(entries, store, entry_text), entries, layout.root.parent.name)
         write_atomic(layout.html_report, page)

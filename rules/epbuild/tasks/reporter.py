@@ -11,6 +11,7 @@ from doit.reporter import ConsoleReporter
 
 from ..fast_path import Stamp
 from ..report.build_report import BuildReport
+from ..report.cells import cell_tasks
 from ..report.progress import LiveProgress, load_durations, save_durations
 from ..report.views import templates_prepared_in_background, write_views
 from .checker import saw
@@ -158,8 +159,11 @@ class BuildReporter(ConsoleReporter):
             pages = self.report.write() or not layout.html_report.exists()
             step_summary = bool(os.environ.get("GITHUB_STEP_SUMMARY") and seen)
             if pages or step_summary:
+                hidden = set(self.hidden)  # what no task of this run touched shows as the last page showed it
+                untouched = {build.name for build in self.project.builds
+                             if all(task in hidden and task not in self.report.modified for task in cell_tasks(build))}
                 write_views(layout, self.project.builds, self.report.entries, self.report.entry_text, pages,
-                            step_summary)
+                            step_summary, untouched, self.report.read_as)
         except Exception as exc:  # noqa: BLE001 - any rendering error, reported with its type
             self.write(f"warning: report.html / junit.xml not written: {type(exc).__name__}: {exc}\n")
         try:  # a record that cannot be written makes the next run check, and possibly re-run, more: never wrong
