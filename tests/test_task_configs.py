@@ -38,6 +38,43 @@ def test_two_builds_at_once_merge_their_records(tmp_path):
     assert merged.unchanged("compile:a@cpu", {"x": 1}) and merged.unchanged("compile:b@cpu", {"x": 2})
 
 
+def test_a_run_appends_the_tasks_it_changed_and_a_torn_line_leaves_their_older_entries(tmp_path):
+    """The record is 7 MB at 10,000 targets: a run that changed two tasks appends them to the journal; a line a
+    killed build tore is skipped (those tasks keep their older entries, so they run again); the record is rewritten
+    whole, journal merged, once the journal outgrows half of it."""
+    path = tmp_path / "configs.json"
+    first = ConfigRecord(path)
+    for index in range(40):
+        first.unchanged(f"compile:m{index}@cpu", {"x": 1})
+        first.success(f"compile:m{index}@cpu", {})
+    first.save()
+    base = path.read_bytes()
+    second = ConfigRecord(path)
+    second.unchanged("compile:m1@cpu", {"x": 2})
+    second.success("compile:m1@cpu", {})
+    second.save()
+    journal = tmp_path / "configs.journal"
+    assert path.read_bytes() == base and len(journal.read_text().splitlines()) == 1
+    assert ConfigRecord(path).unchanged("compile:m1@cpu", {"x": 2})
+    with open(journal, "a") as handle:
+        handle.write('{"compile:m2@cpu": ["torn')
+    third = ConfigRecord(path)
+    assert third.unchanged("compile:m1@cpu", {"x": 2}) and not third.unchanged("compile:m2@cpu", {"x": 3})
+    third.success("compile:m2@cpu", {})
+    third.save()
+    assert ConfigRecord(path).unchanged("compile:m2@cpu", {"x": 3})
+    for index in range(3, 40):  # the journal outgrows half the record: rewritten whole, journal merged
+        record = ConfigRecord(path)
+        record.unchanged(f"compile:m{index}@cpu", {"x": 4})
+        record.success(f"compile:m{index}@cpu", {})
+        record.save()
+    assert not journal.exists() or len(journal.read_text()) <= path.stat().st_size // 2
+    merged = ConfigRecord(path)
+    assert merged.unchanged("compile:m1@cpu", {"x": 2}) and merged.unchanged("compile:m2@cpu", {"x": 3})
+    assert all(merged.unchanged(f"compile:m{index}@cpu", {"x": 4}) for index in range(3, 40))
+    assert merged.unchanged("compile:m0@cpu", {"x": 1})
+
+
 def test_an_unreadable_record_means_every_task_runs(tmp_path):
     path = tmp_path / "configs.json"
     path.write_text("{not json")
@@ -88,19 +125,19 @@ def test_a_setting_changed_and_changed_back_runs_each_time_and_a_failure_is_not_
     project.manifest(MANIFEST.replace("LEVEL", "normal"))
     project.doit()
     record = project.artifacts / ".state" / "configs.json"
-    assert set(json.loads(record.read_text())) == {"compile:tinycnn@qnn", "validate:tinycnn@qnn"}
+    assert set(ConfigRecord(record).recorded) == {"compile:tinycnn@qnn", "validate:tinycnn@qnn"}
     assert ran(project.doit()) == set()
     project.manifest(MANIFEST.replace("LEVEL", "high"))
     assert ran(project.doit(), "compile:") == {"compile:tinycnn@qnn"}
     project.manifest(MANIFEST.replace("LEVEL", "normal"))
     assert ran(project.doit(), "compile:") == {"compile:tinycnn@qnn"}
-    before = json.loads(record.read_text())
+    before = ConfigRecord(record).recorded
     # settings the EP refuses at compile time (fp16 precision without a SoC model)
     project.manifest(MANIFEST.replace('soc_model = 60, qnn_context_priority = "LEVEL"',
                                       'enable_htp_fp16_precision = 1, qnn_context_priority = "normal"'))
     failed = project.doit(check=False)
     assert failed.returncode != 0 and ran(failed, "compile:") == {"compile:tinycnn@qnn"}
-    assert json.loads(record.read_text()) == before  # the failed settings are not recorded
+    assert ConfigRecord(record).recorded == before  # the failed settings are not recorded
     assert ran(project.doit(check=False), "compile:") == {"compile:tinycnn@qnn"}  # so it runs again
 
 

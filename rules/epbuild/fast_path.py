@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from .store.journal import journal_of
 from .store.layout import Layout, settled, stat_key, write_json
 
 PACKAGE = Path(__file__).resolve().parent
@@ -93,6 +94,7 @@ class Stamp:
         self.path = layout.state / "noop.json"
         self.watched = [layout.configs, layout.build_report, layout.html_report, layout.junit_report,
                         layout.state / "host.json", Path(DEP_FILE)]
+        self.journal = journal_of(layout.configs)  # present or not
 
     def still_valid(self, key: str) -> dict[str, Any] | None:
         """The stamp when the key and every file's identity still match, else None."""
@@ -118,6 +120,7 @@ class Stamp:
             if identity is None:
                 return  # a run without them is not a steady state
             files[str(path)] = identity
+        files[str(self.journal)] = file_identity(str(self.journal))
         for path in checked:
             try:
                 stat = os.stat(path)

@@ -29,6 +29,7 @@ from typing import Any
 from markupsafe import Markup
 
 from ..manifest.builds import Build
+from ..store.journal import append_line
 from ..store.layout import Layout, stat_key, write_atomic, write_json
 from .cells import PENDING, Cell, source_of
 
@@ -226,8 +227,7 @@ class PartStore:
         record = {"version": self.version, "made_from": made_from, "unsettled": self.unremembered}
         line = json.dumps({**record, "parts": added}) + "\n"
         if self.base_size and self.journal_size + len(line) <= self.base_size // 2:
-            with open(self.journal, "a", encoding="utf-8") as handle:
-                handle.write(line)
+            append_line(self.journal, line)
             return
         write_json(self.path, {**record, "parts": self.new}, indent=None)
         self.journal.unlink(missing_ok=True)

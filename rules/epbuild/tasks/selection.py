@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..fast_path import DEP_FILE, file_identity
+from ..store.journal import journal_of
 from ..store.layout import Layout, settled, stat_key, write_json
 
 Task = dict[str, Any]
@@ -77,6 +78,7 @@ class RunRecord:
     def __init__(self, layout: Layout):
         self.path = layout.state / "last-run.json"
         self.watched = [layout.configs, layout.build_report, Path(DEP_FILE)]
+        self.journal = journal_of(layout.configs)  # present or not
 
     def load(self, key: str) -> Recorded | None:
         """The record when it was written under `key` and no run wrote doit's database, the settings record or the
@@ -87,7 +89,8 @@ class RunRecord:
             return None
         if not isinstance(record, dict) or record.get("format") != FORMAT or record.get("key") != key:
             return None
-        if any(file_identity(str(path)) != record["watched"].get(str(path)) for path in self.watched):
+        if any(file_identity(str(path)) != record["watched"].get(str(path), False)
+               for path in [*self.watched, self.journal]):
             return None
         return Recorded(record["tasks"], record["files"], record["task_deps"], record["looked_at"])
 
@@ -95,6 +98,7 @@ class RunRecord:
         watched = {str(path): file_identity(str(path)) for path in self.watched}
         if None in watched.values():
             return  # a run without them left no state to compare with
+        watched[str(self.journal)] = file_identity(str(self.journal))
         write_json(self.path, {"format": FORMAT, "key": key, "watched": watched, "tasks": recorded.tasks,
                                "files": recorded.files, "task_deps": recorded.task_deps,
                                "looked_at": recorded.looked_at}, indent=None)

@@ -1,0 +1,24 @@
+"""Append-only journals beside whole-file records (the settings record, the report's part store): a run appends
+one JSON line of what it changed instead of rewriting megabytes, and readers lay the lines over the base. Not used
+by the jobs (their code is in every fingerprint)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def journal_of(path: Path) -> Path:
+    """`configs.json` -> `configs.journal`."""
+    return path.with_suffix(".journal")
+
+
+def append_line(path: Path, line: str) -> None:
+    """Append one line on a line of its own: after a line a killed writer tore, the torn part stays alone (skipped
+    by readers) instead of spoiling this one."""
+    with open(path, "a+b") as handle:
+        if handle.tell():
+            handle.seek(-1, os.SEEK_END)
+            if handle.read(1) != b"\n":
+                line = "\n" + line
+        handle.write(line.encode())
