@@ -242,6 +242,12 @@ def test_the_page_template_is_compiled_while_a_first_build_waits_and_no_thread_o
                                                counts={}, project="p", generated="now")
 
 
+def _written(project) -> tuple[str, str]:
+    """report.html without its time of writing, and junit.xml."""
+    page = (project.artifacts / "report.html").read_text()
+    return re.sub(r"Written .* UTC", "", page), (project.artifacts / "junit.xml").read_text()
+
+
 def test_the_page_assembled_from_remembered_parts_equals_one_rendered_whole(tmp_path, host_cache, monkeypatch):
     """Each build's parts of report.html and junit.xml are rendered again only when what they show changed; the
     page made from remembered parts is the page a first rendering makes."""
@@ -255,22 +261,19 @@ def test_the_page_assembled_from_remembered_parts_equals_one_rendered_whole(tmp_
     project.doit()  # the encoder's compile and validation ran, the tinycnn's parts were remembered
     time.sleep(0.1)  # every file settled: a part whose files may still change is never remembered
 
-    def written() -> tuple[str, str]:
-        page = (project.artifacts / "report.html").read_text()
-        return re.sub(r"Written .* UTC", "", page), (project.artifacts / "junit.xml").read_text()
-
-    by_the_build = written()
+    by_the_build = _written(project)
     monkeypatch.chdir(tmp_path)
     loaded = Loaded(tmp_path / "models.toml", [])
     entries = build_report(project)
     # a part whose files the build wrote within the clock's last tick was rendered, not remembered: rendered now
-    assert write_views(loaded.layout, loaded.builds, entries) <= 1 and written() == by_the_build
-    assert write_views(loaded.layout, loaded.builds, entries) == 0 and written() == by_the_build
+    assert write_views(loaded.layout, loaded.builds, entries) <= 1 and _written(project) == by_the_build
+    assert write_views(loaded.layout, loaded.builds, entries) == 0 and _written(project) == by_the_build
     (project.artifacts / ".state" / PARTS).unlink()
-    assert write_views(loaded.layout, loaded.builds, entries) == 2 and written() == by_the_build  # rendered whole
+    # rendered whole
+    assert write_views(loaded.layout, loaded.builds, entries) == 2 and _written(project) == by_the_build
     entries["validate:encoder@cpu"] = {**entries["validate:encoder@cpu"], "seconds": 12.5}
     assert write_views(loaded.layout, loaded.builds, entries) == 1  # only the encoder's parts
-    assert 'data-task="validate:encoder@cpu"' in written()[0] and ">12.5<" in written()[0]
+    assert 'data-task="validate:encoder@cpu"' in _written(project)[0] and ">12.5<" in _written(project)[0]
 
 
 def test_a_build_no_task_of_which_ran_shows_the_part_the_last_page_showed_without_keying_it(tmp_path, host_cache,
@@ -291,11 +294,7 @@ def test_a_build_no_task_of_which_ran_shows_the_part_the_last_page_showed_withou
         project.doit()
     time.sleep(0.1)
 
-    def written() -> tuple[str, str]:
-        page = (project.artifacts / "report.html").read_text()
-        return re.sub(r"Written .* UTC", "", page), (project.artifacts / "junit.xml").read_text()
-
-    by_the_build = written()
+    by_the_build = _written(project)
     monkeypatch.chdir(tmp_path)
     loaded = Loaded(tmp_path / "models.toml", [])
     entries, keyed = build_report(project), []
@@ -304,16 +303,16 @@ def test_a_build_no_task_of_which_ran_shows_the_part_the_last_page_showed_withou
     report = project.artifacts / "build-report.json"
     now = stat_key(os.stat(report))
     assert write_views(loaded.layout, loaded.builds, entries, untouched={"tinycnn@cpu"}, made_from=now) <= 1
-    assert keyed == ["encoder@cpu"] and written() == by_the_build
+    assert keyed == ["encoder@cpu"] and _written(project) == by_the_build
     store = PartStore(loaded.layout.state / "report-parts.json")
     with open(store.journal if store.journal.exists() else store.path, "a") as handle:
         handle.write('{"version": "torn')
     keyed.clear()
     write_views(loaded.layout, loaded.builds, entries, untouched={"tinycnn@cpu"}, made_from=now)
-    assert sorted(keyed) == ["encoder@cpu", "tinycnn@cpu"] and written() == by_the_build
+    assert sorted(keyed) == ["encoder@cpu", "tinycnn@cpu"] and _written(project) == by_the_build
     keyed.clear()
     write_views(loaded.layout, loaded.builds, entries, untouched={"tinycnn@cpu"}, made_from=[0, 0, 0, 0])
-    assert sorted(keyed) == ["encoder@cpu", "tinycnn@cpu"] and written() == by_the_build
+    assert sorted(keyed) == ["encoder@cpu", "tinycnn@cpu"] and _written(project) == by_the_build
 
 
 def test_a_part_rendered_while_its_files_could_change_is_never_taken_as_shown(tmp_path):
