@@ -232,19 +232,18 @@ class WorkerHandle:
         within `within_s`: a lease asked for just after another was let go takes that worker, not a new one."""
         if self.client is None:
             return False
-        # a peek that never waits: the connection keeps the timeout its request was read with, and a socket with a
-        # timeout waits that long for data before MSG_DONTWAIT applies (a busy worker cost each lease 10 s)
-        timeout = self.client.gettimeout()
-        self.client.settimeout(0)
+        # a peek that never waits and leaves the connection's flags alone. Waits: the connection keeps the timeout
+        # its request was read with, and a socket with a timeout waits that long inside recv (a busy worker cost
+        # each lease 10 s), so recv only once select says it returns at once. Flags: the worker reads this very
+        # connection (passed to it, one open file), blocking; making it non-blocking here, even for an instant,
+        # made the worker's next read fail as if its client had let it go, and the client's job was lost
         try:
-            closed = self.client.recv(1, socket.MSG_PEEK) == b""
+            ready = select.select([self.client], [], [], 0)[0]
+            closed = bool(ready) and self.client.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
         except BlockingIOError:
             closed = False
         except OSError:
             closed = True
-        finally:
-            with contextlib.suppress(OSError):
-                self.client.settimeout(timeout)
         deadline = time.monotonic() + within_s
         while closed and self.client is not None and (left := deadline - time.monotonic()) > 0:
             if not select.select([self.control], [], [], left)[0]:
