@@ -46,8 +46,10 @@ class BuildReport:
         self.path = path
         self.modified: set[str] = set()  # the tasks whose entries this run changed
         try:
-            self.read_as = stat_key(os.stat(path))  # the identity of the file read, taken before reading it
+            before = stat_key(os.stat(path))
             self.text = path.read_text()
+            # the identity of the file read: None when it was replaced while it was read
+            self.read_as = before if stat_key(os.stat(path)) == before else None
             self.entries: dict[str, dict[str, Any]] = json.loads(self.text)["tasks"]
             self.texts = _texts(self.text, self.entries)  # name -> its entry's JSON, while unchanged
         except (OSError, ValueError, KeyError):
