@@ -8,14 +8,14 @@ Written atomically, one line per task so that diffs between CI runs stay readabl
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from .. import RULES_FORMAT
 from ..errors import plain
-from ..store.layout import stat_key, write_atomic
+from ..fast_path import file_identity
+from ..store.layout import write_atomic
 
 
 def usage_text(usage: dict[str, float] | None) -> str:
@@ -46,10 +46,10 @@ class BuildReport:
         self.path = path
         self.modified: set[str] = set()  # the tasks whose entries this run changed
         try:
-            before = stat_key(os.stat(path))
+            before = file_identity(str(path))
             self.text = path.read_text()
             # the identity of the file read: None when it was replaced while it was read
-            self.read_as = before if stat_key(os.stat(path)) == before else None
+            self.read_as = before if file_identity(str(path)) == before else None
             self.entries: dict[str, dict[str, Any]] = json.loads(self.text)["tasks"]
             self.texts = _texts(self.text, self.entries)  # name -> its entry's JSON, while unchanged
         except (OSError, ValueError, KeyError):

@@ -141,10 +141,15 @@ class Sources:
                     _json(self.files[0]), _json(self.files[1]), logs)
 
 
+def _steps(build: Build) -> tuple[str, ...]:
+    """The build's tasks a cell shows, by step: compile, then validate and ops where it has them."""
+    return ("compile", *(("validate",) if build.validates else ()),
+            *(("ops",) if compiler(build.target).operator_check else ()))
+
+
 def cell_tasks(build: Build) -> tuple[str, ...]:
-    """The tasks whose entries and files a build's cell shows: its compile, then validate and ops where it has them."""
-    return (build.task, *((f"validate:{build.name}",) if build.validates else ()),
-            *((f"ops:{build.name}",) if compiler(build.target).operator_check else ()))
+    """The tasks whose entries and files a build's cell shows."""
+    return tuple(build.task if step == "compile" else f"{step}:{build.name}" for step in _steps(build))
 
 
 def source_of(layout: Layout, build: Build) -> Sources:
@@ -152,7 +157,6 @@ def source_of(layout: Layout, build: Build) -> Sources:
     root, target = str(layout.root), build.target.name
     folder = f"{root}/{target}/{GROUPS}/{build.folder_name}" if build.shared else f"{root}/{target}/{build.folder_name}"
     logs = f"{layout.logs}/{target}/{build.log_stem}"
-    steps = ("compile", *(("validate",) if build.validates else ()),
-             *(("ops",) if compiler(build.target).operator_check else ()))
+    steps = _steps(build)
     files = (f"{folder}/{ARTIFACT}", f"{folder}/{VALIDATION}", *(f"{logs}.{step}.log" for step in steps))
     return Sources(build, f"validate:{build.name}" if build.validates else None, files, steps)

@@ -28,9 +28,10 @@ from typing import Any
 
 from markupsafe import Markup
 
+from ..fast_path import file_identity
 from ..manifest.builds import Build
-from ..store.journal import append_line
-from ..store.layout import Layout, stat_key, write_atomic, write_json
+from ..store.journal import append_line, read_lines
+from ..store.layout import Layout, write_atomic, write_json
 from .cells import PENDING, Cell, source_of
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -177,15 +178,9 @@ class PartStore:
                 made_from, unsettled = stored.get("made_from"), stored.get("unsettled", [])
         except (OSError, ValueError):
             pass
-        try:  # a journal extends its base: without one, everything is rendered afresh
-            lines = self.journal.read_text() if self.base_size else ""
-        except OSError:
-            lines = ""
-        self.journal_size = len(lines)
-        for line in lines.splitlines():
-            added = None
-            with contextlib.suppress(ValueError):  # a line torn by a killed build
-                added = json.loads(line)
+        # a journal extends its base: without one, everything is rendered afresh
+        lines, self.journal_size = read_lines(self.journal) if self.base_size else ([], 0)
+        for added in lines:  # None: a line torn by a killed build
             if isinstance(added, dict) and added.get("version") == self.version:
                 self.old.update(added.get("parts", {}))
                 made_from, unsettled = added.get("made_from"), added.get("unsettled", [])
@@ -223,7 +218,7 @@ class PartStore:
     def save(self) -> None:
         """After the pages are written from the build report (`report`, as it is now)."""
         added = {name: part for name, part in self.new.items() if self.old.get(name) != part}
-        made_from = _identity(self.report) if self.report else None
+        made_from = file_identity(str(self.report)) if self.report else None
         record = {"version": self.version, "made_from": made_from, "unsettled": self.unremembered}
         line = json.dumps({**record, "parts": added}) + "\n"
         if self.base_size and self.journal_size + len(line) <= self.base_size // 2:
@@ -231,13 +226,6 @@ class PartStore:
             return
         write_json(self.path, {**record, "parts": self.new}, indent=None)
         self.journal.unlink(missing_ok=True)
-
-
-def _identity(path: Path) -> list[int] | None:
-    try:
-        return stat_key(os.stat(path))
-    except OSError:
-        return None
 
 
 @functools.cache

@@ -21,7 +21,7 @@ from .artifact_session import is_qdq, open_session
 from .comparison import DEFAULT_THRESHOLDS, compare
 from .reference import NO_TIME, session_options
 from .validation_inputs import SEED, dtype_of
-from .weights import read_weights_from
+from .weights import read_weights_from, weights_folder
 
 PAST, PRESENT = "past_key_values.", "present."
 class Graph:
@@ -86,7 +86,7 @@ PIPELINE_FILES = [PIPELINE_FILE]
 def source_options(ort: Any, member: dict[str, Any]) -> Any:
     """A CPU session's options for a member's source model, wherever its weights are."""
     options = session_options(ort)
-    read_weights_from(options, member["source"], member["weights"])
+    read_weights_from(options, weights_folder(member["source"], member["weights"]))
     return options
 
 

@@ -24,7 +24,7 @@ from .fingerprint import stage_config, stage_fingerprint
 from .folding import fold_constants
 from .graph import check_input_names, clear_placeholder_dims, dims, missing_files, true_inputs
 from .stages import PROTOBUF_LIMIT, Stage
-from .weights import FOLDER_OPTION, load_with_weights
+from .weights import load_with_weights, read_weights_from
 
 RANDOM_SAMPLES, RANDOM_SEED = 8, 0
 STAGE_TIMEOUT_S = 3600
@@ -286,8 +286,7 @@ def _run_stage(request: dict[str, Any]) -> dict[str, Any]:
             settings["level"]]
         options.optimized_model_filepath = str(output)
         external_output(options, data_file)
-        if elsewhere:
-            options.add_session_config_entry(FOLDER_OPTION, str(elsewhere))
+        read_weights_from(options, elsewhere)
         ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
         if data_file:
             always_written(output.with_name(data_file))

@@ -12,7 +12,7 @@ from typing import Any
 from ..errors import ModelError
 from .graph import static_dims
 from .validation_inputs import feeds_for, make_inputs, signature_of
-from .weights import read_weights_from
+from .weights import read_weights_from, weights_folder
 
 
 class ReferenceUnusable(Exception):
@@ -39,7 +39,7 @@ def run_on_cpu(ort: Any, path: str, request: dict[str, Any], feeds: dict[str, An
     for name, value in static_dims(model, inputs, needs_static=False).items():
         options.add_free_dimension_override_by_name(name, value)
     del model
-    read_weights_from(options, path, request["weights"])
+    read_weights_from(options, weights_folder(path, request["weights"]))
     session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
     chosen = feeds_for(session, feeds, request["frozen"], what)
     return dict(zip([o.name for o in session.get_outputs()], session.run(None, chosen), strict=True))

@@ -37,10 +37,9 @@ def weights_folder(graph: Path | str, weights: dict[str, str]) -> Path | None:
     return None if folder is None else resolved(graph, folder)
 
 
-def read_weights_from(options: Any, graph: Path | str, weights: dict[str, str]) -> None:
-    """Session options that find `graph`'s weights, wherever they are (a CPU session: its graph names do not
-    matter, so the folder is given absolute and the working folder is free)."""
-    folder = weights_folder(graph, weights)
+def read_weights_from(options: Any, folder: Path | None) -> None:
+    """Session options that find a graph's weights in `folder` (`weights_folder`; None: beside the graph). For CPU
+    sessions, whose graph names do not matter: the folder is given absolute and the working folder is free."""
     if folder is not None:
         options.add_session_config_entry(FOLDER_OPTION, str(folder))
 

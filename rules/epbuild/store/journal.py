@@ -4,13 +4,31 @@ by the jobs (their code is in every fingerprint)."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 
 def journal_of(path: Path) -> Path:
     """`configs.json` -> `configs.journal`."""
     return path.with_suffix(".journal")
+
+
+def read_lines(path: Path) -> tuple[list[Any], int]:
+    """Each line of the journal, parsed (None for one a killed writer tore), and the journal's size (0 when it
+    cannot be read)."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return [], 0
+    parsed = []
+    for line in text.splitlines():
+        try:
+            parsed.append(json.loads(line))
+        except ValueError:
+            parsed.append(None)
+    return parsed, len(text)
 
 
 def append_line(path: Path, line: str) -> None:

@@ -22,7 +22,6 @@ changed and how (`options.soc_model: '60' -> '69'`), and no run ever reads them 
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -30,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .hashing import FileHashes
-from .journal import append_line, journal_of
+from .journal import append_line, journal_of, read_lines
 from .layout import stat_key, write_atomic, write_json
 from .locks import file_lock
 
@@ -67,15 +66,9 @@ def _read(path: Path) -> dict[str, Any] | None:
         return None
     if not isinstance(data, dict):
         return None
-    try:
-        lines = journal_of(path).read_text()
-    except OSError:
-        lines = ""
-    for line in lines.splitlines():
-        with contextlib.suppress(ValueError):  # a line torn by a killed build
-            added = json.loads(line)
-            if isinstance(added, dict):
-                data.update(added)
+    for added in read_lines(journal_of(path))[0]:  # None: a line torn by a killed build
+        if isinstance(added, dict):
+            data.update(added)
     return data
 
 
