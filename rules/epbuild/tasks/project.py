@@ -16,12 +16,13 @@ from ..errors import BuildError, UserError, closest
 from ..execute.executor import ExecutorSettings, executor_settings, unreachable, with_worker_toolchains
 from ..execute.fork_server import prestart, serving
 from ..execute.host import capabilities
+from ..fast_path import enabled as fast_path_enabled
 from ..fast_path import is_default_run, project_key
 from ..manifest.builds import Build, ResolvedTarget
 from ..manifest.declared_inputs import ModelInputs, check_declared_inputs, resolve_dims
 from ..manifest.eps import lookup
 from ..manifest.parse import Manifest, load
-from ..manifest.targets import plan, resolve_targets
+from ..manifest.targets import default_memory_gb, plan, resolve_targets
 from ..report.progress import live_wanted
 from ..report.views import template_prepared_meanwhile
 from ..steps import vendor_shim
@@ -31,6 +32,7 @@ from ..store.cache import Workspace, cache_location, remote_location
 from ..store.external_data import ExternalDataIndex
 from ..store.layout import STAGES, Layout
 from ..store.owners import owner_tag, sweep
+from ..store.saved_plan import Plan, SavedPlan, now_ns
 from ..store.task_configs import ConfigRecord
 
 INSPECTING = {"list", "info", "help", "clean", "forget", "ignore", "dumpdb", "strace", "tabcompletion", "reset-dep",
@@ -89,25 +91,42 @@ class Project:
         self.live = self.command not in INSPECTING and live_wanted(sys.stdout)  # a status area under the tasks
         self.threads = thread_mode(requested)
         self.rel = _Relative(Path.cwd())
-        resolved = self._read_manifest(manifest_path)  # nothing is written before the manifest is known good
+        started = now_ns()
+        saved_plan = SavedPlan(Layout(manifest_path.parent / "artifacts").state,
+                               f"{self.key or project_key(manifest_path)}:{default_memory_gb()}")
+        last = saved_plan.load() if fast_path_enabled() else None
+        resolved = self._read_manifest(manifest_path, last)  # nothing is written before the manifest is known good
+        read = self.manifest
         executor = self._prepare_folders()
         servers = self._start_fork_servers(is_default_run(requested) and not executor)
         index = ExternalDataIndex(self.layout.state)
-        external, shapes, graphs = self._read_models(index, servers)
-        self.external = external  # by path: each model's external-data files
-        self.manifest = with_graph_facts(resolve_dims(self.manifest, shapes), graphs)
-        self._plan(external, resolved, executor)
-        check_declared_inputs(self.manifest, self.builds, shapes)
+        facts = self._read_models(index, servers)
+        self.external, shapes, graphs = facts  # external: by path, each model's external-data files
+        fresh = None
+        if last is not None and last.facts == facts:  # planned from the same manifest, files and facts
+            self.manifest, builds, self.stages = last.manifest, last.builds, last.stages
+        else:
+            self.manifest = with_graph_facts(resolve_dims(self.manifest, shapes), graphs)
+            builds, self.stages = self._plan(resolved)
+            check_declared_inputs(self.manifest, builds, shapes)
+            fresh = Plan(read, resolved, facts, self.manifest, builds, self.stages)
+        self.builds = self._with_workers(builds, executor)
         if self.writable:  # only for a manifest that holds: a refused one writes nothing
             index.save()
+            if fresh is not None:
+                saved_plan.save(fresh, started)
         self._check_availability(executor)
         self.configs = ConfigRecord(self.layout.configs)
 
-    def _read_manifest(self, manifest_path: Path) -> dict[str, ResolvedTarget]:
-        """The manifest, parsed and checked, and every target resolved; its warnings printed once."""
-        self.manifest = load(manifest_path)
+    def _read_manifest(self, manifest_path: Path, last: Plan | None) -> dict[str, ResolvedTarget]:
+        """The manifest, parsed and checked, and every target resolved (or as the last plan has them, when it
+        holds); its warnings printed once."""
+        if last is not None:
+            self.manifest, resolved = last.read, last.resolved
+        else:
+            self.manifest = load(manifest_path)
+            resolved = resolve_targets(self.manifest)
         self.root = self.manifest.root
-        resolved = resolve_targets(self.manifest)
         said: set[str] = set()  # once, at the first target that has it: targets that extend it inherit the value
         for where, what in (w for target in resolved.values() for w in target.warnings):
             if what not in said:
@@ -171,18 +190,23 @@ class Project:
             shapes[name] = index.inputs(model.path)
         return external, shapes, {name: index.graph(model.path) for name, model in self.manifest.models.items()}
 
-    def _plan(self, external: dict[Path, tuple[Path, ...]], resolved: dict[str, ResolvedTarget],
-              executor: ExecutorSettings | None) -> None:
-        """The builds and their stages; with an executor, the toolchain versions the workers offer."""
-        self.builds = plan(self.manifest, external, resolved)
-        if executor:  # the workers' toolchains and devices count, not this host's
-            try:
-                self.builds = with_worker_toolchains(self.builds, executor)
-            except BuildError as exc:
-                raise self.executor_error(str(exc)) from None
-        self.stages: dict[str, Stage] = {}
-        for stage in (stage for b in self.builds for stage in b.stages):  # one name, one input and output
-            assert self.stages.setdefault(stage.task, stage) == stage, f"two stages named {stage.task}"
+    def _plan(self, resolved: dict[str, ResolvedTarget]) -> tuple[list[Build], dict[str, Stage]]:
+        """The builds and their stages."""
+        builds = plan(self.manifest, self.external, resolved)
+        stages: dict[str, Stage] = {}
+        for stage in (stage for b in builds for stage in b.stages):  # one name, one input and output
+            assert stages.setdefault(stage.task, stage) == stage, f"two stages named {stage.task}"
+        return builds, stages
+
+    def _with_workers(self, builds: list[Build], executor: ExecutorSettings | None) -> list[Build]:
+        """With an executor, the builds with the toolchain versions the workers offer (they count, not this
+        host's)."""
+        if not executor:
+            return builds
+        try:
+            return with_worker_toolchains(builds, executor)
+        except BuildError as exc:
+            raise self.executor_error(str(exc)) from None
 
     def _check_availability(self, executor: ExecutorSettings | None) -> None:
         """Which targets this host (or, with an executor, the cluster) cannot build, and why; what was probed."""

@@ -1,0 +1,130 @@
+"""`artifacts/.state/plan.pickle`: the last run's plan (the manifest read and checked, its targets resolved, the
+builds and stages planned from it and the models' facts), taken instead of reading and planning again while
+nothing it was made from changed. At 10,000 targets that work is most of task creation's own time.
+
+What a plan is made from, all compared before it is taken: everything the no-op shortcut's project key holds (the
+manifest's bytes, epbuild's sources, the host probe, the Python environment, the variables epbuild reads;
+`fast_path.project_key`), this host's memory (the default memory limit), the identity of every file and folder
+reading the manifest looked at and of every option file, and the models' facts as the external-data index has them
+now (`tasks.project`). Of a model file itself reading the manifest only checks that it is a file (it reads no
+byte: its facts are compared instead), so an edited model keeps the plan when its facts stay: such a model needs to
+be a regular file still, and each folder above it the same folder, not a symbolic link (a resolved path, such as a
+validation reference's, would change). A file changed after this run began reading is not vouched for: the plan
+is then not saved.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import stat
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..manifest.builds import Build, ResolvedTarget
+from ..manifest.parse import Manifest
+from ..steps.stages import Stage
+from .layout import COARSE_CLOCK, RACY_NS, stat_key
+
+
+def now_ns() -> int:
+    """The clock the kernel stamps ctime with (its coarse tick), or a margin behind the fine one."""
+    if COARSE_CLOCK is not None:
+        return time.clock_gettime_ns(COARSE_CLOCK)
+    return time.time_ns() - RACY_NS
+
+
+def _identity(path: Path | str) -> list[int] | None:
+    try:
+        return stat_key(os.stat(path))
+    except OSError:
+        return None
+
+
+def _is_plain_file(path: str) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _folder(path: str) -> list[int] | None:
+    """A folder's inode and kind (not its times: a model written beside the others changes those)."""
+    try:
+        found = os.lstat(path)
+    except OSError:
+        return None
+    return [found.st_ino, stat.S_IFMT(found.st_mode)]
+
+
+def _folders_above(paths: list[str]) -> list[str]:
+    seen: dict[str, None] = {}
+    for path in paths:
+        for parent in Path(path).parents:
+            if str(parent) in seen:
+                break
+            seen[str(parent)] = None
+    return list(seen)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A manifest as read (`read`, with its resolved targets) and as planned (`manifest`, with the models' facts
+    and dims applied), the builds (before an executor's toolchains) and stages, and the facts planned from."""
+
+    read: Manifest
+    resolved: dict[str, ResolvedTarget]
+    facts: Any  # (external-data files by path, inputs by model, graph facts by model)
+    manifest: Manifest
+    builds: list[Build]
+    stages: dict[str, Stage]
+
+
+class SavedPlan:
+    """Load the plan that still holds under `key`, or save a new one."""
+
+    def __init__(self, state: Path, key: str):
+        self.path = state / "plan.pickle"
+        self.key = key
+
+    def load(self) -> Plan | None:
+        """The saved plan when its key and every file's identity match, else None (absent, unreadable, torn)."""
+        try:
+            saved = pickle.loads(self.path.read_bytes())
+        except Exception:  # noqa: BLE001 - a torn or foreign file is only a missing plan
+            return None
+        if not isinstance(saved, dict) or saved.get("key") != self.key:
+            return None
+        if any(_identity(Path(path)) != identity for path, identity in saved["files"].items()):
+            return None
+        if not all(_is_plain_file(path) for path in saved["models"]):
+            return None
+        if any(_folder(path) != identity for path, identity in saved["folders"].items()):
+            return None
+        return saved["plan"]
+
+    def save(self, plan: Plan, started_ns: int) -> None:
+        """Save the plan, unless a file it was made from changed at or after `started_ns` (`now_ns` when this run
+        began reading): its bytes then may not be those read."""
+        models = [path for path in dict.fromkeys(str(m.path) for m in plan.read.models.values())
+                  if _is_plain_file(path)]
+        plain = set(models)
+        files: dict[str, list[int] | None] = {}
+        looked_at = [*plan.read.reads, *(p for t in plan.resolved.values() for p in t.option_files.values())]
+        for path in dict.fromkeys(str(p) for p in looked_at if str(p) not in plain):
+            identity = _identity(path)
+            if identity is not None and identity[2] >= started_ns:
+                return
+            files[path] = identity
+        folders = {path: _folder(path) for path in _folders_above(models)}
+        blob = pickle.dumps({"key": self.key, "files": files, "models": models, "folders": folders, "plan": plan},
+                            protocol=pickle.HIGHEST_PROTOCOL)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        try:
+            temporary.write_bytes(blob)
+            os.replace(temporary, self.path)
+        finally:
+            temporary.unlink(missing_ok=True)

@@ -1,0 +1,177 @@
+"""The saved plan (`store.saved_plan`): taken only while everything it was made from holds, and then equal to a
+plan made afresh; made afresh (and saved again) after any change it depends on. The incrementality contract test
+runs every kind of change through it on doit's command line; these look at the plan itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+import epbuild.tasks.project as project_module
+from conftest import Project
+from epbuild.store.saved_plan import Plan, SavedPlan, now_ns
+from helpers import perturb_weights
+
+MANIFEST = """
+[models.tinycnn]
+path = "models/tinycnn.onnx"
+targets = ["cpu", "npu"]
+
+[models.dyn]
+path = "models/dynbatch.onnx"
+inputs = { x = [1, 3, 32, 32] }
+targets = ["cpu", "npu"]
+
+[targets.cpu]
+ep = "cpu"
+
+[targets.npu]
+ep = "qnn"
+config = "configs/qnn.json"
+"""
+CONFIG = {"compile": {"provider_options": {"backend_type": "htp", "soc_model": "60"}}}
+
+
+@pytest.fixture
+def folder(tmp_path, host_cache, monkeypatch) -> Project:
+    (tmp_path / "proj").mkdir()
+    project = Project(tmp_path / "proj", host_cache)
+    (project.root / "configs" / "qnn.json").write_text(json.dumps(CONFIG))
+    project.manifest(MANIFEST)
+    monkeypatch.chdir(project.root)
+    monkeypatch.setenv("EPBUILD_CACHE_DIR", str(project.cache))
+    monkeypatch.delenv("EPBUILD_FAST_PATH", raising=False)
+    time.sleep(0.02)  # the files above were written before the first plan begins (see test_a_file_changed_...)
+    return project
+
+
+def _load(calls: list[int], monkeypatch) -> project_module.Project:
+    """The project as `doit list` loads it; `calls` counts the manifest readings."""
+    real = project_module.load
+
+    def counted(path):
+        calls.append(1)
+        return real(path)
+    monkeypatch.setattr(project_module, "load", counted)
+    return project_module.Project(Path.cwd() / "models.toml", ["list"])
+
+
+def _fresh(monkeypatch) -> project_module.Project:
+    monkeypatch.setenv("EPBUILD_FAST_PATH", "0")
+    try:
+        return project_module.Project(Path.cwd() / "models.toml", ["list"])
+    finally:
+        monkeypatch.delenv("EPBUILD_FAST_PATH")
+
+
+def _same_plan(taken: project_module.Project, fresh: project_module.Project) -> None:
+    assert taken.manifest == fresh.manifest
+    assert taken.builds == fresh.builds and taken.stages == fresh.stages and taken.external == fresh.external
+
+
+def _taken(folder: Project, monkeypatch) -> bool:
+    calls: list[int] = []
+    loaded = _load(calls, monkeypatch)
+    taken = not calls
+    _same_plan(loaded, _fresh(monkeypatch))
+    return taken
+
+
+def test_a_plan_is_taken_while_nothing_it_was_made_from_changed_and_equals_a_fresh_one(folder, monkeypatch):
+    assert not _taken(folder, monkeypatch)  # the first reading saves it
+    assert (folder.artifacts / ".state" / "plan.pickle").is_file()
+    assert _taken(folder, monkeypatch)
+    perturb_weights(folder.root / "models" / "tinycnn.onnx", 3)  # other weights, the same facts: still taken
+    assert _taken(folder, monkeypatch)
+
+
+def test_a_changed_config_file_option_file_or_manifest_makes_the_plan_afresh(folder, monkeypatch):
+    assert not _taken(folder, monkeypatch)
+    config = folder.root / "configs" / "qnn.json"
+    config.write_text(json.dumps(CONFIG).replace('"60"', '"69"'))  # same size
+    assert not _taken(folder, monkeypatch)
+    assert _load([], monkeypatch).builds[1].target.options["soc_model"] == "69"
+    before = config.stat()
+    config.write_text(config.read_text().replace('"69"', '"68"'))  # size and mtime kept: only ctime moves
+    os.utime(config, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert not _taken(folder, monkeypatch)
+    assert _load([], monkeypatch).builds[1].target.options["soc_model"] == "68"
+    folder.manifest(MANIFEST.replace('targets = ["cpu", "npu"]\n\n[models.dyn]', 'targets = ["cpu"]\n\n[models.dyn]'))
+    assert not _taken(folder, monkeypatch)
+    assert [b.name for b in _load([], monkeypatch).builds] == ["tinycnn@cpu", "dyn@cpu", "dyn@npu"]
+
+
+def test_a_model_whose_facts_changed_is_planned_afresh(folder, monkeypatch):
+    from onnx import TensorProto, helper, save
+
+    assert not _taken(folder, monkeypatch)
+    assert any(stage.kind == "shape" for stage in _load([], monkeypatch).stages.values())
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 32, 32])  # now static: no shape stage
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "relu", [x],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 32, 32])])
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), "models/dynbatch.onnx")
+    calls: list[int] = []
+    loaded = _load(calls, monkeypatch)
+    assert calls == [] and not any(stage.kind == "shape" for stage in loaded.stages.values())  # not read: replanned
+    _same_plan(loaded, _fresh(monkeypatch))
+
+
+@pytest.mark.parametrize("where", ["model", "folder above"])
+def test_a_model_or_a_folder_above_it_turned_into_a_symbolic_link_makes_the_plan_afresh(folder, monkeypatch, where):
+    assert not _taken(folder, monkeypatch)
+    models = folder.root / "models"
+    if where == "model":
+        os.replace(models / "tinycnn.onnx", models / "real.onnx")
+        (models / "tinycnn.onnx").symlink_to("real.onnx")
+    else:
+        os.replace(models, folder.root / "elsewhere")
+        models.symlink_to("elsewhere")
+    assert not _taken(folder, monkeypatch)
+    assert _taken(folder, monkeypatch)  # saved again, with the link's identity
+
+
+def test_the_host_memory_or_the_full_path_leaves_the_plan_unused(folder, monkeypatch):
+    assert not _taken(folder, monkeypatch)
+    calls: list[int] = []
+    monkeypatch.setenv("EPBUILD_FAST_PATH", "0")
+    _load(calls, monkeypatch)
+    assert calls == [1]
+    monkeypatch.delenv("EPBUILD_FAST_PATH")
+    monkeypatch.setattr(project_module, "default_memory_gb", lambda: 1024.0)
+    assert not _taken(folder, monkeypatch)
+
+
+def test_a_torn_or_foreign_plan_file_is_only_a_missing_plan(folder, monkeypatch):
+    assert not _taken(folder, monkeypatch)
+    saved = folder.artifacts / ".state" / "plan.pickle"
+    saved.write_bytes(saved.read_bytes()[:1000])
+    assert not _taken(folder, monkeypatch)
+    saved.write_text("not a pickle")
+    assert not _taken(folder, monkeypatch)
+    assert _taken(folder, monkeypatch)
+
+
+def test_a_file_changed_after_the_reading_began_is_not_vouched_for(folder, monkeypatch):
+    """Its bytes may not be those read: the plan is not saved (the next reading saves it)."""
+    loaded = _load([], monkeypatch)
+    saved = folder.artifacts / ".state" / "plan.pickle"
+    saved.unlink()
+    plans = SavedPlan(saved.parent, "key")
+    plan = Plan(loaded.manifest, {}, None, loaded.manifest, loaded.builds, loaded.stages)
+    plans.save(plan, started_ns=os.stat(folder.root / "configs" / "qnn.json").st_ctime_ns)
+    assert not saved.exists()
+    plans.save(plan, started_ns=now_ns())
+    assert saved.exists() and plans.load() == plan
+
+
+def test_a_refused_manifest_saves_no_plan(folder, monkeypatch):
+    from epbuild.errors import UserError
+
+    folder.manifest(MANIFEST.replace("x = [1, 3, 32, 32]", "x = [1, 3, 32]"))
+    with pytest.raises(UserError, match=r"models\.dyn\.inputs\.x"):
+        _load([], monkeypatch)
+    assert not (folder.artifacts / ".state" / "plan.pickle").exists()
