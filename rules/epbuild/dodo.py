@@ -6,6 +6,7 @@ shortcut holds (`fast_path`: a no-op run or an unchanged listing) nothing heavy 
 else the project is loaded in full (`tasks`).
 """
 
+import gc
 import os
 import sys
 from pathlib import Path
@@ -26,6 +27,11 @@ def _interrupted(kind: type[BaseException], value: BaseException, trace: Any) ->
 
 def _load(manifest: Path, requested: list[str]) -> Any:
     sys.excepthook = _interrupted
+    # what loading makes (the plan, the records, the task dicts) lives as long as doit and holds no cycle worth the
+    # collector's passes over it: off until doit has the tasks, when epbuild's wrapper of doit's task loader turns
+    # it on again and freezes them (`epbuild._refuse_a_dodo_file_without_tasks`; outside doit it stays on)
+    if getattr(getattr(sys.modules.get("doit.loader"), "load_tasks", None), "epbuild_checked", False):
+        gc.disable()
     quick = shortcut(manifest, requested)
     if isinstance(quick, str):  # `doit list` unchanged: printed here, doit has nothing left to do
         sys.stdout.write(quick)
