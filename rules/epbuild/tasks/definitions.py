@@ -26,7 +26,8 @@ from .checker import HashChecker
 from .commands import run_prune, show_backends, show_cache, show_graph
 from .project import Project, in_shard, named_tasks
 from .reporter import BuildReporter
-from .selection import Recorded, RunRecord, identities, runnable
+from .run_record import RunRecord
+from .selection import Recorded, identities, runnable
 
 Task = dict[str, Any]
 

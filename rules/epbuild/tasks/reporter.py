@@ -15,7 +15,8 @@ from ..report.cells import cell_tasks
 from ..report.progress import LiveProgress, load_durations, save_durations
 from ..report.views import templates_prepared_in_background, write_views
 from .checker import saw
-from .selection import Recorded, RunRecord, files_of
+from .run_record import RunRecord
+from .selection import Recorded, files_of
 
 if TYPE_CHECKING:
     from .project import Project
@@ -134,7 +135,7 @@ class BuildReporter(ConsoleReporter):
         read = {path for task in self.doit_tasks.values() for path in task.file_dep}
         looked_at = {path: identity for path, identity in self.looked_at.items()
                      if path not in files and path not in read}
-        RunRecord(self.project.layout).write(self.project.key, Recorded(tasks, files, task_deps, looked_at))
+        RunRecord(self.project.layout).write(self.project.key, Recorded(tasks, files, task_deps, looked_at), old)
 
     def complete_run(self):
         if self.live is not None:

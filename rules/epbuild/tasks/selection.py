@@ -1,8 +1,8 @@
 """A default run hands doit only the tasks that can run, when the last run's record proves the rest up to date.
 
-doit checks every task it is given (its database record, every file's state), and at 1,000 targets that was
-most of the run after one model changed. The record (`artifacts/.state/last-run.json`), written at the end of
-every default run, holds each task that run found up to date: its files (file_dep, sorted, then targets), the
+doit checks every task it is given (its database record, every file's state), and at 1,000 targets that was most of
+the run after one model changed. The record (`artifacts/.state/last-run.json`, `tasks.run_record`), written at the
+end of every default run, holds each task that run found up to date: its files (file_dep, sorted, then targets), the
 identity each had when doit judged it and the tasks it names in `task_dep`; and the identity of every other file
 task creation read (option files, calibration folders, probed toolchains). The next default run under the same
 project key (`fast_path`: manifest, epbuild's code, environment), with doit's database, the settings record and
@@ -23,16 +23,13 @@ other file task creation read makes every task. `EPBUILD_FAST_PATH=0` turns it o
 from __future__ import annotations
 
 import functools
-import json
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from ..fast_path import DEP_FILE, file_identity
-from ..store.journal import journal_of
-from ..store.layout import Layout, settled, stat_key, write_json
+from ..fast_path import file_identity
+from ..store.layout import settled, stat_key
 
 Task = dict[str, Any]
 Identity = list[int] | None
@@ -52,6 +49,7 @@ class Recorded:
     files: dict[str, Identity]  # file -> its identity then
     task_deps: dict[str, list[str]] = field(default_factory=dict)
     looked_at: dict[str, Identity] = field(default_factory=dict)  # the other files task creation read
+    read_as: tuple[Any, ...] | None = None  # how the record's files were when it was read (`tasks.run_record`)
 
     @functools.cached_property
     def changed(self) -> set[str]:
@@ -70,38 +68,6 @@ class Recorded:
         """Whether every file task creation read besides the tasks' files is as it was (present or not; an
         identity recorded as [] was taken while the file could still change: never the same)."""
         return all(file_identity(path) == then for path, then in self.looked_at.items())
-
-
-class RunRecord:
-    """`artifacts/.state/last-run.json`: the tasks the last default run found up to date, with their files."""
-
-    def __init__(self, layout: Layout):
-        self.path = layout.state / "last-run.json"
-        self.watched = [layout.configs, layout.build_report, Path(DEP_FILE)]
-        self.journal = journal_of(layout.configs)  # present or not
-
-    def load(self, key: str) -> Recorded | None:
-        """The record when it was written under `key` and no run wrote doit's database, the settings record or the
-        build report since; else None."""
-        try:
-            record = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            return None
-        if not isinstance(record, dict) or record.get("format") != FORMAT or record.get("key") != key:
-            return None
-        if any(file_identity(str(path)) != record["watched"].get(str(path), False)
-               for path in [*self.watched, self.journal]):
-            return None
-        return Recorded(record["tasks"], record["files"], record["task_deps"], record["looked_at"])
-
-    def write(self, key: str, recorded: Recorded) -> None:
-        watched = {str(path): file_identity(str(path)) for path in self.watched}
-        if None in watched.values():
-            return  # a run without them left no state to compare with
-        watched[str(self.journal)] = file_identity(str(self.journal))
-        write_json(self.path, {"format": FORMAT, "key": key, "watched": watched, "tasks": recorded.tasks,
-                               "files": recorded.files, "task_deps": recorded.task_deps,
-                               "looked_at": recorded.looked_at}, indent=None)
 
 
 def identities(paths: list[str]) -> dict[str, Identity]:
