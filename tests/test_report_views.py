@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 import json
 import os
+import pickle
 import re
 import select
 import shutil
@@ -282,7 +283,7 @@ def test_a_build_no_task_of_which_ran_shows_the_part_the_last_page_showed_withou
     changed) take the part the last page showed without stat'ing their files; the page is the one a full rendering
     makes. A torn last journal line, or a build report rewritten since, makes every part keyed again."""
     from epbuild.report import cells
-    from epbuild.report.views import PartStore, write_views
+    from epbuild.report.views import PARTS, PartStore, write_views
     from epbuild.store.layout import stat_key
     from epbuild.tasks.project import Project as Loaded
 
@@ -304,8 +305,8 @@ def test_a_build_no_task_of_which_ran_shows_the_part_the_last_page_showed_withou
     now = stat_key(os.stat(report))
     assert write_views(loaded.layout, loaded.builds, entries, untouched={"tinycnn@cpu"}, made_from=now) <= 1
     assert keyed == ["encoder@cpu"] and _written(project) == by_the_build
-    store = PartStore(loaded.layout.state / "report-parts.json")
-    with open(store.journal if store.journal.exists() else store.path, "a") as handle:
+    store = PartStore(loaded.layout.state / PARTS)
+    with open(store.journal, "a") as handle:  # a torn line, after the base or the lines before it
         handle.write('{"version": "torn')
     keyed.clear()
     write_views(loaded.layout, loaded.builds, entries, untouched={"tinycnn@cpu"}, made_from=now)
@@ -316,15 +317,15 @@ def test_a_build_no_task_of_which_ran_shows_the_part_the_last_page_showed_withou
 
 
 def test_a_part_rendered_while_its_files_could_change_is_never_taken_as_shown(tmp_path):
-    from epbuild.report.views import PartStore
+    from epbuild.report.views import PARTS, PartStore
 
-    path, report = tmp_path / "report-parts.json", tmp_path / "build-report.json"
+    path, report = tmp_path / PARTS, tmp_path / "build-report.json"
     report.write_text("{}")
     store = PartStore(path, report)
     store.get("a", "a1", lambda: {"html": "a"})
     store.get("b", None, lambda: {"html": "b"})  # rendered, not remembered
     store.save()
-    identity = json.loads(path.read_text())["made_from"]
+    identity = pickle.loads(path.read_bytes())["made_from"]
     again = PartStore(path, report, identity)
     assert again.current("a") == {"html": "a", "key": "a1"} and again.current("b") is None
     assert PartStore(path, report, None).current("a") is None  # no build report was read: nothing is known
@@ -334,9 +335,9 @@ def test_a_run_appends_the_parts_it_rendered_and_the_base_is_rewritten_when_the_
         tmp_path):
     """10,000 builds' parts are 30 MB: a run that rendered two appends them to the journal; a torn line (a killed
     build) is skipped; without its base the journal is ignored."""
-    from epbuild.report.views import PartStore
+    from epbuild.report.views import PARTS, PartStore
 
-    path = tmp_path / "report-parts.json"
+    path = tmp_path / PARTS
     store = PartStore(path)
     for name in ("a", "b", "c", "d"):
         store.get(name, f"{name}1", lambda n=name: {"html": n * 400})
@@ -354,7 +355,7 @@ def test_a_run_appends_the_parts_it_rendered_and_the_base_is_rewritten_when_the_
     assert store.get("b", "b2", lambda: pytest.fail("remembered")) == {"html": "B" * 400, "key": "b2"}
     store.get("c", "c2", lambda: {"html": "C" * 400})  # this line takes the journal past half the base
     store.save()
-    assert not store.journal.exists() and set(json.loads(path.read_text())["parts"]) == {"b", "c"}  # this run's
+    assert not store.journal.exists() and set(pickle.loads(path.read_bytes())["parts"]) == {"b", "c"}  # this run's
     store.get("d", "d2", lambda: {"html": "D" * 400})
     store.journal.write_text(json.dumps({"version": store.version, "parts": {"x": {"key": "x1"}}}) + "\n")
     path.unlink()

@@ -3,7 +3,7 @@
 
 Everything comes from files a build leaves (`report.cells`); nothing here imports onnxruntime, so the pages are
 written after every run, restores included. Each build's parts of both files are kept in
-`artifacts/.state/report-parts.json` (and its journal) under the digest of what they show, and the files are
+`artifacts/.state/report-parts.pickle` (and its journal) under the digest of what they show, and the files are
 assembled from them: a run that changed one model of 10,000 renders that model's parts (rendering every cell took
 ~14 s at 10,000).
 """
@@ -16,6 +16,7 @@ import hashlib
 import html
 import json
 import os
+import pickle
 import threading
 import xml.etree.ElementTree as ElementTree
 from collections import Counter
@@ -30,15 +31,15 @@ from markupsafe import Markup
 
 from ..fast_path import file_identity
 from ..manifest.builds import Build
-from ..store.journal import append_line, read_lines
-from ..store.layout import Layout, write_atomic, write_json
+from ..store.journal import append_line, read_lines, replace_bytes
+from ..store.layout import Layout, write_atomic
 from .cells import PENDING, Cell, source_of
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 # status -> colour class: compiled/validated/restored/up to date are good, skipped is neutral
 TONE = {"compiled": "good", "validated": "good", "restored": "good", "up-to-date": "good", "passed": "good",
         "failed": "bad", "skipped": "muted", "pending": "muted", "not built": "warn"}
-PARTS = "report-parts.json"
+PARTS = "report-parts.pickle"
 
 
 def _environment() -> Any:
@@ -153,10 +154,11 @@ def junit_case(cell: Cell) -> tuple[str, str]:
 
 
 class PartStore:
-    """`.state/report-parts.json`: each build's rendered parts under the digest of what they show, and each stage's
-    task row under its entry's; dropped whole when the templates or this code change. A run appends the parts it
-    rendered to `report-parts.journal` (one JSON line) instead of writing 30 MB again at 10,000 builds; the base is
-    rewritten, with only the parts of this run, when the journal outgrows half of it. A part is a function of its
+    """`.state/report-parts.pickle`: each build's rendered parts under the digest of what they show, and each
+    stage's task row under its entry's; dropped whole when the templates or this code change (pickled: 30 MB of
+    parts at 10,000 builds load in 0.03 s, as JSON 0.15). A run appends the parts it rendered to
+    `report-parts.journal` (one JSON line) instead of writing 30 MB again; the base is rewritten, with only the
+    parts of this run, when the journal outgrows half of it. A part is a function of its
     key, so a line read twice, lost or torn (skipped) costs a rendering, never a wrong page.
 
     Each save also names the build report the pages were made from (its identity) and the parts it could not
@@ -171,13 +173,13 @@ class PartStore:
         self.base_size = self.journal_size = 0
         made_from, unsettled = None, []
         try:
-            text = path.read_text()
-            stored = json.loads(text)
-            if isinstance(stored, dict) and stored.get("version") == self.version:
-                self.old, self.base_size = stored.get("parts", {}), len(text)
-                made_from, unsettled = stored.get("made_from"), stored.get("unsettled", [])
-        except (OSError, ValueError):
-            pass
+            data = path.read_bytes()
+            stored = pickle.loads(data)
+        except Exception:  # noqa: BLE001 - absent, torn or foreign: nothing remembered
+            stored = None
+        if isinstance(stored, dict) and stored.get("version") == self.version:
+            self.old, self.base_size = stored.get("parts", {}), len(data)
+            made_from, unsettled = stored.get("made_from"), stored.get("unsettled", [])
         # a journal extends its base: without one, everything is rendered afresh
         lines, self.journal_size = read_lines(self.journal) if self.base_size else ([], 0)
         for added in lines:  # None: a line torn by a killed build
@@ -224,7 +226,7 @@ class PartStore:
         if self.base_size and self.journal_size + len(line) <= self.base_size // 2:
             append_line(self.journal, line)
             return
-        write_json(self.path, {**record, "parts": self.new}, indent=None)
+        replace_bytes(self.path, pickle.dumps({**record, "parts": self.new}, protocol=pickle.HIGHEST_PROTOCOL))
         self.journal.unlink(missing_ok=True)
 
 

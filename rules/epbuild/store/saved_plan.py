@@ -26,6 +26,7 @@ from typing import Any
 from ..manifest.builds import Build, ResolvedTarget
 from ..manifest.parse import Manifest
 from ..steps.stages import Stage
+from .journal import replace_bytes
 from .layout import COARSE_CLOCK, RACY_NS, stat_key
 
 
@@ -122,9 +123,4 @@ class SavedPlan:
         blob = pickle.dumps({"key": self.key, "files": files, "models": models, "folders": folders, "plan": plan},
                             protocol=pickle.HIGHEST_PROTOCOL)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        try:
-            temporary.write_bytes(blob)
-            os.replace(temporary, self.path)
-        finally:
-            temporary.unlink(missing_ok=True)
+        replace_bytes(self.path, blob)
