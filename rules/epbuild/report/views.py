@@ -31,7 +31,7 @@ from markupsafe import Markup
 
 from ..fast_path import file_identity
 from ..manifest.builds import Build
-from ..store.journal import append_line, read_lines, replace_bytes
+from ..store.journal import append_line, read_lines
 from ..store.layout import Layout, write_atomic
 from .cells import PENDING, Cell, source_of
 
@@ -226,7 +226,7 @@ class PartStore:
         if self.base_size and self.journal_size + len(line) <= self.base_size // 2:
             append_line(self.journal, line)
             return
-        replace_bytes(self.path, pickle.dumps({**record, "parts": self.new}, protocol=pickle.HIGHEST_PROTOCOL))
+        write_atomic(self.path, pickle.dumps({**record, "parts": self.new}, protocol=pickle.HIGHEST_PROTOCOL))
         self.journal.unlink(missing_ok=True)
 
 

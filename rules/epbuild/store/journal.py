@@ -1,7 +1,6 @@
 """Append-only journals beside whole-file records (the settings record, the report's part store, the run record):
 a run appends one JSON line of what it changed instead of rewriting megabytes, and readers lay the lines over the
-base; and the atomic write of a binary base (pickled records load several times faster than JSON). Not used by the
-jobs (their code is in every fingerprint)."""
+base. Not used by the jobs (their code is in every fingerprint)."""
 
 from __future__ import annotations
 
@@ -42,12 +41,3 @@ def append_line(path: Path, line: str) -> None:
                 line = "\n" + line
         handle.write(line.encode())
 
-
-def replace_bytes(path: Path, data: bytes) -> None:
-    """Write beside `path` under a private name and rename, as `store.layout.write_atomic` does for text."""
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        temporary.write_bytes(data)
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)

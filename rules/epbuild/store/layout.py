@@ -98,12 +98,18 @@ def stat_key(stat: os.stat_result) -> list[int]:
     return [stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino]
 
 
+def now_ns() -> int:
+    """The clock the kernel stamps ctime with (its coarse tick), or a margin behind the fine one: a file whose
+    ctime is below it was last changed before now."""
+    if COARSE_CLOCK is not None:
+        return time.clock_gettime_ns(COARSE_CLOCK)
+    return time.time_ns() - RACY_NS
+
+
 def settled(stat: os.stat_result) -> bool:
     """Whether the file's identity can be remembered: the clock that stamps changes has moved past its last
     change, so any later change gets another ctime."""
-    if COARSE_CLOCK is not None:
-        return time.clock_gettime_ns(COARSE_CLOCK) > stat.st_ctime_ns
-    return time.time_ns() - stat.st_ctime_ns > RACY_NS
+    return now_ns() > stat.st_ctime_ns
 
 
 def size_of(path: Path) -> int:
@@ -113,12 +119,15 @@ def size_of(path: Path) -> int:
     return sum(p.lstat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, data: str | bytes) -> None:
     """Write beside `path` under a private name and rename: readers see the old file or the new one, whole.
     The folder must exist: a writer never creates a folder that looks like an artifact."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        temporary.write_text(text)
+        if isinstance(data, bytes):
+            temporary.write_bytes(data)
+        else:
+            temporary.write_text(data)
         os.replace(temporary, path)
     finally:
         temporary.unlink(missing_ok=True)

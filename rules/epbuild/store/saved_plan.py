@@ -18,30 +18,15 @@ from __future__ import annotations
 import os
 import pickle
 import stat
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..fast_path import file_identity
 from ..manifest.builds import Build, ResolvedTarget
 from ..manifest.parse import Manifest
 from ..steps.stages import Stage
-from .journal import replace_bytes
-from .layout import COARSE_CLOCK, RACY_NS, stat_key
-
-
-def now_ns() -> int:
-    """The clock the kernel stamps ctime with (its coarse tick), or a margin behind the fine one."""
-    if COARSE_CLOCK is not None:
-        return time.clock_gettime_ns(COARSE_CLOCK)
-    return time.time_ns() - RACY_NS
-
-
-def _identity(path: Path | str) -> list[int] | None:
-    try:
-        return stat_key(os.stat(path))
-    except OSError:
-        return None
+from .layout import write_atomic
 
 
 def _is_plain_file(path: str) -> bool:
@@ -98,7 +83,7 @@ class SavedPlan:
             return None
         if not isinstance(saved, dict) or saved.get("key") != self.key:
             return None
-        if any(_identity(Path(path)) != identity for path, identity in saved["files"].items()):
+        if any(file_identity(path) != identity for path, identity in saved["files"].items()):
             return None
         if not all(_is_plain_file(path) for path in saved["models"]):
             return None
@@ -115,7 +100,7 @@ class SavedPlan:
         files: dict[str, list[int] | None] = {}
         looked_at = [*plan.read.reads, *(p for t in plan.resolved.values() for p in t.option_files.values())]
         for path in dict.fromkeys(str(p) for p in looked_at if str(p) not in plain):
-            identity = _identity(path)
+            identity = file_identity(path)
             if identity is not None and identity[2] >= started_ns:
                 return
             files[path] = identity
@@ -123,4 +108,4 @@ class SavedPlan:
         blob = pickle.dumps({"key": self.key, "files": files, "models": models, "folders": folders, "plan": plan},
                             protocol=pickle.HIGHEST_PROTOCOL)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        replace_bytes(self.path, blob)
+        write_atomic(self.path, blob)

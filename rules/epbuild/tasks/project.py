@@ -30,9 +30,9 @@ from ..steps.compilers import COMPILERS, compiler
 from ..steps.stages import Stage
 from ..store.cache import Workspace, cache_location, remote_location
 from ..store.external_data import ExternalDataIndex
-from ..store.layout import STAGES, Layout
+from ..store.layout import STAGES, Layout, now_ns
 from ..store.owners import owner_tag, sweep
-from ..store.saved_plan import Plan, SavedPlan, now_ns
+from ..store.saved_plan import Plan, SavedPlan
 from ..store.task_configs import ConfigRecord
 
 INSPECTING = {"list", "info", "help", "clean", "forget", "ignore", "dumpdb", "strace", "tabcompletion", "reset-dep",

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from ..fast_path import DEP_FILE, file_identity
-from ..store.journal import append_line, journal_of, read_lines, replace_bytes
-from ..store.layout import Layout
+from ..store.journal import append_line, journal_of, read_lines
+from ..store.layout import Layout, write_atomic
 from ..store.locks import file_lock
 from .selection import Recorded
 
@@ -92,7 +92,7 @@ class RunRecord:
             record = {"format": FORMAT, "key": key, "generation": os.urandom(8).hex(), "watched": watched,
                       "tasks": recorded.tasks, "files": recorded.files, "task_deps": recorded.task_deps,
                       "looked_at": recorded.looked_at}
-            replace_bytes(self.path, pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL))
+            write_atomic(self.path, pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL))
 
     def _append(self, recorded: Recorded, before: Recorded, watched: dict[str, Any]) -> bool:
         """Append what changed since `before`, when base and journal are still as it was read and the journal
