@@ -10,7 +10,7 @@ shares (atomic writes, a file's identity).
     artifacts/.scratch/                   private work folders, renamed into place or deleted
     artifacts/.state/                     host probe, hash memory, external-data index, operator checks, durations,
                                           the settings each task last succeeded with, the no-op stamp, the last
-                                          run's record, the reports' remembered parts
+                                          run's record, the reports' remembered parts, the last plan
 """
 
 from __future__ import annotations
