@@ -239,8 +239,8 @@ def test_the_page_template_is_compiled_while_a_first_build_waits_and_no_thread_o
     with template_prepared_meanwhile():
         time.sleep(0.01)  # the build waits for its fork servers here
     assert report_template.cache_info().currsize == 1 and threading.active_count() == before
-    assert "<html" in report_template().render(rows=[], groups={}, targets=[], by_place={}, cells=[], stage_rows=[],
-                                               counts={}, project="p", generated="now")
+    assert "<html" in report_template().render(matrix="", groups={}, targets=[], group_matrix="", task_rows="",
+                                               sections="", counts={}, project="p", generated="now")
 
 
 def _written(project) -> tuple[str, str]:
@@ -379,3 +379,23 @@ def test_the_build_report_keeps_unchanged_entries_text_and_reads_a_file_of_any_l
     again.up_to_date("compile:a@cpu")
     assert again.write() and json.loads(path.read_text())["tasks"] == {
         "compile:a@cpu": {"status": "up-to-date", "seconds": 1.5}, "validate:a@cpu": {"status": "validated"}}
+
+
+def test_the_build_report_takes_entry_texts_only_from_its_own_exact_layout(tmp_path):
+    from epbuild.report.build_report import BuildReport
+
+    path = tmp_path / "build-report.json"
+    names = ["compile:a@cpu", 'compile:b"q@cpu', "compile:modèle@cpu", "validate:a@cpu"]
+    report = BuildReport(path)
+    for at, name in enumerate(names):
+        report.failed(name, f"reason {at}", at)
+    assert report.write()
+    again = BuildReport(path)  # names that JSON escapes are spelled as json.dumps spells them
+    assert set(again.texts) == set(names) and all(json.loads(again.texts[n]) == again.entries[n] for n in names)
+    lines = path.read_text().split("\n")
+    for edited in ([lines[0], lines[2], lines[1], *lines[3:]],  # entries out of order
+                   [lines[0], lines[1] + " " + lines[2], "", *lines[3:]],  # two entries on one line
+                   [lines[0], lines[1], lines[2].replace(": {", ": {\n", 1), *lines[3:]]):  # one over two lines
+        path.write_text("\n".join(edited))
+        found = BuildReport(path)
+        assert found.texts == {} and found.entries == again.entries

@@ -22,21 +22,25 @@ def usage_text(usage: dict[str, float] | None) -> str:
     return f", peak {usage['peak_mb']:.0f} MB" if usage else ""
 
 
+def _quoted(name: str) -> str:
+    """`json.dumps(name)`, without encoding plain task names (20,000 encodings took 0.03 s)."""
+    plain = name.isascii() and name.isprintable() and '"' not in name and "\\" not in name
+    return f'"{name}"' if plain else json.dumps(name)
+
+
 def _layout(texts: dict[str, str]) -> str:
-    lines = ",\n".join(f"  {json.dumps(name)}: {texts[name]}" for name in sorted(texts))
+    lines = ",\n".join(f"  {_quoted(name)}: {texts[name]}" for name in sorted(texts))
     return f'{{"format": {RULES_FORMAT}, "tasks": {{\n{lines}\n}}}}\n'
 
 
 def _texts(text: str, names: Any) -> dict[str, str]:
     """Each entry's JSON text as the file has it (one line per task, `  "name": {...},`): entries a run did not
     change are written, and keyed by the report's views, without encoding them again (0.4 s at 10,000 tasks).
-    A file not in that layout (edited by hand, another format) gives none: every entry is encoded again."""
-    by_quoted = {}
-    for line in text.splitlines()[1:-1]:
-        quoted, _, entry = line.strip().partition(": ")
-        by_quoted[quoted] = entry.removesuffix(",")
-    texts = {name: by_quoted.get(json.dumps(name), "") for name in names}
-    return texts if _layout(texts) == text else {}
+    A file not exactly in that layout (edited by hand, another format) gives none: every entry is encoded again.
+    `names`: the entries' names in the file's order."""
+    lines = text.split("\n")[1:-2]
+    texts = {name: line[len(_quoted(name)) + 4:].removesuffix(",") for name, line in zip(names, lines, strict=False)}
+    return texts if len(texts) == len(lines) and _layout(texts) == text else {}
 
 
 class BuildReport:

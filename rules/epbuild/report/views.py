@@ -22,12 +22,11 @@ import xml.etree.ElementTree as ElementTree
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from markupsafe import Markup
+from markupsafe import Markup, escape
 
 from ..fast_path import file_identity
 from ..manifest.builds import Build
@@ -106,17 +105,18 @@ def template_prepared_meanwhile() -> Iterator[None]:
         thread.join()
 
 
-@dataclass(frozen=True)
-class Part:
-    """One build's rendered parts: its matrix cell, its rows of the task table, its section, its junit test case."""
+class Part(NamedTuple):
+    """One build's rendered parts: its matrix cell, its rows of the task table, its section, its junit test case.
+    The HTML is as rendered (safe): the page joins 10,000 of each, wrapping the result once (a Markup per part
+    took 0.13 s at 10,000 builds)."""
 
     row: str
     target: str
     shared: bool
     members: tuple[str, ...]
-    summary: Markup
-    tasks: Markup
-    section: Markup
+    summary: str
+    tasks: str
+    section: str
     case: str  # "" when the build does not validate
     outcome: str  # the test case's: failed, skipped or passed ("" without one)
     markdown: str  # its line of the GitHub job summary
@@ -251,32 +251,56 @@ def parts(layout: Layout, builds: list[Build], entries: dict[str, dict[str, Any]
             part = store.get(build.name, source.key(entry_text),
                              lambda s=source: render_part(s.cell(layout, entries)))
         found.append(Part(build.name if build.shared else build.members[0].name, build.target.name, build.shared,
-                          tuple(m.name for m in build.members), Markup(part["summary"]), Markup(part["tasks"]),
-                          Markup(part["section"]), part["case"], part["outcome"], part["markdown"]))
+                          tuple(m.name for m in build.members), part["summary"], part["tasks"], part["section"],
+                          part["case"], part["outcome"], part["markdown"]))
     return found
 
 
-def stage_rows(entries: dict[str, dict[str, Any]], store: PartStore, entry_text: Callable[[str], str]) -> list[Markup]:
+def stage_rows(entries: dict[str, dict[str, Any]], store: PartStore, entry_text: Callable[[str], str]) -> list[str]:
     rows = []
     for name, entry in sorted(entries.items()):
         if name.startswith(("compile:", "validate:", "group:")):
             continue
         key = hashlib.blake2b(entry_text(name).encode(), digest_size=16).hexdigest()
         part = store.get(name, key, lambda n=name, e=entry: {"row": str(cell_macros().task_row(n, e))})
-        rows.append(Markup(part["row"]))
+        rows.append(part["row"])
     return rows
 
 
-def render_html(page_parts: list[Part], stages: list[Markup], entries: dict[str, dict[str, Any]],
-                project: str) -> str:
+def _matrix(places: list[tuple[str, str]], targets: list[str], by_place: dict[tuple[str, str], Part]) -> list[str]:
+    """The rows of a models x targets table (each place: its row's header cells)."""
+    empty = '<td class="muted"></td>'
+    lines = []
+    for row, head in places:
+        cells = "".join(by_place[(row, t)].summary if (row, t) in by_place else empty for t in targets)
+        lines.append(f"<tr>{head}{cells}</tr>\n")
+    return lines
+
+
+def render_html(page_parts: list[Part], stages: list[str], entries: dict[str, dict[str, Any]],
+                project: str) -> list[str]:
+    """The page as pieces to write one after the other: the template renders its frame around a marker per
+    table, and each build's rendered parts are spliced in at the markers (through the template, each copy and
+    escape check of a 24 MB page of 10,000 builds took 0.07 s)."""
     rows = list(dict.fromkeys(p.row for p in page_parts if not p.shared))
     groups = {p.row: p.members for p in page_parts if p.shared}
     targets = list(dict.fromkeys(p.target for p in page_parts))
     by_place = {(p.row, p.target): p for p in page_parts}
     counts = Counter(entry.get("status", "?") for entry in entries.values())
-    return report_template().render(
-        project=project, generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), rows=rows,
-        groups=groups, targets=targets, by_place=by_place, cells=page_parts, stage_rows=stages, counts=counts)
+    spliced = {
+        "matrix": _matrix([(row, f"<th>{escape(row)}</th>") for row in rows], targets, by_place),
+        "group_matrix": _matrix([(row, f"<th>{escape(row)}</th><td>{escape(', '.join(members))}</td>")
+                                 for row, members in groups.items()], targets, by_place),
+        "task_rows": [*(p.tasks for p in page_parts), *stages],
+        "sections": [p.section for p in page_parts]}
+    marker = f"\0{os.urandom(8).hex()}\0"  # no rendered text holds it: escaped text holds no NUL
+    frame = report_template().render(
+        project=project, generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), targets=targets,
+        groups=groups, counts=counts, **{name: Markup(f"{marker}{name}{marker}") for name in spliced})
+    page: list[str] = []
+    for at, piece in enumerate(frame.split(marker)):  # text, name, text, name, ..., text
+        page.extend(spliced[piece] if at % 2 else [piece])
+    return page
 
 
 def junit_xml(page_parts: list[Part]) -> bytes:
