@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -149,48 +150,69 @@ def test_a_killed_doit_run_restores_finished_work_on_rerun(tmp_path, host_cache)
         assert f"restored {task}:" in done.stdout and f"compiled {task}:" not in done.stdout
 
 
+def _memory_lines(state: Path) -> int:
+    return sum(len(shard.read_text().splitlines()) for shard in (state / "hashes").glob("*.tsv"))
+
+
 def test_no_op_run_hashes_nothing_and_a_touched_tree_is_hashed_once(tmp_path, host_cache):
     project = clone(tmp_path, host_cache, "a", tmp_path / "shared-cache")
     project.doit()
-    log = project.artifacts / ".state" / "hashes.tsv"
-    lines = len(log.read_text().splitlines())
-    assert ran(project.doit()) <= {"unavailable"}
-    assert len(log.read_text().splitlines()) == lines
+    state = project.artifacts / ".state"
+    lines = _memory_lines(state)
+    assert lines and ran(project.doit()) <= {"unavailable"}
+    assert _memory_lines(state) == lines
     for path in [*(project.root / "models").glob("*.onnx"), *project.artifacts.rglob("*.onnx")]:
         os.utime(path, (time.time() + 5, time.time() + 5))  # as after a fresh clone: new mtimes, same bytes
     assert ran(project.doit()) <= {"unavailable"}
-    touched = len(log.read_text().splitlines())
+    touched = _memory_lines(state)
     assert touched > lines
     assert ran(project.doit()) <= {"unavailable"}
-    assert len(log.read_text().splitlines()) == touched
+    assert _memory_lines(state) == touched
+
+
+def _same_shard(folder: Path, count: int) -> list[Path]:
+    """`count` file names in one folder whose paths fall in one shard of the memory."""
+    from epbuild.store.hashing import shard_of
+
+    by_shard: dict[str, list[Path]] = {}
+    for at in range(10_000):
+        path = folder / f"file{at}.bin"
+        found = by_shard.setdefault(shard_of(str(path)), [])
+        found.append(path)
+        if len(found) == count:
+            return found
+    raise AssertionError("no shard took enough names")
 
 
 def test_the_hash_memory_is_compacted_when_superseded_lines_pile_up(tmp_path, monkeypatch):
     from epbuild.store import hashing
 
     monkeypatch.setattr(hashing, "COMPACT_SLACK", 5)
-    monkeypatch.setattr(hashing, "LOOKUPS_BEFORE_LOADING", 0)  # parsed whole at the first lookup
-    kept, gone = tmp_path / "kept.bin", tmp_path / "gone.bin"
+    kept, gone = _same_shard(tmp_path, 2)
     memory = hashing.FileHashes(tmp_path / "state")
+    memory.state.mkdir()
+    (memory.state / "hashes.tsv").write_text("an earlier version's memory\n")
     for round_ in range(10):  # each rewrite of the file appends one line
         kept.write_bytes(f"version {round_}".encode())
         os.utime(kept, ns=(round_ * 10**9, round_ * 10**9))
         time.sleep(0.01)  # past the clock tick of the write: a file changed within it is not remembered
         memory.sha256(kept)
+    assert not (tmp_path / "state" / "hashes.tsv").exists()  # replaced by the shards
     gone.write_bytes(b"x")
     time.sleep(0.01)
     memory.sha256(gone)
     gone.unlink()
-    assert len(memory.log.read_text().splitlines()) == 11
+    shard = tmp_path / "state" / "hashes" / hashing.shard_of(str(kept))
+    assert len(shard.read_text().splitlines()) == 11
     fresh = hashing.FileHashes(tmp_path / "state")
     assert fresh.sha256(kept) == hashing.sha256_file(kept)  # loads, compacts
-    lines = memory.log.read_text().splitlines()
+    lines = shard.read_text().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"{kept}\t") and lines[0].endswith(hashing.sha256_file(kept))
 
 
-def test_a_few_lookups_search_the_memory_for_the_files_last_line_without_parsing_it(tmp_path, monkeypatch):
-    """One model changed among 10,000: its lookup finds its latest line in the memory's text; a line cut short by a
-    killed process is passed over; past LOOKUPS_BEFORE_LOADING lookups the memory is parsed whole."""
+def test_a_lookup_reads_its_own_shard_of_the_memory_and_passes_over_a_torn_line(tmp_path, monkeypatch):
+    """One model changed among 10,000: its lookup reads the shard its path falls in, not the whole memory; its
+    latest whole line counts, a line cut short by a killed process is passed over."""
     from epbuild.store import hashing
 
     model, other = tmp_path / "model.onnx", tmp_path / "model.onnx.data"
@@ -200,14 +222,15 @@ def test_a_few_lookups_search_the_memory_for_the_files_last_line_without_parsing
         other.write_bytes(f"data {round_}".encode())
         time.sleep(0.01)
         memory.sha256(model), memory.sha256(other)
-    with open(memory.log, "a") as handle:
+    shard = tmp_path / "state" / "hashes" / hashing.shard_of(str(model))
+    with open(shard, "a") as handle:
         handle.write(f"{model}\t1\t2\t3")  # killed mid-line
     monkeypatch.setattr(hashing, "sha256_file", lambda path: pytest.fail(f"{path} read again"))
     fresh = hashing.FileHashes(tmp_path / "state")
-    assert fresh.sha256(model) == hashlib.sha256(b"weights 2").hexdigest() and fresh._known is None
-    assert fresh.sha256(other) == hashlib.sha256(b"data 2").hexdigest() and fresh._known is None
-    monkeypatch.setattr(hashing, "LOOKUPS_BEFORE_LOADING", 2)
-    assert fresh.sha256(model) == hashlib.sha256(b"weights 2").hexdigest() and fresh._known is not None
+    assert fresh.sha256(model) == hashlib.sha256(b"weights 2").hexdigest()
+    assert set(fresh._shards) == {hashing.shard_of(str(model))}
+    assert fresh.sha256(other) == hashlib.sha256(b"data 2").hexdigest()
+    assert set(fresh._shards) == {hashing.shard_of(str(model)), hashing.shard_of(str(other))}
 
 
 def test_a_file_under_several_names_is_read_once_until_it_changes(tmp_path, monkeypatch):
