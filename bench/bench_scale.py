@@ -1,11 +1,13 @@
 """Scale: what a build costs around the work itself, at N targets, against bare doit and ninja of the same size.
 
     python bench/bench_scale.py [N ...] [--repeats R] [--keep DIR] [--against LABEL=RULES_DIR ...]
-                                                                    (default: 100 1000)
+                                [--snakemake PATH]                  (default: 100 1000)
 
 Per N: N/2 tinycnn copies x {cpu, qnn-htp}, built for real first; then, everything up to date, the no-op run and
 `doit list` on the fast path (the no-op stamp, the cached listing) and the full path (EPBUILD_FAST_PATH=0); bare
-doit with N and 2N trivial tasks (one file_dep... as bench_doit.py); ninja with N trivial edges; and the run users
+doit with N and 2N trivial tasks (one file_dep... as bench_doit.py); ninja and Snakemake with N trivial jobs of the
+same shape (Snakemake where `--snakemake` or PATH has it: `pip install snakemake` in a virtual environment of its
+own, its dependencies are not epbuild's); and the run users
 have on every CI run after a commit: one model's bytes changed, everything else up to date (its two compiles and
 validations are the work; the rest is overhead, from the build report's task seconds). Medians of R runs.
 Growth factors between successive N are printed. Writes bench/results/scale.json. With --keep, the projects stay
@@ -49,6 +51,21 @@ def make_ninja(folder: Path, n: int) -> None:
     (folder / "build.ninja").write_text("".join(lines))
 
 
+def make_snakemake(folder: Path, n: int) -> None:
+    """N jobs, each one input to one output, as the bare dodo.py and build.ninja."""
+    (folder / "in").mkdir(parents=True)
+    for i in range(n):
+        (folder / "in" / f"{i}.a").write_text("a")
+    (folder / "Snakefile").write_text(f"""rule all:
+    input: expand("out/{{i}}.txt", i=range({n}))
+
+rule touch:
+    input: "in/{{i}}.a"
+    output: "out/{{i}}.txt"
+    shell: "touch {{output}}"
+""")
+
+
 def change_run(project: Path, env: dict[str, str], seed: int) -> tuple[float, float]:
     """(wall, of which the changed model's own tasks) of a run after one model's bytes changed."""
     perturb_weights(project / "models" / "m0.onnx", seed)
@@ -65,7 +82,8 @@ def once(args: list[str], cwd: Path, env: dict[str, str]) -> float:
     return timed(args, cwd, 1, env)
 
 
-def measure(n: int, repeats: int, top: Path, versions: dict[str, Path]) -> dict[str, dict[str, float]]:
+def measure(n: int, repeats: int, top: Path, versions: dict[str, Path],
+            snakemake: str | None) -> dict[str, dict[str, float]]:
     """Every version's figures (the first is this checkout, which builds the project)."""
     bare, double, ninja, project = top / "bare", top / "bare2n", top / "ninja", top / "project"
     if not (project / "models.toml").exists():
@@ -77,6 +95,11 @@ def measure(n: int, repeats: int, top: Path, versions: dict[str, Path]) -> dict[
     for folder in (bare, double):
         subprocess.run(DOIT, cwd=folder, check=True, capture_output=True, env=environment())
     subprocess.run(["ninja", "-C", str(ninja)], check=True, capture_output=True)
+    snake = top / "snakemake"
+    if snakemake and not (snake / "Snakefile").exists():
+        make_snakemake(snake, n)
+    if snakemake:
+        subprocess.run([snakemake, "-c1", "--quiet"], cwd=snake, check=True, capture_output=True)
     base = {**environment(), "EPBUILD_CACHE_DIR": str(top / "cache"), "EPBUILD_PROGRESS": "plain"}
     start = time.perf_counter()
     subprocess.run([*DOIT, "-n", "2", "-P", "process"], cwd=project, env=base, check=True, capture_output=True)
@@ -106,7 +129,8 @@ def measure(n: int, repeats: int, top: Path, versions: dict[str, Path]) -> dict[
                 samples[label].setdefault(kind, []).append(value)
     shared = {"build_s": built, "bare_noop_s": timed(DOIT, bare, repeats),
               "bare2n_noop_s": timed(DOIT, double, repeats), "bare_list_s": timed([*DOIT, "list"], bare, repeats),
-              "ninja_noop_s": timed(["ninja", "-C", str(ninja)], ninja, repeats)}
+              "ninja_noop_s": timed(["ninja", "-C", str(ninja)], ninja, repeats),
+              **({"snakemake_noop_s": timed([snakemake, "-c1", "--quiet"], snake, repeats)} if snakemake else {})}
     return {label: {**{k: round(v, 4) for k, v in shared.items()},
                     **{k: round(statistics.median(v), 4) for k, v in found.items()}}
             for label, found in samples.items()}
@@ -118,21 +142,26 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--keep", type=Path, help="keep the projects in this folder, reuse those found there")
     parser.add_argument("--against", action="append", default=[], help="LABEL=RULES_DIR of another checkout")
+    parser.add_argument("--snakemake", default=shutil.which("snakemake"), help="the snakemake command (PATH's)")
     arguments = parser.parse_args()
+    if not arguments.snakemake:
+        print("snakemake: not found (--snakemake PATH); its column is left out", flush=True)
     versions = {"this": HERE.parent / "rules", **{k: Path(v) for k, v in (a.split("=", 1) for a in arguments.against)}}
     results, others, rows = {}, {}, []
     with tempfile.TemporaryDirectory(prefix="epbuild-scale.") as temporary:
         for n in arguments.sizes:
             top = (arguments.keep or Path(temporary)) / str(n)
-            every = measure(n, arguments.repeats, top, versions)
+            every = measure(n, arguments.repeats, top, versions, arguments.snakemake)
             results[n], others[n] = found, _ = every["this"], {k: v for k, v in every.items() if k != "this"}
             if not arguments.keep:
                 shutil.rmtree(top, ignore_errors=True)
             for label, figures in every.items():
                 print(f"N={n} {label}: {json.dumps(figures)}", flush=True)
-            rows.append((f"{n} targets: no-op fast / full path; bare doit {n} / {2 * n} tasks; ninja",
+            snake = f"; Snakemake {found['snakemake_noop_s']:.3f} s" if "snakemake_noop_s" in found else ""
+            rows.append((f"{n} targets: no-op fast / full path; bare doit {n} / {2 * n} tasks; ninja"
+                         f"{'; Snakemake' if snake else ''}",
                          f"{found['noop_fast_s']:.3f} / {found['noop_full_s']:.3f} s; {found['bare_noop_s']:.3f} / "
-                         f"{found['bare2n_noop_s']:.3f} s; {found['ninja_noop_s']:.3f} s"))
+                         f"{found['bare2n_noop_s']:.3f} s; {found['ninja_noop_s']:.3f} s{snake}"))
             rows.append((f"{n} targets: `doit list` fast / full path; bare doit",
                          f"{found['list_fast_s']:.3f} / {found['list_full_s']:.3f} s; {found['bare_list_s']:.3f} s"))
             times_bare = found["change_overhead_s"] / found["bare_noop_s"]

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 import platform
 import sys
 from collections.abc import Iterator
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .store.journal import journal_of
-from .store.layout import Layout, settled, stat_key, write_json
+from .store.layout import Layout, settled, stat_key, write_atomic, write_json
 
 PACKAGE = Path(__file__).resolve().parent
 DEP_FILE = ".doit.db"
@@ -88,10 +89,11 @@ def project_key(manifest: Path) -> str:
 
 
 class Stamp:
-    """`artifacts/.state/noop.json`: the key and file identities of the last full no-op."""
+    """`artifacts/.state/noop.pickle`: the key and file identities of the last full no-op (pickled: at 10,000
+    targets its 45,000 identities load in 0.01 s, as JSON 0.04 s of every run)."""
 
     def __init__(self, layout: Layout):
-        self.path = layout.state / "noop.json"
+        self.path = layout.state / "noop.pickle"
         self.watched = [layout.configs, layout.build_report, layout.html_report, layout.junit_report,
                         layout.state / "host.json", Path(DEP_FILE)]
         self.journal = journal_of(layout.configs)  # present or not
@@ -99,8 +101,8 @@ class Stamp:
     def still_valid(self, key: str) -> dict[str, Any] | None:
         """The stamp when the key and every file's identity still match, else None."""
         try:
-            stamp = json.loads(self.path.read_text())
-        except (OSError, ValueError):
+            stamp = pickle.loads(self.path.read_bytes())
+        except Exception:  # noqa: BLE001 - absent, torn or foreign: no stamp
             return None
         if not isinstance(stamp, dict) or stamp.get("key") != key:
             return None
@@ -128,7 +130,9 @@ class Stamp:
                 return
             if stat_key(stat) != checked[path] or not settled(stat):
                 return  # a file changed while this run checked it, or may still change under the same identity
-        write_json(self.path, {"key": key, "files": files, "tasks": tasks, "skipped": skipped}, indent=None)
+        write_atomic(self.path, pickle.dumps({"key": key, "files": files, "tasks": tasks, "skipped": skipped},
+                                             protocol=pickle.HIGHEST_PROTOCOL))
+        self.path.with_suffix(".json").unlink(missing_ok=True)  # the stamp as earlier versions wrote it
 
 
 class Listing:

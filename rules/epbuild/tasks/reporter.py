@@ -160,9 +160,9 @@ class BuildReporter(ConsoleReporter):
             pages = self.report.write() or not layout.html_report.exists()
             step_summary = bool(os.environ.get("GITHUB_STEP_SUMMARY") and seen)
             if pages or step_summary:
-                hidden = set(self.hidden)  # what no task of this run touched shows as the last page showed it
-                untouched = {build.name for build in self.project.builds
-                             if all(task in hidden and task not in self.report.modified for task in cell_tasks(build))}
+                # what no task of this run touched shows as the last page showed it
+                unchanged = set(self.hidden).difference(self.report.modified)
+                untouched = {build.name for build in self.project.builds if unchanged.issuperset(cell_tasks(build))}
                 write_views(layout, self.project.builds, self.report.entries, self.report.entry_text, pages,
                             step_summary, untouched, self.report.read_as)
         except Exception as exc:  # noqa: BLE001 - any rendering error, reported with its type
