@@ -4,6 +4,7 @@ each model; a first build's doit process never imports onnx."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -108,3 +109,23 @@ def test_the_index_reads_a_model_again_only_when_it_has_changed(tmp_path):
     changed = ExternalDataIndex(tmp_path / "state")
     assert changed.unread([model]) == [model]
     assert changed.files(model) == [tmp_path / "models" / "weights.data"]
+
+
+def test_the_index_forgets_models_the_manifest_no_longer_names(tmp_path):
+    """A model removed or renamed, or the folder of another checkout (a copied project), leaves no entry that every
+    run would read and every change would write again."""
+    (tmp_path / "models").mkdir()
+    kept, gone = tmp_path / "models" / "kept.onnx", tmp_path / "models" / "gone.onnx"
+    for path in (kept, gone):
+        shutil.copy(REPO / "models" / "tinycnn.onnx", path)
+    index = ExternalDataIndex(tmp_path / "state")
+    index.read(index.unread([kept, gone]))
+    index.save()
+    again = ExternalDataIndex(tmp_path / "state")
+    assert set(again.entries) == {str(kept), str(gone)} and again.unread([kept]) == []
+    again.save()  # only the manifest's models were looked up: the other's entry goes
+    assert set(json.loads((tmp_path / "state" / "external-data.json").read_text())) == {str(kept)}
+    written = (tmp_path / "state" / "external-data.json").stat().st_mtime_ns
+    third = ExternalDataIndex(tmp_path / "state")
+    assert third.unread([kept]) == [] and third.save() is None
+    assert (tmp_path / "state" / "external-data.json").stat().st_mtime_ns == written  # nothing new: not written

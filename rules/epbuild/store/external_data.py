@@ -198,11 +198,14 @@ class ExternalDataIndex:
         return self.entries[str(model_path)]["graph"]
 
     def save(self) -> None:
-        if not self.changed:
+        """Write the entries of the models this process looked up (every model and reference of the manifest:
+        a model removed, renamed or in another checkout's folder is forgotten), when one was read or forgotten."""
+        kept = {path: entry for path, entry in self.entries.items() if path in self.current}
+        if not self.changed and len(kept) == len(self.entries):
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_json(self.path, self.entries, indent=None)
-        self.changed = False
+        write_json(self.path, kept, indent=None)
+        self.entries, self.changed = kept, False
 
 
 # ---- child process ----
