@@ -399,3 +399,31 @@ def test_the_build_report_takes_entry_texts_only_from_its_own_exact_layout(tmp_p
         path.write_text("\n".join(edited))
         found = BuildReport(path)
         assert found.texts == {} and found.entries == again.entries
+
+
+def test_the_build_report_read_while_jobs_run_takes_the_runs_changes_in_order(tmp_path):
+    from epbuild.report.build_report import BuildReport, ReportReadMeanwhile
+
+    path = tmp_path / "build-report.json"
+    first = BuildReport(path)
+    first.failed("compile:a@cpu", "boom", 1.0)
+    first.succeeded("compile:b@cpu", {"status": "compiled", "seconds": 2.0})
+    assert first.write()
+    pending = ReportReadMeanwhile(path)
+    pending.up_to_date("compile:b@cpu")  # before the first job: recorded, not applied
+    pending.start()
+    values = {"status": "compiled", "seconds": 0.5, "_published": {}}
+    pending.succeeded("compile:a@cpu", values)
+    values["status"] = "changed after the task finished"  # what the run saw then is what counts
+    pending.failed("validate:a@cpu", "worse", 0.25)
+    pending.not_built("validate:b@cpu", "compile:x failed")
+    report = pending.ready()
+    assert report.entries == {"compile:a@cpu": {"status": "compiled", "seconds": 0.5},
+                              "compile:b@cpu": {"status": "up-to-date", "seconds": 2.0},
+                              "validate:a@cpu": {"status": "failed", "reason": "worse", "seconds": 0.25},
+                              "validate:b@cpu": {"status": "not built", "reason": "compile:x failed"}}
+    assert report.modified == set(report.entries) and report.read_as is not None
+    assert pending.ready() is report and report.entries["compile:a@cpu"]["status"] == "compiled"  # applied once
+    unstarted = ReportReadMeanwhile(path)  # no task ran: read when needed
+    unstarted.up_to_date("compile:a@cpu")
+    assert unstarted.ready().entries["compile:a@cpu"] == {"status": "up-to-date", "reason": "boom", "seconds": 1.0}
