@@ -427,3 +427,25 @@ def test_the_build_report_read_while_jobs_run_takes_the_runs_changes_in_order(tm
     unstarted = ReportReadMeanwhile(path)  # no task ran: read when needed
     unstarted.up_to_date("compile:a@cpu")
     assert unstarted.ready().entries["compile:a@cpu"] == {"status": "up-to-date", "reason": "boom", "seconds": 1.0}
+
+
+def test_the_part_store_read_ahead_is_taken_only_while_the_file_is_the_one_read(tmp_path, monkeypatch):
+    from epbuild.report import views
+    from epbuild.report.views import PARTS, PartStore
+
+    path = tmp_path / PARTS
+    store = PartStore(path)
+    store.get("a", "a1", lambda: {"html": "a"})
+    store.save()
+    views.templates_prepared_in_background(path).join()  # as while a build waits for its first job
+    with monkeypatch.context() as patched:
+        patched.setattr(views.pickle, "loads", lambda data: pytest.fail("read again"))
+        ahead = PartStore(path)
+    assert ahead.get("a", "a1", lambda: pytest.fail("remembered")) == {"html": "a", "key": "a1"}
+    assert path not in views._READ_AHEAD  # taken once
+    views.templates_prepared_in_background(path).join()
+    ahead.get("b", "b1", lambda: {"html": "b"})
+    ahead.base_size = 0  # rewritten whole: a new file under the same name
+    ahead.save()
+    fresh = PartStore(path)  # the file read ahead was replaced: the new one is read
+    assert fresh.get("b", "b1", lambda: pytest.fail("remembered")) == {"html": "b", "key": "b1"}

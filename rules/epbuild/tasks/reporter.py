@@ -13,7 +13,7 @@ from ..fast_path import Stamp
 from ..report.build_report import ReportReadMeanwhile
 from ..report.cells import cell_tasks
 from ..report.progress import LiveProgress, load_durations, save_durations
-from ..report.views import templates_prepared_in_background, write_views
+from ..report.views import PARTS, templates_prepared_in_background, write_views
 from .checker import saw
 from .run_record import RunRecord
 from .selection import Recorded, files_of
@@ -75,7 +75,7 @@ class BuildReporter(ConsoleReporter):
         elif task.name != "backends":  # its output, --json included, stays clean for machines
             super().execute_task(task)
         if self.preparing is None and ":" in task.name:
-            self.preparing = templates_prepared_in_background()
+            self.preparing = templates_prepared_in_background(self.project.layout.state / PARTS)
             self.pending.start()
         self.started[task.name] = time.monotonic()
 
