@@ -8,7 +8,6 @@ Written atomically, one line per task so that diffs between CI runs stay readabl
 from __future__ import annotations
 
 import json
-import threading
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -128,47 +127,3 @@ class BuildReport:
         if not (hits or down or up):
             return ""
         return f"; remote cache: {hits} hit{'s' * (hits != 1)}, {down / 1e6:.1f} MB down, {up / 1e6:.1f} MB up"
-
-
-class ReportReadMeanwhile:
-    """The build report read in a thread started where the build is about to wait for its first job (`start`), and
-    the changes the run makes to it kept in order and applied once it is read (`ready`): reading 10,000 tasks'
-    entries took 0.18 s of a change run's main process, which meanwhile only waits for the jobs. Without a start (no
-    task ran) it is read when needed."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.changes: list[tuple[str, tuple[Any, ...]]] = []
-        self._thread: threading.Thread | None = None
-        self._read: BuildReport | None = None
-
-    def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._load, daemon=True)
-            self._thread.start()
-
-    def _load(self) -> None:
-        self._read = BuildReport(self.path)
-
-    def succeeded(self, task: str, values: dict[str, Any]) -> None:
-        self.changes.append(("succeeded", (task, dict(values))))
-
-    def failed(self, task: str, reason: str, seconds: float) -> None:
-        self.changes.append(("failed", (task, reason, seconds)))
-
-    def not_built(self, task: str, reason: str) -> None:
-        self.changes.append(("not_built", (task, reason)))
-
-    def up_to_date(self, task: str) -> None:
-        self.changes.append(("up_to_date", (task,)))
-
-    def ready(self) -> BuildReport:
-        """The report as read, with this run's changes so far applied in order."""
-        if self._thread is not None:
-            self._thread.join()
-        report = self._read if self._read is not None else BuildReport(self.path)
-        self._thread, self._read = None, report
-        for change, arguments in self.changes:
-            getattr(report, change)(*arguments)
-        self.changes.clear()
-        return report

@@ -79,31 +79,15 @@ def cell_macros() -> Any:
     return _templates().get_template("cell.html.j2").module
 
 
-# the part store's base read ahead (`templates_prepared_in_background`): path -> (its identity, its data, its size)
-_READ_AHEAD: dict[Path, tuple[list[int], Any, int]] = {}
-
-
-def _read_ahead(path: Path) -> None:
-    """Read and unpickle the part store's base, kept under the identity it had throughout (30 MB at 10,000 builds:
-    0.05 s), for the `PartStore` made at the end of the build."""
-    before = file_identity(str(path))
-    with contextlib.suppress(Exception):  # absent, torn or foreign: read again (and refused) where it is used
-        data = path.read_bytes()
-        if before is not None and file_identity(str(path)) == before:
-            _READ_AHEAD[path] = (before, pickle.loads(data), len(data))
-
-
-def templates_prepared_in_background(parts: Path | None = None) -> threading.Thread:
+def templates_prepared_in_background() -> threading.Thread:
     """Import jinja2 and compile the page's templates in a thread, started where the build is about to wait for
     something else (fork servers starting, a child's job): the end of the build then renders in ~10 ms instead of
-    ~60 ms. With `parts`, the part store's base is read ahead too. The caller joins it."""
+    ~60 ms. The caller joins it."""
 
     def prepare() -> None:
         with contextlib.suppress(Exception):  # a broken template is reported where the page is written
             report_template()
             cell_macros()
-        if parts is not None:
-            _read_ahead(parts)
 
     thread = threading.Thread(target=prepare, daemon=True)
     thread.start()
@@ -188,17 +172,13 @@ class PartStore:
         self.old: dict[str, dict[str, str]] = {}
         self.base_size = self.journal_size = 0
         made_from, unsettled = None, []
-        ahead = _READ_AHEAD.pop(path, None)
-        if ahead is not None and ahead[0] == file_identity(str(path)):  # read ahead, and the file is still that one
-            _, stored, size = ahead
-        else:
-            try:
-                data = path.read_bytes()
-                stored, size = pickle.loads(data), len(data)
-            except Exception:  # noqa: BLE001 - absent, torn or foreign: nothing remembered
-                stored, size = None, 0
+        try:
+            data = path.read_bytes()
+            stored = pickle.loads(data)
+        except Exception:  # noqa: BLE001 - absent, torn or foreign: nothing remembered
+            stored = None
         if isinstance(stored, dict) and stored.get("version") == self.version:
-            self.old, self.base_size = stored.get("parts", {}), size
+            self.old, self.base_size = stored.get("parts", {}), len(data)
             made_from, unsettled = stored.get("made_from"), stored.get("unsettled", [])
         # a journal extends its base: without one, everything is rendered afresh
         lines, self.journal_size = read_lines(self.journal) if self.base_size else ([], 0)

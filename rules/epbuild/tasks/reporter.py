@@ -10,10 +10,10 @@ from doit.exceptions import UnmetDependency
 from doit.reporter import ConsoleReporter
 
 from ..fast_path import Stamp
-from ..report.build_report import ReportReadMeanwhile
+from ..report.build_report import BuildReport
 from ..report.cells import cell_tasks
 from ..report.progress import LiveProgress, load_durations, save_durations
-from ..report.views import PARTS, templates_prepared_in_background, write_views
+from ..report.views import templates_prepared_in_background, write_views
 from .checker import saw
 from .run_record import RunRecord
 from .selection import Recorded, files_of
@@ -49,7 +49,7 @@ class BuildReporter(ConsoleReporter):
         super().initialize(tasks, selected_tasks)
         self.doit_tasks = tasks
         self.preparing = None  # the page's templates, compiled while the first task that runs waits for its child
-        self.pending = ReportReadMeanwhile(self.project.layout.build_report)  # `report` once the run is over
+        self.report = BuildReport(self.project.layout.build_report)
         self.started: dict[str, float] = {}
         self.blocked: set[str] = set()  # not run: a task they need failed
         self.uptodate: set[str] = set()
@@ -75,8 +75,7 @@ class BuildReporter(ConsoleReporter):
         elif task.name != "backends":  # its output, --json included, stays clean for machines
             super().execute_task(task)
         if self.preparing is None and ":" in task.name:
-            self.preparing = templates_prepared_in_background(self.project.layout.state / PARTS)
-            self.pending.start()
+            self.preparing = templates_prepared_in_background()
         self.started[task.name] = time.monotonic()
 
     def add_success(self, task):
@@ -87,7 +86,7 @@ class BuildReporter(ConsoleReporter):
             self.live.finished(task.name)
         self.project.configs.success(task.name, task.values.get("_published"))
         if ":" in task.name and task.values.get("status"):
-            self.pending.succeeded(task.name, task.values)
+            self.report.succeeded(task.name, task.values)
 
     def add_failure(self, task, fail):
         if isinstance(fail, UnmetDependency):  # not run because a task it needs failed: not a failure of its own
@@ -98,14 +97,14 @@ class BuildReporter(ConsoleReporter):
             failed = ", ".join(name for name in needed if name not in self.blocked) or ", ".join(needed)
             self.write(f"not built {task.name}: {failed} failed\n")
             if ":" in task.name:
-                self.pending.not_built(task.name, f"{failed} failed")
+                self.report.not_built(task.name, f"{failed} failed")
             return
         super().add_failure(task, fail)
         if self.live is not None:
             self.live.finished(task.name, failed=True)
         if ":" in task.name:
             seconds = max(0.0, time.monotonic() - self.started.get(task.name, time.monotonic()))
-            self.pending.failed(task.name, fail.get_msg().strip(), seconds)
+            self.report.failed(task.name, fail.get_msg().strip(), seconds)
 
     def skip_uptodate(self, task):
         if self.live is not None:
@@ -114,7 +113,7 @@ class BuildReporter(ConsoleReporter):
             super().skip_uptodate(task)
         self.uptodate.add(task.name)
         if ":" in task.name:
-            self.pending.up_to_date(task.name)
+            self.report.up_to_date(task.name)
 
     def _write_run_record(self) -> None:
         """The tasks this run found up to date, with their files' identities as doit judged them (or, for those
@@ -144,7 +143,6 @@ class BuildReporter(ConsoleReporter):
             self.live = None
         if self.preparing is not None:
             self.preparing.join()
-        self.report = self.pending.ready()
         for name in self.hidden:  # up to date without doit's check: as if it had found them so
             self.uptodate.add(name)
             self.report.up_to_date(name)
