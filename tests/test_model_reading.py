@@ -17,7 +17,7 @@ from conftest import REPO
 from epbuild.execute.fork_server import SWITCH
 from epbuild.store import external_data
 from epbuild.store.external_data import ExternalDataIndex, read_models
-from helpers import TWO_MODELS_CPU_QNN, model_with_location, setup_failing_checker
+from helpers import TWO_MODELS_CPU_QNN, model_with_location, perturb_weights, setup_failing_checker
 
 EXPECTED = {
     "tinycnn.onnx": {"locations": []},
@@ -129,3 +129,27 @@ def test_the_index_forgets_models_the_manifest_no_longer_names(tmp_path):
     third = ExternalDataIndex(tmp_path / "state")
     assert third.unread([kept]) == [] and third.save() is None
     assert (tmp_path / "state" / "external-data.json").stat().st_mtime_ns == written  # nothing new: not written
+
+
+def test_a_run_after_a_model_changed_starts_its_targets_servers_while_it_reads(project, monkeypatch):
+    """On a CI runner after a commit no fork server is running: those the changed model's builds use are started
+    while the models are read, not when its first job asks; nothing is started when no model changed, nor for
+    targets of models that did not."""
+    from epbuild.tasks import project as loading
+
+    project.manifest(TWO_MODELS_CPU_QNN.replace('path = "models/tinycnn.onnx"',
+                                                'path = "models/tinycnn.onnx"\ntargets = ["cpu"]'))
+    project.doit()
+    started: list[set[str]] = []
+    monkeypatch.setattr(loading, "prestart", lambda aliases: started.append(set(aliases)))
+    monkeypatch.chdir(project.root)
+    for name, value in project.env.items():
+        monkeypatch.setenv(name, value)
+    loading.Project(project.root / "models.toml", [])
+    assert started == []  # nothing to read
+    perturb_weights(project.root / "models" / "tinycnn.onnx", seed=3)
+    loading.Project(project.root / "models.toml", ["list"])
+    assert started == []  # not a build
+    perturb_weights(project.root / "models" / "tinycnn.onnx", seed=4)  # the listing read the last change
+    loading.Project(project.root / "models.toml", ["-n", "2"])
+    assert started == [{""}]  # tinycnn's one target, cpu: the server shared with CPU-only work, not QNN's

@@ -100,7 +100,7 @@ class Project:
         executor = self._prepare_folders()
         servers = self._start_fork_servers(is_default_run(requested) and not executor)
         index = ExternalDataIndex(self.layout.state)
-        facts = self._read_models(index, servers)
+        facts = self._read_models(index, servers, is_default_run(requested) and not executor and not servers)
         self.external, shapes, graphs = facts  # external: by path, each model's external-data files
         fresh = None
         if last is not None and last.facts == facts:  # planned from the same manifest, files and facts
@@ -162,17 +162,23 @@ class Project:
         prestart(servers)
         return servers
 
-    def _read_models(self, index: ExternalDataIndex,
-                     servers: set[str]) -> tuple[dict[Path, tuple[Path, ...]], dict[str, ModelInputs],
-                                                 dict[str, dict[str, bool]]]:
+    def _read_models(self, index: ExternalDataIndex, servers: set[str],
+                     changes_build: bool) -> tuple[dict[Path, tuple[Path, ...]], dict[str, ModelInputs],
+                                                   dict[str, dict[str, bool]]]:
         """The external-data files of each model and `validation.reference` (by path), each model's input shapes
         and graph facts (`store.external_data._ready`), from the index; changed models are read by a fork server
-        running or starting anyway (it has onnx loaded), the CPU-only one first."""
+        running or starting anyway (it has onnx loaded), the CPU-only one first. `changes_build`: a default run
+        here, whose changed models' builds run next: their targets' servers are started while this process reads
+        (on a CI runner after a commit none is running: their start overlapped nothing)."""
         models = self.manifest.models.values()
         references = {m.validation["reference"]: m.name for m in models if "reference" in m.validation}
         unread = index.unread(list(dict.fromkeys([*(model.path for model in models), *references])))
         if unread:
             reader = next((alias for alias in sorted(servers | {""}) if serving(alias)), None)
+            if changes_build:
+                changed = set(unread)
+                prestart(first_build_servers(self.manifest, {name for m in models if m.path in changed
+                                                             for name in m.targets}))
             made = [p for p in (self.layout.scratch_root, *self.layout.scratch_root.parents) if not p.exists()]
             with template_prepared_meanwhile() if servers else contextlib.nullcontext():
                 index.read(unread, reader, self.layout.scratch(f"read-models.{owner_tag()}"))
@@ -324,9 +330,9 @@ def in_shard(build: Build, shard: tuple[int, int] | None) -> bool:
     return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % shard[1] == shard[0] - 1
 
 
-def first_build_servers(manifest: Manifest) -> set[str]:
+def first_build_servers(manifest: Manifest, targets: set[str] | None = None) -> set[str]:
     """The fork servers a first full build here (`doit` with no settings record yet: a clean checkout, CI)
-    certainly uses: those of its ONNX Runtime targets' EPs."""
-    specs = [t for t in manifest.targets.values()
-             if t.ep and (backend := COMPILERS.get(t.compiler)) and backend.in_onnxruntime]
+    certainly uses: those of its ONNX Runtime targets' EPs (of `targets` only, when given)."""
+    specs = [t for name, t in manifest.targets.items() if (targets is None or name in targets)
+             and t.ep and (backend := COMPILERS.get(t.compiler)) and backend.in_onnxruntime]
     return {info.fork_server for t in specs if (info := lookup(t.ep))}
