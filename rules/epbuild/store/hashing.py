@@ -17,7 +17,6 @@ from pathlib import Path
 from .layout import settled, stat_key, write_atomic
 
 CHUNK = 1 << 20
-SHARDS = 256
 COMPACT_SLACK = 64  # superseded lines a shard tolerates before it is rewritten
 LEGACY = "hashes.tsv"  # the one-file memory of earlier versions, removed when the shards begin
 
@@ -36,6 +35,7 @@ def sha256_file(path: str | Path) -> str:
 
 
 def shard_of(absolute: str) -> str:
+    """The shard file of a path: one of 256, by the first byte of a hash of the path."""
     return f"{hashlib.blake2b(absolute.encode(errors='surrogateescape'), digest_size=1).digest()[0]:02x}.tsv"
 
 

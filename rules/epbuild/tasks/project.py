@@ -98,9 +98,10 @@ class Project:
         resolved = self._read_manifest(manifest_path, last)  # nothing is written before the manifest is known good
         read = self.manifest
         executor = self._prepare_folders()
-        servers = self._start_fork_servers(is_default_run(requested) and not executor)
+        builds_here = is_default_run(requested) and not executor
+        servers = self._start_fork_servers(builds_here)
         index = ExternalDataIndex(self.layout.state)
-        facts = self._read_models(index, servers, is_default_run(requested) and not executor and not servers)
+        facts = self._read_models(index, servers, builds_here and not servers)
         self.external, shapes, graphs = facts  # external: by path, each model's external-data files
         fresh = None
         if last is not None and last.facts == facts:  # planned from the same manifest, files and facts
