@@ -6,12 +6,14 @@ through real builds."""
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
 
 from epbuild.store.layout import Layout
-from epbuild.tasks.run_record import RunRecord
+from epbuild.tasks.checker import SEEN_CHANGING, saw
+from epbuild.tasks.run_record import RunRecord, _changes, next_record
 from epbuild.tasks.selection import Recorded
 
 
@@ -110,3 +112,50 @@ def test_a_watched_file_written_since_leaves_no_record(layout, written):
     else:  # present or not, it counts
         (layout.state / "configs.journal").write_text("{}\n")
     assert records.load("key") is None
+
+
+def _reference_record(old: Recorded, kept: list[str], found: dict, found_deps: dict, checked: dict) -> Recorded:
+    """The record as the reporter computed it before `next_record`: every kept file's identity merged into what
+    doit saw (`saw`), then every task's files looked up one by one."""
+    checked = dict(checked)
+    tasks = {name: old.tasks[name] for name in kept}
+    task_deps = {name: old.task_deps[name] for name in kept if name in old.task_deps}
+    tasks.update(found)
+    task_deps.update(found_deps)
+    for path in {path for name in kept for path in old.tasks[name]}:
+        saw(checked, path, old.files[path])
+    return Recorded(tasks, {path: checked.get(path) for listed in tasks.values() for path in listed}, task_deps)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_next_record_is_the_full_computations_and_a_journal_line_carries_exactly_the_difference(layout, seed):
+    rng = random.Random(seed)
+    shared = [f"configs/o{i}.json" for i in range(3)]  # read by many tasks: kept and handed ones share them
+    old_tasks = {f"compile:m{i}@cpu": [f"models/m{i}.onnx", *rng.sample(shared, rng.randint(0, 2)),
+                                       f"artifacts/cpu/m{i}/m{i}.onnx"] for i in range(30)}
+    old = Recorded(old_tasks, {path: [rng.randint(1, 3), 2, 3, 4] for listed in old_tasks.values() for path in listed},
+                   {name: ["stages:x"] for name in old_tasks if rng.random() < 0.3})
+    names = list(old_tasks)
+    kept = rng.sample(names, rng.randint(0, len(names)))
+    handed = [name for name in names if name not in kept] + ["compile:new@cpu"]  # one gone: neither kept nor found
+    found = {name: [*old_tasks.get(name, ["models/new.onnx"])[:-1], rng.choice(shared), "artifacts/x.onnx"]
+             for name in handed[1:] if rng.random() < 0.7}
+    found_deps = {name: ["stages:y"] for name in found if rng.random() < 0.5}
+    paths = sorted({path for listed in [*old_tasks.values(), *found.values()] for path in listed})
+    checked = {path: rng.choice([old.files.get(path), [9, 9, 9, 9], SEEN_CHANGING])
+               for path in rng.sample(paths, len(paths) // 2)}
+    made = next_record(old, kept, found, found_deps, checked)
+    expected = _reference_record(old, kept, found, found_deps, checked)
+    assert (made.tasks, made.files, made.task_deps) == (expected.tasks, expected.files, expected.task_deps)
+    records = RunRecord(layout)
+    records.write("key", old, None)
+    made.looked_at = {}
+    records.write("key", made, records.load("key"))
+    _same(records.load("key"), made)
+
+
+def test_changes_are_found_by_value_where_the_objects_differ():
+    same = [1, 2, 3, 4]
+    before = {"a": same, "b": [1, 2], "c": [5], "gone": [0]}
+    after = {"a": same, "b": [1, 2], "c": [6], "new": None}  # a new None entry is a change
+    assert _changes(before, after) == ({"c": [6], "new": None}, ["gone"])

@@ -15,7 +15,7 @@ from ..report.cells import cell_tasks
 from ..report.progress import LiveProgress, load_durations, save_durations
 from ..report.views import templates_prepared_in_background, write_views
 from .checker import saw
-from .run_record import RunRecord
+from .run_record import RunRecord, next_record
 from .selection import Recorded, files_of
 
 if TYPE_CHECKING:
@@ -120,22 +120,19 @@ class BuildReporter(ConsoleReporter):
         not handed to doit, as the last record had them) and the tasks they name: the next default run hands doit
         only the others (tasks.selection). A file seen with two identities is recorded as such, so its tasks are
         handed again."""
-        old = self.record
-        tasks = {name: old.tasks[name] for name in self.hidden} if old else {}
-        task_deps = {name: old.task_deps[name] for name in self.hidden if name in old.task_deps} if old else {}
-        for name in self.uptodate:
+        found, found_deps = {}, {}
+        for name in self.uptodate.difference(self.hidden):
             task = self.doit_tasks.get(name)
             if task is not None and ":" in name:
-                tasks[name] = files_of(task.file_dep, task.targets)
+                found[name] = files_of(task.file_dep, task.targets)
                 if task.task_dep:
-                    task_deps[name] = list(task.task_dep)
-        checked = self.project.checked
-        files = {path: checked.get(path) for listed in tasks.values() for path in listed}
+                    found_deps[name] = list(task.task_dep)
+        recorded = next_record(self.record, self.hidden, found, found_deps, self.project.checked)
         # a file some task reads is that task's to check (and a model's, its tasks' suspicion: tasks.selection)
         read = {path for task in self.doit_tasks.values() for path in task.file_dep}
-        looked_at = {path: identity for path, identity in self.looked_at.items()
-                     if path not in files and path not in read}
-        RunRecord(self.project.layout).write(self.project.key, Recorded(tasks, files, task_deps, looked_at), old)
+        recorded.looked_at = {path: identity for path, identity in self.looked_at.items()
+                              if path not in recorded.files and path not in read}
+        RunRecord(self.project.layout).write(self.project.key, recorded, self.record)
 
     def complete_run(self):
         if self.live is not None:
@@ -146,9 +143,6 @@ class BuildReporter(ConsoleReporter):
         for name in self.hidden:  # up to date without doit's check: as if it had found them so
             self.uptodate.add(name)
             self.report.up_to_date(name)
-        if self.record is not None:
-            for path in {path for name in self.hidden for path in self.record.tasks[name]}:
-                saw(self.project.checked, path, self.record.files[path])
         seen = set(self.started) | self.uptodate | self.blocked
         if "unavailable" in seen:  # the default run: tasks this host cannot build were skipped
             for name, reason in self.project.skipped().items():
@@ -171,6 +165,9 @@ class BuildReporter(ConsoleReporter):
             self.project.configs.save()
             if self.project.key and not (self.failures or self.runtime_errors) and set(self.started) <= {"unavailable"}:
                 up_to_date = [name for name in self.uptodate if ":" in name]
+                if self.record is not None:  # the files of those doit was not handed, as the record vouches
+                    for path in {path for name in self.hidden for path in self.record.tasks[name]}:
+                        saw(self.project.checked, path, self.record.files[path])
                 skipped = self.project.skipped() if "unavailable" in seen else {}
                 Stamp(layout).write(self.project.key, self.project.checked, self.project.looked_at, len(up_to_date),
                                     skipped)
