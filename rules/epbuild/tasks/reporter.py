@@ -171,6 +171,8 @@ class BuildReporter(ConsoleReporter):
                 skipped = self.project.skipped() if "unavailable" in seen else {}
                 Stamp(layout).write(self.project.key, self.project.checked, self.project.looked_at, len(up_to_date),
                                     skipped)
+            elif set(self.started) - {"unavailable"}:  # what ran changed what the stamp watches: no next run reads
+                Stamp(layout).path.unlink(missing_ok=True)  # it to find that out (45,000 identities at 10,000 targets)
             if self.project.key and self.project.command != "list":
                 self._write_run_record()
             save_durations(layout.durations, self.durations, self.report.entries, set(self.started))
