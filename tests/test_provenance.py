@@ -50,6 +50,16 @@ def test_the_fork_server_key_names_the_toolchain_versions(monkeypatch):
         fork_server._key.cache_clear()
 
 
+def test_the_project_key_hashes_every_file_the_code_digest_reads():
+    """So a saved plan, valid under that key, may carry the digest (`provenance.use_saved_digest`)."""
+    from epbuild.fast_path import PACKAGE, SOURCES
+
+    hashed = {path for pattern in SOURCES for path in PACKAGE.glob(pattern)}
+    digested = set(provenance.digested_files())
+    assert digested and digested <= hashed
+    assert any(path.suffix == ".c" for path in digested)
+
+
 def test_the_code_digest_covers_the_job_modules_and_what_they_import(tmp_path, monkeypatch):
     copy = tmp_path / "epbuild"
     shutil.copytree(SOURCE / "epbuild", copy, ignore=shutil.ignore_patterns("__pycache__"))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import re
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -41,6 +40,8 @@ class BuildError(Exception):
 
 def closest(word: str, choices: Iterable[str]) -> str:
     """A ' (did you mean X?)' hint, or '' when nothing is close."""
+    import difflib  # only for a user's mistake: not loaded by every run
+
     match = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.5)
     return f" (did you mean '{match[0]}'?)" if match else ""
 

@@ -39,6 +39,9 @@ RUN_OPTIONS = {"-n": 1, "--process": 1, "-P": 1, "--parallel-type": 1, "--contin
 ENVIRONMENT = ("EPBUILD_", "QAIC_ROOT", "QNN_SDK_ROOT", "XDG_CACHE_HOME", "HOME", "PYTHONPATH", "PATH")
 OUTPUT_ONLY = ("EPBUILD_FAST_PATH", "EPBUILD_PROGRESS")  # change what a run prints, not its tasks
 FORMAT = 2
+# epbuild's files the key hashes: its code, the report's templates, the shim's C source (every file the jobs' code
+# digest reads is among them: `execute.provenance.digested_files`)
+SOURCES = ("**/*.py", "report/templates/*", "steps/shims/*")
 
 
 def is_default_run(argv: list[str]) -> bool:
@@ -73,7 +76,7 @@ def file_identity(path: str) -> list[int] | None:
 def project_key(manifest: Path) -> str:
     """Everything task creation reads, as one digest (see the module's docstring)."""
     digest = hashlib.sha256()
-    for source in sorted([*PACKAGE.rglob("*.py"), *PACKAGE.glob("report/templates/*")]):
+    for source in sorted({path for pattern in SOURCES for path in PACKAGE.glob(pattern)}):
         digest.update(str(source.relative_to(PACKAGE)).encode() + b"\0" + _file_bytes(source) + b"\0")
     layout = Layout(manifest.parent / "artifacts")
     for path in (manifest, manifest.parent / "dodo.py", layout.state / "host.json"):

@@ -39,6 +39,8 @@ POLL_S = 2.0
 
 @dataclass(frozen=True)
 class ExecutorSettings:
+    """Where jobs run instead of this host: a Dask scheduler."""
+
     address: str  # tcp://host:port of the Dask scheduler
     wait_s: float  # how long a job may wait for a worker that can run it
 

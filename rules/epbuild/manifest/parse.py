@@ -18,11 +18,6 @@ from ..errors import UserError, closest
 from ..store.layout import GROUPS
 from .schema import THRESHOLDS, keys
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised only on Python 3.10
-    import tomli as tomllib
-
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 RESERVED_MODEL_NAMES = (GROUPS,)
 
@@ -117,6 +112,8 @@ class ExecutorSpec:
 
 @dataclass(frozen=True)
 class Manifest:
+    """models.toml read and checked: every model, target and group, the cache and executor settings."""
+
     path: Path
     models: dict[str, ModelSpec]
     targets: dict[str, TargetSpec]
@@ -264,6 +261,10 @@ def load(path: str | Path) -> Manifest:
     if text.startswith("\ufeff"):
         raise UserError(path.name, None, "starts with a UTF-8 byte-order mark, which TOML does not allow: save it "
                         "as UTF-8 without BOM")
+    if sys.version_info >= (3, 11):  # imported here: a run whose plan is saved reads no TOML
+        import tomllib
+    else:  # pragma: no cover - exercised only on Python 3.10
+        import tomli as tomllib
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

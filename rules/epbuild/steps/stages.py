@@ -43,6 +43,9 @@ TARGET_DEPENDENT = ("shape", "fold")
 
 @dataclass(frozen=True)
 class Stage:
+    """One step of a model's chain before its compiles (freeze, rewrite, shape, fold, ...): its own task, its
+    output cached as a compile's."""
+
     kind: str  # "freeze", "rewrite", "shape", "fold", "optimize", "quantize" or "squash"
     model: str
     flavour: str | None  # quantize: "qnn" or "generic"

@@ -66,6 +66,7 @@ class Plan:
     manifest: Manifest
     builds: list[Build]
     stages: dict[str, Stage]
+    code: str  # the jobs' code digest (`execute.provenance.code_digest`), a function of the key's sources
 
 
 class SavedPlan:

@@ -16,6 +16,7 @@ from ..errors import BuildError, UserError, closest
 from ..execute.executor import ExecutorSettings, executor_settings, unreachable, with_worker_toolchains
 from ..execute.fork_server import prestart, serving
 from ..execute.host import capabilities
+from ..execute.provenance import code_digest, use_saved_digest
 from ..fast_path import enabled as fast_path_enabled
 from ..fast_path import is_default_run, project_key
 from ..manifest.builds import Build, ResolvedTarget
@@ -95,6 +96,8 @@ class Project:
         saved_plan = SavedPlan(Layout(manifest_path.parent / "artifacts").state,
                                f"{self.key or project_key(manifest_path)}:{default_memory_gb()}")
         last = saved_plan.load() if fast_path_enabled() else None
+        if last is not None:
+            use_saved_digest(last.code)
         resolved = self._read_manifest(manifest_path, last)  # nothing is written before the manifest is known good
         read = self.manifest
         executor = self._prepare_folders()
@@ -110,7 +113,7 @@ class Project:
             self.manifest = with_graph_facts(resolve_dims(self.manifest, shapes), graphs)
             builds, self.stages = self._plan(resolved)
             check_declared_inputs(self.manifest, builds, shapes)
-            fresh = Plan(read, resolved, facts, self.manifest, builds, self.stages)
+            fresh = Plan(read, resolved, facts, self.manifest, builds, self.stages, code_digest())
         self.builds = self._with_workers(builds, executor)
         if self.writable:  # only for a manifest that holds: a refused one writes nothing
             index.save()
