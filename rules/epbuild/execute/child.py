@@ -20,11 +20,11 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import BuildError, ModelError, plain
+from ..records import record
 from . import forked_jobs, provenance
 from .fork_server import ForkedJob, fork_job, leases_in_use
 from .forked_jobs import resident_bytes
@@ -33,7 +33,7 @@ from .python_path import child_import_path
 PROGRESS_EVERY_S = 30.0
 
 
-@dataclass(frozen=True)
+@record
 class Limits:
     """What one child may use: wall time, and resident memory (None: unlimited)."""
 

@@ -19,12 +19,12 @@ import socket
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from ..errors import BuildError, UserError
+from ..records import record
 from .provenance import code_digest
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ OUTSIDE = "_outside"  # where files from outside the coordinator's project land 
 POLL_S = 2.0
 
 
-@dataclass(frozen=True)
+@record
 class ExecutorSettings:
     """Where jobs run instead of this host: a Dask scheduler."""
 

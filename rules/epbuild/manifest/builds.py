@@ -8,10 +8,10 @@ doit's worker processes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from ..execute.child import Limits
+from ..records import record
 from ..steps.stages import Stage
 from ..steps.toolchains import QaicOptions
 from ..store.layout import Layout
@@ -22,7 +22,7 @@ SIDECAR = "artifact.json"
 QPC_PROGRAM = "qpc/programqpc.bin"  # qaic targets: the QPC folder that qaic-compile writes, with its program
 
 
-@dataclass(frozen=True)
+@record
 class ResolvedTarget:
     """Everything that decides how a target compiles. `options` holds strings as the EP receives them, with
     option-file values as written in the manifest (relative), so the config stays free of absolute paths."""
@@ -80,7 +80,7 @@ class ResolvedTarget:
         return self.ep.float_precision
 
 
-@dataclass(frozen=True)
+@record
 class ValidationSettings:
     """How a member's artifact is validated: the target's `validation` table with the model's keys winning."""
 
@@ -92,7 +92,7 @@ class ValidationSettings:
     localise: bool = False  # a failed validation finds where the EP departs from CPU (epbuild.steps.localise)
 
 
-@dataclass(frozen=True)
+@record
 class Member:
     """One model of a build. `model` is what the compile consumes: the declared model, or the output of its
     last stage; `float_model` is the float model before quantization, for the validation report's information;
@@ -127,7 +127,7 @@ class Member:
         return f"{self.model_file}.data"
 
 
-@dataclass(frozen=True)
+@record
 class Build:
     """Members compiled for one target: one member is a compile, several sharing one EP context a group.
 

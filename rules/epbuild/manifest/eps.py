@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import field
+
+from ..records import record
 
 DEVICES = ("npu", "gpu", "cpu")
 SOURCES = ("pypi", "bundled", "nuget", "catalog")
 
 
-@dataclass(frozen=True)
+@record
 class EpInfo:
     """One execution provider as this project builds for it."""
 

@@ -10,11 +10,12 @@ import dataclasses
 import math
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
 from ..errors import UserError, closest
+from ..records import record
 from ..store.layout import GROUPS
 from .schema import THRESHOLDS, keys
 
@@ -22,7 +23,7 @@ NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 RESERVED_MODEL_NAMES = (GROUPS,)
 
 
-@dataclass(frozen=True)
+@record
 class QuantizeSpec:
     """`quantize = {...}`: static QDQ quantization; `calibration` None means the fixed-seed random set."""
 
@@ -32,7 +33,7 @@ class QuantizeSpec:
     per_channel: bool
 
 
-@dataclass(frozen=True)
+@record
 class ModelSpec:
     """A model as declared: `path` is absolute, `inputs` fixes symbolic dimensions, and the optional stages
     before compile (`optimize`, `quantize`, `squash`)."""
@@ -59,7 +60,7 @@ class ModelSpec:
         return self.entry or f"models.{self.name}"
 
 
-@dataclass(frozen=True)
+@record
 class TargetSpec:
     """A target as declared, after `extends` was merged; EP-specific checks happen in `epbuild.manifest.targets`."""
 
@@ -81,7 +82,7 @@ class TargetSpec:
     min_offload: float | None = None  # share of source nodes that must end inside EPContext nodes
 
 
-@dataclass(frozen=True)
+@record
 class GroupSpec:
     """Several models compiled, in this order, into one shared EP context."""
 
@@ -91,7 +92,7 @@ class GroupSpec:
     pipeline_tokens: int | None = None  # `pipeline`: validated as prompt + token graphs, this many token steps
 
 
-@dataclass(frozen=True)
+@record
 class CacheSpec:
     """`[cache]`: where the artifact cache lives (EPBUILD_CACHE_DIR overrides `dir`), an optional size cap and an
     optional shared remote (EPBUILD_CACHE_REMOTE overrides `remote`)."""
@@ -102,7 +103,7 @@ class CacheSpec:
     hard_links: bool = False
 
 
-@dataclass(frozen=True)
+@record
 class ExecutorSpec:
     """`[executor]`: a Dask scheduler to run builds on (EPBUILD_EXECUTOR overrides `scheduler`)."""
 
@@ -110,7 +111,7 @@ class ExecutorSpec:
     wait_s: float
 
 
-@dataclass(frozen=True)
+@record
 class Manifest:
     """models.toml read and checked: every model, target and group, the cache and executor settings."""
 

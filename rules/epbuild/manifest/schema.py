@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
+from ..records import record
 from .eps import DEVICES
 
 COMPILERS = ("ort", "ort_session", "qaic", "qairt")
@@ -87,7 +87,7 @@ def hex_events(value: Any) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
+@record
 class Key:
     """One manifest key. `kind` is the TOML type(s); `choices` the valid strings; `check` returns a message for a
     value of the right type that is still invalid."""

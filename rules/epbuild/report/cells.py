@@ -9,10 +9,11 @@ import hashlib
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from ..manifest.builds import Build
+from ..records import record
 from ..steps.compilers import compiler
 from ..store.layout import GROUPS, Layout, settled, stat_key
 
@@ -20,7 +21,7 @@ ARTIFACT, VALIDATION = "artifact.json", "validation.json"
 PENDING = "pending"  # no run has reached the task yet ("not built": a task it needs failed)
 
 
-@dataclass
+@record(frozen=False)
 class Cell:
     """One build (a model for a target, or a group) with what the last runs said about it."""
 
@@ -100,7 +101,7 @@ def _json(path: str) -> dict[str, Any] | None:
         return None
 
 
-@dataclass(frozen=True)
+@record
 class Sources:
     """Where one build's cell comes from: its build-report entries and the files it reads."""
 

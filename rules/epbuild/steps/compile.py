@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from ..execute.executor import run_build
 from ..execute.requests import CompileMember, CompileRequest, CompileResult, MemberResult
 from ..manifest.builds import SIDECAR, Build
 from ..manifest.eps import lookup
+from ..records import record
 from ..store.cache import Outcome, Workspace, cached_folder, with_download
 from ..store.hashing import snapshot
 from ..store.layout import Layout, write_json
@@ -35,7 +35,7 @@ from .weights import FOLDER_OPTION
 CPU_LEVELS = {"basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
 
 
-@dataclass(frozen=True)
+@record
 class Compiled:
     """What one compile or restore produced, for the printed line and the build report."""
 

@@ -22,11 +22,11 @@ output (squash inlines it); a graph-only stage writes the graph alone, which rea
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..manifest.parse import ModelSpec
+from ..records import record
 from ..store.layout import Layout
 from .weights import folder_string, resolved
 
@@ -41,7 +41,7 @@ WEIGHTLESS = ("rewrite", "shape", "fold")
 TARGET_DEPENDENT = ("shape", "fold")
 
 
-@dataclass(frozen=True)
+@record
 class Stage:
     """One step of a model's chain before its compiles (freeze, rewrite, shape, fold, ...): its own task, its
     output cached as a compile's."""
@@ -86,7 +86,7 @@ class Stage:
                 + (f"+{self.after}" if self.after else ""))
 
 
-@dataclass(frozen=True)
+@record
 class Chain:
     """What a compile consumes after its stages: the model (path and remaining `inputs`), its external-data
     files, the stages that make it, and the float model before quantization (None without quantization).

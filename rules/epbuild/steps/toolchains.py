@@ -12,12 +12,12 @@ import glob
 import os
 import re
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import BuildError
 from ..manifest.parse import TableReader
+from ..records import record
 from ..store.hashing import sha256_file
 from ..store.layout import write_json
 
@@ -26,7 +26,7 @@ STATS_LEVEL_DEFAULT = 40  # 50: I/O doorbell waits, 70: per-operator cycles (nee
 LOG_TAIL_LINES = 20
 
 
-@dataclass(frozen=True)
+@record
 class QaicOptions:
     """The `qaic = {...}` table of a target, checked against the seed's rules (keys: `epbuild.manifest.schema`)."""
 
@@ -84,7 +84,7 @@ def qaic_command(executable: Path, model: Path, binary_dir: Path, options: QaicO
     return command + list(options.extra_args)
 
 
-@dataclass(frozen=True)
+@record
 class Toolchain:
     """A found external toolchain: its root, executables, and a version (or the compiler binary's sha256 when
     the SDK states none), so an upgrade changes every fingerprint."""

@@ -4,11 +4,11 @@ fixed seed as the model accepts them; frozen inputs get the values the artifact 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import ModelError
+from ..records import record
 from .graph import check_input_names, dims, index_bound, known_shapes, true_inputs
 
 GENERATED_LIMIT = 4 * 2**30  # bytes of one generated validation input
@@ -34,7 +34,7 @@ def _mask(shape: list[int], dtype: Any) -> Any:
     return mask
 
 
-@dataclass(frozen=True)
+@record
 class InputSignature:
     """An input as a session lists it (name, ONNX Runtime's type string, dimensions), read from the graph instead,
     so inputs can be made before any session of the artifact exists."""

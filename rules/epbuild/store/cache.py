@@ -25,13 +25,13 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BuildError, UserError
 from ..manifest.parse import CacheSpec
 from ..manifest.schema import s3_url
+from ..records import record
 from .hashing import FileHashes, changed_inputs
 from .layout import RECORD, Layout, size_of
 from .locks import fingerprint_lock
@@ -224,7 +224,7 @@ class ArtifactCache:
             total -= size
 
 
-@dataclass(frozen=True)
+@record
 class Workspace:
     """Where tasks write: the artifacts folder and the cache. Plain data, so it travels to doit's workers;
     the hash memory and the cache are opened once per process on first use."""
@@ -262,7 +262,7 @@ class Workspace:
         return connect(self.remote_url)
 
 
-@dataclass(frozen=True)
+@record
 class Outcome:
     """Where an output came from, for the printed line and the build report."""
 

@@ -19,16 +19,17 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from ..records import record
 
 GROUPS = "groups"  # artifacts/<target>/groups/ holds shared-context groups: no model may be named so
 STAGES = ".stages"
 RECORD = ".epbuild-entry.json"  # in a cache entry: every file's sha256; an entry without one is incomplete
 
 
-@dataclass(frozen=True)
+@record
 class Layout:
     """Paths inside one project's artifacts folder."""
 

@@ -18,13 +18,13 @@ from __future__ import annotations
 import os
 import pickle
 import stat
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..fast_path import file_identity
 from ..manifest.builds import Build, ResolvedTarget
 from ..manifest.parse import Manifest
+from ..records import record
 from ..steps.stages import Stage
 from .layout import write_atomic
 
@@ -55,7 +55,7 @@ def _folders_above(paths: list[str]) -> list[str]:
     return list(seen)
 
 
-@dataclass(frozen=True)
+@record
 class Plan:
     """A manifest as read (`read`, with its resolved targets) and as planned (`manifest`, with the models' facts
     and dims applied), the builds (before an executor's toolchains) and stages, and the facts planned from."""

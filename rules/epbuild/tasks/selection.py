@@ -25,10 +25,11 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from ..fast_path import file_identity
+from ..records import record
 from ..store.layout import settled, stat_key
 
 Task = dict[str, Any]
@@ -41,7 +42,7 @@ def files_of(file_dep: Any, targets: list[str]) -> list[str]:
     return [*sorted(set(file_dep)), *targets]
 
 
-@dataclass
+@record(frozen=False)
 class Recorded:
     """What the last run's record holds, and the files' identities now (each file stat'ed once)."""
 
