@@ -399,3 +399,16 @@ def test_the_build_report_takes_entry_texts_only_from_its_own_exact_layout(tmp_p
         path.write_text("\n".join(edited))
         found = BuildReport(path)
         assert found.texts == {} and found.entries == again.entries
+
+
+def test_the_job_summary_line_escapes_a_reason_as_html_escape_does():
+    import html
+
+    from epbuild.report.cells import Cell
+    from epbuild.report.views import markdown_line
+
+    reason = "a <b>bold</b> & 'quoted' | piped\nsecond line"
+    cell = Cell("m@cpu", "m", "cpu", "cpu", False, ["m"], "compile:m@cpu", None,
+                {"status": "failed", "reason": reason}, {}, None, None)
+    expected = html.escape(reason, quote=False).replace("|", "\\|").replace("\n", " ")
+    assert markdown_line(cell).endswith(f"| {expected} |")

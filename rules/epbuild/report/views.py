@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import html
 import json
 import os
 import pickle
@@ -319,7 +318,9 @@ def markdown_line(c: Cell) -> str:
     size = f"{c.size / 1e6:.2f} MB" if c.size is not None else ""
     offload = f"{c.offload * 100:.0f}%" if c.offload is not None else ""
     seconds = f"{c.compile['seconds']:.1f}" if c.compile.get("seconds") is not None else ""
-    note = html.escape((c.reason or "").replace("|", "\\|").replace("\n", " "), quote=False)[:300]
+    # `html.escape(quote=False)`, without importing html (its entity table: ~1 ms of every build's start)
+    reason = (c.reason or "").replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    note = reason.replace("|", "\\|").replace("\n", " ")[:300]
     return (f"| `{c.build}` | {c.compile_status} | {seconds} | {size} | {offload} | {c.validate_status} | {snr} "
             f"| {note} |")
 
