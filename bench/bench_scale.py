@@ -1,21 +1,22 @@
 """Scale: what a build costs around the work itself, at N targets, against bare doit and ninja of the same size.
 
     python bench/bench_scale.py [N ...] [--repeats R] [--keep DIR] [--against LABEL=RULES_DIR ...]
-                                [--snakemake PATH]                  (default: 100 1000)
+                                [--snakemake PATH] [--change-only]  (default: 100 1000)
 
 Per N: N/2 tinycnn copies x {cpu, qnn-htp}, built for real first; then, everything up to date, the no-op run and
 `doit list` on the fast path (the no-op stamp, the cached listing) and the full path (EPBUILD_FAST_PATH=0); bare
 doit with N and 2N trivial tasks (one file_dep... as bench_doit.py); ninja and Snakemake with N trivial jobs of the
 same shape (Snakemake where `--snakemake` or PATH has it: `pip install snakemake` in a virtual environment of its
-own, its dependencies are not epbuild's); and the run users
-have on every CI run after a commit: one model's bytes changed, everything else up to date (its two compiles and
-validations are the work; the rest is overhead, from the build report's task seconds). Medians of R runs.
-Growth factors between successive N are printed. Writes bench/results/scale.json. With --keep, the projects stay
-in DIR/N and a later run reuses them (10,000 targets take ~30 min to build on 2 cores). With --against, each other
-checkout's rules run on a copy of the built project (the project key holds epbuild's sources, so one copy per
-version keeps each one's records), every measure interleaved with this checkout's; each version's change runs
-write weights of their own, so every one of them compiles (a restore from the other's upload would skip the
-model read and the fork servers that a compile warms).
+own, its dependencies are not epbuild's); and the run users have on every CI run after a commit: one model's bytes
+changed, everything else up to date (its two compiles and validations are the work; the rest is overhead, from the
+build report's task seconds). Medians of R runs. Growth factors between successive N are printed. Writes
+bench/results/scale.json; with --change-only, only the run after one model changed, each version's interleaved with
+bare doit's no-op, to bench/results/scale-change.json. With --keep, the projects stay in DIR/N and a later run
+reuses them (10,000 targets take ~30 min to build on 2 cores). With --against, each other checkout's rules run on a
+copy of the built project (the project key holds epbuild's sources, so one copy per version keeps each one's
+records), every measure interleaved with this checkout's; each version's change runs write weights of their own, so
+every one of them compiles (a restore from the other's upload would skip the model read and the fork servers that a
+compile warms).
 """
 
 from __future__ import annotations
@@ -90,16 +91,18 @@ def once(args: list[str], cwd: Path, env: dict[str, str]) -> float:
     return timed(args, cwd, 1, env)
 
 
-def measure(n: int, repeats: int, top: Path, versions: dict[str, Path],
-            snakemake: str | None) -> dict[str, dict[str, float]]:
-    """Every version's figures (the first is this checkout, which builds the project)."""
+def _built(n: int, top: Path, versions: dict[str, Path],
+           snakemake: str | None) -> tuple[float, dict[str, Path], dict[str, dict[str, str]]]:
+    """The projects of size `n` built (the first version's; a copy per other version, each with its own records),
+    bare doit's, ninja's and Snakemake's up to date: (seconds of the build, project by version, env by version)."""
     bare, double, ninja, project = top / "bare", top / "bare2n", top / "ninja", top / "project"
     if not (project / "models.toml").exists():
         shutil.rmtree(top, ignore_errors=True)
-        make_bare(bare, n)
-        make_bare(double, 2 * n)
-        make_ninja(ninja, n)
         make_project(project, n)
+    for folder, make in ((bare, lambda: make_bare(bare, n)), (double, lambda: make_bare(double, 2 * n)),
+                         (ninja, lambda: make_ninja(ninja, n))):
+        if not folder.exists():
+            make()
     for folder in (bare, double):
         subprocess.run(DOIT, cwd=folder, check=True, capture_output=True, env=environment())
     subprocess.run(["ninja", "-C", str(ninja)], check=True, capture_output=True)
@@ -120,6 +123,28 @@ def measure(n: int, repeats: int, top: Path, versions: dict[str, Path],
         envs[label] = {**base, "PYTHONPATH": str(rules)}
         for _ in range(2):  # the full no-op for the record, then the stamp
             subprocess.run(DOIT, cwd=copies[label], env=envs[label], check=True, capture_output=True)
+    return built, copies, envs
+
+
+def _change_runs(repeats: int, copies: dict[str, Path], envs: dict[str, dict[str, str]],
+                 samples: dict[str, dict[str, list[float]]], bare: Path | None = None) -> None:
+    """`repeats` change runs per version, who goes first alternating; with `bare`, a bare no-op before each round
+    (its figure drifts with the machine's load as theirs do)."""
+    versions = list(copies)
+    for seed in range(repeats):
+        if bare is not None:
+            samples.setdefault("bare", {}).setdefault("bare_noop_s", []).append(once(DOIT, bare, environment()))
+        for label in versions[::1 if seed % 2 else -1]:
+            wall, work = change_run(copies[label], envs[label], 100 + seed + 1000 * versions.index(label))
+            for kind, value in (("change_s", wall), ("change_work_s", work), ("change_overhead_s", wall - work)):
+                samples[label].setdefault(kind, []).append(value)
+
+
+def measure(n: int, repeats: int, top: Path, versions: dict[str, Path],
+            snakemake: str | None) -> dict[str, dict[str, float]]:
+    """Every version's figures (the first is this checkout, which builds the project)."""
+    built, copies, envs = _built(n, top, versions, snakemake)
+    bare, double, ninja, snake = top / "bare", top / "bare2n", top / "ninja", top / "snakemake"
     samples: dict[str, dict[str, list[float]]] = {label: {} for label in versions}
     kinds = {"noop_fast_s": (DOIT, False), "noop_full_s": (DOIT, True), "list_fast_s": ([*DOIT, "list"], False),
              "list_full_s": ([*DOIT, "list"], True)}
@@ -130,11 +155,7 @@ def measure(n: int, repeats: int, top: Path, versions: dict[str, Path],
                 samples[label].setdefault(kind, []).append(once(args, copies[label], env))
     for label in versions:  # after the full-path runs, a no-op for the record of this run's kind
         subprocess.run(DOIT, cwd=copies[label], env=envs[label], check=True, capture_output=True)
-    for seed in range(repeats):
-        for label in list(versions)[::1 if seed % 2 else -1]:  # who goes first alternates
-            wall, work = change_run(copies[label], envs[label], 100 + seed + 1000 * list(versions).index(label))
-            for kind, value in (("change_s", wall), ("change_work_s", work), ("change_overhead_s", wall - work)):
-                samples[label].setdefault(kind, []).append(value)
+    _change_runs(repeats, copies, envs, samples)
     shared = {"build_s": built, "bare_noop_s": timed(DOIT, bare, repeats),
               "bare2n_noop_s": timed(DOIT, double, repeats), "bare_list_s": timed([*DOIT, "list"], bare, repeats),
               "ninja_noop_s": timed(["ninja", "-C", str(ninja)], ninja, repeats),
@@ -144,6 +165,24 @@ def measure(n: int, repeats: int, top: Path, versions: dict[str, Path],
             for label, found in samples.items()}
 
 
+def measure_change(n: int, repeats: int, top: Path, versions: dict[str, Path]) -> dict[str, dict[str, float]]:
+    """`--change-only`: the first run after one model changed, each version's, interleaved with bare doit's no-op."""
+    _, copies, envs = _built(n, top, versions, None)
+    samples: dict[str, dict[str, list[float]]] = {label: {} for label in versions}
+    _change_runs(repeats, copies, envs, samples, top / "bare")
+    bare = round(statistics.median(samples.pop("bare")["bare_noop_s"]), 4)
+    return {label: {"bare_noop_s": bare, **{k: round(statistics.median(v), 4) for k, v in found.items()}}
+            for label, found in samples.items()}
+
+
+def change_rows(n: int, every: dict[str, dict[str, float]]) -> list[tuple[str, str]]:
+    """`--change-only`'s rows: each version's change run beside the others'."""
+    figures = "; ".join(f"{label} {found['change_overhead_s']:.3f} s "
+                        f"({found['change_overhead_s'] / found['bare_noop_s']:.2f}x)" for label, found in every.items())
+    return [(f"{n} targets: first run after one model changed, overhead beyond its own tasks (x bare doit's no-op, "
+             f"{every['this']['bare_noop_s']:.3f} s, interleaved)", figures)]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sizes", nargs="*", type=int, default=[100, 1000])
@@ -151,7 +190,11 @@ def main() -> int:
     parser.add_argument("--keep", type=Path, help="keep the projects in this folder, reuse those found there")
     parser.add_argument("--against", action="append", default=[], help="LABEL=RULES_DIR of another checkout")
     parser.add_argument("--snakemake", default=shutil.which("snakemake"), help="the snakemake command (PATH's)")
+    parser.add_argument("--change-only", action="store_true",
+                        help="only the run after one model changed, beside bare doit's no-op (scale-change.json)")
     arguments = parser.parse_args()
+    if arguments.change_only:
+        return change_only(arguments)
     if not arguments.snakemake:
         print("snakemake: not found (--snakemake PATH); its column is left out", flush=True)
     versions = {"this": HERE.parent / "rules", **{k: Path(v) for k, v in (a.split("=", 1) for a in arguments.against)}}
@@ -184,6 +227,21 @@ def main() -> int:
                      f"{growth['noop_full_s']}x, {growth['list_full_s']}x, {growth['change_overhead_s']}x"))
     save("scale", rows, {**{str(n): r for n, r in results.items()},
                          **({"against": {str(n): o for n, o in others.items()}} if arguments.against else {})})
+    return 0
+
+
+def change_only(arguments: argparse.Namespace) -> int:
+    versions = {"this": HERE.parent / "rules", **{k: Path(v) for k, v in (a.split("=", 1) for a in arguments.against)}}
+    rows, results = [], {}
+    with tempfile.TemporaryDirectory(prefix="epbuild-scale.") as temporary:
+        for n in arguments.sizes:
+            top = (arguments.keep or Path(temporary)) / str(n)
+            results[str(n)] = every = measure_change(n, arguments.repeats, top, versions)
+            if not arguments.keep:
+                shutil.rmtree(top, ignore_errors=True)
+            print(f"N={n}: {json.dumps(every)}", flush=True)
+            rows.extend(change_rows(n, every))
+    save("scale-change", rows, results)
     return 0
 
 
