@@ -57,16 +57,21 @@ def _folders_above(paths: list[str]) -> list[str]:
 
 @record
 class Plan:
-    """A manifest as read (`read`, with its resolved targets) and as planned (`manifest`, with the models' facts
-    and dims applied), the builds (before an executor's toolchains) and stages, and the facts planned from."""
+    """A manifest as read (`read`, pickled, with its resolved targets) and as planned (`manifest`, with the
+    models' facts and dims applied), the builds (before an executor's toolchains) and stages, and the facts planned
+    from. The manifest as read is needed only to plan again when the facts changed: kept pickled, a taken plan does
+    not load it (2.5 ms at 1,000 targets)."""
 
-    read: Manifest
+    read: bytes
     resolved: dict[str, ResolvedTarget]
     facts: Any  # (external-data files by path, inputs by model, graph facts by model)
     manifest: Manifest
     builds: list[Build]
     stages: dict[str, Stage]
     code: str  # the jobs' code digest (`execute.provenance.code_digest`), a function of the key's sources
+
+    def as_read(self) -> Manifest:
+        return pickle.loads(self.read)
 
 
 class SavedPlan:
@@ -95,11 +100,12 @@ class SavedPlan:
     def save(self, plan: Plan, started_ns: int) -> None:
         """Save the plan, unless a file it was made from changed at or after `started_ns` (`now_ns` when this run
         began reading): its bytes then may not be those read."""
-        models = [path for path in dict.fromkeys(str(m.path) for m in plan.read.models.values())
+        # the planned manifest has the models and files of the one read (planning sets only the models' facts)
+        models = [path for path in dict.fromkeys(str(m.path) for m in plan.manifest.models.values())
                   if _is_plain_file(path)]
         plain = set(models)
         files: dict[str, list[int] | None] = {}
-        looked_at = [*plan.read.reads, *(p for t in plan.resolved.values() for p in t.option_files.values())]
+        looked_at = [*plan.manifest.reads, *(p for t in plan.resolved.values() for p in t.option_files.values())]
         for path in dict.fromkeys(str(p) for p in looked_at if str(p) not in plain):
             identity = file_identity(path)
             if identity is not None and identity[2] >= started_ns:

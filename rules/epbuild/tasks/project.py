@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import hashlib
 import os
+import pickle
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -99,7 +100,6 @@ class Project:
         if last is not None:
             use_saved_digest(last.code)
         resolved = self._read_manifest(manifest_path, last)  # nothing is written before the manifest is known good
-        read = self.manifest
         executor = self._prepare_folders()
         builds_here = is_default_run(requested) and not executor
         servers = self._start_fork_servers(builds_here)
@@ -110,10 +110,12 @@ class Project:
         if last is not None and last.facts == facts:  # planned from the same manifest, files and facts
             self.manifest, builds, self.stages = last.manifest, last.builds, last.stages
         else:
-            self.manifest = with_graph_facts(resolve_dims(self.manifest, shapes), graphs)
+            read = self.manifest if last is None else last.as_read()
+            self.manifest = with_graph_facts(resolve_dims(read, shapes), graphs)
             builds, self.stages = self._plan(resolved)
             check_declared_inputs(self.manifest, builds, shapes)
-            fresh = Plan(read, resolved, facts, self.manifest, builds, self.stages, code_digest())
+            fresh = Plan(pickle.dumps(read, protocol=pickle.HIGHEST_PROTOCOL), resolved, facts, self.manifest, builds,
+                         self.stages, code_digest())
         self.builds = self._with_workers(builds, executor)
         if self.writable:  # only for a manifest that holds: a refused one writes nothing
             index.save()
@@ -124,9 +126,10 @@ class Project:
 
     def _read_manifest(self, manifest_path: Path, last: Plan | None) -> dict[str, ResolvedTarget]:
         """The manifest, parsed and checked, and every target resolved (or as the last plan has them, when it
-        holds); its warnings printed once."""
+        holds: its manifest as planned, whose models, files, cache and executor are those read); its warnings printed
+        once."""
         if last is not None:
-            self.manifest, resolved = last.read, last.resolved
+            self.manifest, resolved = last.manifest, last.resolved
         else:
             self.manifest = load(manifest_path)
             resolved = resolve_targets(self.manifest)
