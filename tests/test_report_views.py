@@ -412,3 +412,40 @@ def test_the_job_summary_line_escapes_a_reason_as_html_escape_does():
                 {"status": "failed", "reason": reason}, {}, None, None)
     expected = html.escape(reason, quote=False).replace("|", "\\|").replace("\n", " ")
     assert markdown_line(cell).endswith(f"| {expected} |")
+
+
+def test_a_build_report_vouched_by_its_digest_decodes_only_the_entries_asked_for(tmp_path, monkeypatch):
+    """What the last write left (its sha256 in the state folder) is read entry by entry; any other text, even
+    in the exact layout, is decoded whole first, so an entry that is not JSON is never written on."""
+    import epbuild.report.build_report as build_report
+    from epbuild.report.build_report import BuildReport
+
+    path, state = tmp_path / "build-report.json", tmp_path / ".state"
+    first = BuildReport(path, state)
+    first.succeeded("compile:a@cpu", {"status": "compiled", "seconds": 1.5, "_published": {}})
+    first.failed("compile:b@cpu", "it broke", 0.5)
+    first.up_to_date("validate:a@cpu")
+    assert first.write() and (state / "build-report.sha256").is_file()
+    decoded: list[str] = []
+    real = build_report.json.loads
+    monkeypatch.setattr(build_report.json, "loads", lambda text: decoded.append(text) or real(text))
+    again = BuildReport(path, state)
+    assert again.vouched and decoded == []
+    assert [again.entries.status(n) for n in again.entries] == ["compiled", "failed", "up-to-date"] and decoded == []
+    for name in again.entries:
+        again.up_to_date(name)
+    assert again.summary(set(again.entries), set()) == "summary: 3 up-to-date" and len(decoded) == 2
+    assert again.write() and json.loads(path.read_text())["tasks"]["compile:a@cpu"] == {
+        "status": "up-to-date", "seconds": 1.5}
+    good = path.read_text()
+    # a line that is not JSON, in the exact layout: not vouched, decoded whole, refused as a whole
+    path.write_text(good.replace('"seconds": 1.5}', '"seconds": 1.5'))
+    broken = BuildReport(path, state)
+    assert not broken.vouched and broken.read_as is None and dict(broken.entries) == {}
+    # a report without its digest (an older epbuild's) is decoded whole, and vouched for once written as it is
+    path.write_text(good)
+    (state / "build-report.sha256").unlink()
+    decoded.clear()
+    older = BuildReport(path, state)
+    assert not older.vouched and len(decoded) == 1 and not older.write()
+    assert BuildReport(path, state).vouched and len(decoded) == 1

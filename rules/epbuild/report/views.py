@@ -31,6 +31,7 @@ from ..fast_path import file_identity
 from ..manifest.builds import Build
 from ..store.journal import append_line, read_lines
 from ..store.layout import Layout, write_atomic
+from .build_report import statuses
 from .cells import PENDING, Cell, source_of
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -257,9 +258,10 @@ def parts(layout: Layout, builds: list[Build], entries: dict[str, dict[str, Any]
 
 def stage_rows(entries: dict[str, dict[str, Any]], store: PartStore, entry_text: Callable[[str], str]) -> list[str]:
     rows = []
-    for name, entry in sorted(entries.items()):
+    for name in sorted(entries):
         if name.startswith(("compile:", "validate:", "group:")):
             continue
+        entry = entries[name]
         key = hashlib.blake2b(entry_text(name).encode(), digest_size=16).hexdigest()
         part = store.get(name, key, lambda n=name, e=entry: {"row": str(cell_macros().task_row(n, e))})
         rows.append(part["row"])
@@ -285,7 +287,7 @@ def render_html(page_parts: list[Part], stages: list[str], entries: dict[str, di
     groups = {p.row: p.members for p in page_parts if p.shared}
     targets = list(dict.fromkeys(p.target for p in page_parts))
     by_place = {(p.row, p.target): p for p in page_parts}
-    counts = Counter(entry.get("status", "?") for entry in entries.values())
+    counts = Counter(statuses(entries))
     spliced = {
         "matrix": _matrix([(row, f"<th>{escape(row)}</th>") for row in rows], targets, by_place),
         "group_matrix": _matrix([(row, f"<th>{escape(row)}</th><td>{escape(', '.join(members))}</td>")

@@ -49,7 +49,7 @@ class BuildReporter(ConsoleReporter):
         super().initialize(tasks, selected_tasks)
         self.doit_tasks = tasks
         self.preparing = None  # the page's templates, compiled while the first task that runs waits for its child
-        self.report = BuildReport(self.project.layout.build_report)
+        self.report = BuildReport(self.project.layout.build_report, self.project.layout.state)
         self.started: dict[str, float] = {}
         self.blocked: set[str] = set()  # not run: a task they need failed
         self.uptodate: set[str] = set()
