@@ -120,17 +120,19 @@ def size_of(path: Path) -> int:
     return sum(p.lstat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def write_atomic(path: Path, data: str | bytes | list[str]) -> None:
+def write_atomic(path: Path, data: str | bytes | list[str] | list[bytes]) -> None:
     """Write beside `path` under a private name and rename: readers see the old file or the new one, whole.
-    The folder must exist: a writer never creates a folder that looks like an artifact. A list of strings is
-    written piece by piece (a page of 10,000 parts is never joined into one string)."""
+    The folder must exist: a writer never creates a folder that looks like an artifact. A list is written piece
+    by piece (a page of 10,000 parts is never joined into one string); text as UTF-8."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    pieces = [data] if isinstance(data, (str, bytes)) else data
     try:
-        if isinstance(data, bytes):
-            temporary.write_bytes(data)
+        if pieces and isinstance(pieces[0], bytes):
+            with open(temporary, "wb") as handle:
+                handle.writelines(pieces)
         else:
             with open(temporary, "w", encoding="utf-8") as handle:
-                handle.writelines([data] if isinstance(data, str) else data)
+                handle.writelines(pieces)
         os.replace(temporary, path)
     finally:
         temporary.unlink(missing_ok=True)
