@@ -69,12 +69,14 @@ def ran(done: subprocess.CompletedProcess, prefix: str = "") -> set[str]:
 
 @pytest.fixture(autouse=True)
 def _code_digest_read_afresh():
-    """A project loaded in this process takes the code digest its saved plan holds (`provenance.use_saved_digest`):
-    forgotten after each test, so that one copying the package into a folder of its own digests that copy."""
+    """A project loaded in this process takes the code digest and versions its saved plan holds
+    (`provenance.use_saved_digest`, `host.use_saved_versions`): forgotten after each test, so that one copying the
+    package into a folder of its own digests that copy, and one changing a version sees it."""
     yield
-    from epbuild.execute import provenance
+    from epbuild.execute import host, provenance
 
     provenance.use_saved_digest(None)
+    host.use_saved_versions({})
 
 
 @pytest.fixture(scope="session")

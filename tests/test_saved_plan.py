@@ -91,16 +91,20 @@ def test_a_plan_is_taken_while_nothing_it_was_made_from_changed_and_equals_a_fre
     assert _taken(folder, monkeypatch)
 
 
-def test_a_taken_plan_gives_the_code_digest_the_files_give(folder, monkeypatch):
-    """The jobs' code digest is saved with the plan (its key hashes every file the digest reads) and taken with it."""
-    from epbuild.execute import provenance
+def test_a_taken_plan_gives_the_code_digest_and_versions_the_files_give(folder, monkeypatch):
+    """The jobs' code digest and distributions' versions are saved with the plan (its key hashes every file the
+    digest reads and holds each import folder's identity) and taken with it."""
+    from epbuild.execute import host, provenance
 
     _load([], monkeypatch)
     provenance.use_saved_digest(None)
-    from_files = provenance.code_digest()
+    host.use_saved_versions({})
+    from_files, installed = provenance.code_digest(), provenance.versions()
+    assert installed["onnxruntime"] and installed["onnx"]
     calls: list[int] = []
     _load(calls, monkeypatch)
     assert not calls and provenance._SAVED_DIGEST == from_files == provenance.code_digest()
+    assert host._SAVED_VERSIONS == installed == provenance.versions()
 
 
 def test_a_changed_config_file_option_file_or_manifest_makes_the_plan_afresh(folder, monkeypatch):
@@ -176,7 +180,7 @@ def test_a_file_changed_after_the_reading_began_is_not_vouched_for(folder, monke
     saved = folder.artifacts / ".state" / "plan.pickle"
     saved.unlink()
     plans = SavedPlan(saved.parent, "key")
-    plan = Plan(pickle.dumps(loaded.manifest), {}, None, loaded.manifest, loaded.builds, loaded.stages, "digest")
+    plan = Plan(pickle.dumps(loaded.manifest), {}, None, loaded.manifest, loaded.builds, loaded.stages, "digest", {})
     plans.save(plan, started_ns=os.stat(folder.root / "configs" / "qnn.json").st_ctime_ns)
     assert not saved.exists()
     plans.save(plan, started_ns=now_ns())

@@ -27,12 +27,26 @@ SHIM_LIBRARY = "EPBUILD_OPENVINO_SHIM"  # the built vendor-id shim (epbuild.step
 SHIM_PLUGIN = "EPBUILD_OPENVINO_PLUGIN"  # the real plugin library the shim loads
 
 
+_SAVED_VERSIONS: dict[str, str | None] = {}  # what a saved plan holds for this run's project key
+
+
 @functools.cache
 def package_version(distribution: str) -> str | None:
+    if distribution in _SAVED_VERSIONS:
+        return _SAVED_VERSIONS[distribution]
     try:
         return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+def use_saved_versions(versions: dict[str, str | None]) -> None:
+    """Take the versions the saved plan of this run's project key holds instead of asking importlib.metadata
+    again (2 ms of every run that compiles): that key holds the identity of every import folder, which installing,
+    upgrading or removing a distribution changes. A job still checks the versions its own process loaded."""
+    _SAVED_VERSIONS.clear()
+    _SAVED_VERSIONS.update(versions)
+    package_version.cache_clear()
 
 
 def toolchain_versions(info: EpInfo) -> dict[str, str | None]:

@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .host import package_version
+from .host import package_version, use_saved_versions
 
 PACKAGE = Path(__file__).resolve().parents[1]
 # The modules whose code runs in the jobs that write outputs (compiles, stages, validations, on this host or a Dask
@@ -92,17 +92,22 @@ def use_saved_digest(digest: str | None) -> None:
     code_digest.cache_clear()
 
 
+def versions() -> dict[str, str | None]:
+    """The version of each distribution a job may load (None: absent)."""
+    return {name: package_version(name) for name in DISTRIBUTIONS}
+
+
 def expected() -> dict[str, Any]:
     """The build process's view: the versions its fingerprints name and its code digest."""
-    return {"versions": {name: package_version(name) for name in DISTRIBUTIONS}, "code": code_digest()}
+    return {"versions": versions(), "code": code_digest()}
 
 
 def record_loaded() -> None:
     """Called by a process once it has imported the toolchain (a fork server after its preloads; a fresh child
     at its start): its forked children inherit the record."""
     global _LOADED, _SAVED_DIGEST
-    _SAVED_DIGEST = None  # what this process loaded is read from the files
-    package_version.cache_clear()
+    _SAVED_DIGEST = None  # what this process loaded is read from the files and distributions
+    use_saved_versions({})
     code_digest.cache_clear()
     _LOADED = expected()
 

@@ -69,6 +69,7 @@ class Plan:
     builds: list[Build]
     stages: dict[str, Stage]
     code: str  # the jobs' code digest (`execute.provenance.code_digest`), a function of the key's sources
+    versions: dict[str, str | None]  # the distributions a job may load (`execute.provenance.versions`), likewise
 
     def as_read(self) -> Manifest:
         return pickle.loads(self.read)

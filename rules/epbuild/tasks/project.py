@@ -16,8 +16,8 @@ from pathlib import Path
 from ..errors import BuildError, UserError, closest
 from ..execute.executor import ExecutorSettings, executor_settings, unreachable, with_worker_toolchains
 from ..execute.fork_server import prestart, serving
-from ..execute.host import capabilities
-from ..execute.provenance import code_digest, use_saved_digest
+from ..execute.host import capabilities, use_saved_versions
+from ..execute.provenance import code_digest, use_saved_digest, versions
 from ..fast_path import enabled as fast_path_enabled
 from ..fast_path import is_default_run, project_key
 from ..manifest.builds import Build, ResolvedTarget
@@ -99,6 +99,7 @@ class Project:
         last = saved_plan.load() if fast_path_enabled() else None
         if last is not None:
             use_saved_digest(last.code)
+            use_saved_versions(last.versions)
         resolved = self._read_manifest(manifest_path, last)  # nothing is written before the manifest is known good
         executor = self._prepare_folders()
         builds_here = is_default_run(requested) and not executor
@@ -115,7 +116,7 @@ class Project:
             builds, self.stages = self._plan(resolved)
             check_declared_inputs(self.manifest, builds, shapes)
             fresh = Plan(pickle.dumps(read, protocol=pickle.HIGHEST_PROTOCOL), resolved, facts, self.manifest, builds,
-                         self.stages, code_digest())
+                         self.stages, code_digest(), versions())
         self.builds = self._with_workers(builds, executor)
         if self.writable:  # only for a manifest that holds: a refused one writes nothing
             index.save()
