@@ -19,7 +19,7 @@ ORDER = {"doit": "bench_doit.py 1000 9 KEEP_DIR", "fork": "bench_fork.py 40 100 
          "cache": "bench_cache.py 100", "remote": "bench_remote.py 100", "executor": "bench_executor.py 20",
          "large": "bench_large.py --gib 3", "reference": "bench_reference.py --against ca7b238=DIR",
          "scale": "bench_scale.py 100 1000 10000 --repeats 7 --against before=DIR --snakemake PATH",
-         "scale-change": "bench_scale.py 100 1000 --change-only --repeats 15 --keep DIR --against before=DIR"}
+         "scale-change": "bench_scale.py 100 1000 --change-only --repeats 25 --keep DIR --against before=DIR"}
 
 
 def table() -> str:
