@@ -70,13 +70,12 @@ def ran(done: subprocess.CompletedProcess, prefix: str = "") -> set[str]:
 @pytest.fixture(autouse=True)
 def _code_digest_read_afresh():
     """A project loaded in this process takes the code digest and versions its saved plan holds
-    (`provenance.use_saved_digest`, `host.use_saved_versions`): forgotten after each test, so that one copying the
+    (`provenance.use_saved`): forgotten after each test, so that one copying the
     package into a folder of its own digests that copy, and one changing a version sees it."""
     yield
-    from epbuild.execute import host, provenance
+    from epbuild.execute import provenance
 
-    provenance.use_saved_digest(None)
-    host.use_saved_versions({})
+    provenance.use_saved(None, {})
 
 
 @pytest.fixture(scope="session")

@@ -97,8 +97,7 @@ def test_a_taken_plan_gives_the_code_digest_and_versions_the_files_give(folder, 
     from epbuild.execute import host, provenance
 
     _load([], monkeypatch)
-    provenance.use_saved_digest(None)
-    host.use_saved_versions({})
+    provenance.use_saved(None, {})
     from_files, installed = provenance.code_digest(), provenance.versions()
     assert installed["onnxruntime"] and installed["onnx"]
     calls: list[int] = []

@@ -41,9 +41,7 @@ def package_version(distribution: str) -> str | None:
 
 
 def use_saved_versions(versions: dict[str, str | None]) -> None:
-    """Take the versions the saved plan of this run's project key holds instead of asking importlib.metadata
-    again (2 ms of every run that compiles): that key holds the identity of every import folder, which installing,
-    upgrading or removing a distribution changes. A job still checks the versions its own process loaded."""
+    """Answer these distributions' versions without importlib.metadata (`provenance.use_saved`)."""
     _SAVED_VERSIONS.clear()
     _SAVED_VERSIONS.update(versions)
     package_version.cache_clear()

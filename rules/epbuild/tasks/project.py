@@ -16,8 +16,8 @@ from pathlib import Path
 from ..errors import BuildError, UserError, closest
 from ..execute.executor import ExecutorSettings, executor_settings, unreachable, with_worker_toolchains
 from ..execute.fork_server import prestart, serving
-from ..execute.host import capabilities, use_saved_versions
-from ..execute.provenance import code_digest, use_saved_digest, versions
+from ..execute.host import capabilities
+from ..execute.provenance import code_digest, use_saved, versions
 from ..fast_path import enabled as fast_path_enabled
 from ..fast_path import is_default_run, project_key
 from ..manifest.builds import Build, ResolvedTarget
@@ -98,8 +98,7 @@ class Project:
                                f"{self.key or project_key(manifest_path)}:{default_memory_gb()}")
         last = saved_plan.load() if fast_path_enabled() else None
         if last is not None:
-            use_saved_digest(last.code)
-            use_saved_versions(last.versions)
+            use_saved(last.code, last.versions)
         resolved = self._read_manifest(manifest_path, last)  # nothing is written before the manifest is known good
         executor = self._prepare_folders()
         builds_here = is_default_run(requested) and not executor
