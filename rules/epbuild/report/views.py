@@ -29,7 +29,7 @@ from markupsafe import Markup, escape
 
 from ..fast_path import file_identity
 from ..manifest.builds import Build
-from ..store.journal import append_line, read_lines
+from ..store.journal import append_line, outgrown, read_lines
 from ..store.layout import Layout, write_atomic
 from .build_report import statuses
 from .cells import PENDING, Cell, source_of
@@ -170,7 +170,7 @@ class PartStore:
     stage's task row under its entry's; dropped whole when the templates or this code change (pickled: 30 MB of
     parts at 10,000 builds load in 0.03 s, as JSON 0.15). A run appends the parts it rendered to
     `report-parts.journal` (one JSON line) instead of writing 30 MB again; the base is rewritten, with only the
-    parts of this run, when the journal outgrows half of it. A part is a function of its
+    parts of this run, when the journal outgrows it (`store.journal.outgrown`). A part is a function of its
     key, so a line read twice, lost or torn (skipped) costs a rendering, never a wrong page.
 
     Each save also names the build report the pages were made from (its identity) and the parts it could not
@@ -235,7 +235,7 @@ class PartStore:
         made_from = file_identity(str(self.report)) if self.report else None
         record = {"version": self.version, "made_from": made_from, "unsettled": self.unremembered}
         line = json.dumps({**record, "parts": {name: _as_json(part) for name, part in added.items()}}) + "\n"
-        if self.base_size and self.journal_size + len(line) <= self.base_size // 2:
+        if self.base_size and not outgrown(self.base_size, self.journal_size + len(line)):
             append_line(self.journal, line)
             return
         write_atomic(self.path, pickle.dumps({**record, "parts": self.new}, protocol=pickle.HIGHEST_PROTOCOL))

@@ -6,9 +6,9 @@ no-op `doit` at 1000 targets. Here task creation compares each task's digest wit
 a plain bool. The build's reporter records a task's digest when it succeeds; a task with no record, or another
 digest, runs. Two builds at once merge their records under a lock, each writing only the tasks it ran. A run
 appends the tasks it changed to `configs.journal` (one JSON line: 7 MB were rewritten per run at 10,000 targets);
-the record is rewritten whole, journal merged, when the journal outgrows half of it. A line lost or torn (a killed
-build) leaves its tasks' older entries: older settings or published files, so those tasks run again, never the
-reverse.
+the record is rewritten whole, journal merged, when the journal outgrows it (`journal.outgrown`). A line lost or
+torn (a killed build) leaves its tasks' older entries: older settings or published files, so those tasks run
+again, never the reverse.
 
 With its settings the record keeps the identity and sha256 of every file the task published (`published`): doit's
 file checker (`epbuild.tasks.HashChecker`) takes a published file changed since (an `onnx.save` over it, a hex edit)
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .hashing import FileHashes
-from .journal import append_line, journal_of, read_lines
+from .journal import append_line, journal_of, outgrown, read_lines
 from .layout import stat_key, write_atomic, write_json
 from .locks import file_lock
 
@@ -140,7 +140,7 @@ class ConfigRecord:
         with file_lock(self.path.with_suffix(".lock")):
             line = json.dumps(changed) + "\n"
             base_size, journal_size = _size(self.path), _size(journal_of(self.path))
-            if self.readable and base_size and journal_size + len(line) <= base_size // 2:
+            if self.readable and base_size and not outgrown(base_size, journal_size + len(line)):
                 append_line(journal_of(self.path), line)
             else:
                 merged = {**(_read(self.path) or {}), **changed}
