@@ -1,4 +1,5 @@
-"""The settings each task last succeeded with, as digests in one file (`artifacts/.state/configs.json`).
+"""The settings each task last succeeded with, as digests in one file (`artifacts/.state/configs.json`, one line
+per task: a run decodes the lines of only the tasks it creates, `store.entry_lines`).
 
 doit re-runs a task when its files change, not when its settings do; `doit.tools.config_changed` covers settings
 but costs an `inspect.signature` call and a JSON decode of saved values per task on every run, which dominated a
@@ -25,12 +26,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from .entry_lines import LazyEntries, entry_lines, plain_texts, vouch, vouched
 from .hashing import FileHashes
 from .journal import append_line, journal_of, outgrown, read_lines
-from .layout import stat_key, write_atomic, write_json
+from .layout import stat_key, write_atomic
 from .locks import file_lock
 
 Published = dict[str, list]  # path (relative to the project) -> [*identity, sha256] of each file a task published
@@ -57,19 +60,34 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _read(path: Path) -> dict[str, Any] | None:
+def _read(path: Path) -> LazyEntries | None:
     """The record: its base, then each journal line over it; None when the base cannot be read (its journal is
-    not read either)."""
+    not read either). A base this module wrote (its digest vouches for it) is decoded entry by entry when asked
+    for (`store.entry_lines`); any other, an older epbuild's included, whole."""
     try:
-        data = json.loads(path.read_text())
+        text = path.read_text()
+        texts = plain_texts(text.split("\n")[1:-2]) if vouched(_digest_file(path), text) else None
+        data = LazyEntries(texts) if texts is not None else json.loads(text)
     except (OSError, ValueError):
         return None
-    if not isinstance(data, dict):
+    if not isinstance(data, (dict, LazyEntries)):
         return None
+    data = data if isinstance(data, LazyEntries) else LazyEntries(decoded=data)
     for added in read_lines(journal_of(path))[0]:  # None: a line torn by a killed build
         if isinstance(added, dict):
             data.update(added)
     return data
+
+
+def _digest_file(path: Path) -> Path:
+    return path.with_suffix(".sha256")
+
+
+def _write(path: Path, entries: LazyEntries) -> None:
+    """The record as one entry per line, then its digest (`store.entry_lines`)."""
+    text = "{\n" + entry_lines({name: entries.text(name) for name in entries}) + "\n}\n"
+    write_atomic(path, text)
+    vouch(_digest_file(path), text)
 
 
 def _size(path: Path) -> int:
@@ -86,7 +104,7 @@ class ConfigRecord:
         self.path = path
         found = _read(path)
         self.readable = found is not None  # a journal line extends a base that can be read, else it is lost
-        self.recorded = found or {}
+        self.recorded = found if found is not None else LazyEntries()
         self.current: dict[str, str] = {}  # this run's digest of every task created
         self.settings: dict[str, dict[str, Any]] = {}  # this run's settings of every task created
         self.settings_folder = path.parent / "settings"
@@ -121,10 +139,12 @@ class ConfigRecord:
         except (OSError, ValueError):
             return None
 
-    def published_files(self) -> dict[str, list]:
-        """Every published file of the record (path relative to the project -> [*identity, sha256])."""
-        return {path: identity for entry in self.recorded.values() if isinstance(entry, list)
-                for path, identity in entry[1].items()}
+    def published_files(self, tasks: Iterable[str] | None = None) -> dict[str, list]:
+        """The published files of `tasks` (None: every task's) as recorded (path relative to the project ->
+        [*identity, sha256]): a run checks the outputs of only the tasks it hands doit."""
+        entries = (self.recorded.get(task) for task in (self.recorded if tasks is None else tasks))
+        return {path: identity for entry in entries if isinstance(entry, list) and len(entry) == 2
+                and isinstance(entry[1], dict) for path, identity in entry[1].items()}
 
     def success(self, task: str, published: Published | None) -> None:
         if task in self.current:
@@ -143,8 +163,9 @@ class ConfigRecord:
             if self.readable and base_size and not outgrown(base_size, journal_size + len(line)):
                 append_line(journal_of(self.path), line)
             else:
-                merged = {**(_read(self.path) or {}), **changed}
-                write_json(self.path, merged, indent=None)
+                merged = _read(self.path) or LazyEntries()
+                merged.update(changed)
+                _write(self.path, merged)
                 journal_of(self.path).unlink(missing_ok=True)
         self.recorded.update(changed)
         self.settings_folder.mkdir(exist_ok=True)

@@ -131,7 +131,9 @@ class Tasks:
         if project.unavailable:
             default.append("unavailable")
         default = self._select(default)
-        recorded = project.configs.published_files()  # paths relative to the project; doit's are relative to its folder
+        # the outputs of the tasks doit is handed (all, without a selection), by their paths relative to the project;
+        # doit's are relative to its folder
+        recorded = project.configs.published_files(self.selection)
         inside = project.rel(project.root)
         published = recorded if inside == "." else {os.path.join(inside, p): v for p, v in recorded.items()}
         checker = type("ProjectHashChecker", (HashChecker,), {"hashes": FileHashes(project.layout.state),

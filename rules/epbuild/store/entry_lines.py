@@ -1,0 +1,98 @@
+"""JSON objects of many entries written one entry per line (`  "name": <entry's JSON>,`) and read back entry by
+entry: the build report and the settings record hold one entry per task, and a run decodes only the few it changes
+(decoding 1,000 build-report entries took 5 ms of every run, the settings record's 2,000 ~3.5 ms).
+
+The writer leaves the sha256 of the text it wrote in a file of its own (`vouch`); a text with that digest is
+exactly what `entry_lines` made, so its lines are split without decoding the whole (`plain_texts`). Any other
+text (edited, torn, an older epbuild's) is decoded whole by the caller, as before.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator, MutableMapping
+from pathlib import Path
+from typing import Any
+
+from .layout import write_atomic
+
+
+def quoted(name: str) -> str:
+    """`json.dumps(name)`, without encoding plain names (20,000 encodings took 0.03 s)."""
+    plain = name.isascii() and name.isprintable() and '"' not in name and "\\" not in name
+    return f'"{name}"' if plain else json.dumps(name)
+
+
+def entry_lines(texts: dict[str, str]) -> str:
+    """The entries' lines, sorted by name, without the object's braces: equal entries give equal bytes."""
+    return ",\n".join(f"  {quoted(name)}: {texts[name]}" for name in sorted(texts))
+
+
+def plain_texts(lines: list[str]) -> dict[str, str] | None:
+    """Each entry's JSON text by name, from lines `entry_lines` made (the digest vouches for them): None where a
+    name is one JSON escapes (then the whole is decoded)."""
+    texts = {}
+    for line in lines:
+        end = line.find('": ', 3)
+        name = line[3:end]
+        if end < 0 or quoted(name) != f'"{name}"':
+            return None
+        texts[name] = line[end + 3:].removesuffix(",")
+    return texts
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def vouched(digest_file: Path | None, text: str) -> bool:
+    """Whether `text` is the one whose digest was last left in `digest_file`."""
+    if digest_file is None:
+        return False
+    try:
+        return digest_file.read_text() == _digest(text)
+    except OSError:
+        return False
+
+
+def vouch(digest_file: Path, text: str) -> None:
+    """Leave the digest of `text`, just written whole (after it: a digest never names a text not yet written)."""
+    digest_file.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(digest_file, _digest(text))
+
+
+class LazyEntries(MutableMapping):
+    """Entries by name, in the file's order, each decoded from its JSON text only when asked for."""
+
+    def __init__(self, texts: dict[str, str] | None = None, decoded: dict[str, Any] | None = None):
+        self._items: dict[str, str | Any] = {**(texts or {}), **(decoded or {})}  # a str: not decoded yet
+
+    def __getitem__(self, name: str) -> Any:
+        found = self._items[name]
+        if isinstance(found, str):
+            found = self._items[name] = json.loads(found)
+        return found
+
+    def get(self, name: str, default: Any = None) -> Any:  # Mapping's, without raising and catching a KeyError
+        return self[name] if name in self._items else default
+
+    def __setitem__(self, name: str, entry: Any) -> None:
+        self._items[name] = entry
+
+    def __delitem__(self, name: str) -> None:
+        del self._items[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._items
+
+    def text(self, name: str) -> str:
+        """The entry's JSON text: as read while it was not decoded, else encoded (keys sorted)."""
+        found = self._items[name]
+        return found if isinstance(found, str) else json.dumps(found, sort_keys=True)
