@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Container, Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -64,10 +64,12 @@ def vouch(digest_file: Path, text: str) -> None:
 
 
 class LazyEntries(MutableMapping):
-    """Entries by name, in the file's order, each decoded from its JSON text only when asked for."""
+    """Entries by name, in the file's order, each decoded from its JSON text only when asked for; the text of an
+    entry read and not set since is kept, to be written again as it was (`text`)."""
 
     def __init__(self, texts: dict[str, str] | None = None, decoded: dict[str, Any] | None = None):
         self._items: dict[str, str | Any] = {**(texts or {}), **(decoded or {})}  # a str: not decoded yet
+        self._texts = dict(texts or {})
 
     def __getitem__(self, name: str) -> Any:
         found = self._items[name]
@@ -80,9 +82,11 @@ class LazyEntries(MutableMapping):
 
     def __setitem__(self, name: str, entry: Any) -> None:
         self._items[name] = entry
+        self._texts.pop(name, None)
 
     def __delitem__(self, name: str) -> None:
         del self._items[name]
+        self._texts.pop(name, None)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._items)
@@ -94,6 +98,35 @@ class LazyEntries(MutableMapping):
         return name in self._items
 
     def text(self, name: str) -> str:
-        """The entry's JSON text: as read while it was not decoded, else encoded (keys sorted)."""
-        found = self._items[name]
-        return found if isinstance(found, str) else json.dumps(found, sort_keys=True)
+        """The entry's JSON text: as read, unless it was set since, else encoded (keys sorted)."""
+        found = self._texts.get(name)
+        return found if found is not None else json.dumps(self._items[name], sort_keys=True)
+
+    def only(self, names: Container[str]) -> LazyEntries:
+        """The entries of `names`, none decoded for it."""
+        kept = LazyEntries()
+        kept._items = {name: item for name, item in self._items.items() if name in names}
+        kept._texts = {name: text for name, text in self._texts.items() if name in names}
+        return kept
+
+
+def read_entries(path: Path, digest_file: Path) -> LazyEntries | None:
+    """A JSON object of entries `write_entries` wrote (decoded entry by entry when asked for), or any other JSON
+    object (decoded whole, as an older epbuild's); None when it cannot be read or is no object."""
+    try:
+        text = path.read_text()
+        texts = plain_texts(text) if vouched(digest_file, text) else None
+        if texts is not None:
+            return LazyEntries(texts)
+        data = json.loads(text)
+    except (OSError, ValueError):
+        return None
+    return LazyEntries(decoded=data) if isinstance(data, dict) else None
+
+
+def write_entries(path: Path, digest_file: Path, entries: LazyEntries) -> None:
+    """The entries as a JSON object of one entry per line, atomically, then its digest: those not decoded since
+    they were read are written as read, without encoding them again."""
+    text = "{\n" + entry_lines({name: entries.text(name) for name in entries}) + "\n}\n"
+    write_atomic(path, text)
+    vouch(digest_file, text)

@@ -9,12 +9,12 @@ model's folder are refused before any of them is read.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from ..errors import BuildError, UserError
-from .layout import stat_key, write_json
+from .entry_lines import LazyEntries, read_entries, write_entries
+from .layout import stat_key
 from .publish import discard
 
 READ_TIMEOUT_S = 600.0  # a multi-GB protobuf takes seconds to parse and check
@@ -144,11 +144,9 @@ class ExternalDataIndex:
     """Per-model external-data file lists, cached by file identity; `save()` writes only when something changed."""
 
     def __init__(self, state_dir: Path):
-        self.path = state_dir / "external-data.json"
-        try:
-            self.entries: dict[str, Any] = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            self.entries = {}
+        self.path, self.digest_file = state_dir / "external-data.json", state_dir / "external-data.sha256"
+        # one line per model: a run that read one model rewrites its line, the others' as read (`store.entry_lines`)
+        self.entries = read_entries(self.path, self.digest_file) or LazyEntries()
         self.errors: dict[str, str] = {}  # not remembered: a model in error is read again next time
         self.current: set[str] = set()  # models whose entry matches the file, checked by this process
         self.changed = False
@@ -200,11 +198,11 @@ class ExternalDataIndex:
     def save(self) -> None:
         """Write the entries of the models this process looked up (every model and reference of the manifest:
         a model removed, renamed or in another checkout's folder is forgotten), when one was read or forgotten."""
-        kept = {path: entry for path, entry in self.entries.items() if path in self.current}
+        kept = self.entries.only(self.current)
         if not self.changed and len(kept) == len(self.entries):
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_json(self.path, kept, indent=None)
+        write_entries(self.path, self.digest_file, kept)
         self.entries, self.changed = kept, False
 
 

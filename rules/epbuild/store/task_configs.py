@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .entry_lines import LazyEntries, entry_lines, plain_texts, vouch, vouched
+from .entry_lines import LazyEntries, read_entries, write_entries
 from .hashing import FileHashes
 from .journal import append_line, journal_of, outgrown, read_lines
 from .layout import stat_key, write_atomic
@@ -62,17 +62,10 @@ def _shown(value: Any) -> str:
 
 def _read(path: Path) -> LazyEntries | None:
     """The record: its base, then each journal line over it; None when the base cannot be read (its journal is
-    not read either). A base this module wrote (its digest vouches for it) is decoded entry by entry when asked
-    for (`store.entry_lines`); any other, an older epbuild's included, whole."""
-    try:
-        text = path.read_text()
-        texts = plain_texts(text) if vouched(_digest_file(path), text) else None
-        data = LazyEntries(texts) if texts is not None else json.loads(text)
-    except (OSError, ValueError):
+    not read either). The base is decoded entry by entry when asked for (`store.entry_lines`)."""
+    data = read_entries(path, _digest_file(path))
+    if data is None:
         return None
-    if not isinstance(data, (dict, LazyEntries)):
-        return None
-    data = data if isinstance(data, LazyEntries) else LazyEntries(decoded=data)
     for added in read_lines(journal_of(path))[0]:  # None: a line torn by a killed build
         if isinstance(added, dict):
             data.update(added)
@@ -81,13 +74,6 @@ def _read(path: Path) -> LazyEntries | None:
 
 def _digest_file(path: Path) -> Path:
     return path.with_suffix(".sha256")
-
-
-def _write(path: Path, entries: LazyEntries) -> None:
-    """The record as one entry per line, then its digest (`store.entry_lines`)."""
-    text = "{\n" + entry_lines({name: entries.text(name) for name in entries}) + "\n}\n"
-    write_atomic(path, text)
-    vouch(_digest_file(path), text)
 
 
 def _size(path: Path) -> int:
@@ -165,7 +151,7 @@ class ConfigRecord:
             else:
                 merged = _read(self.path) or LazyEntries()
                 merged.update(changed)
-                _write(self.path, merged)
+                write_entries(self.path, _digest_file(self.path), merged)
                 journal_of(self.path).unlink(missing_ok=True)
         self.recorded.update(changed)
         self.settings_folder.mkdir(exist_ok=True)
