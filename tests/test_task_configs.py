@@ -118,8 +118,13 @@ def test_a_record_not_vouched_for_is_decoded_whole_as_before(tmp_path):
     (tmp_path / "configs.sha256").unlink()
     older = ConfigRecord(path)
     assert older.unchanged("compile:a@cpu", {"task": "compile:a@cpu"}) and older.published_files() == {}
+    older.unchanged("compile:c@cpu", {"task": "compile:c@cpu"})
+    older.success("compile:c@cpu", {})
+    older.save()  # the older record is rewritten one line per task at once, not journaled over
+    assert not (tmp_path / "configs.journal").exists() and len(path.read_text().splitlines()) == 4
+    assert ConfigRecord(path).recorded.in_lines
     path.write_text('{\n  "compile:a@cpu": ["x", {}],\n  "compile:b@cpu": [\n}\n')  # torn by hand: unreadable
-    assert not ConfigRecord(path).readable
+    assert len(ConfigRecord(path).recorded) == 0
 
 
 def test_an_unreadable_record_means_every_task_runs(tmp_path):

@@ -70,6 +70,7 @@ class LazyEntries(MutableMapping):
     def __init__(self, texts: dict[str, str] | None = None, decoded: dict[str, Any] | None = None):
         self._items: dict[str, str | Any] = {**(texts or {}), **(decoded or {})}  # a str: not decoded yet
         self._texts = dict(texts or {})
+        self.in_lines = False  # read from a text `write_entries` wrote (`read_entries`)
 
     def __getitem__(self, name: str) -> Any:
         found = self._items[name]
@@ -117,7 +118,9 @@ def read_entries(path: Path, digest_file: Path) -> LazyEntries | None:
         text = path.read_text()
         texts = plain_texts(text) if vouched(digest_file, text) else None
         if texts is not None:
-            return LazyEntries(texts)
+            found = LazyEntries(texts)
+            found.in_lines = True
+            return found
         data = json.loads(text)
     except (OSError, ValueError):
         return None
