@@ -112,12 +112,17 @@ class LazyEntries(MutableMapping):
         return kept
 
 
-def read_entries(path: Path, digest_file: Path) -> LazyEntries | None:
+def _digest_file(path: Path) -> Path:
+    """Where `write_entries` leaves the digest of `path`'s text: `configs.json` -> `configs.sha256`."""
+    return path.with_suffix(".sha256")
+
+
+def read_entries(path: Path) -> LazyEntries | None:
     """A JSON object of entries `write_entries` wrote (decoded entry by entry when asked for), or any other JSON
     object (decoded whole, as an older epbuild's); None when it cannot be read or is no object."""
     try:
         text = path.read_text()
-        texts = plain_texts(text) if vouched(digest_file, text) else None
+        texts = plain_texts(text) if vouched(_digest_file(path), text) else None
         if texts is not None:
             found = LazyEntries(texts)
             found.in_lines = True
@@ -128,9 +133,9 @@ def read_entries(path: Path, digest_file: Path) -> LazyEntries | None:
     return LazyEntries(decoded=data) if isinstance(data, dict) else None
 
 
-def write_entries(path: Path, digest_file: Path, entries: LazyEntries) -> None:
+def write_entries(path: Path, entries: LazyEntries) -> None:
     """The entries as a JSON object of one entry per line, atomically, then its digest: those not set since they
     were read are written as read, without encoding them again."""
     text = "{\n" + entry_lines({name: entries.text(name) for name in entries}) + "\n}\n"
     write_atomic(path, text)
-    vouch(digest_file, text)
+    vouch(_digest_file(path), text)

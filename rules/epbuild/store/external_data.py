@@ -144,9 +144,9 @@ class ExternalDataIndex:
     """Per-model external-data file lists, cached by file identity; `save()` writes only when something changed."""
 
     def __init__(self, state_dir: Path):
-        self.path, self.digest_file = state_dir / "external-data.json", state_dir / "external-data.sha256"
+        self.path = state_dir / "external-data.json"
         # one line per model: a run that read one model rewrites its line, the others' as read (`store.entry_lines`)
-        self.entries = read_entries(self.path, self.digest_file) or LazyEntries()
+        self.entries = read_entries(self.path) or LazyEntries()
         self.errors: dict[str, str] = {}  # not remembered: a model in error is read again next time
         self.current: set[str] = set()  # models whose entry matches the file, checked by this process
         self.changed = False
@@ -202,7 +202,7 @@ class ExternalDataIndex:
         if not self.changed and len(kept) == len(self.entries):
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_entries(self.path, self.digest_file, kept)
+        write_entries(self.path, kept)
         self.entries, self.changed = kept, False
 
 

@@ -63,17 +63,13 @@ def _shown(value: Any) -> str:
 def _read(path: Path) -> LazyEntries | None:
     """The record: its base, then each journal line over it; None when the base cannot be read (its journal is
     not read either). The base is decoded entry by entry when asked for (`store.entry_lines`)."""
-    data = read_entries(path, _digest_file(path))
+    data = read_entries(path)
     if data is None:
         return None
     for added in read_lines(journal_of(path))[0]:  # None: a line torn by a killed build
         if isinstance(added, dict):
             data.update(added)
     return data
-
-
-def _digest_file(path: Path) -> Path:
-    return path.with_suffix(".sha256")
 
 
 def _size(path: Path) -> int:
@@ -152,7 +148,7 @@ class ConfigRecord:
             else:
                 merged = _read(self.path) or LazyEntries()
                 merged.update(changed)
-                write_entries(self.path, _digest_file(self.path), merged)
+                write_entries(self.path, merged)
                 journal_of(self.path).unlink(missing_ok=True)
         self.recorded.update(changed)
         self.settings_folder.mkdir(exist_ok=True)
