@@ -28,7 +28,7 @@ from ..records import record
 from . import forked_jobs, provenance
 from .fork_server import ForkedJob, fork_job, leases_in_use
 from .forked_jobs import resident_bytes
-from .python_path import child_import_path
+from .job_environment import job_environment
 
 PROGRESS_EVERY_S = 30.0
 
@@ -129,7 +129,7 @@ def run_child(module: str, request: dict[str, Any], workdir: Path, limits: Limit
         if child is None:
             if inline:
                 request_file.write_text(json.dumps(request))
-            env = {**os.environ, "PYTHONPATH": child_import_path()}
+            env = job_environment()
             with open(output_file, "w", encoding="utf-8") as output:
                 child = _PlainChild(subprocess.Popen([sys.executable, "-m", module, *arguments], stdout=output,
                                                      stderr=subprocess.STDOUT, env=env, cwd=workdir))

@@ -50,9 +50,11 @@ from typing import Any
 from ..store.layout import stat_key
 from ..store.locks import file_lock
 from ..store.owners import owner_gone, owner_tag
+from . import private_folder
 from .forked_jobs import JobGuard, WorkerHandle, run_many, run_one
+from .job_environment import job_environment
 from .provenance import expected, record_loaded
-from .python_path import IMPORT_ROOT, child_import_path
+from .python_path import IMPORT_ROOT
 
 SWITCH = "EPBUILD_FORK_SERVER"  # "0": a plain child for every job; "fork": a forked child for every job, no warm
 # workers; unset or "1": warm workers where the EP allows them
@@ -74,7 +76,8 @@ SERVER_PRELOAD = {SHAPE_STAGE: [("epbuild.steps.preprocess", "shape_tools")]}  #
 
 
 def enabled() -> bool:
-    return hasattr(os, "fork") and sys.platform.startswith("linux") and os.environ.get(SWITCH, "1") != "0"
+    return (hasattr(os, "fork") and sys.platform.startswith("linux") and os.environ.get(SWITCH, "1") != "0"
+            and _folder() is not None)
 
 
 def _threads() -> int:
@@ -189,35 +192,54 @@ def _key(alias: str, load_env: tuple[tuple[str, str], ...]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
-def _folder() -> Path:
-    """Where the servers' sockets live: under TMPDIR, or /tmp when TMPDIR is too long for a socket's path (107
-    bytes on Linux, and a server binds `.<key>.sock.<pid>` there)."""
-    root = tempfile.gettempdir()
-    folder = Path(root if len(root) < 40 else "/tmp") / f"epbuild-fork-{os.getuid()}"
-    folder.mkdir(mode=0o700, exist_ok=True)
+@functools.lru_cache(maxsize=4)
+def _found_folder(root: str, runtime: str) -> Path | None:
+    """This user's private folder for the servers' sockets (`execute.private_folder`) under these roots, looked
+    for once per process; None, said once, when every name for it is held by another user."""
+    folder, why = private_folder.find(root, runtime)
+    if folder is None:
+        print(f"warning: {why}", file=sys.stderr, flush=True)
+    return folder
+
+
+def _folder() -> Path | None:
+    """The private folder, checked again at every use (a few microseconds): one removed since is made anew, one
+    whose owner or mode changed is mended or passed over."""
+    roots = tempfile.gettempdir(), os.environ.get("XDG_RUNTIME_DIR", "")
+    folder = _found_folder(*roots)
+    if folder is not None and not private_folder.make_private(folder):
+        _found_folder.cache_clear()
+        folder = _found_folder(*roots)
     return folder
 
 
 def _connect(path: Path) -> socket.socket | None:
+    """A connection to the server at `path`, only if the kernel says it runs as this user (never send a request
+    to, or take a result from, another user's process)."""
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         connection.connect(str(path))
-        return connection
     except OSError:
         connection.close()
         return None
+    if not private_folder.trusted(connection):
+        connection.close()
+        print(f"warning: {path} is served by another user's process: not used", file=sys.stderr, flush=True)
+        return None
+    return connection
 
 
 def _paths(key: str) -> tuple[Path, Path, Path]:
     """A server's socket and log, and the lock held while starting it: one of 16, so that start locks do not
     pile up in the folder with every change of epbuild's sources."""
     folder = _folder()
+    assert folder is not None, "only called where enabled() holds"
     return folder / f"{key}.sock", folder / f"{key}.log", folder / f"start-{int(key[:4], 16) % 16}.lock"
 
 
 def _launch(alias: str, path: Path, log: Path) -> subprocess.Popen:
     """Start the server; the starter exits as soon as it has forked the server off (`--detach`)."""
-    env = {**os.environ, "PYTHONPATH": child_import_path()}
+    env = job_environment()  # what its jobs' processes may read when the EP loads, not the build's secrets
     with open(log, "w", encoding="utf-8") as output:
         return subprocess.Popen([sys.executable, "-m", "epbuild.execute.fork_server", "--detach", str(path), alias],
                                 env=env, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -334,7 +356,7 @@ def fork_job(module: str, alias: str, arguments: list[str], output: Path, workdi
     if not enabled():
         return None
     request = {"module": module, "arguments": arguments, "output": str(output), "cwd": str(workdir),
-               "env": dict(os.environ), "path": sys.path, "limits": limits or {}, "client": owner_tag()}
+               "env": job_environment(), "path": sys.path, "limits": limits or {}, "client": owner_tag()}
     if reuse and leases_in_use():
         if job is not None:
             request["job"] = job
