@@ -1,7 +1,8 @@
 """A real S3-API server for tests: moto's ThreadedMotoServer on 127.0.0.1 with a random port.
 
 It counts the requests it answers (tests bound them) and can be told to throttle (503 SlowDown) or to deny
-writes (403 AccessDenied), as a real object store does under load or with a read-only token. `stop()` also
+writes (403 AccessDenied), as a real object store does under load or with a read-only token, or to answer late
+(`delay_s`) or not for a while (`hang_s`), as a slow proxy or a dead link does. `stop()` also
 closes the listening socket, so clients see a refused connection, not a hang.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from typing import Any
 
@@ -30,6 +32,8 @@ class S3Server(ThreadedMotoServer):
         self.max_requests = max_requests
         self.throttle = False
         self.deny_writes = False
+        self.delay_s = 0.0  # every answer this late, as behind a slow proxy or link
+        self.hang_s = 0.0  # no answer at all for this long (bounded: the server must still stop)
         self._count_lock = threading.Lock()
 
     def _answer(self, environ: dict[str, Any], start_response: Any) -> Any:
@@ -38,6 +42,8 @@ class S3Server(ThreadedMotoServer):
             self.requests += 1
             self.writes += writing
             over = self.requests > self.max_requests
+        if self.hang_s or self.delay_s:
+            time.sleep(self.hang_s or self.delay_s)
         if self.throttle or over:
             return self._error(start_response, "503 Slow Down", "SlowDown", "Please reduce your request rate.")
         if self.deny_writes and writing:

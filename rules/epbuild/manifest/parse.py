@@ -101,6 +101,8 @@ class CacheSpec:
     max_size_mb: float | None
     remote: str | None
     hard_links: bool = False
+    remote_budget_s: float = 60.0  # waiting on the remote a build process may spend before it skips it
+    remote_timeout_s: float = 10.0  # one request without an answer
 
 
 @record
@@ -307,7 +309,7 @@ def parse(data: dict[str, Any], path: Path) -> Manifest:
         groups[name] = _group(groups_table.child(name), name, models, targets)
     cache = top.child("cache").read("cache")
     cache_spec = CacheSpec(path.parent / cache["dir"] if cache["dir"] else None, cache["max_size_mb"],
-                           cache["remote"], cache["hard_links"])
+                           cache["remote"], cache["hard_links"], cache["remote_budget_s"], cache["remote_timeout_s"])
     toolchains_table = top.child("toolchains")
     toolchains_table.only(("qaic",))
     toolchains = {name: path.parent / toolchains_table.child(name).read("toolchain")["root"]

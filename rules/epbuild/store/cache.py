@@ -188,7 +188,7 @@ class ArtifactCache:
             shutil.rmtree(staging, ignore_errors=True)
             if not entry.exists():
                 raise
-        self._enforce_cap()
+        self._enforce_cap(keep=entry)
         return files
 
     def _entries(self) -> list[Path]:
@@ -199,8 +199,14 @@ class ArtifactCache:
         entries = self._entries()
         return len(entries), sum(size_of(entry) for entry in entries)
 
-    def _evict(self, entry: Path, why: str) -> None:
-        print(f"warning: cache entry {entry.name[:16]} evicted: {why}; rebuilding", file=sys.stderr)
+    def evict(self, fingerprint: str, why: str | None) -> None:
+        """Remove the entry of `fingerprint` (found wrong by its user), with a warning saying `why` (None: the
+        caller has said it)."""
+        self._evict(self.entry_folder(fingerprint), why)
+
+    def _evict(self, entry: Path, why: str | None) -> None:
+        if why is not None:
+            print(f"warning: cache entry {entry.name[:16]} evicted: {why}; rebuilding", file=sys.stderr)
         doomed = self.folder / "tmp" / f"evicted.{entry.name}.{owner_tag()}"
         doomed.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -209,19 +215,23 @@ class ArtifactCache:
             return
         shutil.rmtree(doomed, ignore_errors=True)
 
-    def _enforce_cap(self) -> None:
+    def _enforce_cap(self, keep: Path) -> None:
+        """Evict least-recently-used entries until the cap holds, never `keep`, the entry just stored: the caller
+        restores or uploads from it next (a cap below one entry's size then holds that one entry until the next
+        store)."""
         if self.max_bytes is None:
             return
         entries = []
         for entry in self._entries():
-            size = size_of(entry)
-            entries.append((entry.stat().st_mtime, size, entry))
+            with contextlib.suppress(OSError):  # another builder evicting it at the same time
+                entries.append((entry.stat().st_mtime, size_of(entry), entry))
         total = sum(size for _, size, _ in entries)
         for _, size, entry in sorted(entries):
             if total <= self.max_bytes:
                 break
-            shutil.rmtree(entry, ignore_errors=True)
-            total -= size
+            if entry != keep:
+                shutil.rmtree(entry, ignore_errors=True)
+                total -= size
 
 
 @record
@@ -235,6 +245,8 @@ class Workspace:
     remote_url: str | None = None
     executor: ExecutorSettings | None = None  # a Dask cluster that produces what the caches miss
     hard_links: bool = False  # `[cache] hard_links`
+    remote_budget_s: float = 60.0  # `[cache] remote_budget_s`
+    remote_timeout_s: float = 10.0  # `[cache] remote_timeout_s`
 
     @property
     def project_root(self) -> Path:
@@ -259,7 +271,7 @@ class Workspace:
             return None
         from .remote_cache import connect
 
-        return connect(self.remote_url)
+        return connect(self.remote_url, self.remote_budget_s, self.remote_timeout_s)
 
 
 @record
@@ -322,6 +334,15 @@ def store(label: str, fingerprint: str, workspace: Workspace, folder: Path, name
                          identity, label)
 
 
+def _refuse_entry(label: str, fingerprint: str, workspace: Workspace, outcome: Outcome, why: str) -> None:
+    """An entry restored whole but not what its task writes: evicted here, and refused on the remote it came
+    from, so that what this build produces replaces it in both (never kept, never restored again)."""
+    remote = workspace.remote if outcome.origin == "remote" else None
+    if remote is not None:
+        remote.refuse(fingerprint, label, why)
+    workspace.cache.evict(fingerprint, None if remote is not None else why)
+
+
 def _holds(final: Path, scratch: Path, names: list[str], workspace: Workspace) -> bool:
     """Whether `final` holds the files `names` of `scratch`, byte for byte (what was added beside them after
     they were published, such as their validation report, belongs to these very bytes)."""
@@ -359,6 +380,7 @@ def cached_folder(label: str, fingerprint: str, workspace: Workspace, final: Pat
                 if found is not None:  # a miss leaves the scratch folder empty
                     discard(scratch)
                     scratch.mkdir()
+                    _refuse_entry(label, fingerprint, workspace, outcome, f"it holds {found}, not {expected}")
                 produce(scratch)
                 check_inputs(label, inputs)
                 produced = produced_files(scratch)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import hashlib
 import hmac
 import json
@@ -40,11 +41,15 @@ SINGLE_PUT_LIMIT = 5 * 1024**3  # S3's limit for one PUT; larger blobs go up in 
 PART_SIZE = 256 * 1024**2
 MANIFEST_LIMIT = 1 << 20  # manifests list a few files; anything larger is not one of ours
 CHUNK = 1 << 20
+TRANSFER_RATE = 20e6  # bytes/s: moving bytes at least this fast is the remote's use, not waiting on it
 SECRETS = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID", "EPBUILD_CACHE_SIGNING_KEY")
 EXISTS = ("PreconditionFailed", "ConditionalRequestConflict")  # create-only put: someone wrote it first
 MISSING = ("NoSuchKey", "404", "NotFound")
 DENIED = ("AccessDenied", "403", "Forbidden", "AllAccessDisabled")
 HEX64 = re.compile(r"[0-9a-f]{64}")
+# what writing an entry's files can fail with because of the names its manifest gives (too long, a file where a
+# folder goes), not because of the local disk
+ENTRY_ERRORS = (errno.ENAMETOOLONG, errno.EEXIST, errno.ENOTDIR, errno.EISDIR, errno.EINVAL)
 
 
 def split_url(url: str) -> tuple[str, str]:
@@ -116,8 +121,10 @@ def _safe_name(name: Any) -> bool:
 class RemoteCache:
     """One remote, shared by the tasks of a process (see `connect`); thread-safe for doit's `-P thread`."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, budget_s: float = 60.0, timeout_s: float = 10.0):
         self.url = url
+        self.budget_s, self.timeout_s = budget_s, timeout_s
+        self._waited = 0.0  # seconds this process's requests took beyond their transfers
         self.bucket, self.prefix = split_url(url)
         self.readonly = os.environ.get("EPBUILD_CACHE_READONLY", "") not in ("", "0")
         key = os.environ.get("EPBUILD_CACHE_SIGNING_KEY")
@@ -139,7 +146,9 @@ class RemoteCache:
                 import boto3
                 from botocore.config import Config
 
-                config = Config(connect_timeout=5, read_timeout=30, retries={"mode": "standard", "max_attempts": 3})
+                # a request without an answer costs at most two timeouts: then the remote is skipped (`_give_up`)
+                config = Config(connect_timeout=min(5.0, self.timeout_s), read_timeout=self.timeout_s,
+                                retries={"mode": "standard", "total_max_attempts": 2})
                 self._client = boto3.session.Session().client("s3", config=config)
             return self._client
 
@@ -155,11 +164,14 @@ class RemoteCache:
         """Download the entry for `fingerprint` into the local cache, verified; bytes downloaded, or None."""
         if self.down:
             return None
+        started = time.monotonic()
         try:
-            return self._fetch(fingerprint, cache, label)
+            downloaded = self._fetch(fingerprint, cache, label)
         except _errors() as exc:
             self._give_up(exc, f"reading {label}")
             return None
+        self._charge(started, downloaded or 0)
+        return downloaded
 
     def _fetch(self, fingerprint: str, cache: ArtifactCache, label: str) -> int | None:
         key = self._manifest_key(fingerprint)
@@ -178,8 +190,13 @@ class RemoteCache:
         try:
             downloaded = len(raw)
             for name, entry in files.items():
-                (staging / name).parent.mkdir(parents=True, exist_ok=True)
-                why = self._download(entry["sha256"], entry["size"], staging / name)
+                try:
+                    (staging / name).parent.mkdir(parents=True, exist_ok=True)
+                    why = self._download(entry["sha256"], entry["size"], staging / name)
+                except OSError as exc:
+                    if exc.errno not in ENTRY_ERRORS:  # the local disk's fault: the caller gives the cache up
+                        raise
+                    why = f"{name} cannot be written here ({exc.strerror})"  # the entry's names: this entry only
                 if why:
                     self._bad.add(self._blob_key(entry["sha256"]))
                     self._refuse(key, fingerprint, label, f"{name}: {why}")
@@ -211,6 +228,11 @@ class RemoteCache:
         files = body.get("files")
         if not isinstance(files, dict) or not files:
             return {}, "the manifest lists no files"
+        for name in files:
+            folders = name.split("/")[:-1]
+            clash = next((f for i in range(1, len(folders) + 1) if (f := "/".join(folders[:i])) in files), None)
+            if clash is not None:
+                return {}, f"the manifest names {clash!r} both as a file and as the folder of {name!r}"
         for name, entry in files.items():
             if not _safe_name(name):
                 return {}, f"the manifest names a file outside its entry: {name!r}"
@@ -245,6 +267,11 @@ class RemoteCache:
         self._verified.add(self._blob_key(digest))
         return None
 
+    def refuse(self, fingerprint: str, label: str, why: str) -> None:
+        """An entry found wrong after its download (it lacks files its task writes): refused, and replaced by the
+        upload of what this build produces."""
+        self._refuse(self._manifest_key(fingerprint), fingerprint, label, why)
+
     def _refuse(self, key: str, fingerprint: str, label: str, why: str) -> None:
         self._bad.add(key)
         replace = "" if self.readonly else " and replacing it"
@@ -260,6 +287,7 @@ class RemoteCache:
             return 0
         key = self._manifest_key(fingerprint)
         replacing = key in self._bad  # its entry was refused: none of its blobs is trusted unless checked here
+        started, sent = time.monotonic(), 0
         try:
             sent, files = 0, {}
             for name, digest in sorted(digests.items()):
@@ -277,7 +305,9 @@ class RemoteCache:
                 self._bad.discard(key)
             else:
                 self._create(key, manifest, hashlib.sha256(manifest).hexdigest())
-            return sent + len(manifest)
+            sent += len(manifest)
+            self._charge(started, sent)
+            return sent
         except _errors() as exc:
             if _code(exc) in DENIED:
                 self.readonly = True
@@ -286,6 +316,10 @@ class RemoteCache:
                       "from now on in this process", file=sys.stderr)
             else:
                 self._give_up(exc, f"uploading {label}")
+            return 0
+        except OSError as exc:  # the local copy went away meanwhile (another builder's eviction): not uploaded
+            print(f"warning: remote cache: {label} not uploaded: {exc.strerror or exc}"
+                  f"{f' ({exc.filename})' if exc.filename else ''}", file=sys.stderr)
             return 0
 
     def _put_blob(self, digest: str, path: Path, size: int, replacing: bool) -> int:
@@ -358,6 +392,20 @@ class RemoteCache:
         canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
         return "hmac-sha256:" + hmac.new(self._signing_key, canonical, hashlib.sha256).hexdigest()
 
+    def _charge(self, started: float, moved: int) -> None:
+        """Count what an operation waited (its time beyond moving its bytes at TRANSFER_RATE) against the budget;
+        past it, the remote is skipped for the rest of this process with one warning. Each doit process (-n) has
+        its own budget and they wait side by side, so a build's wall time grows by about one budget at most."""
+        waited = time.monotonic() - started - moved / TRANSFER_RATE
+        with self._lock:
+            self._waited += max(0.0, waited)
+            if self.down or self._waited <= self.budget_s:
+                return
+            self.down = (f"it kept this build waiting {self._waited:.0f} s (`[cache] remote_budget_s` = "
+                         f"{self.budget_s:g})")
+        print(f"warning: remote cache {self.url} skipped: {self.down}; building locally without it for the rest of "
+              "this process", file=sys.stderr)
+
     def _give_up(self, exc: BaseException, action: str) -> None:
         """The one warning of this process; later operations skip the remote."""
         with self._lock:
@@ -385,9 +433,10 @@ _OPEN: dict[str, RemoteCache] = {}
 _OPEN_LOCK = threading.Lock()
 
 
-def connect(url: str) -> RemoteCache:
-    """The process's one `RemoteCache` for `url`, so a failure warns once and then stays quiet."""
+def connect(url: str, budget_s: float = 60.0, timeout_s: float = 10.0) -> RemoteCache:
+    """The process's one `RemoteCache` for `url`, so a failure warns once and then stays quiet, and its waiting
+    is counted against one budget."""
     with _OPEN_LOCK:
         if url not in _OPEN:
-            _OPEN[url] = RemoteCache(url)
+            _OPEN[url] = RemoteCache(url, budget_s, timeout_s)
         return _OPEN[url]

@@ -157,7 +157,8 @@ class Project:
         elif executor and (reason := unreachable(executor)):
             raise self.executor_error(reason)
         self.workspace = Workspace(self.layout.root, *cache_location(self.manifest.cache),
-                                   remote_location(self.manifest.cache), executor, self.manifest.cache.hard_links)
+                                   remote_location(self.manifest.cache), executor, self.manifest.cache.hard_links,
+                                   self.manifest.cache.remote_budget_s, self.manifest.cache.remote_timeout_s)
         return executor
 
     def _start_fork_servers(self, default_run: bool) -> set[str]:
