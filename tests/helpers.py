@@ -98,3 +98,34 @@ def setup_failing_checker(root: Path) -> None:
     model = onnx.load(str(root / "models" / "tinycnn.onnx"))
     model.graph.node[0].input[1] = "no_such_tensor"
     (root / "models" / "broken.onnx").write_bytes(model.SerializeToString())
+
+
+WAIT_S = 300  # bounds far above the normal seconds: a build beside others on 2 cores must not fail the suite
+
+
+def wait_for(what: str, condition, seconds: float = WAIT_S):
+    """Wait for `condition()` to hold (polling), or fail saying what was awaited."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"waited {seconds:.0f} s for {what}")
+
+
+def job_processes(root: Path) -> list[int]:
+    """Processes working inside `root`'s artifacts (a job's folder is its scratch folder there)."""
+    import os
+
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.readlink(entry / "cwd").startswith(str(root / "artifacts")):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found

@@ -19,7 +19,7 @@ from conftest import REPO, SOURCE, Project
 from epbuild.errors import BuildError
 from epbuild.execute.child import Limits, run_child
 from epbuild.execute.fork_server import SWITCH, fork_job
-from helpers import OPENVINO_CPU_TARGET, TWO_MODELS_CPU_QNN, tree_bytes
+from helpers import OPENVINO_CPU_TARGET, TWO_MODELS_CPU_QNN, WAIT_S, job_processes, tree_bytes, wait_for
 
 MANIFEST = TWO_MODELS_CPU_QNN + """
 """ + OPENVINO_CPU_TARGET + """
@@ -340,19 +340,6 @@ def test_a_warm_worker_takes_its_request_and_answers_over_the_lease(tmp_path, mo
     assert not list(tmp_path.glob("no-*"))
 
 
-def _job_processes(root: Path) -> list[int]:
-    """Processes working inside `root` (a job's folder is its scratch folder there)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if os.readlink(entry / "cwd").startswith(str(root / "artifacts")):
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
-
-
 @pytest.mark.parametrize("mode", ["1", "fork"])
 @pytest.mark.parametrize("signal_name", ["SIGKILL", "SIGTERM", "SIGINT"])
 def test_a_killed_build_leaves_no_job_running(project, mode, signal_name):
@@ -365,14 +352,14 @@ def test_a_killed_build_leaves_no_job_running(project, mode, signal_name):
     project.env[SWITCH] = mode
     build = subprocess.Popen([sys.executable, "-m", "doit"], cwd=project.root, env=project.env,
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    deadline = time.monotonic() + 120
-    while not _job_processes(project.root) and time.monotonic() < deadline and build.poll() is None:
-        time.sleep(0.05)
-    assert _job_processes(project.root), "the compile never started"
+    wait_for("the compile to start", lambda: job_processes(project.root) or build.poll() is not None)
+    assert job_processes(project.root), "the compile never started"
     os.killpg(build.pid, getattr(signal, signal_name))  # the build's own process group, as a terminal's Ctrl-C
-    errors = build.communicate(timeout=30)[1]
-    time.sleep(2)
-    assert not _job_processes(project.root)
+    try:
+        errors = build.communicate(timeout=WAIT_S)[1]
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"the build did not end within {WAIT_S} s of {signal_name}") from exc
+    wait_for("its job to end", lambda: not job_processes(project.root), 60)
     if signal_name == "SIGINT":  # Python ends itself by SIGINT after the line: a shell sees exit status 130
         assert build.returncode in (130, -signal.SIGINT) and "Traceback" not in errors
         assert errors.strip().splitlines()[-1] == ("interrupted: the build stopped; finished tasks are kept, and a "

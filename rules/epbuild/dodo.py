@@ -18,6 +18,11 @@ from .fast_path import shortcut
 def _interrupted(kind: type[BaseException], value: BaseException, trace: Any) -> None:
     """Ctrl-C: one line instead of a traceback (the exit status stays 130). doit has saved what finished, and
     the fork servers end the jobs of this build once its process is gone."""
+    if kind.__name__ == "WorkerLost":  # a worker killed mid-build (`execute.lifelines`): its line, exit status 1
+        sys.stdout.flush()
+        sys.stderr.write(f"{value}\n")
+        sys.stderr.flush()
+        os._exit(1)
     if issubclass(kind, KeyboardInterrupt):
         sys.stderr.write("interrupted: the build stopped; finished tasks are kept, and a rerun does the rest\n")
         return

@@ -29,6 +29,7 @@ from . import forked_jobs, provenance
 from .fork_server import ForkedJob, fork_job, leases_in_use
 from .forked_jobs import resident_bytes
 from .job_environment import job_environment
+from .lifelines import DIE_WITH, die_with_parent
 
 PROGRESS_EVERY_S = 30.0
 
@@ -129,7 +130,7 @@ def run_child(module: str, request: dict[str, Any], workdir: Path, limits: Limit
         if child is None:
             if inline:
                 request_file.write_text(json.dumps(request))
-            env = job_environment()
+            env = {**job_environment(), DIE_WITH: str(os.getpid())}  # it dies with this process
             with open(output_file, "w", encoding="utf-8") as output:
                 child = _PlainChild(subprocess.Popen([sys.executable, "-m", module, *arguments], stdout=output,
                                                      stderr=subprocess.STDOUT, env=env, cwd=workdir))
@@ -188,6 +189,9 @@ def describe(exc: BaseException) -> dict[str, Any]:
 
 def serve(function: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
     """The child's main: read the request, call `function`, write its result or its error as JSON."""
+    parent = os.environ.pop(DIE_WITH, None)  # a plain child: tied to the build process that started it
+    if parent and parent.isdigit():
+        die_with_parent(int(parent))
     request_file, result_file = Path(sys.argv[1]), Path(sys.argv[2])
     inline = forked_jobs.INLINE_JOB  # in a warm worker: the request came over the lease, the answer goes back so
     request = inline["request"] if inline is not None else json.loads(request_file.read_text())

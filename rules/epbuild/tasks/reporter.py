@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import signal
 import time
 from typing import TYPE_CHECKING, Any
 
 from doit.exceptions import UnmetDependency
 from doit.reporter import ConsoleReporter
 
+from ..execute.lifelines import WorkerLost, WorkerWatch, tie_forked_children
 from ..fast_path import Stamp
 from ..report.build_report import BuildReport
 from ..report.cells import cell_tasks
@@ -47,6 +50,10 @@ class BuildReporter(ConsoleReporter):
 
     def initialize(self, tasks, selected_tasks):
         super().initialize(tasks, selected_tasks)
+        tie_forked_children(os.getpid())  # doit's workers (-n), forked after this, die with this process
+        self.watch: WorkerWatch | None = None
+        self.done: set[str] = set()  # tasks finished, failed or not
+        self.lost_worker = ""
         self.doit_tasks = tasks
         self.preparing = None  # the page's templates, compiled while the first task that runs waits for its child
         self.report = BuildReport(self.project.layout.build_report, self.project.layout.state)
@@ -77,9 +84,39 @@ class BuildReporter(ConsoleReporter):
         if self.preparing is None and ":" in task.name:
             self.preparing = templates_prepared_in_background()
         self.started[task.name] = time.monotonic()
+        if self.watch is None:
+            self._watch_workers()
+
+    def _watch_workers(self) -> None:
+        """With doit -n, a worker killed by a signal (the out-of-memory killer) would leave doit waiting for its
+        answer forever: this (main) thread is interrupted with `WorkerLost` instead, whose line ends the run."""
+        workers = [child.pid for child in multiprocessing.active_children() if child.pid]
+        if multiprocessing.parent_process() is not None or not workers:
+            self.watch = WorkerWatch([], lambda *_: None)  # not doit's main process, or no workers: nothing
+            return
+
+        def lost(pid: int, number: int) -> None:
+            running = ", ".join(sorted(self.running())) or "no task"
+            self.lost_worker = (f"error: doit's worker process {pid} was killed by {signal.Signals(number).name} "
+                                f"(the kernel's out-of-memory killer sends SIGKILL) while {running} ran; the build "
+                                "stopped: finished tasks are kept, and a rerun does the rest")
+            os.kill(os.getpid(), signal.SIGUSR1)
+
+        def interrupt(*_: Any) -> None:
+            raise WorkerLost(self.lost_worker)
+
+        signal.signal(signal.SIGUSR1, interrupt)
+        self.watch = WorkerWatch(workers, lost)
+        self.watch.start()
+
+    def running(self) -> set[str]:
+        """Tasks started and not yet finished."""
+        return set(self.started) - self.done
+
 
     def add_success(self, task):
         super().add_success(task)
+        self.done.add(task.name)
         if self.live is not None:
             if not self.project.threads:  # captured (verbosity 1): shown above the status area
                 self.write("".join(action.out for action in task.actions if action.out))
@@ -89,6 +126,7 @@ class BuildReporter(ConsoleReporter):
             self.report.succeeded(task.name, task.values)
 
     def add_failure(self, task, fail):
+        self.done.add(task.name)
         if isinstance(fail, UnmetDependency):  # not run because a task it needs failed: not a failure of its own
             if self.live is not None:
                 self.live.finished(task.name, failed=True)
@@ -135,6 +173,8 @@ class BuildReporter(ConsoleReporter):
         RunRecord(self.project.layout).write(self.project.key, recorded, self.record)
 
     def complete_run(self):
+        if self.watch is not None:
+            self.watch.stop()  # doit ends its workers itself now
         if self.live is not None:
             self.live.stop()
             self.live = None
