@@ -258,6 +258,26 @@ def test_a_worker_killed_mid_job_is_replaced_by_another(tmp_path, host_cache, cl
     assert build_report(project)["compile:slow@cpu"]["worker"] == survivor
 
 
+def test_the_scheduler_lost_mid_build_fails_the_task_with_one_line(tmp_path, host_cache, cluster):
+    from helpers import slow_model
+
+    workdir = cluster.worker("a")
+    cluster.wait_for({"a"})
+    project = clone(tmp_path, host_cache, "p", '[models.slow]\npath = "models/slow.onnx"\n'
+                    '[targets.cpu]\nep = "cpu"\n', EPBUILD_EXECUTOR=cluster.address)
+    slow_model(project.root / "models" / "slow.onnx")
+    process = subprocess.Popen([sys.executable, "-m", "doit", "compile"], cwd=project.root, env=project.env,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 300
+    while not any((workdir / "jobs").glob("*")):
+        assert time.monotonic() < deadline and process.poll() is None, process.communicate()[0]
+        time.sleep(0.05)
+    cluster.kill("scheduler")
+    output = process.communicate(timeout=300)[0]
+    assert process.returncode != 0 and "Traceback" not in output, output
+    assert f"compile:slow@cpu: lost the Dask scheduler {cluster.address} while the job ran" in output, output
+
+
 def test_an_unreachable_scheduler_is_one_error_before_any_build(tmp_path, host_cache):
     project = clone(tmp_path, host_cache, "p", MANIFEST, EPBUILD_EXECUTOR="tcp://127.0.0.1:9")
     done = project.doit(check=False)

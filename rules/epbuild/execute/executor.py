@@ -9,6 +9,7 @@ compile's. Cache lookups, locks and publishing stay here. `distributed` is impor
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import importlib
@@ -19,6 +20,7 @@ import socket
 import threading
 import time
 import uuid
+from concurrent.futures import CancelledError
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -235,8 +237,13 @@ def _run(workspace: Workspace, kind: str, task: str, what: Any, inputs: list[Pat
         raise BuildError(f"{task}: the Dask workers running it died ({exc})") from None
     except OSError as exc:  # the connection to the scheduler was lost
         raise BuildError(f"{task}: lost the Dask scheduler {settings.address}: {exc}") from None
+    except CancelledError as exc:  # the client cancels what it waits for when the scheduler goes away
+        raise BuildError(f"{task}: lost the Dask scheduler {settings.address} while the job ran "
+                         f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]}); rerun once it is back, or "
+                         "without [executor] to build here") from None
     finally:
-        future.release()
+        with contextlib.suppress(Exception):  # nothing to release with a scheduler gone
+            future.release()
     _keep_logs(result.get("logs", {}), workspace.layout.logs)
     if "error" in result:
         raise BuildError(f"{result['error']} (on Dask worker {result['worker']})")

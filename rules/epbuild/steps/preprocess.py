@@ -24,6 +24,7 @@ from .fingerprint import stage_config, stage_fingerprint
 from .folding import fold_constants
 from .graph import check_input_names, clear_placeholder_dims, dims, missing_files, true_inputs
 from .stages import PROTOBUF_LIMIT, Stage
+from .validation_inputs import read_npz
 from .weights import load_with_weights, read_weights_from
 
 RANDOM_SAMPLES, RANDOM_SEED = 8, 0
@@ -194,8 +195,7 @@ class _Calibration:
         samples = []
         if files:
             for file in files:
-                with np.load(file) as data:
-                    sample = {key: data[key] for key in data.files}
+                sample = read_npz(file, "calibration file")
                 if set(sample) != set(shapes):
                     raise ModelError(f"calibration file {Path(file).name}: keys {sorted(sample)} do not match the "
                                      f"model's inputs {sorted(shapes)}")
@@ -203,6 +203,14 @@ class _Calibration:
                     if tuple(array.shape) != shapes[key]:
                         raise ModelError(f"calibration file {Path(file).name}: '{key}' has shape "
                                          f"{list(array.shape)}, the model's input is {list(shapes[key])}")
+                    wanted = np.dtype(dtypes[key])
+                    if array.dtype.kind.replace("u", "i") != wanted.kind.replace("u", "i"):  # ints for a float
+                        # input (or floats for indices): a cast would hide a wrong file
+                        raise ModelError(f"calibration file {Path(file).name}: '{key}' is {array.dtype}, the "
+                                         f"model's input is {wanted}: save it as {wanted}")
+                    if array.dtype.kind == "f" and not np.isfinite(array).all():
+                        raise ModelError(f"calibration file {Path(file).name}: '{key}' holds NaN or infinite "
+                                         "values, from which no quantization range can be computed")
                 samples.append({key: array.astype(dtypes[key]) for key, array in sample.items()})
         else:
             rng = np.random.default_rng(RANDOM_SEED)

@@ -15,13 +15,30 @@ GENERATED_LIMIT = 4 * 2**30  # bytes of one generated validation input
 SEED = 0
 
 
+DTYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
+          "tensor(int64)": "int64", "tensor(int32)": "int32", "tensor(int16)": "int16", "tensor(int8)": "int8",
+          "tensor(uint8)": "uint8", "tensor(uint16)": "uint16", "tensor(bool)": "bool"}
+
+
 def dtype_of(type_name: str) -> Any:
     import numpy as np
 
-    return np.dtype({"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
-                     "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int16)": np.int16,
-                     "tensor(int8)": np.int8, "tensor(uint8)": np.uint8, "tensor(uint16)": np.uint16,
-                     "tensor(bool)": np.bool_}.get(type_name, np.float32))
+    return np.dtype(DTYPES.get(type_name, "float32"))
+
+
+def read_npz(path: str | Path, what: str) -> dict[str, Any]:
+    """The arrays of a user's .npz; one that numpy cannot read (not a zip, truncated, pickled objects) is the
+    user's file to fix, named with what it is for (`what`: "validation.inputs", "calibration file")."""
+    import zipfile
+
+    import numpy as np
+
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {key: data[key] for key in data.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        raise ModelError(f"{what} {Path(path).name} cannot be read as .npz ({type(exc).__name__}: {exc}); save it "
+                         "with numpy.savez") from None
 
 
 def _mask(shape: list[int], dtype: Any) -> Any:
@@ -66,8 +83,8 @@ def make_inputs(session: Any, source: Any, request: dict[str, Any]) -> tuple[dic
     shapes = {name: list(shape) for name, shape in request["inputs"].items()}
     if request["inputs_file"]:
         file = Path(request["inputs_file"]).name
-        with np.load(request["inputs_file"]) as data:
-            given = {k: data[k] for k in data.files if k not in request["frozen"]}
+        given = {k: v for k, v in read_npz(request["inputs_file"], "validation.inputs").items()
+                 if k not in request["frozen"]}
         check_input_names(source.graph, list(given), f"validation.inputs {file}")
         missing = signature.keys() - given.keys()
         if missing:
@@ -80,6 +97,10 @@ def make_inputs(session: Any, source: Any, request: dict[str, Any]) -> tuple[dic
                     isinstance(d, int) and d > 0 and d != s for d, s in zip(shape, array.shape, strict=True)):
                 raise ModelError(f"validation.inputs {file}: '{name}' has shape {list(array.shape)}, the model "
                                  f"wants {shape}")
+            wanted = DTYPES.get(signature[name].type)
+            if wanted is not None and array.dtype != np.dtype(wanted):
+                raise ModelError(f"validation.inputs {file}: '{name}' is {array.dtype}, the model's input is "
+                                 f"{signature[name].type}: save it as {wanted} (array.astype(numpy.{wanted}))")
         return {name: given[name] for name in signature}, {}
     rng = np.random.default_rng(SEED)
     feeds, notes = {}, {}

@@ -95,9 +95,10 @@ def run_validate(build: Build, workspace: Workspace, config: dict[str, Any]) -> 
     layout = workspace.layout
     folder = build.out_dir(layout)
     artifact = [folder / n for n in build.outputs]
-    inputs = snapshot([*artifact, *build.sources, *build.validation_files])
-    fingerprint = validation_fingerprint(artifact, config, [*build.sources, *build.validation_files], workspace.hashes)
-    try:
+    try:  # a model deleted or made unreadable while the build ran is a line of this task, never a traceback
+        inputs = snapshot([*artifact, *build.sources, *build.validation_files])
+        fingerprint = validation_fingerprint(artifact, config, [*build.sources, *build.validation_files],
+                                             workspace.hashes)
         produce = (lambda workdir: run_validation(build, workspace)) if workspace.executor else (
             lambda workdir: validate(build, workspace, workdir))
         report, outcome = cached_validation(f"validate:{build.name}", fingerprint, workspace, folder, produce, config,

@@ -34,7 +34,10 @@ class HashChecker(FileChangedChecker):
         if state is None or len(state) != 5:
             return True
         key = stat_key(file_stat)
-        if key != state[:4] and self.hashes.sha256(file_path, file_stat) != state[4]:
+        try:
+            if key != state[:4] and self.hashes.sha256(file_path, file_stat) != state[4]:
+                return True
+        except OSError:  # unreadable now (a permission, a file going away): its task runs and says so in a line
             return True
         saw(self.checked, file_path, key)
         return False
@@ -49,7 +52,11 @@ class HashChecker(FileChangedChecker):
         key = stat_key(stat)
         saw(self.checked, file_path, key)
         recorded = self.published.get(file_path)
-        if recorded and key != recorded[:4] and self.hashes.sha256(file_path, stat) != recorded[4]:
+        try:
+            changed = bool(recorded) and key != recorded[:4] and self.hashes.sha256(file_path, stat) != recorded[4]
+        except OSError:  # unreadable: its task restores or rebuilds it, or says why it cannot
+            changed = True
+        if changed:
             self.edited.add(file_path)
             return False
         return True

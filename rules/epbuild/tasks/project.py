@@ -18,8 +18,8 @@ from ..execute.executor import ExecutorSettings, executor_settings, unreachable,
 from ..execute.fork_server import prestart, serving
 from ..execute.host import capabilities
 from ..execute.provenance import code_digest, use_saved, versions
+from ..fast_path import DEP_FILE, is_default_run, project_key
 from ..fast_path import enabled as fast_path_enabled
-from ..fast_path import is_default_run, project_key
 from ..manifest.builds import Build, ResolvedTarget
 from ..manifest.declared_inputs import ModelInputs, check_declared_inputs, resolve_dims
 from ..manifest.eps import lookup
@@ -31,6 +31,7 @@ from ..steps import vendor_shim
 from ..steps.compilers import COMPILERS, compiler
 from ..steps.stages import Stage
 from ..store.cache import Workspace, cache_location, remote_location
+from ..store.doit_database import recover as recover_doit_database
 from ..store.external_data import ExternalDataIndex
 from ..store.layout import STAGES, Layout, now_ns
 from ..store.owners import owner_tag, sweep
@@ -149,6 +150,9 @@ class Project:
                             f"{os.readlink(self.layout.root)}); outputs are written only inside the project: "
                             "make artifacts/ a plain folder")
         self.writable = self._check_writable(self.command)
+        said = recover_doit_database(Path(DEP_FILE).absolute()) if self.writable else None
+        if said:
+            print(f"warning: {said}", file=sys.stderr)
         if self.writable and self.command not in INSPECTING:  # what killed builds left behind
             sweep([self.layout.scratch_root, Path(cache_location(self.manifest.cache)[0]) / "tmp"])
         executor = executor_settings(self.manifest.executor.scheduler, self.manifest.executor.wait_s)
