@@ -184,5 +184,11 @@ class Build:
                 *(path for _, files in self.alone for path in files)]
 
     @property
+    def origins(self) -> list[Path]:
+        """The declared models its stages were made from: a compile that reads a stage's output still fails when
+        one of them changes while it runs (its artifact would no longer be of the model the validation reads)."""
+        return [m.declared for m in self.members if m.declared is not None]
+
+    @property
     def sources(self) -> list[Path]:
         return [m.model.path for m in self.members]

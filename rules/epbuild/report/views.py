@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import pickle
+import re
 import threading
 import xml.etree.ElementTree as ElementTree
 from collections import Counter
@@ -141,24 +142,36 @@ def _from_json(part: dict[str, Any]) -> dict[str, Any]:
     return {key: value.encode() if key in HTML and isinstance(value, str) else value for key, value in part.items()}
 
 
+# what XML 1.0 forbids in a document (C0 controls but tab, newline and return; lone surrogates; U+FFFE, U+FFFF):
+# ElementTree writes them as they are, and a CI's parser then rejects the whole file, every result with it
+NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def xml_text(text: str) -> str:
+    """`text` with each character XML 1.0 forbids written as its escape (`\\x0b`), so the file stays well-formed
+    and the name still says which output it was."""
+    return NOT_XML.sub(lambda found: f"\\x{ord(found.group()):02x}" if ord(found.group()) < 256 else
+                       f"\\u{ord(found.group()):04x}", text)
+
+
 def junit_case(cell: Cell) -> tuple[str, str]:
     """The validate task as a test case (failed -> <failure> with the metrics, skipped -> <skipped> with why),
     indented for its place in the suite, and its outcome."""
     if cell.validate_task is None:
         return "", ""
-    case = ElementTree.Element("testcase", classname=f"epbuild.{cell.target}", name=cell.row,
+    case = ElementTree.Element("testcase", classname=xml_text(f"epbuild.{cell.target}"), name=xml_text(cell.row),
                                time=f"{cell.validate.get('seconds', 0):.3f}")
     status, outcome = cell.validate_status, "passed"
-    metrics = "\n".join(f"{label}: " + ", ".join(f"{k}={v}" for k, v in sorted(m.items())
-                                                 if isinstance(v, (int, float)) and not isinstance(v, bool))
-                        for label, m in cell.outputs())
+    metrics = xml_text("\n".join(f"{label}: " + ", ".join(f"{k}={v}" for k, v in sorted(m.items())
+                                                          if isinstance(v, (int, float)) and not isinstance(v, bool))
+                                 for label, m in cell.outputs()))
+    reason = xml_text(cell.reason) if cell.reason else None
     if status == "failed":
         outcome = "failed"
-        ElementTree.SubElement(case, "failure", message=cell.reason or "validation failed").text = \
-            metrics or cell.reason
+        ElementTree.SubElement(case, "failure", message=reason or "validation failed").text = metrics or reason
     elif status in ("skipped", "not built", PENDING):
         outcome = "skipped"
-        ElementTree.SubElement(case, "skipped", message=cell.reason or status)
+        ElementTree.SubElement(case, "skipped", message=reason or status)
     if metrics and status != "failed":
         ElementTree.SubElement(case, "system-out").text = metrics
     ElementTree.indent(case, space="  ", level=1)

@@ -60,7 +60,7 @@ def compile_build(build: Build, workspace: Workspace) -> Compiled:
     """Compile `build` into its artifact folder (or restore it from the cache), atomically; raise BuildError
     naming the build."""
     started = time.monotonic()
-    inputs = snapshot(build.inputs)
+    inputs = snapshot([*build.inputs, *build.origins])
     fingerprint = compile_fingerprint(build, workspace.hashes)
     final = build.out_dir(workspace.layout)
     usage: dict[str, float] = {}

@@ -1,0 +1,168 @@
+"""Faults that used to end in a traceback, a wrong blame or a malformed report, each now one line that names the
+file and the fix: a corrupt doit database, a model deleted or unreadable mid-build, a model renamed over while
+its compile runs, calibration and validation arrays numpy cannot read or of the wrong kind, and junit.xml with an
+output name XML forbids."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from xml.etree import ElementTree
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from conftest import build_report
+from helpers import slow_model
+
+CPU = '[targets.cpu]\nep = "cpu"\n'
+QUANTIZED = """
+[models.tinycnn]
+path = "models/tinycnn.onnx"
+quantize = { calibration = "models/calib/tinycnn/" }
+targets = ["cpu-int8"]
+
+[targets.cpu-int8]
+ep = "cpu"
+quantized = true
+"""
+
+
+def test_a_corrupt_doit_database_is_set_aside_with_one_warning(project):
+    project.manifest('[models.tinycnn]\npath = "models/tinycnn.onnx"\ntargets = ["cpu"]\n' + CPU)
+    project.doit()
+    (project.root / ".doit.db").write_bytes(b"this is no database" * 100)
+    done = project.doit()
+    assert "Traceback" not in done.stderr
+    warnings = [line for line in done.stderr.splitlines() if "doit's database" in line]
+    assert len(warnings) == 1 and "set aside as .doit.db.corrupt" in warnings[0], done.stderr
+    assert (project.root / ".doit.db.corrupt").read_bytes().startswith(b"this is no database")
+    assert {entry["status"] for entry in build_report(project).values()} <= {"up to date", "restored"}
+    again = project.doit()
+    assert "doit's database" not in again.stderr
+
+
+def test_a_file_the_checker_cannot_read_makes_its_task_run(tmp_path, monkeypatch):
+    """As a user without root: a model made unreadable. doit's file checker says "changed" (its task then runs
+    and fails with one line naming the file) instead of raising PermissionError inside doit."""
+    from epbuild.store.hashing import FileHashes
+    from epbuild.tasks.checker import HashChecker
+
+    model = tmp_path / "m.onnx"
+    model.write_bytes(b"x")
+    checker = type("Checker", (HashChecker,), {"hashes": FileHashes(tmp_path / "state"), "checked": {},
+                                               "published": {str(model): [0, 0, 0, 0, "0" * 64]}, "edited": set()})()
+
+    def unreadable(*_args, **_kwargs):
+        raise PermissionError(13, "Permission denied", str(model))
+
+    monkeypatch.setattr(checker.hashes, "sha256", unreadable)
+    assert checker.check_modified(str(model), os.stat(model), [1, 2, 3, 4, "0" * 64]) is True
+    assert checker.exists(str(model)) is False and str(model) in checker.edited
+
+
+def test_a_model_deleted_before_its_validation_is_a_line_of_that_task(project, monkeypatch):
+    from doit.exceptions import TaskFailed
+
+    from epbuild.steps.fingerprint import validate_config
+    from epbuild.tasks.actions import run_validate
+    from epbuild.tasks.project import Project
+
+    project.manifest('[models.tinycnn]\npath = "models/tinycnn.onnx"\ntargets = ["cpu"]\n' + CPU)
+    project.doit("compile:tinycnn@cpu")
+    monkeypatch.chdir(project.root)
+    monkeypatch.setenv("EPBUILD_CACHE_DIR", str(project.cache))
+    loaded = Project(project.root / "models.toml", ["validate:tinycnn@cpu"])
+    build = next(b for b in loaded.builds if b.name == "tinycnn@cpu")
+    (project.root / "models" / "tinycnn.onnx").unlink()  # mid-build: after the tasks were made
+    failed = run_validate(build, loaded.workspace, validate_config(build, loaded.root))
+    assert isinstance(failed, TaskFailed)
+    assert "validate:tinycnn@cpu: No such file or directory" in failed.message and "tinycnn.onnx" in failed.message
+
+
+def test_a_model_renamed_over_while_its_compile_runs_fails_that_compile(project):
+    """The compile reads its stages' output, not the model: the model's new bytes would have been compared with
+    an artifact of the old ones (cosine -0.01, blamed on the EP). The compile says the model changed instead."""
+    slow_model(project.root / "models" / "slow.onnx", nodes=8000)
+    replacement = onnx.load(str(project.root / "models" / "slow.onnx"))
+    replacement.graph.initializer[0].CopyFrom(onnx.numpy_helper.from_array(np.full((1, 4), -0.5, np.float32),
+                                                                           "one"))
+    onnx.save(replacement, str(project.root / "new.onnx"))
+    project.manifest('[models.slow]\npath = "models/slow.onnx"\ntargets = ["qnn-htp"]\n'
+                     '[targets.qnn-htp]\nep = "qnn"\noptions = { soc_model = 60 }\n')
+    build = subprocess.Popen([sys.executable, "-m", "doit"], cwd=project.root, env=project.env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in build.stdout:
+        lines.append(line)
+        if line.startswith(".  compile:slow@qnn-htp"):
+            time.sleep(0.5)  # its inputs' identities taken, its child compiling
+            os.replace(project.root / "new.onnx", project.root / "models" / "slow.onnx")
+            break
+    lines.extend(build.stdout)
+    assert build.wait(timeout=600) != 0
+    output = "".join(lines)
+    assert "compile:slow@qnn-htp: slow.onnx changed while compile:slow@qnn-htp ran; run again" in output, output
+    assert "validate:slow@qnn-htp" not in output.replace("not built validate:slow@qnn-htp", "")
+
+
+def _calibration(project, array: np.ndarray | bytes) -> subprocess.CompletedProcess:
+    project.manifest(QUANTIZED)
+    sample = project.root / "models" / "calib" / "tinycnn" / "0.npz"
+    if isinstance(array, bytes):
+        sample.write_bytes(array)
+    else:
+        np.savez(sample, x=array)
+    return project.doit(check=False)
+
+
+@pytest.mark.parametrize("case, message", [
+    ("corrupt", "calibration file 0.npz cannot be read as .npz (BadZipFile"),
+    ("nan", "calibration file 0.npz: 'x' holds NaN or infinite values"),
+    ("int64", "calibration file 0.npz: 'x' is int64, the model's input is float32: save it as float32"),
+])
+def test_calibration_data_numpy_cannot_read_or_that_cannot_calibrate_is_named(project, case, message):
+    array = {"corrupt": b"PK\x03\x04 torn", "nan": np.full((1, 3, 64, 64), np.nan, np.float32),
+             "int64": np.ones((1, 3, 64, 64), np.int64)}[case]
+    done = _calibration(project, array)
+    assert done.returncode != 0 and message in done.stdout, done.stdout
+    assert "internal error" not in done.stdout and "Traceback" not in done.stdout + done.stderr
+
+
+def test_validation_inputs_of_another_dtype_are_the_files_fault_not_the_references(project):
+    np.savez(project.root / "models" / "in64.npz", x=np.zeros((1, 3, 64, 64), np.float64))
+    project.manifest('[models.tinycnn]\npath = "models/tinycnn.onnx"\ntargets = ["cpu"]\n'
+                     'validation = { inputs = "models/in64.npz" }\n' + CPU)
+    done = project.doit(check=False)
+    assert ("validation.inputs in64.npz: 'x' is float64, the model's input is tensor(float): save it as float32"
+            in done.stdout), done.stdout
+
+
+def test_junit_xml_stays_well_formed_with_an_output_name_xml_forbids(project):
+    """An output named with a vertical tab, its validation failing: the CI's parser reads every result."""
+    name = "out\x0bput"
+    graph = helper.make_graph([helper.make_node("Sin", ["x"], [name])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+                              [helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, 64])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(project.root / "models" / "ctl.onnx"))
+    project.manifest('[models.ctl]\npath = "models/ctl.onnx"\ntargets = ["qnn-htp"]\n'
+                     'validation = { min_snr_db = 500 }\n'
+                     '[targets.qnn-htp]\nep = "qnn"\noptions = { soc_model = 60 }\n')
+    done = project.doit(check=False)
+    assert "failed validate:ctl@qnn-htp" in done.stdout, done.stdout
+    suite = ElementTree.parse(project.artifacts / "junit.xml").getroot()
+    failure = suite.find("testcase/failure")
+    assert suite.get("failures") == "1" and failure is not None and "out\\x0bput" in (failure.text or "")
+
+
+def test_xml_text_escapes_exactly_what_xml_forbids():
+    from epbuild.report.views import xml_text
+
+    assert xml_text("a\x0bb\x00c\td\ne\rf\ud800") == "a\\x0bb\\x00c\td\ne\rf\\ud800"
+    ElementTree.fromstring(f"<a>{xml_text(''.join(map(chr, range(32))))}</a>")
