@@ -305,6 +305,22 @@ def test_shards_partition_the_build_and_their_union_is_everything(tmp_path, host
     assert bad.returncode == 2 and "EPBUILD_SHARD: must be I/N" in bad.stderr
 
 
+def test_a_shard_holds_what_its_groups_need_so_no_task_is_built_by_two(tmp_path, host_cache):
+    """A group needs its members' own compiles: the group, its members' builds and their stages share a shard."""
+    manifest = TWO_MODELS_CPU_QNN + ('[models.dynbatch]\npath = "models/dynbatch.onnx"\n'
+                                     'inputs = { x = [1, 3, 32, 32] }\n'
+                                     '[groups.pair]\ntarget = "qnn-htp"\nmodels = ["tinycnn", "encoder"]\n')
+    built = []
+    for index in (1, 2):
+        shard = clone(tmp_path, host_cache, f"shard{index}", manifest, EPBUILD_SHARD=f"{index}/2")
+        built.append(sorted(name for name in ran(shard.doit()) if name.startswith(("compile:", "group:",
+                                                                                     "validate:"))))
+    together = [name for part in built for name in part]
+    assert len(together) == len(set(together)), built  # no task built twice
+    assert {"group:pair", "compile:tinycnn@qnn-htp", "compile:encoder@qnn-htp"} <= set(together)
+    assert any("group:pair" in part and "compile:encoder@qnn-htp" in part for part in built)
+
+
 def test_relocate_moves_every_path_under_the_project_and_nothing_else(tmp_path):
     from epbuild.manifest.parse import load
     from epbuild.manifest.targets import plan

@@ -87,3 +87,19 @@ def test_a_worker_killed_mid_build_ends_the_build_with_one_line(project):
     assert last.startswith(f"error: doit's worker process {victim} was killed by SIGKILL") and "compile:slow" in last
     assert "Traceback" not in errors
     wait_for("the jobs to end", lambda: not job_processes(project.root), 30)
+
+
+def test_a_killed_builds_scratch_that_outlived_this_runs_start_is_removed_at_its_end(project):
+    """A killed build's jobs may still be writing into their folders while the next run sweeps at its start: the
+    run sweeps again at its end."""
+    from epbuild.store.owners import HOST
+
+    _slow_project(project, 1)
+    build = subprocess.Popen([sys.executable, "-m", "doit"], cwd=project.root, env=project.env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_for("the compile to start", lambda: job_processes(project.root) or build.poll() is not None)
+    left = project.artifacts / ".scratch" / f"compile.slow.cpu.~{HOST}-{os.getpid()}-1~.x"  # an owner gone
+    left.mkdir(parents=True)
+    (left / "slow.onnx").write_bytes(b"half written")
+    assert build.wait(timeout=WAIT_S) == 0
+    assert not left.exists()

@@ -228,6 +228,16 @@ def test_models_that_cannot_work_are_refused_before_any_build(project):
         assert done.stderr.count("\n") == 1
 
 
+def test_freeze_naming_an_input_the_model_lacks_is_refused_before_any_task(project):
+    project.manifest('[models.tinycnn]\npath = "models/tinycnn.onnx"\nfreeze = { sr = 16000 }\ntargets = ["cpu"]\n'
+                     '[targets.cpu]\nep = "cpu"\n')
+    done = project.doit(check=False)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith("error: models.toml: models.tinycnn.freeze.sr: 'sr' is not an input of the model; "
+                                  "its inputs: x")
+    assert not (project.artifacts / "cpu").exists()
+
+
 @pytest.mark.parametrize(("option", "expected"), [
     ('backend_type = "tpu"', "targets.qnn-htp.options.backend_type: 'tpu' is not a value QNNExecutionProvider "
                              "knows (did you mean 'htp'?) (it would be ignored without a word); valid: cpu, gpu, "

@@ -74,6 +74,11 @@ def check_declared_inputs(manifest: Manifest, builds: list[Build], read: dict[st
                 if dim is not None and dim != size:
                     raise UserError(file, where, f"dimension {index} is fixed to {dim} in the model, the manifest "
                                     f"gives {size} (the model's: {_shown(dims)})")
+        for input_name in model.freeze or {}:
+            if input_name not in found:
+                what = "a weight, not a runtime input" if input_name in weights else "not an input of the model"
+                raise UserError(file, f"{model.key}.freeze.{input_name}", f"'{input_name}' is {what}; its inputs: "
+                                f"{', '.join(found) or 'none'}")
     needs_static: dict[str, str] = {}  # model -> the first of its targets that needs static shapes
     for build in builds:
         if any(stage.kind == "shape" for stage in build.stages):

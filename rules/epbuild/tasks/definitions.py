@@ -24,7 +24,7 @@ from ..store.task_configs import ConfigRecord
 from .actions import refuse_unavailable, report_unavailable, run_compile, run_ops, run_stage_task, run_validate
 from .checker import HashChecker
 from .commands import run_prune, show_backends, show_cache, show_graph
-from .project import Project, in_shard, named_tasks
+from .project import Project, in_shard, named_tasks, shard_keys
 from .reporter import BuildReporter
 from .run_record import RunRecord
 from .selection import Recorded, identities, runnable
@@ -126,8 +126,9 @@ class Tasks:
 
     def doit_config(self) -> dict[str, Any]:
         project = self.project
+        keys = shard_keys(project.builds) if project.shard else {}
         default = [name for b in project.builds if b.target.name not in project.unavailable and
-                   in_shard(b, project.shard) for name in project.task_names(b)]
+                   in_shard(b, project.shard, keys) for name in project.task_names(b)]
         if project.unavailable:
             default.append("unavailable")
         default = self._select(default)

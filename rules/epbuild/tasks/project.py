@@ -334,11 +334,31 @@ def shard_of(text: str | None) -> tuple[int, int] | None:
     return int(index), int(count)
 
 
-def in_shard(build: Build, shard: tuple[int, int] | None) -> bool:
-    """A stable hash partition by model (a compile) or group name, so a model's stages stay in one shard."""
+def shard_keys(builds: list[Build]) -> dict[str, str]:
+    """Each build's shard key: the first model name (sorted) of the models linked to it through groups. A group
+    needs its members' own compiles (its artifact.json compares sizes), so the group and every build of each of
+    its members fall in one shard: a shard is closed under what its tasks need, and no task is built by two."""
+    parent: dict[str, str] = {}
+
+    def root(name: str) -> str:
+        while parent.setdefault(name, name) != name:
+            parent[name] = parent[parent[name]]
+            name = parent[name]
+        return name
+
+    for build in builds:
+        names = sorted(root(m.name) for m in build.members)
+        for name in names[1:]:
+            parent[name] = names[0]
+    return {build.name: root(build.members[0].name) for build in builds}
+
+
+def in_shard(build: Build, shard: tuple[int, int] | None, keys: dict[str, str]) -> bool:
+    """A stable hash partition by linked models (`shard_keys`), so a model's stages and its groups stay in one
+    shard."""
     if shard is None:
         return True
-    key = build.name if build.shared else build.members[0].name
+    key = keys[build.name]
     return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % shard[1] == shard[0] - 1
 
 

@@ -17,6 +17,7 @@ from ..report.build_report import BuildReport
 from ..report.cells import cell_tasks
 from ..report.progress import LiveProgress, load_durations, save_durations
 from ..report.views import templates_prepared_in_background, write_views
+from ..store.owners import sweep
 from .checker import saw
 from .run_record import RunRecord, next_record
 from .selection import Recorded, files_of
@@ -216,6 +217,10 @@ class BuildReporter(ConsoleReporter):
             if self.project.key and self.project.command != "list":
                 self._write_run_record()
             save_durations(layout.durations, self.durations, self.report.entries, set(self.started))
+            if self.project.writable and set(self.started) - {"unavailable"}:
+                # again at the end: a killed build's jobs may still have been writing into their folders when
+                # this run swept at its start
+                sweep([layout.scratch_root])
         except OSError as exc:
             self.write(f"warning: build state not saved ({exc.strerror or exc}: {exc.filename}); the next run "
                        "re-checks the tasks\n")
