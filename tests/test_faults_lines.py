@@ -166,3 +166,29 @@ def test_xml_text_escapes_exactly_what_xml_forbids():
 
     assert xml_text("a\x0bb\x00c\td\ne\rf\ud800") == "a\\x0bb\\x00c\td\ne\rf\\ud800"
     ElementTree.fromstring(f"<a>{xml_text(''.join(map(chr, range(32))))}</a>")
+
+
+def test_external_data_cut_short_is_named_before_any_task(project):
+    """A copy cut short: refused with the file and the bytes missing, as well on the run after a good one (the
+    model's own bytes unchanged, its index entry remembered)."""
+    from test_trust import external_data_model
+
+    external_data_model(project.root / "models" / "ext.onnx")
+    project.manifest('[models.ext]\npath = "models/ext.onnx"\ntargets = ["cpu"]\n' + CPU)
+    project.doit("list")
+    data = project.root / "models" / "ext.onnx.data"
+    data.write_bytes(data.read_bytes()[:100_000])
+    done = project.doit(check=False)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert ("external data file 'ext.onnx.data' is cut short: its tensors reach byte 262,144, the file has 100,000"
+            in done.stderr)
+
+
+def test_an_option_file_that_is_a_fifo_is_named_as_such(project):
+    os.mkfifo(project.root / "configs" / "pipe.json")
+    project.manifest('[models.tinycnn]\npath = "models/tinycnn.onnx"\ntargets = ["ov"]\n[targets.ov]\n'
+                     'ep = "openvino@pypi"\ndevice = "cpu"\noptions = { load_config = "configs/pipe.json" }\n'
+                     'option_files = ["load_config"]\n')
+    done = project.doit("list", check=False)
+    assert done.returncode == 2 and "targets.ov.options.load_config: option file is not a regular file (a FIFO, " \
+        "socket or device)" in done.stderr, done.stderr

@@ -133,6 +133,15 @@ class Manifest:
         return self.path.parent
 
 
+def not_a_file(path: Path) -> str:
+    """Why `path`, which is not a regular file, cannot be read as one: a FIFO would block the reader forever."""
+    if path.is_dir():
+        return "is a folder"
+    if path.exists():
+        return "is not a regular file (a FIFO, socket or device)"
+    return "not found"
+
+
 class TableReader:
     """Type-checked access to one TOML table, with the key path for error messages."""
 
@@ -380,7 +389,7 @@ def _model(table: TableReader, name: str, targets: dict[str, TargetSpec]) -> Mod
     if model_path.suffix.lower() != ".onnx":
         table.fail(f"must name an .onnx model file, found {shown(values['path'])}", "path")
     if not model_path.is_file():
-        table.fail(f"model file not found: {model_path}", "path")
+        table.fail(f"model file {not_a_file(model_path)}: {model_path}", "path")
     inputs = _inputs(table)
     wanted = values["targets"]
     if wanted is None:
@@ -454,7 +463,7 @@ def _validation(table: TableReader, model: bool) -> dict[str, Any]:
         if values[key] is not None:
             path = _looked_at(table.file.parent / values[key])
             if not path.is_file():
-                table.fail(f"file {'is a folder' if path.is_dir() else 'not found'}: {path}", key)
+                table.fail(f"file {not_a_file(path)}: {path}", key)
             settings[key] = path.resolve()
     for key in (*THRESHOLDS, "timeout_s"):
         if values[key] is not None:

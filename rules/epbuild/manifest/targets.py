@@ -17,7 +17,7 @@ from ..steps.toolchains import check_qaic
 from ..store.layout import Layout
 from .builds import Build, Member, ResolvedTarget, ValidationSettings
 from .eps import DEFAULT_EP, QAIC, REGISTRY, SOURCES, EpInfo, lookup, valid_ep_names
-from .parse import GroupSpec, Manifest, ModelSpec, TableReader, TargetSpec
+from .parse import GroupSpec, Manifest, ModelSpec, TableReader, TargetSpec, not_a_file
 
 CPU_DEFAULT_LEVEL = "extended"  # portable across CPUs; "all" adds layout transforms tied to this host's ISA
 COMPILE_TIMEOUT_S = 3600.0
@@ -138,8 +138,7 @@ def _option_files(spec: TargetSpec, options: dict[str, str], manifest: Manifest)
                             f"names option '{key}', but options has no such key")
         path = manifest.root / options[key]
         if not path.is_file():
-            what = "is a folder" if path.is_dir() else "not found"
-            raise UserError(file, f"{where}.options.{key}", f"option file {what}: {path}")
+            raise UserError(file, f"{where}.options.{key}", f"option file {not_a_file(path)}: {path}")
         option_files[key] = path.resolve()
     return option_files
 

@@ -70,13 +70,19 @@ def _read(model_path: Path) -> dict[str, Any]:
     except Exception as exc:  # noqa: BLE001 - protobuf raises several types for a file that is not ONNX
         raise UserError(model_path.name, None, f"not a readable ONNX model: {exc}") from None
     found: set[str] = set()
+    needs: dict[str, int] = {}  # location -> the bytes its tensors reach (offset + length)
 
     def visit(graph: Any) -> None:
         tensors = list(graph.initializer) + [node_attr.t for node in graph.node for node_attr in node.attribute
                                              if node_attr.HasField("t")]
         for tensor in tensors:
             if tensor.data_location == onnx.TensorProto.EXTERNAL:
-                found.update(entry.value for entry in tensor.external_data if entry.key == "location")
+                fields = {entry.key: entry.value for entry in tensor.external_data}
+                if "location" in fields:
+                    found.add(fields["location"])
+                    end = _data_end(tensor, fields)
+                    if end is not None:
+                        needs[fields["location"]] = max(end, needs.get(fields["location"], 0))
         for node in graph.node:
             for attribute in node.attribute:
                 if attribute.HasField("g"):
@@ -88,13 +94,13 @@ def _read(model_path: Path) -> dict[str, Any]:
     if not model.graph.output:
         raise UserError(model_path.name, None, "the model has no outputs: nothing to compile or compare")
     for location in found:  # refused here, before the checker reads anything
-        check_location(model_path, location)
+        check_location(model_path, location, needs.get(location))
     try:
         onnx.checker.check_model(str(model_path))  # by path: external data is checked next to the model
     except onnx.checker.ValidationError as exc:
         raise UserError(model_path.name, None, f"fails onnx.checker: {' '.join(str(exc).split())}") from None
     weights = {t.name for t in model.graph.initializer}
-    return {"locations": sorted(found), "inputs": _input_shapes(model.graph),
+    return {"locations": sorted(found), "needs": needs, "inputs": _input_shapes(model.graph),
             "dim_names": {name: [d.dim_param or None for d in value.type.tensor_type.shape.dim]
                           for value in model.graph.input if (name := value.name) not in weights
                           and value.type.HasField("tensor_type")},
@@ -102,8 +108,25 @@ def _read(model_path: Path) -> dict[str, Any]:
             "graph": _ready(model)}
 
 
-def check_location(model_path: Path, location: str) -> Path:
-    """The data file for one location, refusing anything outside the model's folder (symlinks included)."""
+def _data_end(tensor: Any, fields: dict[str, str]) -> int | None:
+    """Where the tensor's bytes end in its data file: offset + length (the length from its shape and type when
+    the exporter wrote none); None where that cannot be said (strings)."""
+    import math
+
+    from onnx import helper
+
+    try:
+        length = int(fields["length"]) if "length" in fields else (
+            math.prod(tensor.dims) * helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize)
+        return int(fields.get("offset", 0)) + length
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def check_location(model_path: Path, location: str, needs: int | None = None) -> Path:
+    """The data file for one location, refusing anything outside the model's folder (symlinks included), and one
+    shorter than its tensors reach (`needs` bytes: a copy cut short), which ONNX Runtime reports only as "Failed to
+    read" without the file."""
     folder = model_path.parent.resolve()
     candidate = Path(location)
     if candidate.is_absolute() or ".." in candidate.parts:
@@ -118,6 +141,9 @@ def check_location(model_path: Path, location: str) -> Path:
     if resolved == model_path.resolve():
         raise UserError(model_path.name, None, f"external data location '{location}' is the model file itself; "
                         "refused (re-save the model with its weights in a .data file of their own)")
+    if needs is not None and (size := resolved.stat().st_size) < needs:
+        raise UserError(model_path.name, None, f"external data file '{location}' is cut short: its tensors reach "
+                        f"byte {needs:,}, the file has {size:,}; copy it whole or export the model again")
     return model_path.parent / candidate
 
 
@@ -183,7 +209,9 @@ class ExternalDataIndex:
             self.read([model_path])
         if key in self.errors:
             raise UserError(model_path.name, None, self.errors[key])
-        return [check_location(model_path, location) for location in self.entries[key]["locations"]]
+        entry = self.entries[key]
+        needs = entry.get("needs", {})  # entries written by an older epbuild have none
+        return [check_location(model_path, location, needs.get(location)) for location in entry["locations"]]
 
     def inputs(self, model_path: Path) -> tuple[dict[str, list[int | None]], list[str], dict[str, list[str | None]]]:
         """The model's inputs with their dimensions, the weights an old exporter also lists as inputs, and each
