@@ -79,7 +79,7 @@ def test_a_reading_job_that_fails_names_the_model_that_failed(tmp_path, monkeypa
     onnx.save_model(onnx.helper.make_model(graph), str(tmp_path / "models" / "big.onnx"))
     monkeypatch.setattr(external_data, "READ_TIMEOUT_S", 0.05)
     answers = read_models([*paths, str(tmp_path / "models" / "big.onnx")], "", tmp_path / "work")
-    assert answers[paths[0]] == {"locations": [], "inputs": {"x": [1, 3, 64, 64]}, "weights_as_inputs": [],
+    assert answers[paths[0]] == {"locations": [], "needs": {}, "inputs": {"x": [1, 3, 64, 64]}, "weights_as_inputs": [],
                                  "dim_names": {"x": [None, None, None, None]},
                                  "graph": {"static": True, "foldable": False}}
     assert answers[str(tmp_path / "models" / "big.onnx")]["error"].startswith(

@@ -120,7 +120,8 @@ def test_squash_inlines_external_data_and_the_compile_consumes_it(project):
     x = np.ones((1, 3, 64, 64), np.float32)
     want = ort.InferenceSession(str(project.root / "models" / "tinycnn.onnx")).run(None, {"x": x})[0]
     np.testing.assert_allclose(ort.InferenceSession(str(squashed)).run(None, {"x": x})[0], want, rtol=1e-6)
-    (project.root / "models" / "ext" / "big.data").write_bytes(b"\0" * 10)
+    data = project.root / "models" / "ext" / "big.data"
+    data.write_bytes(b"\0" * data.stat().st_size)  # other weights, the same size
     assert "squash:big" in ran(project.doit("--continue", check=False))  # the external data is a dependency
 
 

@@ -76,8 +76,9 @@ def check_declared_inputs(manifest: Manifest, builds: list[Build], read: dict[st
                                     f"gives {size} (the model's: {_shown(dims)})")
         for input_name in model.freeze or {}:
             if input_name not in found:
-                what = "a weight, not a runtime input" if input_name in weights else "not an input of the model"
-                raise UserError(file, f"{model.key}.freeze.{input_name}", f"'{input_name}' is {what}; its inputs: "
+                what = (f"'{input_name}' is a weight, not a runtime input" if input_name in weights else
+                        f"the model has no input '{input_name}'")
+                raise UserError(file, f"{model.key}.freeze.{input_name}", f"{what}; its inputs: "
                                 f"{', '.join(found) or 'none'}")
     needs_static: dict[str, str] = {}  # model -> the first of its targets that needs static shapes
     for build in builds:
