@@ -401,3 +401,59 @@ def kv_decoder(path: Path, layers: int = 2, hidden: int = 64, heads: int = 4, vo
     graph = helper.make_graph(nodes, "decoder", inputs, outputs, initializers)
     return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path,
                  save_as_external_data=True, location=f"{path.name}.data", size_threshold=1024)
+
+
+def old_ir_shape_inputs(path: Path) -> Path:
+    """IR 3, opset 9, as Caffe2's ONNX exporter wrote them: weights, a `*__SHAPE` tensor feeding ConstantOfShape and
+    an `OC2_DUMMY_*` shape feeding Reshape, all initializers also listed in graph.input."""
+    weight = _weights("fc_w", 4, 4)
+    fill = numpy_helper.from_array(np.array([1, 4], dtype=np.int64), "bias__SHAPE")
+    dummy = numpy_helper.from_array(np.array([1, 2, 2], dtype=np.int64), "OC2_DUMMY_0")
+    nodes = [helper.make_node("ConstantOfShape", ["bias__SHAPE"], ["bias"],
+                              value=numpy_helper.from_array(np.array([0.5], np.float32))),
+             helper.make_node("MatMul", ["data_0", "fc_w"], ["m"]),
+             helper.make_node("Add", ["m", "bias"], ["a"]),
+             helper.make_node("Reshape", ["a", "OC2_DUMMY_0"], ["out_1"])]
+    inputs = [helper.make_tensor_value_info("data_0", TensorProto.FLOAT, [1, 4])] + [
+        helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in (weight, fill, dummy)]
+    graph = helper.make_graph(nodes, "caffe2", inputs, [helper.make_tensor_value_info("out_1", TensorProto.FLOAT,
+                                                                                       [1, 2, 2])],
+                              [weight, fill, dummy])
+    return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 9)]), path, ir_version=3)
+
+
+def loop_reading_outer_weights(path: Path) -> Path:
+    """An EmbeddingBag exported as a Loop (a DLRM-style ranker): the body gathers rows of `table` at `offsets`, both
+    initializers of the outer graph read only inside the body; a SequenceEmpty/SequenceInsert/ConcatFromSequence
+    chain beside it; a foldable Shape -> Cast in front (so the fold stage has work) and a MatMul for the EP."""
+    table = _weights("table", 6, 4)
+    offsets = numpy_helper.from_array(np.array([0, 2, 5], dtype=np.int64), "offsets_7")
+    trips = numpy_helper.from_array(np.array(3, dtype=np.int64), "trips")
+    keep = numpy_helper.from_array(np.array(True), "keep")
+    start = numpy_helper.from_array(np.zeros((1, 4), np.float32), "start")
+    weight = _weights("fc_w", 4, 4)
+    body = helper.make_graph(
+        [helper.make_node("Gather", ["offsets_7", "i"], ["at"]),
+         helper.make_node("Gather", ["table", "at"], ["row"]),
+         helper.make_node("Add", ["acc_in", "row"], ["acc_out"]),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"])], "bag",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("acc_in", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("acc_out", TensorProto.FLOAT, [1, 4])])
+    nodes = [helper.make_node("Shape", ["x"], ["x_shape"]),
+             helper.make_node("Cast", ["x_shape"], ["x_shape_f"], to=TensorProto.FLOAT),
+             helper.make_node("ReduceSum", ["x_shape_f"], ["count"], keepdims=0),
+             helper.make_node("Loop", ["trips", "keep", "start"], ["bag"], body=body),
+             helper.make_node("MatMul", ["x", "fc_w"], ["dense"]),
+             helper.make_node("Add", ["dense", "bag"], ["mixed"]),
+             helper.make_node("Mul", ["mixed", "count"], ["y"]),
+             helper.make_node("SequenceEmpty", [], ["empty"], dtype=TensorProto.FLOAT),
+             helper.make_node("SequenceInsert", ["empty", "y"], ["seq"]),
+             helper.make_node("ConcatFromSequence", ["seq"], ["stacked"], axis=0)]
+    graph = helper.make_graph(nodes, "ranker", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4]),
+                               helper.make_tensor_value_info("stacked", TensorProto.FLOAT, [1, 4])],
+                              [table, offsets, trips, keep, start, weight])
+    return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)

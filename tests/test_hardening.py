@@ -65,6 +65,10 @@ CASES = [
      "targets.x.option_files[0]: names option 'load_config', but options has no such key"),
     ("option-file-missing", GOOD + '[targets.x]\nep = "openvino"\noptions = { load_config = "configs/no.json" }\n'
      'option_files = ["load_config"]\n', None, "targets.x.options.load_config: option file not found"),
+    ("load-config-without-option-files", GOOD + '[targets.x]\nep = "openvino"\n'
+     'options = { load_config = "configs/openvino_f32.json" }\n', None,
+     "targets.x.options.load_config: names a file ('configs/openvino_f32.json'), which OpenVINOExecutionProvider "
+     "would parse as JSON text and reject at run time: add option_files = [\"load_config\"] so it is given the file"),
     ("option-file-folder", GOOD + '[targets.x]\nep = "openvino"\noptions = { load_config = "configs" }\n'
      'option_files = ["load_config"]\n', None, "targets.x.options.load_config: option file is a folder"),
     ("model-missing", GOOD + extra_model("gone", "models/gone.onnx"), None, "models.gone.path: model file not found"),

@@ -233,8 +233,8 @@ def test_freeze_naming_an_input_the_model_lacks_is_refused_before_any_task(proje
                      '[targets.cpu]\nep = "cpu"\n')
     done = project.doit(check=False)
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
-    assert done.stderr.startswith("error: models.toml: models.tinycnn.freeze.sr: the model has no input 'sr'; its inputs: "
-                                  "x")
+    assert done.stderr.startswith("error: models.toml: models.tinycnn.freeze.sr: the model has no input 'sr'; its "
+                                  "inputs: x")
     assert not (project.artifacts / "cpu").exists()
 
 

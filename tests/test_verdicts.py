@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from xml.etree import ElementTree
 
 import numpy as np
@@ -20,7 +21,7 @@ from onnx import TensorProto, helper
 
 from conftest import build_report
 from epbuild.steps.comparison import check, compare
-from helpers import WAIT_S, job_processes, slow_model, wait_for
+from helpers import WAIT_S, slow_model
 
 THRESHOLDS = {"min_snr_db": 40.0, "min_cosine": 0.9999}
 
@@ -88,7 +89,7 @@ def test_an_inconclusive_validation_has_its_own_verdict_everywhere(project):
     assert "give validation.inputs" in line
     assert "passed validate:flat@cpu" in done.stdout  # identical on CPU: judged
     summary = next(line for line in done.stdout.splitlines() if line.startswith("summary:"))
-    assert "inconclusive 1" in summary and "validated 1" in summary
+    assert "1 inconclusive" in summary and "1 validated" in summary
     entries = build_report(project)
     assert entries["validate:flat@qnn-htp"]["status"] == "inconclusive"
     assert json.loads((project.artifacts / "qnn-htp" / "flat" / "validation.json").read_text())["status"] == \
@@ -116,7 +117,10 @@ def test_an_interrupted_validation_keeps_no_older_verdict(project):
     build = subprocess.Popen([sys.executable, "-m", "doit"], cwd=project.root, env=project.env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        wait_for("the validation to start", lambda: job_processes(project.root) or build.poll() is not None)
+        for line in build.stdout:  # doit names the task as it starts it
+            if line.startswith(".  validate:slow@cpu"):
+                break
+        time.sleep(1.0)  # its child validating (seconds for 120,000 nodes)
         assert build.poll() is None, build.communicate()
         os.killpg(build.pid, signal.SIGINT)
         build.communicate(timeout=WAIT_S)
@@ -127,3 +131,18 @@ def test_an_interrupted_validation_keeps_no_older_verdict(project):
     entry = build_report(project)["validate:slow@cpu"]
     assert entry["status"] == "interrupted", entry
     assert "validated" not in json.dumps(entry)
+
+
+def test_a_missed_threshold_points_to_bf16_or_to_localise(tmp_path):
+    from epbuild.steps.diagnosis import failure_hints
+
+    metrics = {"y": {"snr_db": 43.6}}
+    request = {"ep": "openvino", "options": {}, "localise": False, "entry": "models.m"}
+    assert "INFERENCE_PRECISION_HINT" in failure_hints(metrics, {"min_snr_db": 60.0}, request, "fp32")[0]
+    config = tmp_path / "f32.json"
+    config.write_text('{"CPU": {"INFERENCE_PRECISION_HINT": "f32"}}')
+    f32 = {**request, "options": {"load_config": str(config)}}
+    assert failure_hints(metrics, {"min_snr_db": 60.0}, f32, "fp32") == []  # 43.6 < 60 - 20 does not hold
+    far = failure_hints({"y": {"snr_db": 12.0}}, {"min_snr_db": 60.0}, {**request, "ep": "qnn"}, "fp32")
+    assert len(far) == 1 and "set validation.localise = true (in models.m)" in far[0]
+    assert failure_hints({"y": {"snr_db": 12.0}}, {"min_snr_db": 60.0}, {**request, "localise": True}, "fp32") == []

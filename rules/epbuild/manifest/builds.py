@@ -90,6 +90,7 @@ class ValidationSettings:
     thresholds: dict[str, float]  # only those the manifest sets; the rest default by precision
     timeout_s: float
     localise: bool = False  # a failed validation finds where the EP departs from CPU (epbuild.steps.localise)
+    inconclusive: str = "report"  # "fail": a validation the thresholds could not judge fails its task
 
 
 @record

@@ -468,8 +468,9 @@ def _validation(table: TableReader, model: bool) -> dict[str, Any]:
     for key in (*THRESHOLDS, "timeout_s"):
         if values[key] is not None:
             settings[key] = float(values[key])
-    if values["localise"] is not None:
-        settings["localise"] = values["localise"]
+    for key in ("localise", "inconclusive"):
+        if values[key] is not None:
+            settings[key] = values[key]
     return settings
 
 

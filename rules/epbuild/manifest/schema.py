@@ -188,6 +188,9 @@ KEYS: tuple[Key, ...] = (
         "the EP departs from CPU (its node, op type and SNR, in the failure line and `validation.json`'s "
         "`divergence`); a few extra EP compiles of the model with chosen tensors as outputs, within the "
         "validation's time limit; changes no passed result, so no task reruns for it"),
+    Key("inconclusive", ("validation",), str, "what a validation the thresholds could not judge (an output nearly "
+        "constant for its inputs, within the SNR margin) does: `report` it as its own verdict, never counted as "
+        "passed (the default), or `fail` the task", choices=("report", "fail")),
     Key("max_abs_error", ("validation",), NUMBER, "threshold per output", check=non_negative),
     Key("mean_abs_error", ("validation",), NUMBER, "threshold per output", check=non_negative),
     Key("max_rel_error", ("validation",), NUMBER, "threshold per output", check=non_negative),

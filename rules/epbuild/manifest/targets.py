@@ -82,6 +82,11 @@ def resolve_target(spec: TargetSpec, manifest: Manifest) -> ResolvedTarget:
     elif spec.optimization_level is not None:
         raise UserError(file, f"{where}.optimization_level", "applies only to ep = \"cpu\"")
     options = _options(spec, ep, file, where)
+    file_option = ep.precision_option  # an option whose value the plugin reads as a file's JSON text
+    if file_option in options and file_option not in spec.option_files and not options[file_option].startswith("{"):
+        raise UserError(file, f"{where}.options.{file_option}", f"names a file ({options[file_option]!r}), which "
+                        f"{ep.name} would parse as JSON text and reject at run time: add option_files = "
+                        f"[\"{file_option}\"] so it is given the file")
     return ResolvedTarget(warnings=_unknown_values(options, ep, file, where),
         name=spec.name, ep=ep, source=source, device=device, compiler=spec.compiler, embed=spec.embed,
         options=dict(sorted(options.items())), option_files=_option_files(spec, options, manifest),
@@ -147,9 +152,11 @@ def validation_settings(model: ModelSpec, target: TargetSpec) -> ValidationSetti
     """The target's validation settings, the model's over them, and the model's for this target over both."""
     own = {k: v for k, v in model.validation.items() if k != "targets"}
     merged = {**target.validation, **own, **model.validation.get("targets", {}).get(target.name, {})}
-    thresholds = {k: v for k, v in merged.items() if k not in ("inputs", "reference", "timeout_s", "localise")}
+    thresholds = {k: v for k, v in merged.items()
+                  if k not in ("inputs", "reference", "timeout_s", "localise", "inconclusive")}
     return ValidationSettings(target.validate, merged.get("inputs"), merged.get("reference"), thresholds,
-                              merged.get("timeout_s", VALIDATION_TIMEOUT_S), merged.get("localise", False))
+                              merged.get("timeout_s", VALIDATION_TIMEOUT_S), merged.get("localise", False),
+                              merged.get("inconclusive", "report"))
 
 
 def _chain(model: ModelSpec, target: ResolvedTarget, manifest: Manifest, external: tuple[Path, ...]) -> Chain:

@@ -136,6 +136,11 @@ class BuildReport:
         """Not run because a task it needs failed (`reason` names it)."""
         self._set(task, {"status": "not built", "reason": reason})
 
+    def interrupted(self, task: str) -> None:
+        """Started and never finished: the run stopped under it, so it has no verdict (not an older one)."""
+        self._set(task, {"status": "interrupted", "reason": "the run stopped while it ran (Ctrl-C, a signal, a lost "
+                                                             "worker): no verdict; a rerun makes it"})
+
     def up_to_date(self, task: str) -> None:
         if task not in self.entries or self.entries.status(task, "") != "up-to-date":  # 20,000 unchanged entries
             self._set(task, {**(self.entries.get(task) or {}), "status": "up-to-date"})  # are not copied

@@ -19,6 +19,7 @@ from ..store.layout import GROUPS, Layout, settled, stat_key
 
 ARTIFACT, VALIDATION = "artifact.json", "validation.json"
 PENDING = "pending"  # no run has reached the task yet ("not built": a task it needs failed)
+NOT_PASSED = ("failed", "skipped", "not built", "inconclusive", "interrupted")  # statuses that carry a reason
 
 
 @record(frozen=False)
@@ -86,9 +87,9 @@ class Cell:
     def reason(self) -> str | None:
         """Why the compile or the validation did not pass, as the build said it."""
         for entry in (self.compile, self.validate):
-            if entry.get("status") in ("failed", "skipped", "not built") and entry.get("reason"):
+            if entry.get("status") in NOT_PASSED and entry.get("reason"):
                 return entry["reason"]
-        if self.validation and self.validation.get("status") in ("failed", "skipped"):
+        if self.validation and self.validation.get("status") in NOT_PASSED:
             return self.validation.get("reason")
         return None
 

@@ -24,7 +24,8 @@ from ..store.layout import write_json
 MODE_VARIABLE = "EPBUILD_PROGRESS"
 STAGE_KINDS = frozenset({"freeze", "shape", "fold", "optimize", "quantize", "squash"})
 KIND_ORDER = ("stage", "ops", "compile", "group", "validate")
-SUCCESS = ("compiled", "restored", "validated", "skipped")  # statuses of work actually done, for durations
+# statuses of work actually done, for durations
+SUCCESS = ("compiled", "restored", "validated", "skipped", "inconclusive")
 
 
 def live_wanted(stream: IO[str]) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import time
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from ..store.layout import Layout, write_json
 from .compilers import compiler
 from .diagnosis import compile_hints, input_branches
 from .fingerprint import compile_fingerprint, target_identity
-from .graph import EP_CONTEXT, check_ep_contexts, missing_files, placement, static_dims
+from .graph import EP_CONTEXT, check_ep_contexts, dims, missing_files, placement, static_dims
 from .preprocess import always_written, external_output
 from .shared_context import loading_contract
 from .weights import FOLDER_OPTION
@@ -227,7 +228,37 @@ def _compile_in_child(request: CompileRequest) -> CompileResult:
     results = []
     for member, source_nodes, _ in prepared:
         results.append(inspect_output(Path(member["output"]), source_nodes, None if info.is_cpu else info.name))
+    if not info.is_cpu and not (request["share"] and info.shared_context_unloadable.get(platform.machine())):
+        for member, _, _ in prepared:  # never published as compiled if its own EP cannot open it here
+            _opens(ort, info, device, request, Path(member["output"]))
     return {"members": results}
+
+
+def _opens(ort: Any, info: Any, device: Any, request: CompileRequest, output: Path) -> None:
+    """Open the compiled model on its EP (QNN through the HTP simulator here) as a loader would; a model the EP
+    cannot load fails the compile, naming its EPContext partitions and those fed by tensors of dynamic shape (the
+    usual cause: shape arithmetic the shape stage could not make static)."""
+    import onnx
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.add_provider_for_devices([device], request["options"])
+    if request["share"]:
+        options.add_session_config_entry("ep.share_ep_contexts", "1")
+    try:
+        ort.InferenceSession(str(output), options)
+    except Exception as exc:  # noqa: BLE001 - the EP's own words are the message
+        model = onnx.shape_inference.infer_shapes(onnx.load(str(output), load_external_data=False))
+        shapes = {v.name: dims(v) for v in [*model.graph.value_info, *model.graph.input]}
+        contexts = [node for node in model.graph.node if node.op_type == EP_CONTEXT]
+        unfixed = {name for name, found in shapes.items() if not all(isinstance(d, int) for d in found)}
+        dynamic = [f"partition {index} of {len(contexts)} ({node.name}) reads "
+                   f"{', '.join(name for name in node.input if name in unfixed)}"
+                   for index, node in enumerate(contexts, 1) if unfixed.intersection(node.input)]
+        cause = (f"; {'; '.join(dynamic)} with dynamic dimensions: give them static shapes (inputs or dims)"
+                 if dynamic else "")
+        raise ModelError(f"{info.name} compiled {output.name} ({len(contexts)} EPContext partition(s)) but cannot "
+                         f"open it: {' '.join(str(exc).split())[:400]}{cause}") from None
 
 
 def main() -> None:

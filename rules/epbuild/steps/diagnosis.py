@@ -171,3 +171,37 @@ def fp16_hint(metrics: dict[str, dict[str, Any]], thresholds: dict[str, float], 
     return (f"this fp32 model runs in fp16 on the HTP (about 3 decimal digits), which accounts for an SNR of "
             f"{min(snrs):.1f} dB: if that is accurate enough, relax this target only (validation.targets = "
             f"{{ {target} = {{ min_snr_db = {suggested} }} }} in {entry}), or build a quantized target")
+
+
+LOCALISE_BELOW_DB = 20.0  # this far below what the precision explains, a failure is a broken op: say how to find it
+BF16_BAND_DB = (30.0, 55.0)  # the SNR bf16 arithmetic gives against an fp32 reference
+
+
+def failure_hints(metrics: dict[str, dict[str, Any]], thresholds: dict[str, float], request: dict[str, Any],
+                  kind: str) -> list[str]:
+    """Where a missed threshold points: an OpenVINO fp32 artifact missing by what bf16 explains (the CPU plugin
+    runs bf16 where the CPU has it, unless load_config says f32); a result far below what its precision explains
+    with localise off (the setting that finds the first node departing)."""
+    limit = thresholds.get("min_snr_db")
+    snrs = [m["snr_db"] for m in metrics.values() if "snr_db" in m and not m.get("near_constant")]
+    if limit is None or not snrs or min(snrs) >= limit:
+        return []
+    worst, hints = min(snrs), []
+    config = request["options"].get("load_config")
+    says_f32 = bool(config) and "f32" in _text(config)
+    if request["ep"] == "openvino" and kind == "fp32" and not says_f32 and BF16_BAND_DB[0] <= worst < BF16_BAND_DB[1]:
+        hints.append(f"an SNR of {worst:.1f} dB is what bf16 gives: OpenVINO's CPU plugin runs bf16 where the CPU "
+                     "has it; give options.load_config a JSON file {\"CPU\": {\"INFERENCE_PRECISION_HINT\": "
+                     "\"f32\"}} with option_files = [\"load_config\"]")
+    elif not request["localise"] and worst < limit - LOCALISE_BELOW_DB:
+        hints.append(f"{worst:.1f} dB is far below what {kind} explains: set validation.localise = true (in "
+                     f"{request['entry']}) to find the first node where {request['ep']} departs from CPU")
+    return hints
+
+
+def _text(value: str) -> str:
+    """An option's value, or the text of the file it names."""
+    try:
+        return Path(value).read_text(errors="replace") if not value.lstrip().startswith("{") else value
+    except OSError:
+        return value

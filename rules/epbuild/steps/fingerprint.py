@@ -79,7 +79,8 @@ def validate_config(build: Build, root: Path) -> dict[str, Any]:
             "versions": toolchain_versions(target.ep),
             "members": [{"mode": v.mode, "thresholds": dict(sorted(v.thresholds.items())),
                          "inputs": relative(v.inputs, root) if v.inputs else None,
-                         "reference": relative(v.reference, root) if v.reference else None}
+                         "reference": relative(v.reference, root) if v.reference else None,
+                         **({"inconclusive": v.inconclusive} if v.inconclusive != "report" else {})}
                         for v in (m.validation for m in build.members)],
             **({"pipeline": {"tokens": build.pipeline_tokens}} if build.pipeline_tokens else {})}
 

@@ -12,12 +12,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from .graph import EP_CONTEXT, dims, initializer_names
+from .graph import EP_CONTEXT, dims, initializer_names, names_read
 
 FOLD_INPUT_LIMIT = 2**20  # bytes: a node that reads a bigger weight (a Transpose of a Linear's) is left to the EP,
 # which takes constant weights' ops itself; folding it would load and rewrite the weights the stage otherwise keeps
 KEPT = {EP_CONTEXT, "QuantizeLinear", "DequantizeLinear", "RandomNormal", "RandomUniform", "RandomNormalLike",
-        "RandomUniformLike", "Multinomial", "If", "Loop", "Scan"}
+        "RandomUniformLike", "Multinomial", "If", "Loop", "Scan",
+        # sequences and optionals are no tensors: an initializer cannot hold them (SequenceEmpty became float64)
+        "SequenceEmpty", "SequenceConstruct", "SequenceInsert", "SequenceErase", "SequenceAt", "SequenceLength",
+        "SequenceMap", "SplitToSequence", "ConcatFromSequence", "Optional", "OptionalGetElement",
+        "OptionalHasElement"}
 
 
 def foldable_nodes(graph: Any) -> list[Any]:
@@ -87,7 +91,7 @@ def fold_constants(model: Any) -> int:
         return 0
     folded = {id(node) for node in nodes}
     outputs = {name for node in nodes for name in node.output}
-    used_after = {name for node in graph.node if id(node) not in folded for name in node.input}
+    used_after = {name for node in graph.node if id(node) not in folded for name in names_read(node)}
     used_after |= {value.name for value in graph.output}
     wanted = [name for name in dict.fromkeys(n for node in nodes for n in node.output) if name in used_after]
     shapes = {v.name: v for v in [*graph.value_info, *graph.input, *graph.output]}
@@ -114,7 +118,7 @@ def fold_constants(model: Any) -> int:
     kept = [node for node in graph.node if id(node) not in folded]
     del graph.node[:]
     graph.node.extend(kept)
-    still_used = {name for node in graph.node for name in node.input} | {v.name for v in graph.output}
+    still_used = {name for node in graph.node for name in names_read(node)} | {v.name for v in graph.output}
     dropped = {t.name for t in graph.initializer if t.name not in still_used}
     remaining = [t for t in graph.initializer if t.name not in dropped]
     del graph.initializer[:]

@@ -135,6 +135,13 @@ def _graphs(graph: Any) -> list[Any]:
     return [graph, *(found for node in graph.node for sub in _subgraphs(node) for found in _graphs(sub))]
 
 
+def names_read(node: Any) -> set[str]:
+    """What a node reads: its inputs and every name read inside its subgraphs at any depth (an If branch or a Loop
+    body reads outer-scope values, initializers included, without listing them as the node's inputs)."""
+    return {*node.input, *(name for sub in _subgraphs(node) for graph in _graphs(sub)
+                           for inner in graph.node for name in inner.input)}
+
+
 def referenced_files(model: Any) -> dict[str, str]:
     """Every file the model needs beside it: external-data locations and context binaries -> who needs it."""
     import onnx

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .comparison import compare
+from .graph import constant_tensors
 from .weights import load_with_weights
 
 CHECKPOINTS = 48  # tensors made graph outputs per round: one EP compile each round
@@ -20,13 +21,14 @@ NUMERIC = (1, 10, 11)  # float, float16, double: the tensors whose error is meas
 
 
 def _candidates(model: Any) -> list[tuple[str, Any]]:
-    """(tensor, node that computes it) for every float tensor a node computes, in topological order; the graph's
-    own outputs excluded (the validation compared those)."""
+    """(tensor, node that computes it) for every float tensor a node computes from the inputs, in topological
+    order; the graph's own outputs excluded (the validation compared those), and constants too: an EP folds them
+    away, and made a graph output one becomes a tensor of another rank it cannot compile (a Resize's scales)."""
     import onnx
 
     inferred = onnx.shape_inference.infer_shapes(model)
     types = {v.name: v.type.tensor_type.elem_type for v in [*inferred.graph.value_info, *inferred.graph.input]}
-    outputs = {v.name for v in model.graph.output}
+    outputs = {v.name for v in model.graph.output} | constant_tensors(model.graph)
     return [(name, node) for node in model.graph.node for name in node.output
             if name and name not in outputs and types.get(name) in NUMERIC]
 

@@ -312,7 +312,23 @@ def _run_stage(request: dict[str, Any]) -> dict[str, Any]:
                              (elsewhere or source.parent) if graph_only else None)
     if problems:
         raise ModelError("; ".join(problems))
+    _loads_on_cpu(ort, output, (elsewhere or source.parent) if graph_only else None, kind)
     return result
+
+
+def _loads_on_cpu(ort: Any, output: Path, weights: Path | None, kind: str) -> None:
+    """The stage's output opens in a plain CPU session (no optimization) before it is published: a stage that broke
+    the graph (a body's outer-scope value dropped) says so here, instead of the EP's compile being blamed."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3
+    read_weights_from(options, weights)
+    try:
+        ort.InferenceSession(str(output), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # noqa: BLE001 - whatever ONNX Runtime raises, the stage is at fault
+        text = " ".join(str(exc).split())[:300]
+        raise ModelError(f"the {kind} stage wrote a model ONNX Runtime cannot load on CPU ({text}): a fault of this "
+                         "stage, not of the model or the EP") from None
 
 
 def stage_request(stage: Stage, output: Path) -> dict[str, Any]:

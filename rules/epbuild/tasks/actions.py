@@ -95,6 +95,8 @@ def run_validate(build: Build, workspace: Workspace, config: dict[str, Any]) -> 
     layout = workspace.layout
     folder = build.out_dir(layout)
     artifact = [folder / n for n in build.outputs]
+    # the verdict of other settings or bytes goes first: a run stopped before this one's ends leaves none
+    (folder / REPORT).unlink(missing_ok=True)
     try:  # a model deleted or made unreadable while the build ran is a line of this task, never a traceback
         inputs = snapshot([*artifact, *build.sources, *build.validation_files])
         fingerprint = validation_fingerprint(artifact, config, [*build.sources, *build.validation_files],
@@ -106,7 +108,8 @@ def run_validate(build: Build, workspace: Workspace, config: dict[str, Any]) -> 
     except (OSError, BuildError) as exc:
         return failure(exc, f"validate:{build.name}: ")
     line = f"{report['status']} validate:{build.name}: {summary(report)}"
-    if report["status"] == "failed":
+    strict = any(member.get("inconclusive") == "fail" for member in config["members"])
+    if report["status"] == "failed" or (report["status"] == "inconclusive" and strict):
         return TaskFailed(line)
     reference = report.get("cpu_reference")  # from the cache when another validation computed it (a group: each)
     origins = {r["from"] for r in reference["members"].values()} if reference and "members" in reference else {
@@ -114,7 +117,8 @@ def run_validate(build: Build, workspace: Workspace, config: dict[str, Any]) -> 
     print(line + (f" (restored from the {outcome.origin} cache)" if outcome.restored else
                   f" (CPU reference{'s' if reference and 'members' in reference else ''} from the cache)"
                   if origins == {"cache"} else ""))
-    status = "restored" if outcome.restored else "skipped" if report["status"] == "skipped" else "validated"
+    status = ("restored" if outcome.restored else report["status"] if report["status"] in ("skipped", "inconclusive")
+              else "validated")
     seconds = time.monotonic() - started if outcome.restored else report["seconds"]
     return {"status": status, **outcome.report(), **({"worker": report["worker"]} if "worker" in report else {}),
             "fingerprint": fingerprint, "validation": line, **({"child": report["usage"]} if "usage" in report else {}),

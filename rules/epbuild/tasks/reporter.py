@@ -184,6 +184,9 @@ class BuildReporter(ConsoleReporter):
         for name in self.hidden:  # up to date without doit's check: as if it had found them so
             self.uptodate.add(name)
             self.report.up_to_date(name)
+        for name in self.running():  # the run stopped under them (Ctrl-C, a lost worker)
+            if ":" in name:
+                self.report.interrupted(name)
         seen = set(self.started) | self.uptodate | self.blocked
         if "unavailable" in seen:  # the default run: tasks this host cannot build were skipped
             for name, reason in self.project.skipped().items():

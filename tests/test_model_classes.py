@@ -1,0 +1,97 @@
+"""Real-model classes that broke a stage or a validation, each kept by a test: a Loop body reading the outer
+graph's initializers beside a SequenceEmpty chain through the fold stage, and Caffe2-era IR-3 exports whose
+weights, `*__SHAPE` and `OC2_DUMMY_*` tensors are listed as graph inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from conftest import build_report
+from epbuild.errors import ModelError
+from real_models import loop_reading_outer_weights, old_ir_shape_inputs
+
+TARGETS = '[targets.cpu]\nep = "cpu"\n[targets.qnn-htp]\nep = "qnn"\noptions = { soc_model = 60 }\n'
+
+
+def test_a_loop_body_reading_outer_initializers_and_a_sequence_survive_the_fold_stage(project):
+    loop_reading_outer_weights(project.root / "models" / "ranker.onnx")
+    project.manifest('[models.ranker]\npath = "models/ranker.onnx"\ntargets = ["cpu", "qnn-htp"]\n' + TARGETS)
+    done = project.doit(check=False)
+    entries = build_report(project)
+    assert entries["fold:ranker"]["status"] == "compiled", done.stdout
+    folded = project.artifacts / ".stages" / "ranker" / "fold" / "ranker.onnx"
+    graph = onnx.load(str(folded)).graph
+    assert {"offsets_7", "table"} <= {t.name for t in graph.initializer}  # read only inside the body: kept
+    assert "SequenceEmpty" in {n.op_type for n in graph.node}  # a sequence is no tensor: never folded
+    x = np.ones((1, 4), np.float32)
+    want = ort.InferenceSession(str(project.root / "models" / "ranker.onnx")).run(None, {"x": x})
+    got = ort.InferenceSession(str(folded)).run(None, {"x": x})
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+    assert entries["validate:ranker@cpu"]["status"] == "validated", done.stdout
+
+
+@pytest.mark.parametrize("target", ["cpu"])
+def test_ir3_weights_and_shape_tensors_listed_as_inputs_validate(project, target):
+    old_ir_shape_inputs(project.root / "models" / "caffe2.onnx")
+    project.manifest(f'[models.caffe2]\npath = "models/caffe2.onnx"\ntargets = ["{target}"]\n' + TARGETS)
+    done = project.doit(check=False)
+    assert "which the artifact does not have" not in done.stdout, done.stdout
+    assert build_report(project)[f"validate:caffe2@{target}"]["status"] == "validated", done.stdout
+
+
+def test_a_stage_output_that_does_not_load_is_the_stages_fault(tmp_path):
+    from onnx import TensorProto, helper
+
+    from epbuild.steps.preprocess import _loads_on_cpu
+
+    broken = helper.make_graph([helper.make_node("Add", ["x", "gone"], ["y"])], "g",
+                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    model = helper.make_model(broken, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    with pytest.raises(ModelError, match=r"the fold stage wrote a model ONNX Runtime cannot load on CPU .*a fault of "
+                                         r"this stage, not of the model or the EP"):
+        _loads_on_cpu(ort, tmp_path / "m.onnx", None, "fold")
+
+
+def test_an_artifact_its_ep_cannot_open_fails_the_compile_naming_the_partition_and_the_dynamic_input(tmp_path):
+    """What a VITS-like model's QNN artifact did (compiled, 32 EPContext nodes, then "The count of graph inputs
+    should be at least the count of tensor_wrapper!" at load): the compile opens it first and fails, naming the
+    partition fed by a tensor of dynamic shape. The EP is a stand-in that refuses every load, named as such."""
+    from onnx import TensorProto, helper
+
+    from epbuild.steps.compile import _opens
+
+    node = helper.make_node("EPContext", ["lengths"], ["y"], domain="com.microsoft", name="QNN_1")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("lengths", TensorProto.INT64, ["n", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft",
+                                                                                                    1)])
+    model.ir_version = 8
+    onnx.save(model, str(tmp_path / "m_ctx.onnx"))
+
+    class RefusingStandIn:  # a stand-in for onnxruntime whose EP cannot open anything
+        class SessionOptions:
+            log_severity_level = 0
+
+            def add_provider_for_devices(self, *_args):
+                pass
+
+            def add_session_config_entry(self, *_args):
+                pass
+
+        @staticmethod
+        def InferenceSession(*_args, **_kwargs):
+            raise RuntimeError("The count of graph inputs should be at least the count of tensor_wrapper!")
+
+    info = type("Info", (), {"name": "QNNExecutionProvider"})()
+    with pytest.raises(ModelError) as raised:
+        _opens(RefusingStandIn, info, None, {"options": {}, "share": False}, tmp_path / "m_ctx.onnx")
+    message = str(raised.value)
+    assert message.startswith("QNNExecutionProvider compiled m_ctx.onnx (1 EPContext partition(s)) but cannot open it")
+    assert "tensor_wrapper" in message and "partition 1 of 1 (QNN_1) reads lengths with dynamic dimensions" in message
