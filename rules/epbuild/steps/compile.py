@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import time
 from pathlib import Path
 from typing import Any
@@ -228,13 +227,15 @@ def _compile_in_child(request: CompileRequest) -> CompileResult:
     results = []
     for member, source_nodes, _ in prepared:
         results.append(inspect_output(Path(member["output"]), source_nodes, None if info.is_cpu else info.name))
-    if not info.is_cpu and not (request["share"] and info.shared_context_unloadable.get(platform.machine())):
-        for member, _, _ in prepared:  # never published as compiled if its own EP cannot open it here
-            _opens(ort, info, device, request, Path(member["output"]))
+    if not info.is_cpu and not request["share"]:  # a group's members load together once published (its
+        # loading contract places the weights its binaries refer to; QNN's shared context crashes an x86 host)
+        for (member, _, _), result in zip(prepared, results, strict=True):
+            _opens(ort, info, device, request, Path(member["output"]), result["nodes"].get("foldable_on_cpu") or {})
     return {"members": results}
 
 
-def _opens(ort: Any, info: Any, device: Any, request: CompileRequest, output: Path) -> None:
+def _opens(ort: Any, info: Any, device: Any, request: CompileRequest, output: Path,
+           foldable: dict[str, int] | None = None) -> None:
     """Open the compiled model on its EP (QNN through the HTP simulator here) as a loader would; a model the EP
     cannot load fails the compile, naming its EPContext partitions and those fed by tensors of dynamic shape (the
     usual cause: shape arithmetic the shape stage could not make static)."""
@@ -243,8 +244,6 @@ def _opens(ort: Any, info: Any, device: Any, request: CompileRequest, output: Pa
     options = ort.SessionOptions()
     options.log_severity_level = 3
     options.add_provider_for_devices([device], request["options"])
-    if request["share"]:
-        options.add_session_config_entry("ep.share_ep_contexts", "1")
     try:
         ort.InferenceSession(str(output), options)
     except Exception as exc:  # noqa: BLE001 - the EP's own words are the message
@@ -257,6 +256,10 @@ def _opens(ort: Any, info: Any, device: Any, request: CompileRequest, output: Pa
                    for index, node in enumerate(contexts, 1) if unfixed.intersection(node.input)]
         cause = (f"; {'; '.join(dynamic)} with dynamic dimensions: give them static shapes (inputs or dims)"
                  if dynamic else "")
+        if foldable:
+            cause += (f"; {sum(foldable.values())} node(s) left on CPU only compute constants ({', '.join(foldable)})"
+                      " in front of the EPContext node, which QNN does not load: fold them (the default for NPU "
+                      "targets, without optimize = \"none\")")
         raise ModelError(f"{info.name} compiled {output.name} ({len(contexts)} EPContext partition(s)) but cannot "
                          f"open it: {' '.join(str(exc).split())[:400]}{cause}") from None
 

@@ -8,6 +8,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from .comparison import DEFAULT_THRESHOLDS
 from .graph import consumers, true_inputs
 
 QNN = "QNNExecutionProvider"
@@ -193,7 +194,7 @@ def failure_hints(metrics: dict[str, dict[str, Any]], thresholds: dict[str, floa
         hints.append(f"an SNR of {worst:.1f} dB is what bf16 gives: OpenVINO's CPU plugin runs bf16 where the CPU "
                      "has it; give options.load_config a JSON file {\"CPU\": {\"INFERENCE_PRECISION_HINT\": "
                      "\"f32\"}} with option_files = [\"load_config\"]")
-    elif not request["localise"] and worst < limit - LOCALISE_BELOW_DB:
+    elif not request["localise"] and worst < DEFAULT_THRESHOLDS.get(kind, {}).get("min_snr_db", 0) - LOCALISE_BELOW_DB:
         hints.append(f"{worst:.1f} dB is far below what {kind} explains: set validation.localise = true (in "
                      f"{request['entry']}) to find the first node where {request['ep']} departs from CPU")
     return hints

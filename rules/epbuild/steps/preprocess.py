@@ -312,7 +312,8 @@ def _run_stage(request: dict[str, Any]) -> dict[str, Any]:
                              (elsewhere or source.parent) if graph_only else None)
     if problems:
         raise ModelError("; ".join(problems))
-    _loads_on_cpu(ort, output, (elsewhere or source.parent) if graph_only else None, kind)
+    if not graph_only:  # a graph-only stage keeps a large model's weights on disk and out of memory: not loaded
+        _loads_on_cpu(ort, output, None, kind)
     return result
 
 

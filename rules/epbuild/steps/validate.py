@@ -322,7 +322,7 @@ def validate_member(request: MemberValidation, reference: dict[str, Any] | None 
 
     kind = "qdq" if is_qdq(request["reference"]) else request["precision"]
     thresholds = {**DEFAULT_THRESHOLDS[kind], **request["thresholds"]}
-    metrics, missed, undecided = compare_outputs(session, outputs, reference["expected"], thresholds)
+    metrics, missed, undecided = compare_outputs(session, outputs, reference["expected"], thresholds, kind)
     failures += missed
     fp16 = fp16_hint(metrics, thresholds, request["target"], request["entry"]) if kind == "fp16" and missed else None
     if fp16:
