@@ -14,7 +14,6 @@ that never comes; `WorkerWatch` sees it as a zombie child of the build (its exit
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
 import os
 import signal
@@ -37,6 +36,8 @@ class WorkerLost(KeyboardInterrupt):
 def die_with_parent(parent: int) -> None:
     """In a child of `parent`: be sent SIGKILL when `parent` ends, and end now if it already has."""
     if sys.platform.startswith("linux"):
+        import ctypes  # here: only the processes tied to a parent load it
+
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent:  # it ended before the tie was made
