@@ -92,6 +92,7 @@ def test_an_inconclusive_validation_has_its_own_verdict_everywhere(project):
     assert "1 inconclusive" in summary and "1 validated" in summary
     entries = build_report(project)
     assert entries["validate:flat@qnn-htp"]["status"] == "inconclusive"
+    assert "nearly constant" in entries["validate:flat@qnn-htp"]["reason"]  # as failed and skipped entries say why
     assert json.loads((project.artifacts / "qnn-htp" / "flat" / "validation.json").read_text())["status"] == \
         "inconclusive"
     suite = ElementTree.parse(project.artifacts / "junit.xml").getroot()

@@ -58,7 +58,7 @@ def matrix(folder: Path, names: list[str]) -> list[dict]:
             nodes = sidecar.get("nodes", {})
             outputs = report.get("outputs", {})
             snr = min((o.get("snr_db", 0.0) for o in outputs.values()), default=None)
-            reason = compiled.get("reason") or validated.get("reason") or ""
+            reason = compiled.get("reason") or validated.get("reason") or report.get("reason") or ""
             if not compiled:  # a stage before the compile failed
                 stage = next(((n, e) for n, e in tasks.items() if n.split(":", 1)[-1].startswith(name)
                               and e.get("status") == "failed" and not n.startswith(("compile", "validate"))), None)

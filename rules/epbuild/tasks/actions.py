@@ -122,6 +122,7 @@ def run_validate(build: Build, workspace: Workspace, config: dict[str, Any]) -> 
     seconds = time.monotonic() - started if outcome.restored else report["seconds"]
     return {"status": status, **outcome.report(), **({"worker": report["worker"]} if "worker" in report else {}),
             "fingerprint": fingerprint, "validation": line, **({"child": report["usage"]} if "usage" in report else {}),
+            **({"reason": report["reason"]} if status == "inconclusive" and "reason" in report else {}),
             **({"cpu_reference": reference} if reference else {}),
             "seconds": round(seconds, 3), "_published": published([folder / REPORT], workspace.hashes,
                                                                           workspace.project_root)}
