@@ -11,13 +11,12 @@ import time
 from pathlib import Path
 
 import pytest
-from test_remote_cache import MANIFEST, TASKS, origins, refusals, tamper
+from test_remote_cache import MANIFEST, TASKS, origins, refusals, tamper, unsigned_remote
 
 from conftest import build_report
 from conftest import clone as clone_project
 from epbuild.store import remote_cache
-from epbuild.store.cache import ENTRIES, ArtifactCache
-from epbuild.store.hashing import FileHashes
+from epbuild.store.cache import ENTRIES
 from s3_server import S3Server
 
 PREFIX = "team/epbuild/"
@@ -126,12 +125,7 @@ def test_a_remote_that_never_answers_costs_two_request_timeouts(tmp_path, host_c
 
 
 def test_a_clashing_manifest_is_refused_before_anything_is_written(tmp_path, s3, monkeypatch, capsys):
-    bucket = s3.new_bucket()
-    for name, value in s3.env().items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("EPBUILD_CACHE_SIGNING_KEY", raising=False)
-    remote = remote_cache.RemoteCache(f"s3://{bucket}/p")
-    cache = ArtifactCache(tmp_path / "cache", FileHashes(tmp_path / "state"))
+    bucket, remote, cache = unsigned_remote(tmp_path, s3, monkeypatch)
     source = tmp_path / "out"
     (source / "a").mkdir(parents=True)
     (source / "a" / "b").write_bytes(b"y")

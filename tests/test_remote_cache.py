@@ -312,13 +312,19 @@ def test_a_bucket_that_does_not_exist_says_how_to_create_it(tmp_path, host_cache
 
 # ---- the remote module on its own ----
 
-def test_a_manifest_naming_a_file_outside_its_entry_is_refused(tmp_path, s3, monkeypatch, capsys):
+def unsigned_remote(tmp_path: Path, s3: S3Server, monkeypatch) -> tuple[str, remote_cache.RemoteCache, ArtifactCache]:
+    """A new bucket, this process's AWS settings pointed at it without a signing key, a remote on its `p/` prefix
+    and an empty local cache."""
     bucket = s3.new_bucket()
     for name, value in s3.env().items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("EPBUILD_CACHE_SIGNING_KEY", raising=False)
-    remote = remote_cache.RemoteCache(f"s3://{bucket}/p")
-    cache = ArtifactCache(tmp_path / "cache", FileHashes(tmp_path / "state"))
+    return bucket, remote_cache.RemoteCache(f"s3://{bucket}/p"), ArtifactCache(tmp_path / "cache",
+                                                                              FileHashes(tmp_path / "state"))
+
+
+def test_a_manifest_naming_a_file_outside_its_entry_is_refused(tmp_path, s3, monkeypatch, capsys):
+    bucket, remote, cache = unsigned_remote(tmp_path, s3, monkeypatch)
     fingerprint = "ab" * 32
     source = tmp_path / "out"
     source.mkdir()
