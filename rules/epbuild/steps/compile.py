@@ -27,7 +27,7 @@ from ..store.layout import Layout, write_json
 from .compilers import compiler
 from .diagnosis import compile_hints, input_branches
 from .fingerprint import compile_fingerprint, target_identity
-from .graph import EP_CONTEXT, check_ep_contexts, dims, missing_files, placement, static_dims
+from .graph import EP_CONTEXT, check_ep_contexts, dims, missing_files, names_read, placement, static_dims
 from .preprocess import always_written, external_output
 from .shared_context import loading_contract
 from .weights import FOLDER_OPTION
@@ -171,6 +171,31 @@ def _optimize_for_cpu(ort: Any, options: Any, member: CompileMember, level: str)
     ort.InferenceSession(Path(member["model"]).name, options, providers=["CPUExecutionProvider"])
     if member["external_data"]:
         always_written(output.with_name(member["external_data"]))
+    _settle_listed_weights(output, Path(member["model"]).name, member["weights"] or ".")
+
+
+def _settle_listed_weights(output: Path, source_file: str, weights_folder: str) -> None:
+    """IR < 4 exporters list every weight in graph.input too; where ONNX Runtime's optimizer folded a weight away
+    but kept its listing, the optimized model would ask its user to feed it. Unread, the listing goes; still read,
+    the weight comes back (the source's value)."""
+    import onnx
+    from onnx import numpy_helper
+
+    artifact = onnx.load(str(output), load_external_data=False)
+    held = {t.name for t in artifact.graph.initializer}
+    stale = [v.name for v in artifact.graph.input if v.name not in held]
+    source = onnx.load(source_file, load_external_data=False)
+    weights = {t.name: t for t in source.graph.initializer if t.name in stale}
+    if not weights:
+        return
+    read = {name for node in artifact.graph.node for name in names_read(node)}
+    for value in [v for v in artifact.graph.input if v.name in weights]:
+        if value.name in read:
+            value_of = numpy_helper.to_array(weights[value.name], base_dir=weights_folder)
+            artifact.graph.initializer.append(numpy_helper.from_array(value_of, value.name))
+        else:
+            artifact.graph.input.remove(value)
+    onnx.save(artifact, str(output))
 
 
 def _compile_for_ep(ort: Any, options: Any, member: CompileMember, request: CompileRequest, device: Any,

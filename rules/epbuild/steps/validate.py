@@ -41,7 +41,7 @@ from .reference import (
     session_options,
 )
 from .stages import Stage
-from .validation_inputs import SEED, feeds_for
+from .validation_inputs import SEED, feeds_for, listed_weights
 from .weights import weights_folder
 
 REPORT = "validation.json"
@@ -310,7 +310,9 @@ def validate_member(request: MemberValidation, reference: dict[str, Any] | None 
     if refused:
         return refused
     with located(request["manifest"], request["entry"]):
-        feeds = feeds_for(session, reference["feeds"], request["frozen"], "artifact")
+        asked = {i.name for i in session.get_inputs()} - reference["feeds"].keys() - request["frozen"].keys()
+        weights = listed_weights(request["reference"], asked) if asked else {}
+        feeds = feeds_for(session, reference["feeds"], request["frozen"], "artifact", weights)
     generated = reference["generated"]
     hint = ("; generated integer inputs " + ", ".join(f"{k}: {v}" for k, v in generated.items())
             if any("give validation.inputs" in v for v in generated.values()) else "")

@@ -133,10 +133,24 @@ def make_inputs(session: Any, source: Any, request: dict[str, Any]) -> tuple[dic
     return feeds, notes
 
 
-def feeds_for(session: Any, feeds: dict[str, Any], frozen: dict[str, list[float]], what: str) -> dict[str, Any]:
-    """The feeds one session takes: its own true inputs, frozen inputs with their frozen values."""
+def listed_weights(model_path: str | Path, names: set[str]) -> dict[str, Any]:
+    """The values of `names` among a model's initializers: an IR < 4 model lists its weights in graph.input too, and
+    a session of a model made from it may still ask for one (the weight's own value is what it stands for)."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(model_path), load_external_data=False)
+    folder = str(Path(model_path).parent)
+    return {t.name: numpy_helper.to_array(t, base_dir=folder) for t in model.graph.initializer if t.name in names}
+
+
+def feeds_for(session: Any, feeds: dict[str, Any], frozen: dict[str, list[float]], what: str,
+              weights: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The feeds one session takes: its own true inputs, frozen inputs with their frozen values, and listed
+    weights (`listed_weights`) with the values the compared model holds for them."""
     import numpy as np
 
+    weights = weights or {}
     chosen = {}
     for value in session.get_inputs():
         if value.name in frozen:
@@ -146,8 +160,10 @@ def feeds_for(session: Any, feeds: dict[str, Any], frozen: dict[str, list[float]
                 shape)
         elif value.name in feeds:
             chosen[value.name] = feeds[value.name]
+        elif value.name in weights:
+            chosen[value.name] = weights[value.name]
         else:
-            raise ModelError(f"the {what} has input '{value.name}', which the artifact does not have; compare with "
-                             "a reference of the same inputs (validation.reference) or freeze it")
+            raise ModelError(f"the {what} has input '{value.name}', which the model it is compared with does not "
+                             "take; compare with a reference of the same inputs (validation.reference) or freeze it")
     return chosen
 
