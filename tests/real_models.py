@@ -457,3 +457,34 @@ def loop_reading_outer_weights(path: Path) -> Path:
                                helper.make_tensor_value_info("stacked", TensorProto.FLOAT, [1, 4])],
                               [table, offsets, trips, keep, start, weight])
     return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def topk_detector(path: Path, queries: int = 60, k: int = 30) -> Path:
+    """A DETR-style head: half the queries clearly ahead, their scores within fp16's precision of one another; TopK
+    keeps k of them and the boxes are gathered at the chosen indices, so an fp16 EP picks the same queries in
+    another order."""
+    project = _weights("project", 8, 5)
+    lead = np.where(np.arange(queries) % 2 == 0, 1.5, 1.0).astype(np.float32)  # every other query clearly ahead
+    spread = numpy_helper.from_array(lead.reshape(1, queries), "spread")
+    nodes = [helper.make_node("MatMul", ["features", "project"], ["head"]),
+             helper.make_node("Split", ["head", "split"], ["logit", "box_raw"], axis=2),
+             helper.make_node("Squeeze", ["logit", "last"], ["logit_2d"]),
+             helper.make_node("Mul", ["logit_2d", "tiny"], ["close"]),
+             helper.make_node("Add", ["close", "spread"], ["score"]),
+             helper.make_node("TopK", ["score", "k"], ["scores", "indices"], axis=1),
+             helper.make_node("Sigmoid", ["box_raw"], ["box_all"]),
+             helper.make_node("Squeeze", ["box_all", "first"], ["box_2d"]),
+             helper.make_node("Squeeze", ["indices", "first"], ["chosen"]),
+             helper.make_node("Gather", ["box_2d", "chosen"], ["boxes_2d"], axis=0),
+             helper.make_node("Unsqueeze", ["boxes_2d", "first"], ["boxes"])]
+    constants = [project, spread, numpy_helper.from_array(np.array([1, 4], np.int64), "split"),
+                 numpy_helper.from_array(np.array([2], np.int64), "last"),
+                 numpy_helper.from_array(np.array([0], np.int64), "first"),
+                 numpy_helper.from_array(np.array(1e-3, np.float32), "tiny"),
+                 numpy_helper.from_array(np.array([k], np.int64), "k")]
+    graph = helper.make_graph(
+        nodes, "detector", [helper.make_tensor_value_info("features", TensorProto.FLOAT, [1, queries, 8])],
+        [helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, k]),
+         helper.make_tensor_value_info("indices", TensorProto.INT64, [1, k]),
+         helper.make_tensor_value_info("boxes", TensorProto.FLOAT, [1, k, 4])], constants)
+    return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)

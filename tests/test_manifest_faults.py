@@ -56,6 +56,9 @@ CASES = {
                                      "targets.report.html: 'report.html' is the name of a report in artifacts/"),
     "a model name of 250 characters": (_with(SHIPPED, "[models.dynbatch]", "[models." + "d" * 250 + "]"),
                                        "name of 250 characters: at most 64"),
+    "a selection overlap above 1": (
+        _with(SHIPPED, TARGET_LINE, TARGET_LINE + "\nvalidation = { min_selection_overlap = 1.5 }"),
+        "targets.cpu.validation.min_selection_overlap: must be a non-negative number <= 1, found 1.5"),
     "validation inputs that are not an .npz": (
         _with(SHIPPED, TARGET_LINE, TARGET_LINE + '\nvalidation = { inputs = "configs/openvino_f32.json" }'),
         "targets.cpu.validation.inputs: must name an .npz file"),

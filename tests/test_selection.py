@@ -1,183 +1,113 @@
-"""Which tasks a default run hands doit when the last run's record holds (`epbuild.tasks.selection`): the rule on
-task dicts and real files, the record's validity, and a build that takes it. `test_incremental_contract.py` proves
-on every kind of file edit that what executes equals the full path's set."""
+"""Outputs a TopK, ArgMax or NonMaxSuppression decides are compared as selections: which indices both sides chose
+(order aside), then the values on the rows both chose. A detector on the HTP kept 29 of the same 30 queries, 19 in
+the same order: position by position it scored 7 dB and localise blamed an innocent Conv."""
 
 from __future__ import annotations
 
-import os
+import json
+from types import SimpleNamespace
 
+import numpy as np
+import onnx
 import pytest
 
-from conftest import Project, build_report, ran
-from epbuild.store.layout import stat_key
-from epbuild.tasks.checker import SEEN_CHANGING, HashChecker
-from epbuild.tasks.selection import Recorded, files_of
-from epbuild.tasks.selection import runnable as select
-from helpers import perturb_weights, single_op_model
+from conftest import build_report
+from epbuild.steps.comparison import DEFAULT_THRESHOLDS, compare_outputs
+from epbuild.steps.selection import Selected, selected_outputs
+from real_models import topk_detector
 
-HANDED = "unchanged since the last run's record"
-
-
-def _task(name: str, file_dep=(), targets=(), task_dep=(), uptodate=True) -> dict:
-    basename, _, rest = name.partition(":")
-    return {"basename": basename, "name": rest, "file_dep": list(file_dep), "targets": list(targets),
-            "task_dep": list(task_dep), "uptodate": [uptodate]}
+TOPK = Selected("TopK", "indices", False, 30)
+TOPK_INDICES = Selected("TopK", "indices", True, 30)
 
 
-def _chain(folder) -> list[dict]:
-    """m.onnx -> shape:m -> compile:m@a, compile:m@b -> validate:m@a; group:g waits for compile:m@a by name;
-    other.onnx -> compile:o@a."""
-    path = {name: str(folder / name) for name in ("m.onnx", "s.onnx", "a.ctx", "b.ctx", "a.json", "g.ctx",
-                                                   "other.onnx", "o.ctx")}
-    for file in path.values():
-        with open(file, "w") as handle:
-            handle.write(file)
-    return [_task("shape:m", [path["m.onnx"]], [path["s.onnx"]]),
-            _task("compile:m@a", [path["s.onnx"]], [path["a.ctx"]]),
-            _task("compile:m@b", [path["s.onnx"]], [path["b.ctx"]]),
-            _task("validate:m@a", [path["a.ctx"], path["m.onnx"]], [path["a.json"]]),
-            _task("group:g", [path["s.onnx"]], [path["g.ctx"]], task_dep=["compile:m@b"]),
-            _task("compile:o@a", [path["other.onnx"]], [path["o.ctx"]])]
+class Outputs:
+    """The one thing compare_outputs asks of a session: its outputs' names, in order."""
+
+    def __init__(self, *names: str):
+        self.names = names
+
+    def get_outputs(self):
+        return [SimpleNamespace(name=name) for name in self.names]
 
 
-def _recorded(tasks: list[dict]) -> tuple[dict, dict, dict]:
-    names = {f"{t['basename']}:{t['name']}": files_of(t["file_dep"], t["targets"]) for t in tasks}
-    files = {path: stat_key(os.stat(path)) for listed in names.values() for path in listed}
-    return names, files, {f"{t['basename']}:{t['name']}": t["task_dep"] for t in tasks if t["task_dep"]}
+
+def test_the_same_queries_in_another_order_pass_and_one_query_swapped_is_measured():
+    rng = np.random.default_rng(0)
+    want_idx = rng.permutation(60)[:30]
+    boxes = rng.random((60, 4)).astype(np.float32)
+    got_idx = want_idx.copy()
+    got_idx[:20] = got_idx[:20][::-1]  # reordered
+    got_idx[25] = next(i for i in range(60) if i not in want_idx)  # one query the reference did not keep
+    expected = {"indices": want_idx.reshape(1, 30), "boxes": boxes[want_idx].reshape(1, 30, 4)}
+    got = [got_idx.reshape(1, 30), boxes[got_idx].reshape(1, 30, 4)]
+    selected = {"indices": TOPK_INDICES, "boxes": TOPK}
+    session = Outputs("indices", "boxes")
+
+    metrics, failures, undecided = compare_outputs(session, got, expected, DEFAULT_THRESHOLDS["fp16"], "fp16",
+                                                   selected)
+    assert not failures and not undecided
+    assert metrics["indices"]["selection_overlap"] == pytest.approx(29 / 30)
+    assert metrics["indices"]["selection"]["same_order"] < 0.5
+    assert metrics["boxes"]["selection"] == {"op": "TopK", "rows_compared": 29, "rows": 30, "paired_by": "indices"}
+    assert metrics["boxes"]["snr_db"] == 200.0  # the 29 both chose are the same boxes
+
+    _, failures, _ = compare_outputs(session, got, expected, DEFAULT_THRESHOLDS["fp32"], "fp32", selected)
+    assert failures == ["output 'indices': selection_overlap 0.966667 < min_selection_overlap 0.99",
+                        "output 'boxes': selection_overlap 0.966667 < min_selection_overlap 0.99"]
+
+    _, failures, _ = compare_outputs(session, got, expected, DEFAULT_THRESHOLDS["fp16"], "fp16")
+    assert any("snr_db" in f for f in failures)  # position by position, as before: noise
 
 
-def runnable(tasks: list[dict], names: dict, files: dict, task_deps: dict | None = None,
-             suspects: set[str] | None = None, made: list[str] | None = None) -> set[str]:
-    """The selection over these task dicts and this record; `made` collects the names whose dicts were made."""
-    by_name = {f"{t['basename']}:{t['name']}": t for t in tasks}
-
-    def make(name: str) -> dict | None:
-        if made is not None:
-            made.append(name)
-        return by_name.get(name)
-
-    return select(by_name, make, Recorded(names, files, task_deps or {}), suspects)[0]
+def test_without_the_indices_rows_pair_by_nearest_values():
+    rng = np.random.default_rng(1)
+    boxes = rng.random((1, 30, 4)).astype(np.float32)
+    shuffled = boxes[:, rng.permutation(30)] + np.float32(1e-6)
+    metrics, failures, _ = compare_outputs(Outputs("boxes"), [shuffled], {"boxes": boxes},
+                                           DEFAULT_THRESHOLDS["fp16"], "fp16", {"boxes": TOPK})
+    assert not failures
+    assert metrics["boxes"]["selection"]["paired_by"] == "nearest values"
+    assert "selection_overlap" not in metrics["boxes"]  # no indices: only the values are judged
 
 
-def test_nothing_changed_hands_doit_nothing(tmp_path):
-    tasks = _chain(tmp_path)
-    assert runnable(tasks, *_recorded(tasks)) == set()
+def test_nms_keeping_a_different_number_of_boxes_is_judged_by_overlap_not_shape():
+    nms = {"selected": Selected("NonMaxSuppression", "selected", True, None)}
+    want = np.array([[0, 0, 3], [0, 0, 7], [0, 1, 2], [0, 1, 9]], np.int64)
+    got = np.array([[0, 1, 2], [0, 0, 3], [0, 0, 7], [0, 1, 9], [0, 1, 5]], np.int64)  # one more box
+    metrics, failures, _ = compare_outputs(Outputs("selected"), [got], {"selected": want},
+                                           {"min_selection_overlap": 0.75}, "fp16", nms)
+    assert metrics["selected"]["selection_overlap"] == pytest.approx(4 / 5) and not failures
+    _, failures, _ = compare_outputs(Outputs("selected"), [got], {"selected": want},
+                                     {"min_selection_overlap": 0.9}, "fp16", nms)
+    assert failures == ["output 'selected': selection_overlap 0.8 < min_selection_overlap 0.9"]
 
 
-@pytest.mark.parametrize("suspects", [None, set()], ids=["every-dict-made", "only-stale-dicts-made"])
-def test_a_changed_file_hands_its_readers_and_everything_downstream_and_what_they_name(tmp_path, suspects):
-    tasks = _chain(tmp_path)
-    recorded = _recorded(tasks)
-    (tmp_path / "a.ctx").write_text("edited")
-    made: list[str] = []
-    assert runnable(tasks, *recorded, suspects, made) == {"compile:m@a", "validate:m@a"}
-    if suspects is not None:  # the record's files and task_deps stand for the rest
-        assert sorted(made) == ["compile:m@a", "validate:m@a"]
-    (tmp_path / "m.onnx").write_text("retrained")
-    assert runnable(tasks, *recorded, suspects) == {"shape:m", "compile:m@a", "compile:m@b", "validate:m@a",
-                                                    "group:g"}
+def test_argmax_is_judged_by_the_share_of_equal_choices():
+    argmax = {"label": Selected("ArgMax", "label", True, None)}
+    want = np.arange(100, dtype=np.int64) % 7
+    got = want.copy()
+    got[:3] = 6 - got[:3]
+    metrics, failures, _ = compare_outputs(Outputs("label"), [got], {"label": want}, DEFAULT_THRESHOLDS["fp16"],
+                                           "fp16", argmax)
+    assert metrics["label"]["selection_overlap"] == pytest.approx(0.97) and not failures
 
 
-def test_a_suspect_is_compared_with_the_record_and_a_task_not_suspected_is_taken_from_it(tmp_path):
-    """A model whose file changed can plan other files for its tasks (a stage added or dropped): those tasks'
-    dicts are made and compared even where their own recorded files are unchanged."""
-    tasks = _chain(tmp_path)
-    recorded = _recorded(tasks)
-    (tmp_path / "extra.json").write_text("{}")
-    replanned = [dict(t, file_dep=[*t["file_dep"], str(tmp_path / "extra.json")]) if t["name"] == "o@a" else t
-                 for t in tasks]
-    assert runnable(replanned, *recorded, {"compile:o@a"}) == {"compile:o@a"}
-    made: list[str] = []
-    assert runnable(replanned, *recorded, set(), made) == set() and made == []
+def test_the_graph_tells_which_outputs_a_selection_decides(tmp_path):
+    found = selected_outputs(onnx.load(str(topk_detector(tmp_path / "det.onnx"))))
+    assert found == {"scores": TOPK, "indices": TOPK_INDICES, "boxes": TOPK}
 
 
-def test_a_task_named_in_task_dep_is_handed_with_the_task_that_names_it(tmp_path):
-    tasks = _chain(tmp_path)
-    recorded = _recorded(tasks)
-    (tmp_path / "g.ctx").unlink()  # the group's output is gone: it runs, and doit must know compile:m@b
-    assert runnable(tasks, *recorded) == {"group:g", "compile:m@b"}
-
-
-def test_settings_a_new_task_another_file_list_or_an_unknown_identity_hand_that_task(tmp_path):
-    tasks = _chain(tmp_path)
-    names, files, _ = _recorded(tasks)
-    settings = [dict(t, uptodate=[False]) if t["name"] == "o@a" else t for t in tasks]
-    assert runnable(settings, names, files) == {"compile:o@a"}
-    assert runnable(tasks, {k: v for k, v in names.items() if k != "compile:o@a"}, files) == {"compile:o@a"}
-    assert runnable(tasks, {**names, "compile:o@a": [str(tmp_path / "o.ctx")]}, files) == {"compile:o@a"}
-    assert runnable(tasks, names, {**files, str(tmp_path / "other.onnx"): None}) == {"compile:o@a"}
-
-
-def test_a_file_seen_with_two_identities_in_one_run_is_recorded_as_neither(tmp_path):
-    path = tmp_path / "m.onnx"
-    path.write_text("one")
-    checker = type("Checker", (HashChecker,), {"checked": {}, "published": {}, "edited": set()})()
-    assert checker.exists(str(path))
-    path.write_text("two, longer")  # changed between two tasks' checks
-    assert checker.exists(str(path))
-    assert checker.checked[str(path)] == SEEN_CHANGING != stat_key(os.stat(path))
-
-
-def test_a_build_after_one_change_hands_doit_that_models_tasks_and_a_named_run_between_voids_the_record(
-        tmp_path, host_cache):
-    project = Project(tmp_path, host_cache)
-    project.manifest('[models.tinycnn]\npath = "models/tinycnn.onnx"\n[models.encoder]\npath = '
-                     '"models/encoder.onnx"\n[targets.cpu]\nep = "cpu"\n')
-    project.env.pop("EPBUILD_FAST_PATH", None)
-    project.doit()
-    assert HANDED not in project.doit().stdout  # no task was up to date in the first build: no record of any
-    perturb_weights(project.root / "models" / "encoder.onnx", 3)
-    done = project.doit()
-    assert ran(done) == {"compile:encoder@cpu", "validate:encoder@cpu"}
-    assert f"2 tasks handed to doit, 2 {HANDED}" in done.stdout  # the tinycnn's two were not
-    assert build_report(project)["compile:tinycnn@cpu"]["status"] == "up-to-date"
-    perturb_weights(project.root / "models" / "tinycnn.onnx", 4)
-    named = project.doit("compile:tinycnn@cpu")  # doit's database changes under the record
-    assert ran(named) == {"compile:tinycnn@cpu"}
-    done = project.doit()
-    assert ran(done) == {"validate:tinycnn@cpu"} and HANDED not in done.stdout  # the full path, every task checked
-
-
-def test_a_model_whose_new_bytes_drop_its_shape_stage_hands_the_new_plan_and_hides_no_stale_task(tmp_path, host_cache):
-    """The stage exists only for a dynamic model: made static, the compile reads the model itself. The record
-    cannot know that, so every task of a changed model is made again and compared (not only those reading it)."""
-    from onnx import TensorProto, helper, save
-
-    project = Project(tmp_path, host_cache)
-    project.env.pop("EPBUILD_FAST_PATH", None)
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 8, 8])
-    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "relu", [x],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3, 8, 8])])
-    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9),
-         str(project.root / "models" / "relu.onnx"))
-    project.manifest('[models.relu]\npath = "models/relu.onnx"\ninputs = { x = [1, 3, 8, 8] }\ntargets = ["npu"]\n'
-                     '[models.tinycnn]\npath = "models/tinycnn.onnx"\ntargets = ["npu"]\n'
-                     '[targets.npu]\nep = "qnn"\noptions = { soc_model = 60 }\n')
-    project.doit()
-    project.doit()
-    assert any(name.startswith("shape:relu") for name in build_report(project))
-    single_op_model(project.root / "models" / "relu.onnx", "Relu", shape=(1, 3, 8, 8))  # now static
-    done = project.doit()
-    assert ran(done) == {"compile:relu@npu", "validate:relu@npu"} and HANDED in done.stdout, done.stdout[-800:]
-    report = build_report(project)
-    assert not any(name.startswith("shape:") for name in report)
-    assert report["compile:tinycnn@npu"]["status"] == "up-to-date"
-    project.env["EPBUILD_FAST_PATH"] = "0"
-    assert ran(project.doit()) == set()  # the full path agrees: nothing left to run
-
-
-def test_the_tasks_of_a_target_this_host_cannot_build_are_always_compared(tmp_path, host_cache, monkeypatch):
-    """Such a task is a refusal now, whatever the record says it was: its dict is made, never taken from it."""
-    from epbuild.tasks.definitions import Tasks
-    from epbuild.tasks.project import Project as Loaded
-
-    project = Project(tmp_path, host_cache)
-    project.manifest('[models.tinycnn]\npath = "models/tinycnn.onnx"\n[targets.cpu]\nep = "cpu"\n'
-                     '[targets.dml-gpu]\nep = "dml"\n')
-    monkeypatch.chdir(tmp_path)
-    loaded = Loaded(tmp_path / "models.toml", [])
-    model = "models/tinycnn.onnx"
-    record = Recorded({}, {model: stat_key(os.stat(model))})
-    assert "dml-gpu" in loaded.unavailable
-    assert Tasks(loaded)._suspects(record) == {"compile:tinycnn@dml-gpu", "validate:tinycnn@dml-gpu",
-                                               "ops:tinycnn@dml-gpu"}
+def test_a_detector_whose_fp16_ep_reorders_its_queries_passes_on_what_it_chose(project):
+    """End to end on QNN HTP: the scores of the leading queries lie within fp16's precision of one another, so the
+    artifact's order is not CPU's; the same queries are kept, and their boxes match."""
+    topk_detector(project.root / "models" / "det.onnx")
+    project.manifest('[models.det]\npath = "models/det.onnx"\ntargets = ["cpu", "qnn-htp"]\n[targets.cpu]\n'
+                     'ep = "cpu"\n[targets.qnn-htp]\nep = "qnn"\noptions = { soc_model = 60 }\n')
+    done = project.doit(check=False)
+    entries = build_report(project)
+    assert entries["validate:det@qnn-htp"]["status"] == "validated", done.stdout
+    assert "100% of the selection kept" in done.stdout
+    outputs = json.loads((project.artifacts / "qnn-htp" / "det" / "validation.json").read_text())["outputs"]
+    assert outputs["indices"]["selection_overlap"] == 1.0
+    assert outputs["indices"]["selection"]["same_order"] < 1.0  # reordered: position by position it would fail
+    assert outputs["boxes"]["selection"]["paired_by"] == "indices" and outputs["boxes"]["snr_db"] > 40

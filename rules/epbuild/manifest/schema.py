@@ -15,7 +15,7 @@ from .eps import DEVICES
 
 COMPILERS = ("ort", "ort_session", "qaic", "qairt")
 QUANT_TYPES = ("uint8", "int8", "uint16", "int16")
-THRESHOLDS = ("max_abs_error", "mean_abs_error", "max_rel_error", "min_cosine", "min_snr_db")
+THRESHOLDS = ("max_abs_error", "mean_abs_error", "max_rel_error", "min_cosine", "min_snr_db", "min_selection_overlap")
 PMU_RECIPES = ("AxiRd", "AxiWr", "AxiRdWr", "KernelUtil", "HmxMacs")
 NUMBER = (int, float)
 
@@ -197,6 +197,10 @@ KEYS: tuple[Key, ...] = (
     Key("min_cosine", ("validation",), NUMBER, "threshold per output (default by precision)", check=cosine),
     Key("min_snr_db", ("validation",), NUMBER, "threshold per output (default by precision: fp32 60, fp16 40, QDQ "
         "20)", check=non_negative),
+    Key("min_selection_overlap", ("validation",), NUMBER, "outputs a TopK, ArgMax/ArgMin or NonMaxSuppression "
+        "decides are compared as selections: the share of the reference's chosen indices the artifact chose too "
+        "(order aside), then values on the rows both chose (default by precision: fp32 0.99, fp16 0.9, QDQ 0.8)",
+        check=cosine),
     # qaic
     Key("num_cores", ("qaic",), int, "`-aic-num-cores`", check=positive_integer),
     Key("convert_to_fp16", ("qaic",), bool, "`-convert-to-fp16`", False),

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from .selection import Selected, compare_indices, match_rows
+
 DEFAULT_THRESHOLDS = {
     # fp32 artifacts match the CPU reference to rounding; fp16 keeps ~3 decimal digits; a QDQ artifact is
     # compared with its QDQ source, and the EP's integer kernels differ from CPU's by a few quantization steps.
-    "fp32": {"min_snr_db": 60.0, "min_cosine": 0.99999},
-    "fp16": {"min_snr_db": 40.0, "min_cosine": 0.9999},
-    "qdq": {"min_snr_db": 20.0, "min_cosine": 0.99},
+    # A selection (TopK, ArgMax, NMS) keeps what scores near a tie decide: exact in fp32, mostly in fp16 and QDQ.
+    "fp32": {"min_snr_db": 60.0, "min_cosine": 0.99999, "min_selection_overlap": 0.99},
+    "fp16": {"min_snr_db": 40.0, "min_cosine": 0.9999, "min_selection_overlap": 0.9},
+    "qdq": {"min_snr_db": 20.0, "min_cosine": 0.99, "min_selection_overlap": 0.8},
 }
 SNR_CAP_DB = 200.0  # identical outputs; JSON has no infinity
 
@@ -51,7 +54,8 @@ def compare(got: Any, want: Any) -> dict[str, Any]:
 NEAR_CONSTANT = 1e-4  # a reference whose spread is below this share of its own magnitude: SNR and cosine judge
 # nothing of what the model computes from its inputs
 THRESHOLD_METRICS = {"max_abs_error": "max_abs_error", "mean_abs_error": "mean_abs_error",
-                     "max_rel_error": "max_rel_error", "min_cosine": "cosine", "min_snr_db": "snr_db"}
+                     "max_rel_error": "max_rel_error", "min_cosine": "cosine", "min_snr_db": "snr_db",
+                     "min_selection_overlap": "selection_overlap"}
 RELATIVE = ("min_snr_db", "min_cosine")
 
 
@@ -66,7 +70,8 @@ def check(name: str, metrics: dict[str, Any], reference_nonfinite: int, threshol
     A reference nearly constant for these inputs (`near_constant`) leaves SNR and cosine nothing to judge: an
     artifact that departs from it by more than the SNR margin at the output's own scale fails; one within it is
     undecided ("inconclusive": the inputs did not exercise what the output computes), unless identical."""
-    if not metrics["shape_match"]:
+    chosen = metrics.get("selection", {})
+    if not metrics["shape_match"] and not chosen.get("direct"):  # NMS chooses as many boxes as it keeps
         return [f"output '{name}': shape {metrics['shape']} != reference {metrics['reference_shape']}"], []
     failures, undecided = [], []
     if not metrics["dtype_match"]:
@@ -76,9 +81,11 @@ def check(name: str, metrics: dict[str, Any], reference_nonfinite: int, threshol
                         f"the reference has {reference_nonfinite}")
     near_constant = metrics.get("near_constant")
     level = metrics.get("reference_max_abs", 0.0)
-    unresolved = precision == "fp16" and 0 < level < FP16_SMALLEST_NORMAL and metrics["max_abs_error"] > 0
+    unresolved = precision == "fp16" and 0 < level < FP16_SMALLEST_NORMAL and metrics.get("max_abs_error", 0) > 0
     for key, limit in sorted(thresholds.items()):
         metric = THRESHOLD_METRICS[key]
+        if metric not in metrics or (chosen.get("direct") and metric != "selection_overlap"):
+            continue  # indices are judged by which were chosen, not by their numeric distance
         value = metrics[metric]
         if (near_constant or unresolved) and key in RELATIVE:
             continue
@@ -103,18 +110,44 @@ def check(name: str, metrics: dict[str, Any], reference_nonfinite: int, threshol
     return failures, undecided
 
 
+def compare_selected(got: Any, want: Any, selected: Selected, given: dict[str, Any],
+                     expected: dict[str, Any]) -> dict[str, Any]:
+    """An output a selection decides: its chosen indices by overlap; values on the rows both sides chose."""
+    if selected.direct:
+        metrics = compare(got, want)
+        found = compare_indices(selected, got, want)
+        metrics.update({k: v for k, v in found.items() if k == "selection_overlap"})
+        metrics["selection"] = {"op": selected.op, "direct": True, **{k: v for k, v in found.items()
+                                                                       if k != "selection_overlap"}}
+        return metrics
+    matched = match_rows(got, want, selected, given.get(selected.index_output), expected.get(selected.index_output))
+    if matched is None:
+        return compare(got, want)
+    rows, both = matched
+    metrics = {**compare(rows[both], want[both]), "shape": list(got.shape), "reference_shape": list(want.shape)}
+    metrics["selection"] = {"op": selected.op, "rows_compared": int(both.sum()), "rows": int(both.size),
+                            "paired_by": "indices" if selected.index_output in given else "nearest values"}
+    if selected.index_output in given and selected.index_output in expected:
+        metrics["selection_overlap"] = float(both.mean())
+    return metrics
+
+
 def compare_outputs(session: Any, outputs: list[Any], expected: dict[str, Any], thresholds: dict[str, float],
-                    precision: str = "fp32") -> tuple[dict[str, Any], list[str], list[str]]:
-    """Metrics per output against the reference, a failure per threshold missed, and what could not be judged."""
+                    precision: str = "fp32", selected: dict[str, Selected] | None = None,
+                    ) -> tuple[dict[str, Any], list[str], list[str]]:
+    """Metrics per output against the reference, a failure per threshold missed, and what could not be judged;
+    outputs a selection decides (`selected`) compared as selections."""
     import numpy as np
 
     metrics, failures, undecided = {}, [], []
-    for output, got in zip(session.get_outputs(), outputs, strict=True):
-        name, want = output.name, expected.get(output.name)
+    given = {output.name: got for output, got in zip(session.get_outputs(), outputs, strict=True)}
+    for name, got in given.items():
+        want = expected.get(name)
         if want is None:
             failures.append(f"output '{name}' does not exist in the reference model")
             continue
-        metrics[name] = compare(got, want)
+        choice = (selected or {}).get(name)
+        metrics[name] = compare_selected(got, want, choice, given, expected) if choice else compare(got, want)
         reference_nonfinite = int((~np.isfinite(want)).sum()) if want.dtype.kind == "f" else 0
         missed, unjudged = check(name, metrics[name], reference_nonfinite, thresholds, precision)
         failures.extend(missed)

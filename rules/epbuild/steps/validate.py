@@ -40,6 +40,7 @@ from .reference import (
     save_reference,
     session_options,
 )
+from .selection import selected_outputs
 from .stages import Stage
 from .validation_inputs import SEED, feeds_for, listed_weights
 from .weights import weights_folder
@@ -200,11 +201,15 @@ def summary(report: dict[str, Any]) -> str:
         return f"qaic-qpc validate on {', '.join(next(iter(report['ran_on'].values())))}"
     if "members" in report:
         return "; ".join(f"{name}: {summary({'mode': 'run', **member})}" for name, member in report["members"].items())
-    outputs = report["outputs"].values()
+    outputs = [o for o in report["outputs"].values() if not o.get("selection", {}).get("direct")]
+    kept = [o["selection_overlap"] for o in report["outputs"].values() if "selection_overlap" in o]
+    chose = f", {min(kept):.0%} of the selection kept" if kept else ""
+    ran = "; ".join(f"{', '.join(ops)} on {ep}" for ep, ops in report["ran_on"].items())
+    if not outputs:
+        return f"selection kept {min(kept):.0%} ({report['precision']}; {ran})"
     snr = min(o["snr_db"] for o in outputs)
     max_abs = max(o["max_abs_error"] for o in outputs)
-    ran = "; ".join(f"{', '.join(ops)} on {ep}" for ep, ops in report["ran_on"].items())
-    return f"SNR {snr:.1f} dB, max abs error {max_abs:.2e} ({report['precision']}; {ran})"
+    return f"SNR {snr:.1f} dB, max abs error {max_abs:.2e}{chose} ({report['precision']}; {ran})"
 
 
 # ---- child process ----
@@ -298,6 +303,7 @@ def validate_member(request: MemberValidation, reference: dict[str, Any] | None 
     if request["mode"] == "structural":
         return {"status": "passed"}
 
+    import onnx
     import onnxruntime as ort
 
     info = lookup(request["ep"])
@@ -324,7 +330,9 @@ def validate_member(request: MemberValidation, reference: dict[str, Any] | None 
 
     kind = "qdq" if is_qdq(request["reference"]) else request["precision"]
     thresholds = {**DEFAULT_THRESHOLDS[kind], **request["thresholds"]}
-    metrics, missed, undecided = compare_outputs(session, outputs, reference["expected"], thresholds, kind)
+    metrics, missed, undecided = compare_outputs(session, outputs, reference["expected"], thresholds, kind,
+                                                 selected_outputs(onnx.load(request["reference"],
+                                                                            load_external_data=False)))
     failures += missed
     fp16 = fp16_hint(metrics, thresholds, request["target"], request["entry"]) if kind == "fp16" and missed else None
     if fp16:
