@@ -5,10 +5,12 @@ reason."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import onnx
 import pytest
 
-from conftest import ran
+from conftest import build_report, ran
 from epbuild.steps import vendor_shim
 from helpers import ep_context_nodes
 
@@ -75,3 +77,57 @@ def test_openvino_embedded_context_compiles_and_validates(project):
     assert node["embed_mode"] == 1 and node["ep_cache_context"]  # the compiled blob inside the model
     report = json.loads((folder / "validation.json").read_text())
     assert report["status"] == "passed" and min(o["snr_db"] for o in report["outputs"].values()) >= 60
+
+
+def _contrib_qdq(stage: Path, path: Path) -> Path:
+    """The quantize stage's 16-bit QDQ model with its Q/DQ nodes in com.microsoft, as older quantizers wrote them."""
+    model = onnx.load(str(stage))
+    for node in model.graph.node:
+        if node.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            node.domain = "com.microsoft"
+    model.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
+    onnx.save(model, str(path))
+    return path
+
+
+SIXTEEN_BIT = """
+[models.tinycnn]
+path = "models/tinycnn.onnx"
+quantize = { calibration = "random", activation_type = "uint16", weight_type = "uint8" }
+targets = ["ov", "cpu"]
+
+[targets.ov]
+ep = "openvino"
+quantized = true
+options = { load_config = "configs/openvino_f32.json" }
+option_files = ["load_config"]
+validation = { localise = true }
+
+[targets.cpu]
+ep = "cpu"
+quantized = true
+"""
+
+
+@needs_shim
+def test_openvino_on_16_bit_qdq_fails_in_one_line_that_blames_the_plugin(project):
+    """OpenVINO computes 16-bit Q/DQ wrongly (the model validates on CPU; QNN passed it at 42 dB) and localise
+    crashed inside its QDQ stripping: one line, the evidence being OpenVINO's own plain session of the model, and
+    the same for the com.microsoft Q/DQ older quantizers write."""
+    project.manifest(SIXTEEN_BIT)
+    done = project.doit("--continue", check=False)
+    entries = build_report(project)
+    assert entries["validate:tinycnn@cpu"]["status"] == "validated", done.stdout
+    line = next(x for x in done.stdout.splitlines() if x.startswith("failed validate:tinycnn@ov"))
+    assert "OpenVINO computes 16-bit Q/DQ wrongly (15 ai.onnx uint16 QuantizeLinear/DequantizeLinear): a plain " \
+           "OpenVINO session of the quantized model is as far from CPU" in line
+    assert 'activation_type = "uint8"' in line and "localise could not run" not in line
+    assert "Traceback" not in done.stderr
+    assert "divergence" not in json.loads((project.artifacts / "ov" / "tinycnn" / "validation.json").read_text())
+
+    stage = project.artifacts / ".stages" / "tinycnn" / "quantize-generic" / "tinycnn.onnx"
+    _contrib_qdq(stage, project.root / "models" / "contrib.onnx")
+    project.manifest(OPENVINO.replace("tinycnn", "contrib"))
+    done = project.doit(check=False)
+    line = next(x for x in done.stdout.splitlines() if x.startswith("failed validate:contrib@ov"))
+    assert "(15 com.microsoft uint16 QuantizeLinear/DequantizeLinear)" in line, line

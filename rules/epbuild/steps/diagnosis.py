@@ -200,6 +200,32 @@ def failure_hints(metrics: dict[str, dict[str, Any]], thresholds: dict[str, floa
     return hints
 
 
+SIXTEEN_BIT = {4: "uint16", 5: "int16"}  # TensorProto data types
+
+
+def sixteen_bit_qdq(model: Any) -> dict[str, int]:
+    """QuantizeLinear/DequantizeLinear nodes with a 16-bit zero point, counted by 'domain type'."""
+    types = {t.name: t.data_type for t in model.graph.initializer}
+    found: dict[str, int] = {}
+    for node in model.graph.node:
+        if node.op_type in ("QuantizeLinear", "DequantizeLinear") and len(node.input) > 2:
+            kind = SIXTEEN_BIT.get(types.get(node.input[2], 0))
+            if kind:
+                key = f"{node.domain or 'ai.onnx'} {kind}"
+                found[key] = found.get(key, 0) + 1
+    return found
+
+
+def openvino_16bit_line(found: dict[str, int], plain_snr: float | None, plain_error: str | None) -> str:
+    """One line for OpenVINO on 16-bit Q/DQ, the evidence being OpenVINO's own plain session of the same model."""
+    nodes = ", ".join(f"{count} {key}" for key, count in found.items())
+    seen = (f"a plain OpenVINO session of the quantized model is as far from CPU (SNR {plain_snr:.1f} dB)"
+            if plain_error is None else f"a plain OpenVINO session of the quantized model fails too ({plain_error})")
+    return (f"OpenVINO computes 16-bit Q/DQ wrongly ({nodes} QuantizeLinear/DequantizeLinear): {seen}, so neither "
+            "the compile nor the model is at fault, and localise cannot look inside it; quantize OpenVINO targets "
+            "with activation_type = \"uint8\" (or build the float model for them)")
+
+
 def _text(value: str) -> str:
     """An option's value, or the text of the file it names."""
     try:
