@@ -24,7 +24,7 @@ def test_a_loop_body_reading_outer_initializers_and_a_sequence_survive_the_fold_
     assert entries["fold:ranker"]["status"] == "compiled", done.stdout
     folded = project.artifacts / ".stages" / "ranker" / "fold" / "ranker.onnx"
     graph = onnx.load(str(folded)).graph
-    assert {"offsets_7", "table"} <= {t.name for t in graph.initializer}  # read only inside the body: kept
+    assert not {"offsets_7", "table"} & {t.name for t in graph.initializer}
     assert "SequenceEmpty" in {n.op_type for n in graph.node}  # a sequence is no tensor: never folded
     x = np.ones((1, 4), np.float32)
     want = ort.InferenceSession(str(project.root / "models" / "ranker.onnx")).run(None, {"x": x})
@@ -32,6 +32,25 @@ def test_a_loop_body_reading_outer_initializers_and_a_sequence_survive_the_fold_
     for a, b in zip(got, want, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-6)
     assert entries["validate:ranker@cpu"]["status"] == "validated", done.stdout
+    # read only inside the body, they moved into it: ONNX Runtime's EPContext writer drops outer-scope initializers
+    (body,) = [a.g for n in graph.node if n.op_type == "Loop" for a in n.attribute if a.name == "body"]
+    assert {"offsets_7", "table"} <= {t.name for t in body.initializer}
+    assert entries["validate:ranker@qnn-htp"]["status"] == "validated", done.stdout
+
+
+def test_an_invalid_model_from_the_epcontext_writer_is_said_to_be_the_writers(project):
+    """With optimize = "none" there is no fold stage to move a Loop body's outer initializers into it, and ONNX
+    Runtime's EPContext writer emits a model that fails its own check: the line says whose fault it is and what
+    avoids it."""
+    loop_reading_outer_weights(project.root / "models" / "ranker.onnx")
+    project.manifest('[models.ranker]\npath = "models/ranker.onnx"\noptimize = "none"\ntargets = ["qnn-htp"]\n'
+                     + TARGETS)
+    done = project.doit(check=False)
+    line = next(x for x in done.stdout.splitlines() if x.startswith("compile ranker@qnn-htp"))
+    assert "ONNX Runtime's EPContext writer wrote an invalid model (onnx.checker accepts the model it compiled " \
+           "from): a Loop/If/Scan body reads outer-scope initializers ('table', 'offsets_7')" in line
+    assert "remove optimize from models.ranker" in line
+    assert not (project.artifacts / "qnn-htp" / "ranker").exists()
 
 
 @pytest.mark.parametrize("target", ["cpu"])

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .comparison import DEFAULT_THRESHOLDS
+from .folding import read_only_inside
 from .graph import consumers, true_inputs
 
 QNN = "QNNExecutionProvider"
@@ -131,9 +132,10 @@ def compile_hints(model_path: Path, ep_name: str, entry: str, frozen: bool, mess
     if ep_name != QNN:
         return []
     try:
-        graph = onnx.load(str(model_path), load_external_data=False).graph
+        model = onnx.load(str(model_path), load_external_data=False)
     except Exception:  # noqa: BLE001 - a model that cannot be read has its own failure; no hint
         return []
+    graph = model.graph
     hints = []
     rmsnorms = rsqrt_rmsnorms(graph)
     if rmsnorms:
@@ -145,6 +147,13 @@ def compile_hints(model_path: Path, ep_name: str, entry: str, frozen: bool, mess
         hints.append(f"the model has the torch dynamo exporter's as_strided pattern (Conv -> Reshape -> Gather -> "
                      f"Transpose, {_places(strided)}), on which QNN HTP's compile aborts: export with "
                      "torch.onnx.export(..., dynamo=False) or write the as_strided as view/unfold in the model")
+    outer = read_only_inside(graph) if "This is an invalid model" in message else []
+    if outer and _checks(model):
+        hints.append(f"ONNX Runtime's EPContext writer wrote an invalid model (onnx.checker accepts the model it "
+                     f"compiled from): a Loop/If/Scan body reads outer-scope initializers "
+                     f"({', '.join(repr(n) for n in outer[:4])}), which the writer does not carry into the EPContext "
+                     f"model; the default fold stage moves them into the bodies that read them (remove optimize "
+                     f"from {entry})")
     if "Unable to compile any nodes" in message:
         ops = Counter(node.op_type for node in graph.node)
         loops = sorted(op for op in ops if op in ("Loop", "Scan"))
@@ -224,6 +233,17 @@ def openvino_16bit_line(found: dict[str, int], plain_snr: float | None, plain_er
     return (f"OpenVINO computes 16-bit Q/DQ wrongly ({nodes} QuantizeLinear/DequantizeLinear): {seen}, so neither "
             "the compile nor the model is at fault, and localise cannot look inside it; quantize OpenVINO targets "
             "with activation_type = \"uint8\" (or build the float model for them)")
+
+
+def _checks(model: Any) -> bool:
+    """Whether onnx.checker accepts the model (its graph; weights stay where they are)."""
+    import onnx
+
+    try:
+        onnx.checker.check_model(model)
+    except Exception:  # noqa: BLE001 - any refusal means: no claim that the model is valid
+        return False
+    return True
 
 
 def _text(value: str) -> str:

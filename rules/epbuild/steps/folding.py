@@ -12,16 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from .graph import EP_CONTEXT, dims, initializer_names, names_read
+from .graph import EP_CONTEXT, NOT_TENSORS, dims, graphs_within, initializer_names, names_read, subgraphs
 
 FOLD_INPUT_LIMIT = 2**20  # bytes: a node that reads a bigger weight (a Transpose of a Linear's) is left to the EP,
 # which takes constant weights' ops itself; folding it would load and rewrite the weights the stage otherwise keeps
 KEPT = {EP_CONTEXT, "QuantizeLinear", "DequantizeLinear", "RandomNormal", "RandomUniform", "RandomNormalLike",
-        "RandomUniformLike", "Multinomial", "If", "Loop", "Scan",
-        # sequences and optionals are no tensors: an initializer cannot hold them (SequenceEmpty became float64)
-        "SequenceEmpty", "SequenceConstruct", "SequenceInsert", "SequenceErase", "SequenceAt", "SequenceLength",
-        "SequenceMap", "SplitToSequence", "ConcatFromSequence", "Optional", "OptionalGetElement",
-        "OptionalHasElement"}
+        "RandomUniformLike", "Multinomial", "If", "Loop", "Scan", *NOT_TENSORS}
 
 
 def foldable_nodes(graph: Any) -> list[Any]:
@@ -77,6 +73,35 @@ def _with_values(tensor: Any) -> Any:
     loaded.data_location = onnx.TensorProto.DEFAULT
     del loaded.external_data[:]
     return loaded
+
+
+def read_only_inside(graph: Any) -> list[str]:
+    """The graph's initializers that only its nodes' subgraphs read (outer-scope values of a Loop body)."""
+    top = {name for node in graph.node for name in node.input} | {v.name for v in graph.output}
+    inside = {name for node in graph.node for name in names_read(node)} - top
+    return [t.name for t in graph.initializer if t.name in inside]
+
+
+def into_bodies(graph: Any) -> list[str]:
+    """Initializers read only inside a node's subgraphs (a Loop body gathering rows of an outer table) move into
+    each subgraph that reads them: the same values in scope, and ONNX Runtime's EPContext writer, which does not
+    carry such outer-scope initializers into the model it writes (an invalid model: "input 'offsets_7' ... is not
+    output of any previous nodes"), has nothing to lose. The names moved."""
+    outer = {t.name: t for t in graph.initializer}
+    moving = read_only_inside(graph)
+    if not moving:
+        return []
+    for node in graph.node:
+        for sub in subgraphs(node):
+            reads = {name for inner in graphs_within(sub) for n in inner.node for name in n.input}
+            sub.initializer.extend(outer[name] for name in moving if name in reads)
+    kept = [t for t in graph.initializer if t.name not in moving]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    listed = [v for v in graph.input if v.name not in moving]  # old IRs list weights as inputs too
+    del graph.input[:]
+    graph.input.extend(listed)
+    return moving
 
 
 def fold_constants(model: Any) -> int:

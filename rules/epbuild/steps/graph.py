@@ -20,6 +20,10 @@ EP_CONTEXT = "EPContext"
 # Nodes an index travels through unchanged on its way to a Gather (token ids, positions).
 INDEX_PASSTHROUGH = {"Cast", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Identity", "Expand"}
 INDEX_CONSUMERS = {"Gather": 1, "GatherElements": 1}  # op type -> input position of the indices
+# sequences and optionals are no tensors: an initializer cannot hold them (SequenceEmpty folded became float64)
+NOT_TENSORS = ("SequenceEmpty", "SequenceConstruct", "SequenceInsert", "SequenceErase", "SequenceAt",
+               "SequenceLength", "SequenceMap", "SplitToSequence", "ConcatFromSequence", "Optional",
+               "OptionalGetElement", "OptionalHasElement")
 
 
 def attributes(node: Any) -> dict[str, Any]:
@@ -63,7 +67,7 @@ def dims(value: Any) -> list[int | str | None]:
 def clear_placeholder_dims(graph: Any) -> None:
     """Placeholder dim_params (`dim_name`) become unknown dimensions, in the graph and its subgraphs: fixing one
     by name would fix every other dimension that shares the placeholder."""
-    for each in _graphs(graph):
+    for each in graphs_within(graph):
         for value in [*each.input, *each.output, *each.value_info]:
             for dim in value.type.tensor_type.shape.dim:
                 if dim.HasField("dim_param") and dim_name(dim) is None:
@@ -124,21 +128,21 @@ def static_dims(model: Any, inputs: dict[str, list[int]], needs_static: bool) ->
     return overrides
 
 
-def _subgraphs(node: Any) -> list[Any]:
+def subgraphs(node: Any) -> list[Any]:
     """A node's own subgraphs (If branches, Loop and Scan bodies)."""
     return [graph for attribute in node.attribute
             for graph in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs)]
 
 
-def _graphs(graph: Any) -> list[Any]:
+def graphs_within(graph: Any) -> list[Any]:
     """The graph and every subgraph (If, Loop, Scan bodies), at any depth."""
-    return [graph, *(found for node in graph.node for sub in _subgraphs(node) for found in _graphs(sub))]
+    return [graph, *(found for node in graph.node for sub in subgraphs(node) for found in graphs_within(sub))]
 
 
 def names_read(node: Any) -> set[str]:
     """What a node reads: its inputs and every name read inside its subgraphs at any depth (an If branch or a Loop
     body reads outer-scope values, initializers included, without listing them as the node's inputs)."""
-    return {*node.input, *(name for sub in _subgraphs(node) for graph in _graphs(sub)
+    return {*node.input, *(name for sub in subgraphs(node) for graph in graphs_within(sub)
                            for inner in graph.node for name in inner.input)}
 
 
@@ -147,7 +151,7 @@ def referenced_files(model: Any) -> dict[str, str]:
     import onnx
 
     needed: dict[str, str] = {}
-    for graph in _graphs(model.graph):
+    for graph in graphs_within(model.graph):
         tensors = [*graph.initializer, *(a.t for n in graph.node for a in n.attribute if a.HasField("t"))]
         for tensor in tensors:
             if tensor.data_location == onnx.TensorProto.EXTERNAL:
@@ -202,7 +206,7 @@ def placement(source_nodes: int, model: Any, ep_name: str | None) -> dict[str, A
     cpu = [n for n in graph.node if n.op_type != EP_CONTEXT]
     nodes: dict[str, Any] = {"source": source_nodes, "ep_context": len(contexts), "cpu": len(cpu),
                              "cpu_op_types": dict(sorted(Counter(n.op_type for n in cpu).items()))}
-    nested = sum(len(sub.node) for n in cpu for each in _subgraphs(n) for sub in _graphs(each))
+    nested = sum(len(sub.node) for n in cpu for each in subgraphs(n) for sub in graphs_within(each))
     if nested:  # the branches of a CPU `If` (a Loop's body) run on CPU too: a session counts them, so does this
         nodes["cpu_in_subgraphs"] = nested
     if ep_name:
@@ -210,7 +214,8 @@ def placement(source_nodes: int, model: Any, ep_name: str | None) -> dict[str, A
         nodes.update({"in_ep": in_ep, "offload": round(in_ep / source_nodes, 4) if source_nodes else 1.0,
                       "by_ep": {ep_name: in_ep, "CPUExecutionProvider": len(cpu)}})
         constant = constant_tensors(graph)
-        foldable = [n for n in cpu if n.output and all(o in constant for o in n.output)]
+        foldable = [n for n in cpu if n.output and all(o in constant for o in n.output)
+                    and n.op_type not in NOT_TENSORS]
         if foldable:
             nodes["foldable_on_cpu"] = dict(sorted(Counter(n.op_type for n in foldable).items()))
     return nodes

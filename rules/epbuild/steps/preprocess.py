@@ -21,7 +21,7 @@ from ..store.layout import STAGES
 from ..store.publish import discard
 from .diagnosis import PATTERNS, REWRITES
 from .fingerprint import stage_config, stage_fingerprint
-from .folding import fold_constants
+from .folding import fold_constants, into_bodies
 from .graph import check_input_names, clear_placeholder_dims, dims, missing_files, true_inputs
 from .stages import PROTOBUF_LIMIT, Stage
 from .validation_inputs import read_npz
@@ -277,6 +277,7 @@ def _run_stage(request: dict[str, Any]) -> dict[str, Any]:
     elif kind == "fold":
         model = onnx.load(str(source), load_external_data=weights)  # values it folds: from the working folder
         result["folded"] = fold_constants(model)
+        result["into_bodies"] = into_bodies(model.graph)
         save(model, output, data_file)
     elif kind == "rewrite":
         model = onnx.load(str(source), load_external_data=weights)
