@@ -488,3 +488,17 @@ def topk_detector(path: Path, queries: int = 60, k: int = 30) -> Path:
          helper.make_tensor_value_info("indices", TensorProto.INT64, [1, k]),
          helper.make_tensor_value_info("boxes", TensorProto.FLOAT, [1, k, 4])], constants)
     return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def small_waveform(path: Path, samples: int = 256) -> Path:
+    """A HiFi-GAN-style vocoder's last layers: a waveform of small magnitude (max ~2e-4), nowhere near constant;
+    judged by its SNR like any output (it was once taken for constant and passed at 7 dB)."""
+    scale = numpy_helper.from_array(np.array(2e-5, np.float32), "scale")
+    nodes = [helper.make_node("MatMul", ["mel", "upsample"], ["wave_raw"]),
+             helper.make_node("Tanh", ["wave_raw"], ["wave_tanh"]),
+             helper.make_node("Mul", ["wave_tanh", "scale"], ["wave_scaled"]),
+             helper.make_node("MatMul", ["wave_scaled", "smooth"], ["waveform"])]
+    graph = helper.make_graph(nodes, "vocoder", [helper.make_tensor_value_info("mel", TensorProto.FLOAT, [1, 32])],
+                              [helper.make_tensor_value_info("waveform", TensorProto.FLOAT, [1, samples])],
+                              [_weights("upsample", 32, samples), _weights("smooth", samples, samples), scale])
+    return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)

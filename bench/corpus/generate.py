@@ -326,6 +326,18 @@ def qdq_cnn(path: Path) -> Path:
     return path
 
 
+def qdq16_cnn(path: Path) -> Path:
+    """A QDQ model with 16-bit activations (uint16 Q/DQ, uint8 weights), as ORT's static quantizer writes it for
+    accuracy-sensitive layers: OpenVINO computes it wrongly (its plain session too), QNN and CPU right."""
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+
+    source = real_models.runtime_weights(path.with_name("qdq16_source.onnx"))
+    quantize_static(str(source), str(path), _calibration(source), quant_format=QuantFormat.QDQ,
+                    activation_type=QuantType.QUInt16, weight_type=QuantType.QUInt8)
+    source.unlink()
+    return path
+
+
 def qoperator_cnn(path: Path) -> Path:
     """QOperator format (QLinearConv, QLinearMatMul): what older quantizers and TFLite converters emit."""
     from onnxruntime.quantization import QuantFormat, quantize_static
@@ -405,6 +417,15 @@ CORPUS = [
           "on which QNN HTP's compile aborts (onnx.helper)", real_models.strided_after_conv),
     Entry("saturated", "a text detector's sigmoid map driven to ~1e-6 by generated noise: a nearly constant reference "
           "(onnx.helper)", real_models.saturated_detector),
+    Entry("vocoder_small", "a vocoder's waveform of small magnitude (max ~2e-4), judged by its SNR, never taken for "
+          "constant (onnx.helper)", real_models.small_waveform),
+    Entry("ranker_loop", "DLRM-style ranker: EmbeddingBag as a Loop whose body reads outer initializers, plus a "
+          "SequenceEmpty chain (onnx.helper)", real_models.loop_reading_outer_weights),
+    Entry("caffe2_shape", "Caffe2 export: IR 3, opset 9, weights, a *__SHAPE tensor feeding ConstantOfShape and an "
+          "OC2_DUMMY_* shape, all listed as graph inputs (onnx.helper)", real_models.old_ir_shape_inputs),
+    Entry("topk_detector", "DETR-style head: TopK keeps 30 of 60 queries whose scores tie within fp16, boxes gathered "
+          "at the chosen indices (onnx.helper)", real_models.topk_detector),
+    Entry("qdq16", "QDQ model with uint16 activations from ORT's static quantizer", qdq16_cnn),
 ]
 
 

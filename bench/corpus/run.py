@@ -57,7 +57,8 @@ def matrix(folder: Path, names: list[str]) -> list[dict]:
             report = _read(folder / "artifacts" / target / name / "validation.json")
             nodes = sidecar.get("nodes", {})
             outputs = report.get("outputs", {})
-            snr = min((o.get("snr_db", 0.0) for o in outputs.values()), default=None)
+            snr = min((o.get("snr_db", 0.0) for o in outputs.values()  # indices are judged as a selection
+                       if not o.get("selection", {}).get("direct")), default=None)
             reason = compiled.get("reason") or validated.get("reason") or report.get("reason") or ""
             if not compiled:  # a stage before the compile failed
                 stage = next(((n, e) for n, e in tasks.items() if n.split(":", 1)[-1].startswith(name)
@@ -73,7 +74,39 @@ def matrix(folder: Path, names: list[str]) -> list[dict]:
     return rows
 
 
-def markdown(rows: list[dict], origins: dict[str, str], seconds: float, jobs: int) -> str:
+def previous_verdicts(path: Path) -> dict[tuple[str, str], str]:
+    """(model, target) -> validation status in an earlier matrix file, to count what changed."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return {}
+    found = {}
+    for line in lines:
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 9 and cells[1] in TARGETS:
+            found[(cells[0], cells[1])] = cells[6]
+    return found
+
+
+def counts(rows: list[dict], before: dict[tuple[str, str], str]) -> list[str]:
+    """Per target: how many pass, are inconclusive, fail (with their reason), were not run; and how many that
+    passed in the earlier matrix no longer do."""
+    lines = ["| target | passed | inconclusive | failed | not run / skipped | were passed, now not |",
+             "|---|---|---|---|---|---|"]
+    for target in TARGETS:
+        mine = [r for r in rows if r["target"] == target]
+        status = [r["validation"] for r in mine]
+        changed = [r["model"] for r in mine
+                   if before.get((r["model"], target)) == "passed" and r["validation"] != "passed"]
+        judged = {name: status.count(name) for name in ("passed", "inconclusive", "failed")}
+        lines.append(f"| {target} | {judged['passed']} | {judged['inconclusive']} | {judged['failed']} | "
+                     f"{len(status) - sum(judged.values())} | {len(changed)}"
+                     f"{': ' + ', '.join(changed) if changed else ''} |")
+    return lines
+
+
+def markdown(rows: list[dict], origins: dict[str, str], seconds: float, jobs: int,
+             before: dict[tuple[str, str], str] | None = None) -> str:
     def cell(value, pattern="{}"):
         return "" if value is None else pattern.format(value)
 
@@ -86,6 +119,10 @@ def markdown(rows: list[dict], origins: dict[str, str], seconds: float, jobs: in
         lines.append(f"| {row['model']} | {row['target']} | {row['compile']} | {cell(row['offload'], '{:.0%}')} | "
                      f"{cell(row['seconds'], '{:.2f}')} | {cell(row['peak_mb'], '{:.0f}')} | {row['validation']} | "
                      f"{cell(row['snr_db'], '{:.1f}')} | {row['reason'].replace('|', '/')} |")
+    lines += ["", "## Verdicts per target", "",
+              "Against the matrix this run replaced (`were passed, now not`: verdicts that said more than was "
+              "checked, or regressions; models new to the corpus have no earlier verdict).", ""]
+    lines += counts(rows, before or {})
     lines += ["", "## The models", ""] + [f"- `{name}`: {origin}" for name, origin in origins.items()]
     return "\n".join(lines) + "\n"
 
@@ -101,7 +138,8 @@ def main() -> int:
         entries = generate(folder, not arguments.no_torch)
         done, seconds = build(folder, arguments.jobs)
         rows = matrix(folder, [e.name for e in entries])
-        text = markdown(rows, {e.name: e.origin for e in entries}, seconds, arguments.jobs)
+        text = markdown(rows, {e.name: e.origin for e in entries}, seconds, arguments.jobs,
+                        previous_verdicts(arguments.out))
         (folder / "doit.log").write_text(done.stdout + done.stderr)
         raw = [line for line in (done.stdout + done.stderr).splitlines() if any(r in line for r in RAW)]
         arguments.out.parent.mkdir(parents=True, exist_ok=True)
