@@ -4,6 +4,8 @@ weights, `*__SHAPE` and `OC2_DUMMY_*` tensors are listed as graph inputs."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -11,7 +13,7 @@ import pytest
 
 from conftest import build_report
 from epbuild.errors import ModelError
-from real_models import loop_reading_outer_weights, old_ir_shape_inputs
+from real_models import loop_reading_outer_weights, old_ir_shape_inputs, small_waveform
 
 TARGETS = '[targets.cpu]\nep = "cpu"\n[targets.qnn-htp]\nep = "qnn"\noptions = { soc_model = 60 }\n'
 
@@ -151,3 +153,18 @@ def test_an_optimized_ir3_model_never_asks_for_a_weight_it_listed_as_input(tmp_p
     session = ort.InferenceSession(str(tmp_path / "artifact.onnx"))
     assert [i.name for i in session.get_inputs()] == ["data_0"]
     np.testing.assert_array_equal(session.run(None, x)[0], want)
+
+
+def test_a_small_magnitude_waveform_is_judged_by_its_snr_on_every_target(project):
+    """A vocoder's waveform (max ~2e-4) was taken for constant and passed at 7 dB; it is judged by its SNR."""
+    small_waveform(project.root / "models" / "vocoder.onnx")
+    project.manifest('[models.vocoder]\npath = "models/vocoder.onnx"\ntargets = ["cpu", "qnn-htp"]\n' + TARGETS)
+    done = project.doit(check=False)
+    entries = build_report(project)
+    for target in ("cpu", "qnn-htp"):
+        report = json.loads((project.artifacts / target / "vocoder" / "validation.json").read_text())
+        (waveform,) = report["outputs"].values()
+        assert "near_constant" not in waveform and waveform["reference_max_abs"] < 1e-3
+        assert report["status"] == ("passed" if waveform["snr_db"] >= report["thresholds"]["min_snr_db"] else
+                                    "failed"), done.stdout
+        assert entries[f"validate:vocoder@{target}"]["status"] in ("validated", "failed")
