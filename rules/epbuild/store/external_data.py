@@ -9,6 +9,7 @@ model's folder are refused before any of them is read.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,8 @@ from .layout import stat_key
 from .publish import discard
 
 READ_TIMEOUT_S = 600.0  # a multi-GB protobuf takes seconds to parse and check
+
+logger = logging.getLogger(__name__)
 
 
 def _input_shapes(graph: Any) -> dict[str, list[int | None]]:
@@ -95,17 +98,76 @@ def _read(model_path: Path) -> dict[str, Any]:
         raise UserError(model_path.name, None, "the model has no outputs: nothing to compile or compare")
     for location in found:  # refused here, before the checker reads anything
         check_location(model_path, location, needs.get(location))
+    ort_only: list[str] = []
     try:
         onnx.checker.check_model(str(model_path))  # by path: external data is checked next to the model
     except onnx.checker.ValidationError as exc:
-        raise UserError(model_path.name, None, f"fails onnx.checker: {' '.join(str(exc).split())}") from None
+        ort_only = _checked_with_ort_ops(model)
+        if not ort_only:
+            raise UserError(model_path.name, None, f"fails onnx.checker: {' '.join(str(exc).split())}") from None
+        logger.info("%s: onnx.checker does not know %s, which ONNX Runtime registers: accepted", model_path.name,
+                    ", ".join(ort_only))
     weights = {t.name for t in model.graph.initializer}
     return {"locations": sorted(found), "needs": needs, "inputs": _input_shapes(model.graph),
             "dim_names": {name: [d.dim_param or None for d in value.type.tensor_type.shape.dim]
                           for value in model.graph.input if (name := value.name) not in weights
                           and value.type.HasField("tensor_type")},
             "weights_as_inputs": sorted(v.name for v in model.graph.input if v.name in weights),
+            "ort_only_ops": ort_only,
             "graph": _ready(model)}
+
+
+ORT_ONLY_DOMAIN = "epbuild.ort-registered"  # where a copy puts ops ONNX lacks and ONNX Runtime has, for the checker
+
+
+def _checked_with_ort_ops(model: Any) -> list[str]:
+    """The op types onnx.checker does not know at the model's opset and ONNX Runtime's CPU EP registers (what
+    onnxruntime-genai's builder writes: SimplifiedLayerNormalization in the default domain), if the model passes
+    the checker once those nodes are set aside; else [] (the checker's own complaint stands). The model itself is
+    not changed: ONNX Runtime loads it as it is."""
+    import copy
+
+    import onnx
+    from onnxruntime.capi import onnxruntime_pybind11_state as registry
+
+    opsets = {entry.domain or "": entry.version for entry in model.opset_import}
+    registered = {(kernel.domain or "", kernel.op_name) for kernel in registry.get_all_opkernel_def()
+                  if kernel.provider == "CPUExecutionProvider"}
+    unknown = set()
+
+    def visit(graph: Any, moving: bool) -> None:
+        for node in graph.node:
+            domain = node.domain or ""
+            known = domain in opsets and onnx.defs.has(node.op_type, opsets[domain], domain)
+            if not known and (domain, node.op_type) in registered:
+                unknown.add(node.op_type)
+                if moving:
+                    node.domain = ORT_ONLY_DOMAIN
+            for attribute in node.attribute:
+                for sub in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
+                    visit(sub, moving)
+
+    visit(model.graph, False)
+    if not unknown:
+        return []
+    checked = copy.deepcopy(model)
+    visit(checked.graph, True)
+    checked.opset_import.append(onnx.helper.make_opsetid(ORT_ONLY_DOMAIN, 1))
+    for graph in _graphs(checked.graph):  # external data was checked above (check_location), the rest is here
+        for index, tensor in enumerate(graph.initializer):
+            if tensor.data_location == onnx.TensorProto.EXTERNAL:
+                graph.initializer[index].CopyFrom(onnx.helper.make_tensor(tensor.name, tensor.data_type, [0], []))
+    try:
+        onnx.checker.check_model(checked)
+    except onnx.checker.ValidationError:
+        return []
+    return sorted(unknown)
+
+
+def _graphs(graph: Any) -> list[Any]:
+    return [graph, *(found for node in graph.node for attribute in node.attribute
+                     for sub in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs)
+                     for found in _graphs(sub))]
 
 
 def _data_end(tensor: Any, fields: dict[str, str]) -> int | None:

@@ -198,7 +198,7 @@ class Project:
                 with contextlib.suppress(OSError):
                     folder.rmdir()
         external, shapes = {}, {}
-        for where, path in [*((f"models.{m.name}.path", m.path) for m in models),
+        for where, path in [*((f"{m.entry.split('.variants.')[0] or f'models.{m.name}'}.path", m.path) for m in models),
                             *((f"models.{name}.validation.reference", path) for path, name in references.items())]:
             try:
                 external[path] = tuple(index.files(path))
