@@ -11,6 +11,7 @@ every step compares the same computation; the EP's own greedy tokens are reporte
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -19,16 +20,31 @@ from ..execute.requests import ValidationReport, ValidationRequest
 from ..manifest.eps import lookup
 from .artifact_session import is_qdq, open_session
 from .comparison import DEFAULT_THRESHOLDS, compare
+from .pipeline_checks import genai_run, growing_run
 from .reference import NO_TIME, session_options
 from .validation_inputs import SEED, dtype_of
 from .weights import read_weights_from, weights_folder
 
 PAST, PRESENT = "past_key_values.", "present."
+SLIDING, FROM_START = "sliding", "from-start"  # cache layouts (`layout_of`)
+
+
+def layout_of(model_path: str) -> str:
+    """How the model keeps its KV cache. GroupQueryAttention (onnxruntime-genai's builder) writes the cache from
+    position 0 and attends to as many positions as the mask marks: the cache is handed on from its start, the mask
+    marks the filled positions first. Otherwise a fixed window slides: the newest positions, the mask's padding
+    first."""
+    import onnx
+
+    graph = onnx.load(model_path, load_external_data=False).graph
+    return FROM_START if any(n.op_type == "GroupQueryAttention" for n in graph.node) else SLIDING
+
+
 class Graph:
     """One graph of the pipeline (a session) and what its inputs need."""
 
-    def __init__(self, session: Any, role: str):
-        self.session, self.role = session, role
+    def __init__(self, session: Any, role: str, layout: str = SLIDING):
+        self.session, self.role, self.layout = session, role, layout
         self.inputs = {i.name: i for i in session.get_inputs()}
         self.outputs = [o.name for o in session.get_outputs()]
         unknown = [n for n in self.inputs if not n.startswith(PAST)
@@ -53,6 +69,8 @@ class Graph:
         length = self.cache_length()
         total = length + self.sequence
         feeds = {"input_ids": np.array([tokens[-self.sequence:]], dtype=dtype_of(self.inputs["input_ids"].type))}
+        if self.layout == FROM_START:
+            return self._from_start(feeds, filled, cache)
         if "attention_mask" in self.inputs:
             in_use = min(filled, length)
             mask = [0] * (length - in_use) + [1] * (in_use + self.sequence)
@@ -75,6 +93,40 @@ class Graph:
             feeds[name] = present[:, :, present.shape[2] - shape[2]:, :].astype(dtype_of(value.type))
         return feeds
 
+    def _from_start(self, feeds: dict[str, Any], filled: int, cache: dict[str, Any] | None) -> dict[str, Any]:
+        """The cache from position 0 (`FROM_START`): the mask marks the `filled` positions and this step's, then
+        padding; each past input takes the first positions of the present output it continues."""
+        import numpy as np
+
+        mask_shape = self.inputs["attention_mask"].shape if "attention_mask" in self.inputs else []
+        total = mask_shape[1] if len(mask_shape) == 2 and isinstance(mask_shape[1], int) else None
+        length = self.cache_length()
+        if filled + self.sequence > (total or length + self.sequence) or (filled and filled > length):
+            raise ModelError(f"the {self.role} graph's cache holds {length} positions and its mask "
+                             f"{total or length + self.sequence}: {filled} filled + {self.sequence} new do not fit; "
+                             "raise past_sequence_length and total_sequence_length in its dims, or lower "
+                             "pipeline.tokens")
+        if total is not None:
+            mask = [1] * (filled + self.sequence) + [0] * (total - filled - self.sequence)
+            feeds["attention_mask"] = np.array([mask], dtype=dtype_of(self.inputs["attention_mask"].type))
+        if "position_ids" in self.inputs:
+            feeds["position_ids"] = np.array([list(range(filled, filled + self.sequence))],
+                                             dtype=dtype_of(self.inputs["position_ids"].type))
+        for name, value in self.inputs.items():
+            if not name.startswith(PAST):
+                continue
+            shape = [d if isinstance(d, int) else 1 for d in value.shape]
+            past = np.zeros(shape, dtype=dtype_of(value.type))
+            present = None if cache is None else cache.get(PRESENT + name[len(PAST):])
+            if cache is not None and present is None:
+                raise ModelError(f"the {self.role} graph's input '{name}' has no '{PRESENT}{name[len(PAST):]}' "
+                                 "output to come from")
+            if present is not None:
+                kept = min(present.shape[2], shape[2])
+                past[:, :, :kept] = present[:, :, :kept]
+            feeds[name] = past
+        return feeds
+
     def run(self, feeds: dict[str, Any]) -> dict[str, Any]:
         return dict(zip(self.outputs, self.session.run(None, feeds), strict=True))
 
@@ -90,17 +142,19 @@ def source_options(ort: Any, member: dict[str, Any]) -> Any:
     return options
 
 
-def cpu_run(prompt: Any, token: Any, tokens: int) -> dict[str, Any]:
+def cpu_run(prompt: Any, token: Any, tokens: int, layout: str = SLIDING) -> dict[str, Any]:
     """The application's greedy run on CPU with the source models (`prompt`, `token`: their sessions): the prompt
     tokens, each step's filled positions and logits, and the greedy tokens. It depends on the sources alone, so it
     is computed once and kept in the caches (`cached_reference`)."""
     import numpy as np
 
-    graphs = Graph(prompt, "prompt"), Graph(token, "token")
+    graphs = Graph(prompt, "prompt", layout), Graph(token, "token", layout)
     vocab = prompt.get_outputs()[graphs[0].outputs.index("logits")].shape[-1]
     vocab = vocab if isinstance(vocab, int) else 2
     sequence = [int(t) for t in np.random.default_rng(SEED).integers(0, vocab, graphs[0].sequence)]
-    run: dict[str, Any] = {"prompt": list(sequence), "filled": [], "logits": [], "tokens": []}
+    run: dict[str, Any] = {"prompt": list(sequence), "filled": [], "logits": [], "tokens": [],
+                           "past_shapes": {name: list(value.shape) for name, value in graphs[0].inputs.items()
+                                           if name.startswith(PAST)}}
     cache = None
     for step in range(tokens + 1):
         graph = graphs[min(step, 1)]
@@ -114,10 +168,11 @@ def cpu_run(prompt: Any, token: Any, tokens: int) -> dict[str, Any]:
     return run
 
 
-def ep_run(prompt: Any, token: Any, cpu: dict[str, Any]) -> tuple[list[dict[str, Any]], list[int]]:
+def ep_run(prompt: Any, token: Any, cpu: dict[str, Any], layout: str = SLIDING,
+           ) -> tuple[list[dict[str, Any]], list[int]]:
     """(per-step metrics, the EP's greedy tokens): the EP's sessions fed what the CPU run was fed, step by step
     (the CPU's greedy tokens, so that every step compares the same computation)."""
-    graphs = Graph(prompt, "prompt"), Graph(token, "token")
+    graphs = Graph(prompt, "prompt", layout), Graph(token, "token", layout)
     steps, chosen, cache = [], [], None
     sequence = list(cpu["prompt"])
     for step, (filled, expected, cpu_next) in enumerate(zip(cpu["filled"], cpu["logits"], cpu["tokens"],
@@ -141,6 +196,7 @@ def save_cpu_run(run: dict[str, Any], folder: Path) -> None:
     import numpy as np
 
     arrays = {"prompt": run["prompt"], "filled": run["filled"], "tokens": run["tokens"],
+              "checks": json.dumps(run.get("checks", []), sort_keys=True),
               **{f"logits/{step}": logits for step, logits in enumerate(run["logits"])}}
     folder.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(folder / PIPELINE_FILE, "w") as archive:
@@ -155,7 +211,20 @@ def load_cpu_run(folder: Path) -> dict[str, Any]:
     with np.load(folder / PIPELINE_FILE, allow_pickle=False) as data:
         steps = len([key for key in data.files if key.startswith("logits/")])
         return {"prompt": [int(t) for t in data["prompt"]], "filled": [int(f) for f in data["filled"]],
-                "tokens": [int(t) for t in data["tokens"]], "logits": [data[f"logits/{i}"] for i in range(steps)]}
+                "tokens": [int(t) for t in data["tokens"]], "logits": [data[f"logits/{i}"] for i in range(steps)],
+                "checks": json.loads(str(data["checks"])) if "checks" in data.files else []}
+
+
+def independent_checks(ort: Any, member: dict[str, Any], cpu: dict[str, Any]) -> list[dict[str, Any]]:
+    """The CPU run against a growing-cache run of the model as declared and against onnxruntime-genai's own
+    generator (`steps.pipeline_checks`), each {"kind", "status", "detail"}."""
+    declared = member["declared"]
+    session = ort.InferenceSession(declared, source_options(ort, {"source": declared, "weights": {}}),
+                                   providers=["CPUExecutionProvider"])
+    checks = [{"kind": "growing cache", **growing_run(session, cpu)}]
+    del session
+    checks.append({"kind": "onnxruntime-genai", **genai_run(declared, cpu)})
+    return checks
 
 
 def judge(steps: list[dict[str, Any]], thresholds: dict[str, float]) -> list[str]:
@@ -187,13 +256,15 @@ def validate_pipeline(request: ValidationRequest) -> ValidationReport:
                 "reason": f"{blocked}; the pipeline runs here on the members compiled alone, and {', '.join(missing)} "
                           "is not built alone for this target: add the target to the model's targets"}
     kept, save_to, answer = pipeline.get("cpu"), pipeline.get("cpu_to"), {}
+    layout = layout_of(members[0]["source"])
     try:
         if kept:
             cpu = load_cpu_run(Path(kept))
         else:  # its sessions end before the EP's open: never both in memory
             cpu = cpu_run(*(ort.InferenceSession(m["source"], source_options(ort, m),
                                                  providers=["CPUExecutionProvider"]) for m in members),
-                          pipeline["tokens"])
+                          pipeline["tokens"], layout)
+            cpu["checks"] = independent_checks(ort, members[0], cpu)
             if save_to:
                 try:
                     save_cpu_run(cpu, Path(save_to))
@@ -207,20 +278,23 @@ def validate_pipeline(request: ValidationRequest) -> ValidationReport:
             if refused:
                 return {**refused, "structural": "passed", **answer}
             sessions.append(session)
-        steps, ep_tokens = ep_run(sessions[0], sessions[1], cpu)
+        steps, ep_tokens = ep_run(sessions[0], sessions[1], cpu, layout)
     except ModelError as exc:
         return {"status": "failed", "structural": "passed", "reason": exc.message, **answer}
     cpu_tokens = cpu["tokens"]
     kind = "qdq" if is_qdq(members[0]["reference"]) else members[0]["precision"]
     thresholds = {**DEFAULT_THRESHOLDS[kind], **members[0]["thresholds"]}
-    failures = judge(steps, thresholds)
+    failures = judge(steps, thresholds) + [f"{check['detail']}: the pipeline's cache layout ({layout}) is not the "
+                                           "model's" for check in cpu["checks"] if check["status"] == "departs"]
     where = "the members compiled alone" if blocked else "the shared context"
     figures = (f"pipeline on {where}: prompt + {pipeline['tokens']} token steps, logits SNR >= "
                f"{min(s['snr_db'] for s in steps):.1f} dB, greedy tokens "
-               f"{'equal' if cpu_tokens == ep_tokens else 'differ'} ({ep_tokens} on the EP, {cpu_tokens} on CPU)")
+               f"{'equal' if cpu_tokens == ep_tokens else 'differ'} ({ep_tokens} on the EP, {cpu_tokens} on CPU); "
+               f"the CPU run against {', '.join(c['kind'] + ': ' + c['status'] for c in cpu['checks']) or 'nothing'}")
     report: ValidationReport = {"structural": "passed", "precision": kind, "thresholds": thresholds,
-                                "pipeline": {"ran_on": where, "steps": steps, "tokens_cpu": cpu_tokens,
-                                             "tokens_ep": ep_tokens}}
+                                "pipeline": {"ran_on": where, "layout": layout, "steps": steps,
+                                             "tokens_cpu": cpu_tokens, "tokens_ep": ep_tokens,
+                                             "cpu_checked": cpu["checks"]}}
     if failures:
         return {**report, **answer, "status": "failed", "reason": f"{figures}: " + "; ".join(failures)}
     if blocked:

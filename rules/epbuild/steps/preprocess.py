@@ -103,7 +103,7 @@ def fix_shapes(source: Path, output: Path, inputs: dict[str, list[int]], data_fi
     import onnx
 
     model_utils, symbolic = shape_tools()
-    fix_output_shapes, make_input_shape_fixed = model_utils.fix_output_shapes, model_utils.make_input_shape_fixed
+    make_input_shape_fixed = model_utils.make_input_shape_fixed
     SymbolicShapeInference = symbolic.SymbolicShapeInference
 
     model = onnx.load(str(source), load_external_data=weights)
@@ -126,9 +126,24 @@ def fix_shapes(source: Path, output: Path, inputs: dict[str, list[int]], data_fi
         except Exception as exc:  # noqa: BLE001 - without inference the inputs are still fixed; say so
             failed = [f"(shape inference failed: {' '.join(str(exc).split())[:200]})"]
     model = inferred or model
-    fix_output_shapes(model)
+    _fix_output_shapes(model, model_utils.is_fixed_size_tensor)
     save(model, output, data_file)
     return failed + dynamic_tensors(model)
+
+
+def _fix_output_shapes(model: Any, fixed: Any) -> None:
+    """The graph outputs' shapes where inference fixed them: ONNX Runtime's `fix_output_shapes` without its
+    onnx.checker call, which refuses ops ONNX Runtime registers and ONNX does not (onnxruntime-genai's
+    SimplifiedLayerNormalization at opset 22)."""
+    import onnx
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    except Exception:  # noqa: BLE001 - the outputs keep the shapes they have
+        return
+    for output, found in zip(model.graph.output, inferred.graph.output, strict=True):
+        if not fixed(output) and fixed(found):
+            output.type.tensor_type.shape.CopyFrom(found.type.tensor_type.shape)
 
 
 def freeze(source: Path, output: Path, values: dict[str, list[float]], data_file: str | None) -> None:
