@@ -25,7 +25,7 @@ from ..store.cache import Outcome, Workspace, cached_folder, with_download
 from ..store.hashing import snapshot
 from ..store.layout import Layout, write_json
 from .compilers import compiler
-from .diagnosis import compile_hints, input_branches
+from .diagnosis import compile_hints, input_branches, plain_ep_error
 from .fingerprint import compile_fingerprint, target_identity
 from .graph import EP_CONTEXT, check_ep_contexts, dims, missing_files, names_read, placement, static_dims
 from .preprocess import always_written, external_output
@@ -97,10 +97,14 @@ def with_hints(error: BuildError, build: Build) -> BuildError:
     (the one reports keep); the child's output excerpt stays below."""
     hints = [hint for m in build.members for hint in compile_hints(m.model.path, build.target.ep.name,
                                                                    f"models.{m.name}", bool(m.frozen), str(error))]
-    if not hints:
-        return error
     first, _, rest = str(error).partition("\n")
-    return BuildError(f"{first}; {'; '.join(hints)}" + (f"\n{rest}" if rest else ""))
+    plain = plain_ep_error(first)
+    # ONNX Runtime's own log line repeating the failure the first line gives is noise below it
+    kept = [line for line in rest.splitlines() if not ("[E:onnxruntime:" in line and line.split("] ", 1)[-1][:60]
+                                                       in first)]
+    if not hints and plain == first and len(kept) == len(rest.splitlines()):
+        return error
+    return BuildError("; ".join([plain, *hints]) + ("\n" + "\n".join(kept) if kept else ""))
 
 
 def publishing(build: Build, folder: Path, layout: Layout) -> None:

@@ -313,6 +313,10 @@ def placement_line(nodes: dict[str, Any]) -> str:
             f"{nodes['ep_context']} EPContext node(s), {nodes['cpu']} on CPU")
     if nodes.get("cpu_op_types"):
         line += f" ({', '.join(f'{op} x{n}' for op, n in nodes['cpu_op_types'].items())})"
+    if nodes["ep_context"] > 1 and nodes.get("cpu_op_types"):
+        line += (f"; split into {nodes['ep_context']} partitions with CPU work between them (activations cross "
+                 f"between the EP and the CPU at each): the EP does not take "
+                 f"{', '.join(op for op in nodes['cpu_op_types'])}; min_offload fails such builds")
     foldable = nodes.get("foldable_on_cpu")
     if foldable:
         line += (f"; {sum(foldable.values())} of them only compute constants ({', '.join(foldable)}) and may keep "

@@ -4,6 +4,7 @@ without its weights, only after something failed, and said in the failure's one 
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -233,6 +234,28 @@ def openvino_16bit_line(found: dict[str, int], plain_snr: float | None, plain_er
     return (f"OpenVINO computes 16-bit Q/DQ wrongly ({nodes} QuantizeLinear/DequantizeLinear): {seen}, so neither "
             "the compile nor the model is at fault, and localise cannot look inside it; quantize OpenVINO targets "
             "with activation_type = \"uint8\" (or build the float model for them)")
+
+
+OPENVINO_UNCONVERTED = re.compile(r"Failed operations detailed log:(?P<log>.*?)(Summary:|$)", re.S)
+
+
+def plain_ep_error(message: str) -> str:
+    """An EP's failure in one line a user can act on: OpenVINO's unconverted-ops report (hundreds of characters of
+    frontend checks) becomes the ops it could not convert, each with its reason."""
+    found = OPENVINO_UNCONVERTED.search(message)
+    if not found:
+        return message
+    head = message[:message.find("[ONNXRuntimeError]")] if "[ONNXRuntimeError]" in message else ""
+    ops = []
+    for entry in found.group("log").split(" -- "):
+        op, _, detail = entry.strip(" -").partition(" with a message: ")
+        if op:
+            reason = detail.rsplit("': ", 1)[-1].strip() if detail else ""
+            ops.append(f"{op} ({reason})" if reason else op)
+    if not ops:
+        return message
+    return (f"{head}OpenVINO cannot convert {len(ops)} op type(s): {'; '.join(ops)}; build this model for a target "
+            "whose EP has these ops, or export it without them")
 
 
 def _checks(model: Any) -> bool:
