@@ -107,6 +107,7 @@ class Member:
     declared: Path | None = None  # the model as declared, when stages make `model` (the reference's fallback)
     reference_files: tuple[Path, ...] = ()  # every file the CPU reference may read (`targets.reference_files`)
     elsewhere: tuple[tuple[Path, str], ...] = ()  # graphs that read their weights from another folder (`Chain`)
+    package: tuple[Path, ...] = ()  # onnxruntime-genai's config and processing files, published beside the artifact
 
     @property
     def weights(self) -> dict[str, str]:
@@ -174,7 +175,8 @@ class Build:
     @property
     def inputs(self) -> list[Path]:
         """Every file the compile reads: models, their external data, option files."""
-        return [p for m in self.members for p in (m.model.path, *m.external)] + list(self.target.option_files.values())
+        return ([p for m in self.members for p in (m.model.path, *m.external, *m.package)]
+                + list(self.target.option_files.values()))
 
     @property
     def validation_files(self) -> list[Path]:

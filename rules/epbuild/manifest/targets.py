@@ -12,6 +12,7 @@ from typing import Any
 
 from ..errors import UserError, closest
 from ..steps.compilers import COMPILERS, Compiler
+from ..steps.package import genai_files
 from ..steps.stages import Chain, stage_chain
 from ..steps.toolchains import check_qaic
 from ..store.layout import Layout
@@ -216,8 +217,14 @@ def _build(name: str, target: ResolvedTarget, models: list[ModelSpec], manifest:
     members = tuple(member for member, _ in pairs)
     if shared:
         _distinct_file_names(name, members, manifest.path.name)
+    else:  # genai grows the cache: only a graph that keeps the builder's dynamic shapes runs as genai's model
+        (model,) = models
+        dynamic = not model.dims and not model.inputs and ".variants." not in model.entry
+        package = genai_files(model.path) if dynamic and target.compiler in ("ort", "ort_session") else ()
+        members = (dataclasses.replace(members[0], package=package),)
     backend = COMPILERS[target.compiler]
-    outputs = backend.output_names(target, list(members), shared)
+    outputs = tuple(sorted({*backend.output_names(target, list(members), shared),
+                            *(path.name for m in members for path in m.package)}))
     layout = Layout(manifest.root / "artifacts")
     alone = tuple((m.name, tuple(layout.build_dir(target.name, m.name, False) / file
                                  for file in backend.output_names(target, [m], False)))

@@ -28,6 +28,7 @@ from .compilers import compiler
 from .diagnosis import compile_hints, input_branches, plain_ep_error
 from .fingerprint import compile_fingerprint, target_identity
 from .graph import EP_CONTEXT, check_ep_contexts, dims, missing_files, names_read, placement, static_dims
+from .package import write_package
 from .preprocess import always_written, external_output
 from .shared_context import loading_contract
 from .weights import FOLDER_OPTION
@@ -73,6 +74,10 @@ def compile_build(build: Build, workspace: Workspace) -> Compiled:
             usage.update(ran["usage"])
         else:
             usage.update(compiler(build.target).produce(build, workspace, scratch) or {})
+        for member in build.members:
+            if member.package:
+                write_package(member.package, scratch, member.model_file, build.target.ep.alias,
+                              build.target.runtime_options())
 
     expected = list(build.outputs) if compiler(build.target).exact_outputs else None
     try:

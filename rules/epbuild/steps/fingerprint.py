@@ -97,7 +97,8 @@ def _member_identity(member: Member, hashes: FileHashes) -> dict[str, Any]:
     base = resolved(model.path, folder) if folder else model.path.parent
     return {"name": model.name, "file": model.path.name, "sha256": hashes.sha256(model.path),
             "external": {path.relative_to(base).as_posix(): hashes.sha256(path) for path in member.external},
-            **({"weights": folder} if folder else {}), "inputs": _shapes(member)}
+            **({"weights": folder} if folder else {}), "inputs": _shapes(member),
+            **({"package": {path.name: hashes.sha256(path) for path in member.package}} if member.package else {})}
 
 
 def compile_fingerprint(build: Build, hashes: FileHashes) -> str:

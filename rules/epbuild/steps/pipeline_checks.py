@@ -101,3 +101,40 @@ def genai_greedy(og: Any, folder: Path, prompt: list[int], count: int) -> list[i
     produced = [int(t) for t in generator.get_sequence(0)][len(prompt):]
     del generator, params, model
     return produced
+
+
+GENAI_PROMPT, GENAI_TOKENS = 8, 8  # a fixed-seed prompt and the greedy tokens compared
+
+
+def genai_validation(request: dict[str, Any]) -> dict[str, Any]:
+    """A packaged artifact folder (`steps.package`) run as onnxruntime-genai runs it: greedy tokens from a
+    fixed-seed prompt on the artifact's folder against the same on the model's own folder. What was checked is
+    the tokens, and the report says only that."""
+    import json
+
+    import numpy as np
+
+    from .validation_inputs import SEED
+
+    folder, source = Path(request["artifact"]).parent, Path(request["declared"]).parent
+    if request["ep"] != "cpu":
+        return {"status": "skipped", "reason": "the artifact keeps genai's dynamic shapes, which a single run cannot "
+                                               "feed, and onnxruntime-genai runs this EP only where genai has it: "
+                                               "not checked here"}
+    try:
+        import onnxruntime_genai as og
+    except ImportError:
+        return {"status": "skipped", "reason": "the artifact keeps genai's dynamic shapes and onnxruntime-genai is "
+                                               "not installed to run its folder: pip install 'epbuild[genai]'"}
+    vocab = int(json.loads((folder / "genai_config.json").read_text())["model"]["vocab_size"])
+    prompt = [int(t) for t in np.random.default_rng(SEED).integers(3, vocab, GENAI_PROMPT)]
+    got = genai_greedy(og, folder, prompt, GENAI_TOKENS)
+    want = genai_greedy(og, source, prompt, GENAI_TOKENS)
+    report = {"mode": "genai", "genai": {"prompt": prompt, "tokens_artifact": got, "tokens_source": want}}
+    if got != want:
+        return {**report, "status": "failed", "reason": f"onnxruntime-genai's greedy decoding of the artifact folder "
+                                                        f"gives {got}, of the model's own folder {want}"}
+    return {**report, "status": "passed",
+            "summary": f"onnxruntime-genai loads the folder; greedy tokens equal the source's ({len(got)} tokens "
+                       f"from a "
+                       f"fixed-seed prompt of {len(prompt)})"}

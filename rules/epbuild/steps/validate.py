@@ -32,7 +32,9 @@ from .compilers import compiler
 from .diagnosis import failure_hints, fp16_hint, openvino_16bit_line, sixteen_bit_qdq
 from .localise import localise
 from .localise import summary as localised
+from .package import GENAI_CONFIG
 from .pipeline import validate_pipeline
+from .pipeline_checks import genai_validation
 from .reference import (
     ReferenceUnusable,
     load_reference,
@@ -132,7 +134,7 @@ def validate(build: Build, workspace: Workspace, workdir: Path) -> ValidationRep
                 report = run_pipeline_against_cache(build, workspace, request, workdir, what, log, timeout)
             elif build.shared and not request["run_blocked"]:
                 report = run_group_against_references(build, workspace, request, workdir, what, log, timeout)
-            elif build.shared or build.members[0].validation.mode != "run":
+            elif build.shared or build.members[0].validation.mode != "run" or build.members[0].package:
                 report = run_child("epbuild.steps.validate", request, workdir, target.limits(timeout), what, log,
                                    target.ep.fork_server, target.ep.warm_validations)
             else:
@@ -405,6 +407,8 @@ def _validate_in_child(request: ValidationRequest) -> ValidationReport:
         return validate_member(member, load_reference(Path(request["reference"])))
     if member["mode"] != "run":
         return validate_member(member)
+    if (Path(member["artifact"]).parent / GENAI_CONFIG).is_file():  # a folder packaged for onnxruntime-genai
+        return genai_validation(member)
     try:  # the reference first: its session is gone before the artifact's opens
         reference, saved = _reference_for(member, None, request.get("reference_to"))
     except ReferenceUnusable as exc:
