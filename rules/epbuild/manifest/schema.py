@@ -218,10 +218,11 @@ KEYS: tuple[Key, ...] = (
     Key("target", ("group",), str, "the target whose EP shares one context (it must not embed)", required=True),
     Key("models", ("group",), list, "two or more models, compiled in this order", required=True),
     Key("pipeline", ("group",), dict, "validate the group as an LLM runs it: the first model the prompt graph, the "
-        "second the token graph; `present.*` outputs feed the next step's `past_key_values.*` inputs (the newest "
-        "positions where the token graph's cache is shorter), `input_ids` gets the prompt then each greedy token, "
-        "`attention_mask` marks the filled positions, `position_ids` counts them; per-step logits and the greedy "
-        "tokens are compared with the source models on CPU"),
+        "second the token graph; `present.*` outputs feed the next step's `past_key_values.*` inputs (from position "
+        "0 for GroupQueryAttention models, else the newest positions where the token graph's cache is shorter), "
+        "`input_ids` gets the prompt then each greedy token, `attention_mask` marks the filled positions, "
+        "`position_ids` counts them; per-step logits and the greedy tokens are compared with the source models on "
+        "CPU, whose run is checked against a growing-cache run of the model as declared and onnxruntime-genai"),
     Key("tokens", ("pipeline",), int, "greedy token steps after the prompt", 4, check=lambda n: None if 1 <= n <= 64
         else f"must be from 1 to 64, found {n}"),
     Key("dir", ("cache",), str, "the cache folder (EPBUILD_CACHE_DIR wins; default ~/.cache/epbuild)"),

@@ -292,7 +292,7 @@ def validate_pipeline(request: ValidationRequest) -> ValidationReport:
                f"{'equal' if cpu_tokens == ep_tokens else 'differ'} ({ep_tokens} on the EP, {cpu_tokens} on CPU); "
                f"the CPU run against {', '.join(c['kind'] + ': ' + c['status'] for c in cpu['checks']) or 'nothing'}")
     report: ValidationReport = {"structural": "passed", "precision": kind, "thresholds": thresholds,
-                                "pipeline": {"ran_on": where, "layout": layout, "steps": steps,
+                                "pipeline": {"ran_on": where, "layout": layout, "prompt": cpu["prompt"], "steps": steps,
                                              "tokens_cpu": cpu_tokens, "tokens_ep": ep_tokens,
                                              "cpu_checked": cpu["checks"]}}
     if failures:

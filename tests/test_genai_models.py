@@ -1,0 +1,155 @@
+"""LLMs as people build them: onnxruntime-genai's model builder output (opset 22 with SimplifiedLayerNormalization
+in the default domain, GroupQueryAttention, SkipSimplifiedLayerNormalization, MatMulNBits and GatherBlockQuantized
+for int4; named dims; no position_ids) is accepted, built for cpu, openvino-cpu and qnn-htp, its pipeline validated
+as genai decodes it, and its folder published ready for genai. Tiny random-weight checkpoints built by the tests
+(`genai_models`)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from conftest import build_report
+from epbuild.steps import vendor_shim
+from epbuild.steps.weights import FOLDER_OPTION
+
+pytest.importorskip("torch", reason="the genai tests need the test extras (requirements-dev.txt): torch")
+pytest.importorskip("transformers", reason="the genai tests need the test extras: transformers")
+pytest.importorskip("onnxruntime_genai", reason="the genai tests need the test extras: onnxruntime-genai")
+
+from genai_models import built, genai_tokens
+
+DIMS = "batch_size = 1, kv_cache_dim = 16, total_sequence_length = 32"  # the issue's: a 32-position window
+VARIANTS = f'''
+[models.llama]
+path = "models/llama/model.onnx"
+
+[models.llama.variants.prompt]
+dims = {{ {DIMS}, sequence_length = 8, past_sequence_length = 24 }}
+
+[models.llama.variants.token]
+dims = {{ {DIMS}, sequence_length = 1, past_sequence_length = 31 }}
+
+[targets.cpu]
+ep = "cpu"
+
+[targets.qnn-htp]
+ep = "qnn"
+options = {{ soc_model = 60 }}
+
+[groups.llm]
+target = "qnn-htp"
+models = ["llama.prompt", "llama.token"]
+pipeline = {{ tokens = 4 }}
+'''
+
+
+@pytest.fixture(scope="module")
+def builder_output(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("genai")
+    return {"llama": built("llama", "fp32", folder), "qwen-int4": built("qwen2", "int4", folder)}
+
+
+def _with_model(project, source, name="llama"):
+    shutil.copytree(source, project.root / "models" / name)
+
+
+def test_a_builder_model_builds_into_a_folder_onnxruntime_genai_loads(project, builder_output):
+    """Refused before (onnx.checker does not know SimplifiedLayerNormalization at opset 22); now a cpu build
+    publishes the model with genai_config.json and the tokenizer, and genai's greedy tokens on that folder equal
+    the source's."""
+    _with_model(project, builder_output["llama"])
+    project.manifest('[models.llama]\npath = "models/llama/model.onnx"\n\n[targets.cpu]\nep = "cpu"\n')
+    listed = project.doit("list")
+    assert "error" not in listed.stdout + listed.stderr
+    done = project.doit(check=False)
+    assert build_report(project)["validate:llama@cpu"]["status"] == "validated", done.stdout
+    assert "greedy tokens equal the source's" in done.stdout
+    folder = project.artifacts / "cpu" / "llama"
+    assert {"genai_config.json", "tokenizer.json", "tokenizer_config.json", "llama.onnx"} <= {
+        p.name for p in folder.iterdir()}
+    config = json.loads((folder / "genai_config.json").read_text())
+    assert config["model"]["decoder"]["filename"] == "llama.onnx"
+    report = json.loads((folder / "validation.json").read_text())["genai"]
+    prompt = report["prompt"]
+    assert report["tokens_artifact"] == genai_tokens(folder, prompt, 8) == genai_tokens(
+        project.root / "models" / "llama", prompt, 8)
+
+    # the tokenizer is part of what the build publishes: a change rebuilds, nothing else does
+    assert "-- compile:llama@cpu" in project.doit().stdout
+    (project.root / "models" / "llama" / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 64}))
+    again = project.doit()
+    assert "compiled compile:llama@cpu" in again.stdout
+    assert json.loads((folder / "tokenizer_config.json").read_text()) == {"model_max_length": 64}
+
+
+def test_the_pipeline_decodes_as_onnxruntime_genai_does(project, builder_output):
+    """Prompt and token variants of the builder's model, on cpu and on the HTP simulator, and a pipeline group:
+    the cache is handed on from position 0 as GroupQueryAttention writes it, so the greedy tokens are genai's own
+    (the sliding window gave others on both sides and passed); the CPU run is checked against a growing-cache run
+    and genai's generator. A sliding window on these graphs departs from the growing-cache run."""
+    import numpy as np
+
+    from epbuild.steps.pipeline import SLIDING, cpu_run
+    from epbuild.steps.pipeline_checks import growing_run
+
+    _with_model(project, builder_output["llama"])
+    project.manifest(VARIANTS)
+    done = project.doit("--continue", check=False)
+    tasks = build_report(project)
+    for variant in ("prompt", "token"):
+        for target in ("cpu", "qnn-htp"):
+            assert tasks[f"validate:llama.{variant}@{target}"]["status"] == "validated", done.stdout
+    compiled = next(line for line in done.stdout.splitlines() if line.startswith("compiled compile:llama.prompt@qnn"))
+    assert "partitions with CPU work between them" in compiled and "GroupQueryAttention" in compiled
+
+    pipeline = json.loads((project.artifacts / "qnn-htp" / "groups" / "llm" / "validation.json").read_text())[
+        "pipeline"]
+    assert pipeline["layout"] == "from-start"
+    genai = genai_tokens(project.root / "models" / "llama", pipeline["prompt"], 5)
+    assert pipeline["tokens_cpu"] == genai == pipeline["tokens_ep"], done.stdout
+    assert [(c["kind"], c["status"]) for c in pipeline["cpu_checked"]] == [
+        ("growing cache", "agrees"), ("onnxruntime-genai", "agrees")]
+
+    stages, options = project.artifacts / ".stages", ort.SessionOptions()
+    options.add_session_config_entry(FOLDER_OPTION, str(project.root / "models" / "llama"))  # graph-only stages
+    prompt, token = (ort.InferenceSession(str(stages / f"llama.{v}" / "fold" / f"llama.{v}.onnx"), options)
+                     for v in ("prompt", "token"))
+    wrong = cpu_run(prompt, token, 4, SLIDING)
+    declared = ort.InferenceSession(str(project.root / "models" / "llama" / "model.onnx"))
+    assert growing_run(declared, wrong)["status"] == "departs"
+    assert np.isfinite(wrong["logits"][-1]).all()
+
+
+def test_a_model_the_checker_refuses_for_an_op_nobody_registers_names_the_templates_key_once(project):
+    graph = helper.make_graph([helper.make_node("NoSuchOp", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22)])
+    onnx.save(model, str(project.root / "models" / "bad.onnx"))
+    project.manifest('[models.bad]\npath = "models/bad.onnx"\n[models.bad.variants.a]\ndims = { n = 1 }\n'
+                     '[models.bad.variants.b]\ndims = { n = 2 }\n\n[targets.cpu]\nep = "cpu"\n')
+    listed = project.doit("list", check=False)
+    lines = [line for line in (listed.stdout + listed.stderr).splitlines() if "error" in line]
+    assert len(lines) == 1 and "models.bad.path: bad.onnx: fails onnx.checker: No Op registered for NoSuchOp" in \
+        lines[0], lines
+
+
+@pytest.mark.skipif(not vendor_shim.needed(), reason="an Intel CPU: OpenVINO runs without the shim")
+def test_openvino_refusing_int4_ops_says_which_in_one_line(project, builder_output):
+    """The int4 Qwen2 (tied embeddings: GatherBlockQuantized) printed 741 characters of plugin text and a stray
+    ONNX Runtime log line; one line names each op OpenVINO cannot convert and why."""
+    _with_model(project, builder_output["qwen-int4"], "qwen")
+    project.manifest('[models.qwen]\npath = "models/qwen/model.onnx"\ndims = { batch_size = 1, sequence_length = 8,'
+                     ' past_sequence_length = 32, total_sequence_length = 32, kv_cache_dim = 16 }\n\n'
+                     '[targets.ov]\nep = "openvino"\n')
+    done = project.doit(check=False)
+    text = done.stdout + done.stderr
+    line = next(x for x in text.splitlines() if x.startswith("compile qwen@ov"))
+    assert "OpenVINO cannot convert 2 op type(s): " in line and "com.microsoft.GatherBlockQuantized (" in line
+    assert "[E:onnxruntime:" not in text and "Failed operations detailed log" not in text
