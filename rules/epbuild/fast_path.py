@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .store.journal import journal_of
-from .store.layout import Layout, settled, stat_key, write_atomic, write_json
+from .store.layout import Layout, file_identity, settled, stat_key, write_atomic, write_json
 
 PACKAGE = Path(__file__).resolve().parent
 DEP_FILE = ".doit.db"
@@ -64,13 +64,6 @@ def _file_bytes(path: Path) -> bytes:
         return path.read_bytes()
     except OSError:
         return b""
-
-
-def file_identity(path: str) -> list[int] | None:
-    try:
-        return stat_key(os.stat(path))
-    except OSError:
-        return None
 
 
 def project_key(manifest: Path) -> str:

@@ -15,9 +15,8 @@ from typing import Any
 
 from .. import RULES_FORMAT
 from ..errors import plain
-from ..fast_path import file_identity
 from ..store.entry_lines import LazyEntries, entry_lines, plain_texts, quoted, vouch, vouched
-from ..store.layout import write_atomic
+from ..store.layout import file_identity, write_atomic
 
 
 def usage_text(usage: dict[str, float] | None) -> str:

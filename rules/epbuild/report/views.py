@@ -28,10 +28,9 @@ from typing import Any, NamedTuple
 
 from markupsafe import Markup, escape
 
-from ..fast_path import file_identity
 from ..manifest.builds import Build
 from ..store.journal import append_line, outgrown, read_lines
-from ..store.layout import Layout, write_atomic
+from ..store.layout import Layout, file_identity, write_atomic
 from .build_report import statuses
 from .cells import PENDING, Cell, source_of
 

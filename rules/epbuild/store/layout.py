@@ -99,6 +99,14 @@ def stat_key(stat: os.stat_result) -> list[int]:
     return [stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino]
 
 
+def file_identity(path: str) -> list[int] | None:
+    """A file's identity (`stat_key`), None when it does not exist."""
+    try:
+        return stat_key(os.stat(path))
+    except OSError:
+        return None
+
+
 def now_ns() -> int:
     """The clock the kernel stamps ctime with (its coarse tick), or a margin behind the fine one: a file whose
     ctime is below it was last changed before now."""

@@ -21,12 +21,11 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from ..fast_path import file_identity
 from ..manifest.builds import Build, ResolvedTarget
 from ..manifest.parse import Manifest
 from ..records import record
 from ..steps.stages import Stage
-from .layout import write_atomic
+from .layout import file_identity, write_atomic
 
 
 def _is_plain_file(path: str) -> bool:
