@@ -296,7 +296,7 @@ def run_validation(build: Build, workspace: Workspace) -> dict[str, Any]:
     folder = build.out_dir(workspace.layout)
     artifact = [path for path in sorted(folder.rglob("*")) if path.is_file()]
     external = [p for m in build.members for p in m.external]
-    result = _run(workspace, "validate", f"validate:{build.name}", build,
+    result = _run(workspace, "validate", build.validate_task, build,
                   [*artifact, *build.sources, *external, *build.validation_files, *build.target.option_files.values()],
                   target_resources(build.target))
     return {**result["report"], "worker": result["worker"]}
@@ -304,5 +304,5 @@ def run_validation(build: Build, workspace: Workspace) -> dict[str, Any]:
 
 def run_operator_list(build: Build, workspace: Workspace) -> tuple[set[str], str]:
     """The ONNX operators a worker's qaic-compile supports, and its version, for the `ops:` check."""
-    result = _run(workspace, "ops", f"ops:{build.name}", build, [], target_resources(build.target))
+    result = _run(workspace, "ops", build.ops_task, build, [], target_resources(build.target))
     return set(result["answer"]), result["version"]

@@ -129,6 +129,11 @@ class Member:
         return f"{self.model_file}.data"
 
 
+def compile_task(model: str, target: str) -> str:
+    """The name of one model's compile for one target, as `Build.task` makes it."""
+    return f"compile:{model}@{target}"
+
+
 @record
 class Build:
     """Members compiled for one target: one member is a compile, several sharing one EP context a group.
@@ -152,6 +157,15 @@ class Build:
     @property
     def task(self) -> str:
         return f"{self.kind}:{self.name}"
+
+    @property
+    def validate_task(self) -> str:
+        return f"validate:{self.name}"
+
+    @property
+    def ops_task(self) -> str:
+        """qaic targets: the operator check before the compile."""
+        return f"ops:{self.name}"
 
     @property
     def folder_name(self) -> str:

@@ -161,4 +161,4 @@ def source_of(layout: Layout, build: Build) -> Sources:
     logs = f"{layout.logs}/{target}/{build.log_stem}"
     steps = _steps(build)
     files = (f"{folder}/{ARTIFACT}", f"{folder}/{VALIDATION}", *(f"{logs}.{step}.log" for step in steps))
-    return Sources(build, f"validate:{build.name}" if build.validates else None, files, steps)
+    return Sources(build, build.validate_task if build.validates else None, files, steps)

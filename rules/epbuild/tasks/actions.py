@@ -103,10 +103,10 @@ def run_validate(build: Build, workspace: Workspace, config: dict[str, Any]) -> 
                                              workspace.hashes)
         produce = (lambda workdir: run_validation(build, workspace)) if workspace.executor else (
             lambda workdir: validate(build, workspace, workdir))
-        report, outcome = cached_validation(f"validate:{build.name}", fingerprint, workspace, folder, produce, config,
+        report, outcome = cached_validation(build.validate_task, fingerprint, workspace, folder, produce, config,
                                             inputs, build.target.name)
     except (OSError, BuildError) as exc:
-        return failure(exc, f"validate:{build.name}: ")
+        return failure(exc, f"{build.validate_task}: ")
     line = f"{report['status']} validate:{build.name}: {summary(report)}"
     strict = any(member.get("inconclusive") == "fail" for member in config["members"])
     if report["status"] == "failed" or (report["status"] == "inconclusive" and strict):
@@ -137,11 +137,11 @@ def run_ops(build: Build, workspace: Workspace, report: Path) -> TaskFailed | No
         else:
             found = find_qaic(build.target.sdk_root)
             if isinstance(found, str):
-                return TaskFailed(f"ops:{build.name}: {found}")
+                return TaskFailed(f"{build.ops_task}: {found}")
             supported, version = supported_operators(found, build.log(workspace.layout, "ops")), found.version
-        print(f"ops:{build.name}: " + check_operators(supported, version, build.members[0].model.path, report))
+        print(f"{build.ops_task}: " + check_operators(supported, version, build.members[0].model.path, report))
     except BuildError as exc:
-        return TaskFailed(f"ops:{build.name}: {exc}")
+        return TaskFailed(f"{build.ops_task}: {exc}")
     return None
 
 

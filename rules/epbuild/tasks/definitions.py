@@ -13,7 +13,7 @@ from typing import Any
 from ..errors import UserError, closest
 from ..fast_path import DOIT_BASE, Listing, listed
 from ..fast_path import enabled as fast_path_enabled
-from ..manifest.builds import Build
+from ..manifest.builds import Build, compile_task
 from ..steps.compilers import compiler
 from ..steps.fingerprint import compile_config, stage_config, validate_config
 from ..steps.stages import Stage
@@ -91,9 +91,9 @@ class Tasks:
         for build in project.builds:
             planned[build.task] = build
             if build.validates:
-                planned[f"validate:{build.name}"] = build
+                planned[build.validate_task] = build
             if compiler(build.target).operator_check and build.target.name not in project.unavailable:
-                planned[f"ops:{build.name}"] = build
+                planned[build.ops_task] = build
         return planned
 
     def _make(self, name: str, source: Build | Stage | None) -> Task | None:
@@ -115,7 +115,7 @@ class Tasks:
         found: set[str] = set()
         for build in project.builds:  # a target this host cannot build now has refusing tasks, never the record's
             if build.target.name in project.unavailable or changed.intersection(m.name for m in build.members):
-                found |= {build.task, f"validate:{build.name}", f"ops:{build.name}", *(s.task for s in build.stages)}
+                found |= {build.task, build.validate_task, build.ops_task, *(s.task for s in build.stages)}
         return found
 
     def _made_or(self, name: str, make: Callable[..., Task | None], *args: Any) -> Task | None:
@@ -195,9 +195,9 @@ class Tasks:
         refused = self._unavailable(build.kind, build, doc)
         if refused:
             return refused
-        checks = [f"ops:{build.name}"] if compiler(target).operator_check else []
+        checks = [build.ops_task] if compiler(target).operator_check else []
         if build.shared:  # the members alone first: the group's artifact.json compares the binaries' sizes
-            checks += [f"compile:{m.name}@{target.name}" for m in build.members if target.name in m.model.targets]
+            checks += [compile_task(m.name, target.name) for m in build.members if target.name in m.model.targets]
         return self._task(build.kind, build.name, f"{doc} -> {out}/", run_compile, [build, self.project.workspace],
                           build.inputs, [os.path.join(out, name) for name in build.outputs],
                           compile_config(build, self.project.root), clean=[(discard, [out_dir])], task_dep=checks)
@@ -205,7 +205,7 @@ class Tasks:
     def validate_tasks(self) -> Iterator[Task]:
         yield {"basename": "validate", "name": None, "doc": "run every compiled artifact and compare with its source"}
         for build in self.project.builds:
-            name = f"validate:{build.name}"
+            name = build.validate_task
             if build.validates and not self._skipped(name):
                 yield self._made_or(name, self._validate_task, build)  # type: ignore[misc]
         yield from self._per_model("validate", [b for b in self.project.builds if b.validates and not b.shared],
@@ -246,7 +246,7 @@ class Tasks:
     def ops_tasks(self) -> Iterator[Task]:
         yield {"basename": "ops", "name": None, "doc": "check every qaic model's operators against qaic-compile"}
         for build in self.project.builds:
-            name = f"ops:{build.name}"
+            name = build.ops_task
             if not self._skipped(name) and (task := self._made_or(name, self._ops_task, build)) is not None:
                 yield task
 

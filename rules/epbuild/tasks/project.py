@@ -266,7 +266,7 @@ class Project:
 
     @staticmethod
     def task_names(build: Build) -> list[str]:
-        return [build.task, *([f"validate:{build.name}"] if build.validates else [])]
+        return [build.task, *([build.validate_task] if build.validates else [])]
 
     def skipped(self) -> dict[str, str]:
         return {name: self.unavailable[b.target.name] for b in self.builds
@@ -285,7 +285,7 @@ class Project:
     def declared_tasks(self) -> set[str]:
         """Every task the manifest declares now, built here or not."""
         return {*self.stages, *(name for build in self.builds for name in (*self.task_names(build),
-                                                                         f"ops:{build.name}"))}
+                                                                         build.ops_task))}
 
     def model_tasks(self, model: str) -> set[str]:
         """The task names of one model: its stages, and every build it is a member of with its checks."""
@@ -295,7 +295,7 @@ class Project:
         names = set()
         for build in self.builds:
             if model in (m.name for m in build.members):
-                names |= {build.task, f"validate:{build.name}", f"ops:{build.name}", *(s.task for s in build.stages)}
+                names |= {build.task, build.validate_task, build.ops_task, *(s.task for s in build.stages)}
         return names
 
 
