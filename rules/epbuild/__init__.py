@@ -11,6 +11,21 @@ RULES_FORMAT = 1
 """Bumped whenever a change to these rules changes what an artifact contains; part of every task's config."""
 
 
+def open_session(artifact, member=None, session_options=None):
+    """A ready onnxruntime.InferenceSession for a built artifact folder: EP registered, device chosen, options
+    applied (`epbuild.runtime.session.open_session`)."""
+    from .runtime.session import open_session as opened
+
+    return opened(artifact, member, session_options)
+
+
+def open_group(folder):
+    """Every member's session of a shared-context group folder, in its loading order."""
+    from .runtime.session import open_group as opened
+
+    return opened(folder)
+
+
 def _refuse_a_dodo_file_without_tasks() -> None:
     """A dodo.py that imports epbuild but defines no task would make doit build nothing and exit 0: doit's task
     loader is wrapped so that it says what to write instead (and keeps Python's cyclic collector off its task

@@ -3,6 +3,7 @@
     epbuild [--manifest PATH] [doit's arguments]   epbuild, epbuild list, epbuild -n 4, epbuild compile:M@T,
                                                    epbuild backends, epbuild prune --dry-run, epbuild info TASK
     epbuild explain TASK                           why TASK would run (doit's `info`: the settings that changed)
+    epbuild run MODEL[@TARGET] [--inputs F.npz]    run an artifact as an application does: outputs, latency
     epbuild worker tcp://HOST:8786 [...]           a Dask worker for `[executor]` builds
 
 It runs from the manifest's folder (default: ./models.toml, else EPBUILD_MANIFEST), as doit runs from a dodo.py's,
@@ -38,6 +39,11 @@ def main(argv: list[str] | None = None) -> int:
         worker(argv[1:])
         return 0
     given, argv = _split_manifest(argv)
+    if argv[:1] == ["run"]:  # an artifact run as an application runs it: no doit, no task
+        from .runtime.run import main as run
+
+        manifest = Path(given or os.environ.get("EPBUILD_MANIFEST") or "models.toml").absolute()
+        return run(argv[1:], manifest.parent)
     if argv[:1] == ["explain"]:
         argv[0] = "info"
     manifest = Path(given or os.environ.get("EPBUILD_MANIFEST") or "models.toml").absolute()

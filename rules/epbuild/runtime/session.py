@@ -1,0 +1,86 @@
+"""An artifact opened in one call, as an application must open it: the EP's plugin library registered (through
+epbuild's vendor-id shim for OpenVINO on non-Intel hosts), the device the artifact was built for chosen, the
+runtime options artifact.json lists applied (option files by their name inside the folder), and for a member of a
+shared-context group the loading contract's session options, in its order."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from ..errors import UserError
+from ..execute.host import register_plugin, select_ep_device
+from ..manifest.builds import SIDECAR
+from ..manifest.eps import lookup
+
+
+def _record(path: Path) -> tuple[Path, dict[str, Any]]:
+    """The artifact folder and its artifact.json, for a folder or a file inside it."""
+    folder = path if path.is_dir() else path.parent
+    try:
+        return folder, json.loads((folder / SIDECAR).read_text())
+    except FileNotFoundError:
+        raise UserError(str(path), None, f"no {SIDECAR} in {folder}: give an artifact folder that epbuild built "
+                                         "(artifacts/<target>/<model>/ or artifacts/<target>/groups/<name>/)") from None
+    except ValueError as exc:
+        raise UserError(str(folder / SIDECAR), None, f"not readable JSON: {exc}") from None
+
+
+def _plugin_ready(info: Any) -> None:
+    """OpenVINO on a non-Intel x86-64 host loads through the vendor-id shim, built once into the user cache."""
+    if not info.vendor_shim:
+        return
+    from ..steps import vendor_shim
+
+    cache = Path(os.environ.get("EPBUILD_CACHE_DIR") or Path.home() / ".cache" / "epbuild")
+    found = vendor_shim.prepare(cache)
+    if "reason" in found:
+        raise RuntimeError(found["reason"])
+
+
+def session_options_for(ort: Any, folder: Path, record: dict[str, Any], base: Any = None) -> Any:
+    """Session options that load the artifact described by `record`: its EP and device, its runtime options."""
+    info = lookup(record["ep"])
+    if info is None:
+        raise UserError(str(folder / SIDECAR), "ep", f"unknown execution provider {record['ep']!r}")
+    options = base or ort.SessionOptions()
+    if info.is_cpu:
+        return options
+    _plugin_ready(info)
+    register_plugin(ort, info)
+    device = select_ep_device(ort, info, record["device"])
+    # option files (OpenVINO's load_config) travel inside the folder under their own name: given absolute
+    provider = {key: str(folder / value) if "/" not in str(value) and (folder / str(value)).is_file() else value
+                for key, value in record.get("runtime_options", {}).items()}
+    options.add_provider_for_devices([device], provider)
+    for key, value in (record.get("loading") or {}).get("session_options", {}).items():
+        options.add_session_config_entry(key, value)
+    return options
+
+
+def open_session(artifact: str | Path, member: str | None = None, session_options: Any = None) -> Any:
+    """A ready `onnxruntime.InferenceSession` for an artifact folder (or its .onnx file); for a group folder,
+    `member` names the model (the group's sessions are made in its `order`: `open_group`)."""
+    import onnxruntime as ort
+
+    folder, record = _record(Path(artifact))
+    if "members" in record and "model_file" not in record:  # a shared-context group
+        names = list((record.get("loading") or {}).get("order") or record["members"])
+        if member not in names:
+            raise UserError(str(folder), None, f"a group: name its member ({', '.join(names)}), or use open_group")
+        model = folder / record["members"][member]["model_file"]
+    else:
+        model = folder / record["model_file"]
+    options = session_options_for(ort, folder, record, session_options)
+    is_cpu = lookup(record["ep"]).is_cpu
+    return ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"] if is_cpu else None)
+
+
+def open_group(folder: str | Path) -> dict[str, Any]:
+    """Every member's session of a shared-context group, created in the loading contract's order (destroy them in
+    reverse order: delete the dict's entries last to first)."""
+    folder, record = _record(Path(folder))
+    names = list((record.get("loading") or {}).get("order") or record.get("members") or [])
+    return {name: open_session(folder, name) for name in names}

@@ -1,0 +1,82 @@
+"""Artifacts used as an application uses them: `epbuild.open_session` (the README's snippet, run verbatim) and
+`epbuild run`, on cpu and on qnn-htp through the HTP simulator."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from conftest import REPO, SOURCE
+from epbuild.errors import UserError
+
+MANIFEST = '''
+[models.tinycnn]
+path = "models/tinycnn.onnx"
+
+[targets.cpu]
+ep = "cpu"
+
+[targets.qnn-htp]
+ep = "qnn"
+options = { backend_type = "htp", soc_model = 60 }
+'''
+
+
+@pytest.fixture
+def built(project):
+    project.manifest(MANIFEST)
+    project.doit()
+    return project
+
+
+def _snippet() -> str:
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("## Use the artifacts"):]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def test_the_readme_snippet_opens_a_qnn_artifact_in_one_call(built):
+    done = subprocess.run([sys.executable, "-c", _snippet()], cwd=built.root, capture_output=True, text=True,
+                          env={**built.env, "PYTHONPATH": str(SOURCE)}, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "QNNExecutionProvider (1, 10)"
+
+
+def test_open_session_runs_each_artifact_on_its_ep_as_the_source_computes(built):
+    import epbuild
+
+    x = np.random.default_rng(1).standard_normal((1, 3, 64, 64)).astype(np.float32)
+    want = ort.InferenceSession(str(built.root / "models" / "tinycnn.onnx")).run(None, {"x": x})[0]
+    for target, provider in (("cpu", "CPUExecutionProvider"), ("qnn-htp", "QNNExecutionProvider")):
+        session = epbuild.open_session(built.artifacts / target / "tinycnn" / "tinycnn.onnx")
+        assert session.get_providers()[0] == provider
+        np.testing.assert_allclose(session.run(None, {"x": x})[0], want, rtol=0.02, atol=0.02)
+    with pytest.raises(UserError, match=r"no artifact\.json in"):
+        epbuild.open_session(built.root / "models")
+
+
+def test_epbuild_run_prints_outputs_and_latency_or_one_line(built):
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "epbuild", "run", *args], cwd=built.root, env=built.env,
+                              capture_output=True, text=True, timeout=300)
+
+    done = run("tinycnn@qnn-htp", "--runs", "3")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("qnn-htp/tinycnn: QNNExecutionProvider on QNNExecutionProvider") and "session created" \
+        in lines[0]
+    assert re.match(r"  logits: \[1, 10\] float32  min \S+, max \S+, mean \S+, std \S+", lines[1])
+    assert re.match(r"  latency over 3 runs: p50 [\d.]+ ms, p90 [\d.]+ ms", lines[2])
+    np.savez(built.root / "x.npz", x=np.zeros((1, 3, 64, 64), np.float32))
+    several = run("tinycnn")
+    assert several.returncode == 2 and several.stderr.strip() == (
+        "error: tinycnn: built for several targets: name one (tinycnn@cpu, tinycnn@qnn-htp)")
+    given = run("tinycnn@cpu", "--inputs", "x.npz", "--runs", "0")
+    assert given.returncode == 0 and len(given.stdout.splitlines()) == 2, given.stderr  # no runs: no latency line
+    missing = run("tinycnn@openvino-cpu")
+    assert missing.returncode == 2 and "no artifact at" in missing.stderr and "Traceback" not in missing.stderr
