@@ -80,3 +80,20 @@ def test_epbuild_run_prints_outputs_and_latency_or_one_line(built):
     assert given.returncode == 0 and len(given.stdout.splitlines()) == 2, given.stderr  # no runs: no latency line
     missing = run("tinycnn@openvino-cpu")
     assert missing.returncode == 2 and "no artifact at" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_epbuild_check_says_what_onnx_runtime_answers_and_never_more(built):
+    """The QNN artifact carries the EP's compatibility string (SDK versions and the soc_model); on this host
+    without an NPU the QNN EP refuses to judge it, which is said as such, never as compatible."""
+    import json
+
+    record = json.loads((built.artifacts / "qnn-htp" / "tinycnn" / "artifact.json").read_text())
+    assert record["compatibility"].startswith("v2:") and ":60:" in record["compatibility"]
+    assert "compatibility" not in json.loads((built.artifacts / "cpu" / "tinycnn" / "artifact.json").read_text())
+    done = subprocess.run([sys.executable, "-m", "epbuild", "check"], cwd=built.root, env=built.env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    lines = dict(line.split(": ", 1) for line in done.stdout.splitlines() if ": " in line and "/" in line.split(":")[0])
+    assert lines["cpu/tinycnn"].startswith("a CPU artifact")
+    assert lines["qnn-htp/tinycnn"].startswith(("cannot be judged here", "runs", "cannot run"))
+    assert "optimally" not in lines["qnn-htp/tinycnn"] or "NPU" in str(ort.get_ep_devices())

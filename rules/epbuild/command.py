@@ -4,6 +4,7 @@
                                                    epbuild backends, epbuild prune --dry-run, epbuild info TASK
     epbuild explain TASK                           why TASK would run (doit's `info`: the settings that changed)
     epbuild run MODEL[@TARGET] [--inputs F.npz]    run an artifact as an application does: outputs, latency
+    epbuild check                                  what ONNX Runtime says of each artifact for this host's devices
     epbuild worker tcp://HOST:8786 [...]           a Dask worker for `[executor]` builds
 
 It runs from the manifest's folder (default: ./models.toml, else EPBUILD_MANIFEST), as doit runs from a dodo.py's,
@@ -39,11 +40,12 @@ def main(argv: list[str] | None = None) -> int:
         worker(argv[1:])
         return 0
     given, argv = _split_manifest(argv)
-    if argv[:1] == ["run"]:  # an artifact run as an application runs it: no doit, no task
+    if argv[:1] in (["run"], ["check"]):  # using what was built: no doit, no task
+        from .runtime.check import main as check
         from .runtime.run import main as run
 
         manifest = Path(given or os.environ.get("EPBUILD_MANIFEST") or "models.toml").absolute()
-        return run(argv[1:], manifest.parent)
+        return (run if argv[0] == "run" else check)(argv[1:], manifest.parent)
     if argv[:1] == ["explain"]:
         argv[0] = "info"
     manifest = Path(given or os.environ.get("EPBUILD_MANIFEST") or "models.toml").absolute()

@@ -31,6 +31,7 @@ class MemberResult(TypedDict, total=False):
     ep_sdk_version: str | None
     binaries: list[str]  # context binaries the compiled model references
     graphs: list[str]  # the EPContext nodes' names: the graph names a runtime (Genie) looks up in the binary
+    compatibility: str  # the EP's compatibility string (onnxruntime's get_compatibility_info_from_model)
 
 
 class CompileResult(TypedDict):

@@ -142,7 +142,20 @@ def inspect_output(path: Path, source_nodes: int, ep_name: str | None) -> Member
     if branches:  # If nodes the EP left on CPU that a frozen configuration input would remove
         nodes["if_on_inputs"] = branches
     graphs = [node.name for node in model.graph.node if node.op_type == EP_CONTEXT]  # what runtimes look up
-    return {"nodes": nodes, "ep_sdk_version": sdk, "binaries": binaries, **({"graphs": graphs} if graphs else {})}
+    compatibility = _compatibility(path, ep_name) if ep_name else None
+    return {"nodes": nodes, "ep_sdk_version": sdk, "binaries": binaries, **({"graphs": graphs} if graphs else {}),
+            **({"compatibility": compatibility} if compatibility else {})}
+
+
+def _compatibility(path: Path, ep_name: str) -> str | None:
+    """The string the EP wrote into its compiled model for runtimes to judge it against their devices (QNN:
+    `v2:6:<sdk>:<api>:...:<soc_model>:...`); None where it wrote none."""
+    try:
+        from onnxruntime.capi import _pybind_state
+
+        return _pybind_state.get_compatibility_info_from_model(str(path), ep_name) or None
+    except (ImportError, AttributeError, RuntimeError):
+        return None
 
 
 def check_offload(name: str, nodes: dict[str, Any], min_offload: float) -> None:

@@ -356,6 +356,7 @@ def sidecar(build: Build, results: list[MemberResult]) -> dict[str, Any]:
         return {**common, "group": build.name, "embed": False, "order": [m.name for m in build.members],
                 "members": {m.name: {"model_file": m.model_file, "binaries": r["binaries"], "nodes": r["nodes"],
                                      "ep_sdk_version": r["ep_sdk_version"], "graphs": r.get("graphs", []),
+                                     **({"compatibility": r["compatibility"]} if r.get("compatibility") else {}),
                                      "inputs": {k: list(v) for k, v in m.model.inputs.items()}}
                             for m, r in zip(build.members, results, strict=True)}}
     (member,), (result,) = build.members, results
@@ -364,6 +365,7 @@ def sidecar(build: Build, results: list[MemberResult]) -> dict[str, Any]:
         "inputs": {name: list(shape) for name, shape in member.model.inputs.items()},
         "ep_sdk_version": result.get("ep_sdk_version"), "nodes": result["nodes"],
         **({"graphs": result["graphs"]} if result.get("graphs") else {}),
+        **({"compatibility": result["compatibility"]} if result.get("compatibility") else {}),
         **({"frozen": {k: list(v) for k, v in member.frozen.items()}} if member.frozen else {}),
         **({"optimization_level": target.optimization_level} if target.is_cpu else {}),
     }
