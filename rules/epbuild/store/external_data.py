@@ -113,7 +113,7 @@ def _read(model_path: Path) -> dict[str, Any]:
                           for value in model.graph.input if (name := value.name) not in weights
                           and value.type.HasField("tensor_type")},
             "weights_as_inputs": sorted(v.name for v in model.graph.input if v.name in weights),
-            "ort_only_ops": ort_only,
+            **({"ort_only_ops": ort_only} if ort_only else {}),
             "graph": _ready(model)}
 
 
