@@ -97,3 +97,4 @@ def test_epbuild_check_says_what_onnx_runtime_answers_and_never_more(built):
     assert lines["cpu/tinycnn"].startswith("a CPU artifact")
     assert lines["qnn-htp/tinycnn"].startswith(("cannot be judged here", "runs", "cannot run"))
     assert "optimally" not in lines["qnn-htp/tinycnn"] or "NPU" in str(ort.get_ep_devices())
+    assert f"compatibility <code>{record['compatibility']}</code>" in (built.artifacts / "report.html").read_text()

@@ -116,8 +116,10 @@ def placement_failures(session: Any, info: EpInfo, cpu_nodes: int) -> tuple[dict
 
 
 
-def is_qdq(path: str) -> bool:
+def is_qdq(model: Any) -> bool:
+    """Whether a model (a path, or a loaded ModelProto) quantizes with Q/DQ nodes."""
     import onnx
 
-    model = onnx.load(path, load_external_data=False)
+    if isinstance(model, str):
+        model = onnx.load(model, load_external_data=False)
     return any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node)

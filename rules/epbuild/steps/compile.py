@@ -168,7 +168,7 @@ def check_offload(name: str, nodes: dict[str, Any], min_offload: float) -> None:
                      f"nodes, below min_offload = {min_offload:g}; left on CPU: {left}")
 
 
-def _prepare(request: CompileRequest) -> list[tuple[CompileMember, int, dict[str, int]]]:
+def _prepare(request: CompileRequest) -> list[tuple[CompileMember, int, dict[str, int], bool]]:
     """Each member's source node count and free-dimension overrides, checked before the first compile, so a
     group never half-compiles."""
     import onnx
@@ -179,12 +179,14 @@ def _prepare(request: CompileRequest) -> list[tuple[CompileMember, int, dict[str
         source = onnx.load(member["model"], load_external_data=False)
         with located(request["manifest"], member["entry"]):
             overrides = static_dims(source, member["inputs"], needs_static=needs_static)
-        prepared.append((member, len(source.graph.node), overrides))
+        held = {t.name for t in source.graph.initializer}
+        listed = any(value.name in held for value in source.graph.input)  # IR < 4: weights listed as inputs
+        prepared.append((member, len(source.graph.node), overrides, listed))
         del source
     return prepared
 
 
-def _optimize_for_cpu(ort: Any, options: Any, member: CompileMember, level: str) -> None:
+def _optimize_for_cpu(ort: Any, options: Any, member: CompileMember, level: str, listed: bool) -> None:
     """A CPU target: ONNX Runtime's offline-optimized model, with its own external-data file when it has one."""
     output = Path(member["output"])
     options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, CPU_LEVELS[level])
@@ -193,7 +195,8 @@ def _optimize_for_cpu(ort: Any, options: Any, member: CompileMember, level: str)
     ort.InferenceSession(Path(member["model"]).name, options, providers=["CPUExecutionProvider"])
     if member["external_data"]:
         always_written(output.with_name(member["external_data"]))
-    _settle_listed_weights(output, Path(member["model"]).name, member["weights"] or ".")
+    if listed:  # only a model that lists weights as inputs (IR < 4) can leave a listing behind
+        _settle_listed_weights(output, Path(member["model"]).name, member["weights"] or ".")
 
 
 def _settle_listed_weights(output: Path, source_file: str, weights_folder: str) -> None:
@@ -253,7 +256,7 @@ def _compile_in_child(request: CompileRequest) -> CompileResult:
     if not info.is_cpu:
         register_plugin(ort, info)
         device = select_ep_device(ort, info, request["device"])
-    for index, (member, _, overrides) in enumerate(prepared):
+    for index, (member, _, overrides, listed) in enumerate(prepared):
         options = ort.SessionOptions()
         options.log_severity_level = 3
         for name, value in overrides.items():
@@ -265,18 +268,18 @@ def _compile_in_child(request: CompileRequest) -> CompileResult:
         if member["weights"]:  # relative, through the model's folder: it names the graphs instead (steps.weights)
             options.add_session_config_entry(FOLDER_OPTION, member["weights"])
         if info.is_cpu:
-            _optimize_for_cpu(ort, options, member, request["optimization_level"] or "extended")
+            _optimize_for_cpu(ort, options, member, request["optimization_level"] or "extended", listed)
         else:
             _compile_for_ep(ort, options, member, request, device, last=index == len(prepared) - 1)
         if not Path(member["output"]).is_file():
             raise ModelError(f"{info.name} wrote no compiled model for {Path(member['model']).name}")
     # Check after the last compile: a shared context binary is written only when sharing stops.
     results = []
-    for member, source_nodes, _ in prepared:
+    for member, source_nodes, _, _ in prepared:
         results.append(inspect_output(Path(member["output"]), source_nodes, None if info.is_cpu else info.name))
     if not info.is_cpu and not request["share"]:  # a group's members load together once published (its
         # loading contract places the weights its binaries refer to; QNN's shared context crashes an x86 host)
-        for (member, _, _), result in zip(prepared, results, strict=True):
+        for (member, _, _, _), result in zip(prepared, results, strict=True):
             _opens(ort, info, device, request, Path(member["output"]), result["nodes"].get("foldable_on_cpu") or {})
     return {"members": results}
 

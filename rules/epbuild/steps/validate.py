@@ -354,9 +354,9 @@ def validate_member(request: MemberValidation, reference: dict[str, Any] | None 
         return {"status": "failed", "reason": f"{info.name} could not run the artifact: {str(exc).strip()}{hint}"}
     ran_on, failures = placement_failures(session, info, request["cpu_nodes"])
 
-    kind = "qdq" if is_qdq(request["reference"]) else request["precision"]
+    compared_graph = onnx.load(request["reference"], load_external_data=False)  # read once: kind and selections
+    kind = "qdq" if is_qdq(compared_graph) else request["precision"]
     thresholds = {**DEFAULT_THRESHOLDS[kind], **request["thresholds"]}
-    compared_graph = onnx.load(request["reference"], load_external_data=False)
     metrics, missed, undecided = compare_outputs(session, outputs, reference["expected"], thresholds, kind,
                                                  selected_outputs(compared_graph))
     failures += missed
