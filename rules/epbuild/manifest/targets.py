@@ -221,7 +221,8 @@ def _build(name: str, target: ResolvedTarget, models: list[ModelSpec], manifest:
         (model,) = models
         dynamic = not model.dims and not model.inputs and ".variants." not in model.entry
         package = genai_files(model.path) if dynamic and target.compiler in ("ort", "ort_session") else ()
-        members = (dataclasses.replace(members[0], package=package),)
+        if package:
+            members = (dataclasses.replace(members[0], package=package),)
     backend = COMPILERS[target.compiler]
     outputs = tuple(sorted({*backend.output_names(target, list(members), shared),
                             *(path.name for m in members for path in m.package)}))

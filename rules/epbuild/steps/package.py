@@ -7,6 +7,7 @@ cache step by step."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,8 @@ def genai_files(model_path: Path) -> tuple[Path, ...]:
     """The config and the processing files beside a genai builder's model, or () when the model is not one (no
     config, or a config whose decoder is another file)."""
     config = model_path.parent / GENAI_CONFIG
+    if not os.path.isfile(config):  # every plan asks, for every model: one stat
+        return ()
     try:
         decoder = json.loads(config.read_text())["model"]["decoder"]
     except (OSError, ValueError, KeyError, TypeError):
