@@ -112,3 +112,17 @@ def test_a_restored_validation_reads_passed_restored_and_the_matrix_has_a_legend
     assert '<span class="badge good">passed (restored)</span>' in page
     assert "<b>offload</b>, the share of" in page
     assert '<span class="badge warn">not built</span> a task it needs' in page
+
+
+def test_epbuild_log_shows_what_happened_and_nothing_without_it(project):
+    """EPBUILD_LOG=debug: the `epbuild` logger on stderr (the plan, the shortcut not taken); unset: no log line."""
+    project.manifest('[models.tinycnn]\npath = "models/tinycnn.onnx"\n\n[targets.cpu]\nep = "cpu"\n')
+    quiet = project.doit("list")
+    assert "epbuild DEBUG" not in quiet.stderr
+    project.env["EPBUILD_LOG"] = "debug"
+    try:
+        loud = project.doit()
+    finally:
+        del project.env["EPBUILD_LOG"]
+    assert "epbuild DEBUG epbuild.tasks.project: 1 builds and 0 stages" in loud.stderr, loud.stderr
+    assert "compiled compile:tinycnn@cpu" in loud.stdout

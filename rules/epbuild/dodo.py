@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .fast_path import shortcut
+from .logs import configure as configure_logging
 
 
 def _interrupted(kind: type[BaseException], value: BaseException, trace: Any) -> None:
@@ -32,6 +33,7 @@ def _interrupted(kind: type[BaseException], value: BaseException, trace: Any) ->
 
 def _load(manifest: Path, requested: list[str]) -> Any:
     sys.excepthook = _interrupted
+    configure_logging()
     # what loading makes (the plan, the records, the task dicts) lives as long as doit and holds no cycle worth the
     # collector's passes over it: off until doit has the tasks, when epbuild's wrapper of doit's task loader turns
     # it on again and freezes them (`epbuild._refuse_a_dodo_file_without_tasks`; outside doit it stays on). Then

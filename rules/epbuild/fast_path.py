@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import pickle
 import platform
@@ -220,4 +221,6 @@ def shortcut(manifest: Path, argv: list[str]) -> UpToDate | str | None:
         listing = Listing(layout).load(key)
         return listing_text(listing) if listing is not None else None
     stamp = Stamp(layout).still_valid(key)
+    if stamp is None:
+        logging.getLogger(__name__).debug("no-op shortcut not taken: no stamp of a full no-op under this project key")
     return UpToDate(stamp) if stamp is not None else None

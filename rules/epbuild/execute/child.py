@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BuildError, ModelError, plain
+from ..logs import configure as configure_logging
 from ..records import record
 from . import forked_jobs, provenance
 from .fork_server import ForkedJob, fork_job, leases_in_use
@@ -192,6 +193,7 @@ def serve(function: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
     parent = os.environ.pop(DIE_WITH, None)  # a plain child: tied to the build process that started it
     if parent and parent.isdigit():
         die_with_parent(int(parent))
+    configure_logging()
     request_file, result_file = Path(sys.argv[1]), Path(sys.argv[2])
     inline = forked_jobs.INLINE_JOB  # in a warm worker: the request came over the lease, the answer goes back so
     request = inline["request"] if inline is not None else json.loads(request_file.read_text())

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import logging
 import os
 import pickle
 import sys
@@ -40,6 +41,8 @@ from ..store.task_configs import ConfigRecord
 
 INSPECTING = {"list", "info", "help", "clean", "forget", "ignore", "dumpdb", "strace", "tabcompletion", "reset-dep",
               "backends", "cache", "unavailable", "graph", "prune"}  # doit commands and tasks that build nothing
+
+logger = logging.getLogger(__name__)
 
 
 class _Relative:
@@ -118,6 +121,8 @@ class Project:
             fresh = Plan(pickle.dumps(read, protocol=pickle.HIGHEST_PROTOCOL), resolved, facts, self.manifest, builds,
                          self.stages, code_digest(), versions())
         self.builds = self._with_workers(builds, executor)
+        logger.debug("%d builds and %d stages, %s", len(self.builds), len(self.stages),
+                     "planned anew" if fresh is not None else "from the saved plan (same manifest, files and facts)")
         if self.writable:  # only for a manifest that holds: a refused one writes nothing
             index.save()
             if fresh is not None:
