@@ -1,9 +1,13 @@
 """Tiny LLMs as onnxruntime-genai's model builder writes them: a transformers checkpoint with random weights (fixed
 seed, no download) and a WordLevel tokenizer, then `python -m onnxruntime_genai.models.builder`. Needs the test
-extras (torch, transformers, onnxruntime-genai); the tests that use it skip without them, naming what is missing."""
+extras (torch, transformers, onnxruntime-genai); the tests that use it skip without them, naming what is missing.
+torch, transformers and genai run in child processes only: the test process (which forks every other test's
+builds) never loads them."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -33,9 +37,18 @@ def checkpoint(kind: str, folder: Path) -> Path:
     return folder
 
 
+def _in_child(code: str) -> str:
+    here = Path(__file__).resolve().parent
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(here), str(here.parent / "rules")])})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return done.stdout
+
+
 def built(kind: str, precision: str, folder: Path) -> Path:
     """The builder's output folder (genai_config.json, model.onnx, model.onnx.data, tokenizer files)."""
-    source = checkpoint(kind, folder / f"{kind}-checkpoint")
+    source = folder / f"{kind}-checkpoint"
+    _in_child(f"import genai_models; genai_models.checkpoint({kind!r}, __import__('pathlib').Path({str(source)!r}))")
     out = folder / f"{kind}-{precision}"
     done = subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(source), "-o",
                            str(out), "-p", precision, "-e", "cpu"], capture_output=True, text=True, timeout=600)
@@ -44,9 +57,7 @@ def built(kind: str, precision: str, folder: Path) -> Path:
 
 
 def genai_tokens(folder: Path, prompt: list[int], count: int) -> list[int]:
-    """onnxruntime-genai's own greedy decoding of `folder`."""
-    import onnxruntime_genai as og
-
-    from epbuild.steps.pipeline_checks import genai_greedy
-
-    return genai_greedy(og, folder, prompt, count)
+    """onnxruntime-genai's own greedy decoding of `folder` (in a child process)."""
+    code = ("import json, pathlib, onnxruntime_genai as og; from epbuild.steps.pipeline_checks import genai_greedy; "
+            f"print(json.dumps(genai_greedy(og, pathlib.Path({str(folder)!r}), {prompt!r}, {count})))")
+    return json.loads(_in_child(code).strip().splitlines()[-1])

@@ -6,6 +6,7 @@ as genai decodes it, and its folder published ready for genai. Tiny random-weigh
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 
@@ -17,12 +18,12 @@ from onnx import TensorProto, helper
 from conftest import build_report
 from epbuild.steps import vendor_shim
 from epbuild.steps.weights import FOLDER_OPTION
-
-pytest.importorskip("torch", reason="the genai tests need the test extras (requirements-dev.txt): torch")
-pytest.importorskip("transformers", reason="the genai tests need the test extras: transformers")
-pytest.importorskip("onnxruntime_genai", reason="the genai tests need the test extras: onnxruntime-genai")
-
 from genai_models import built, genai_tokens
+
+MISSING = [name for name in ("torch", "transformers", "onnxruntime_genai") if importlib.util.find_spec(name) is None]
+pytestmark = pytest.mark.skipif(bool(MISSING), reason=f"the genai tests need the test extras (requirements-dev.txt): "
+                                                      f"{', '.join(MISSING)} missing")
+
 
 DIMS = "batch_size = 1, kv_cache_dim = 16, total_sequence_length = 32"  # the issue's: a 32-position window
 VARIANTS = f'''

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 import pickle
 import platform
@@ -29,6 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from .logs import log
 from .store.journal import journal_of
 from .store.layout import Layout, file_identity, settled, stat_key, write_atomic, write_json
 
@@ -222,5 +222,5 @@ def shortcut(manifest: Path, argv: list[str]) -> UpToDate | str | None:
         return listing_text(listing) if listing is not None else None
     stamp = Stamp(layout).still_valid(key)
     if stamp is None:
-        logging.getLogger(__name__).debug("no-op shortcut not taken: no stamp of a full no-op under this project key")
+        log(__name__, "debug", "no-op shortcut not taken: no stamp of a full no-op under this project key")
     return UpToDate(stamp) if stamp is not None else None

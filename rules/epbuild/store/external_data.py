@@ -9,18 +9,17 @@ model's folder are refused before any of them is read.
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any
 
 from ..errors import BuildError, UserError
+from ..logs import log
 from .entry_lines import LazyEntries, read_entries, write_entries
 from .layout import stat_key
 from .publish import discard
 
 READ_TIMEOUT_S = 600.0  # a multi-GB protobuf takes seconds to parse and check
 
-logger = logging.getLogger(__name__)
 
 
 def _input_shapes(graph: Any) -> dict[str, list[int | None]]:
@@ -105,8 +104,8 @@ def _read(model_path: Path) -> dict[str, Any]:
         ort_only = _checked_with_ort_ops(model)
         if not ort_only:
             raise UserError(model_path.name, None, f"fails onnx.checker: {' '.join(str(exc).split())}") from None
-        logger.info("%s: onnx.checker does not know %s, which ONNX Runtime registers: accepted", model_path.name,
-                    ", ".join(ort_only))
+        log(__name__, "info", "%s: onnx.checker does not know %s, which ONNX Runtime registers: accepted",
+            model_path.name, ", ".join(ort_only))
     weights = {t.name for t in model.graph.initializer}
     return {"locations": sorted(found), "needs": needs, "inputs": _input_shapes(model.graph),
             "dim_names": {name: [d.dim_param or None for d in value.type.tensor_type.shape.dim]

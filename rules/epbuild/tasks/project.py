@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import logging
 import os
 import pickle
 import sys
@@ -21,6 +20,7 @@ from ..execute.host import capabilities
 from ..execute.provenance import code_digest, use_saved, versions
 from ..fast_path import DEP_FILE, is_default_run, project_key
 from ..fast_path import enabled as fast_path_enabled
+from ..logs import log
 from ..manifest.builds import Build, ResolvedTarget
 from ..manifest.declared_inputs import ModelInputs, check_declared_inputs, resolve_dims
 from ..manifest.eps import lookup
@@ -42,7 +42,6 @@ from ..store.task_configs import ConfigRecord
 INSPECTING = {"list", "info", "help", "clean", "forget", "ignore", "dumpdb", "strace", "tabcompletion", "reset-dep",
               "backends", "cache", "unavailable", "graph", "prune"}  # doit commands and tasks that build nothing
 
-logger = logging.getLogger(__name__)
 
 
 class _Relative:
@@ -121,8 +120,8 @@ class Project:
             fresh = Plan(pickle.dumps(read, protocol=pickle.HIGHEST_PROTOCOL), resolved, facts, self.manifest, builds,
                          self.stages, code_digest(), versions())
         self.builds = self._with_workers(builds, executor)
-        logger.debug("%d builds and %d stages, %s", len(self.builds), len(self.stages),
-                     "planned anew" if fresh is not None else "from the saved plan (same manifest, files and facts)")
+        log(__name__, "debug", "%d builds and %d stages, %s", len(self.builds), len(self.stages),
+            "planned anew" if fresh is not None else "from the saved plan (same manifest, files and facts)")
         if self.writable:  # only for a manifest that holds: a refused one writes nothing
             index.save()
             if fresh is not None:
