@@ -5,7 +5,7 @@
 1. The shipped example, and COPIES (default 100) copies of tinycnn for qnn-htp: `doit compile group` in a clone
    with an empty cache, then in a fresh clone sharing that cache. Both the wall time and the sum of the compile
    tasks' own seconds (from build-report.json, without doit's start-up) are compared.
-2. sha256 of a 1 GB file: epbuild.store.hashing.sha256_file against `sha256sum`.
+2. sha256 of a 1 GB file: epbuild.files.hashing.sha256_file against `sha256sum`.
 3. Lines appended to the hash memory by a no-op `doit` (each line is one file read and hashed).
 
 Writes bench/results/cache.json.
@@ -25,7 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "rules"))
 
-from epbuild.store.hashing import sha256_file  # noqa: E402
+from epbuild.files.hashing import sha256_file  # noqa: E402
 
 sys.path.insert(0, str(REPO / "bench"))
 from record import save  # noqa: E402
@@ -95,7 +95,7 @@ def main() -> None:
         start = time.perf_counter()
         sha256_file(big)
         ours = time.perf_counter() - start
-        print(f"sha256 of 1 GiB: sha256sum {tool:.2f} s, epbuild.store.hashing {ours:.2f} s, "
+        print(f"sha256 of 1 GiB: sha256sum {tool:.2f} s, epbuild.files.hashing {ours:.2f} s, "
               f"relative speed {tool / ours:.2f}x")
 
         folder = tmp / "shipped-b"
@@ -110,7 +110,7 @@ def main() -> None:
         row("restore vs cold compile, shipped example (`doit compile group`, empty cache vs a clone sharing it)",
             shipped),
         row(f"restore vs cold compile, {copies} copies of tinycnn for qnn-htp", many_result),
-        ("sha256 of 1 GiB, `epbuild.store.hashing` vs `sha256sum`",
+        ("sha256 of 1 GiB, `epbuild.files.hashing` vs `sha256sum`",
          f"{ours:.2f} s vs {tool:.2f} s ({tool / ours:.1f}x the speed)"),
         ("files hashed by a no-op `doit`", str(hashed))],
         {"shipped": shipped, f"{copies}_copies": many_result, "sha256_1gib_s": {"ours": round(ours, 3),

@@ -3,7 +3,7 @@
     python bench/bench_executor.py [COPIES]
 
 Three runs side by side: local `doit -n 2`, and `doit -n 2` with EPBUILD_EXECUTOR and one, then two
-`python -m epbuild.execute.worker` processes (one thread each) on 127.0.0.1. All run on the same 2 cores, so the
+`python -m epbuild.worker` processes (one thread each) on 127.0.0.1. All run on the same 2 cores, so the
 ratios show the per-job overhead (sending inputs and outputs by content, scheduling), not a speed-up; a second real
 machine adds its cores. Writes bench/results/executor.json.
 """
@@ -64,7 +64,7 @@ def main() -> None:
                 start_new_session=True))
             for workers in (1, 2):
                 processes.append(subprocess.Popen(
-                    [sys.executable, "-m", "epbuild.execute.worker", address, "--workdir", str(tmp / f"w{workers}"),
+                    [sys.executable, "-m", "epbuild.worker", address, "--workdir", str(tmp / f"w{workers}"),
                      "--name", f"w{workers}", "--nthreads", "1", "--no-dashboard", "--host", "127.0.0.1"], env=base,
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
                 time.sleep(8)  # the worker probes its host, then registers

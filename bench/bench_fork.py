@@ -77,12 +77,12 @@ def clean_build(folder: Path, mode: str, args: list[str], builds: int = 1) -> fl
 
 def floor_work(folder: Path) -> float:
     """In this process: the compiles and validations, then the same again, timed (the work once warm)."""
+    from epbuild.files.layout import Layout
     from epbuild.manifest.parse import load
-    from epbuild.manifest.targets import plan
+    from epbuild.plan.targets import plan
     from epbuild.steps.compile import _compile_in_child
     from epbuild.steps.compilers import compile_request
     from epbuild.steps.validate import _validate_in_child, validation_request
-    from epbuild.store.layout import Layout
 
     layout = Layout(folder / "artifacts")
     builds = plan(load(folder / "models.toml"))

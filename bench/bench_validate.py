@@ -23,12 +23,12 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "rules"))
 
 from epbuild.execute.host import capabilities  # noqa: E402
+from epbuild.files.layout import Layout  # noqa: E402
 from epbuild.manifest.parse import load  # noqa: E402
-from epbuild.manifest.targets import plan  # noqa: E402
+from epbuild.plan.targets import plan  # noqa: E402
 from epbuild.steps.compilers import compiler  # noqa: E402
 from epbuild.steps.validate import _validate_in_child, validate, validation_request  # noqa: E402
 from epbuild.store.cache import Workspace  # noqa: E402
-from epbuild.store.layout import Layout  # noqa: E402
 
 sys.path.insert(0, str(REPO / "bench"))
 from record import save  # noqa: E402

@@ -15,8 +15,8 @@ import pytest
 
 from conftest import Project, ran
 from epbuild.errors import BuildError
+from epbuild.files.hashing import FileHashes
 from epbuild.store.cache import ENTRIES, RECORD, ArtifactCache
-from epbuild.store.hashing import FileHashes
 from helpers import TWO_MODELS_CPU_QNN, perturb_weights, tree_bytes
 
 MANIFEST = """
@@ -172,7 +172,7 @@ def test_no_op_run_hashes_nothing_and_a_touched_tree_is_hashed_once(tmp_path, ho
 
 def _same_shard(folder: Path, count: int) -> list[Path]:
     """`count` file names in one folder whose paths fall in one shard of the memory."""
-    from epbuild.store.hashing import shard_of
+    from epbuild.files.hashing import shard_of
 
     by_shard: dict[str, list[Path]] = {}
     for at in range(10_000):
@@ -185,7 +185,7 @@ def _same_shard(folder: Path, count: int) -> list[Path]:
 
 
 def test_the_hash_memory_is_compacted_when_superseded_lines_pile_up(tmp_path, monkeypatch):
-    from epbuild.store import hashing
+    from epbuild.files import hashing
 
     monkeypatch.setattr(hashing, "COMPACT_SLACK", 5)
     kept, gone = _same_shard(tmp_path, 2)
@@ -213,7 +213,7 @@ def test_the_hash_memory_is_compacted_when_superseded_lines_pile_up(tmp_path, mo
 def test_a_lookup_reads_its_own_shard_of_the_memory_and_passes_over_a_torn_line(tmp_path, monkeypatch):
     """One model changed among 10,000: its lookup reads the shard its path falls in, not the whole memory; its
     latest whole line counts, a line cut short by a killed process is passed over."""
-    from epbuild.store import hashing
+    from epbuild.files import hashing
 
     model, other = tmp_path / "model.onnx", tmp_path / "model.onnx.data"
     memory = hashing.FileHashes(tmp_path / "state")
@@ -236,7 +236,7 @@ def test_a_lookup_reads_its_own_shard_of_the_memory_and_passes_over_a_torn_line(
 def test_a_file_under_several_names_is_read_once_until_it_changes(tmp_path, monkeypatch):
     """With `[cache] hard_links` the cache stores, publishes and restores by hard links: one read per file, not one
     per name."""
-    from epbuild.store import hashing
+    from epbuild.files import hashing
 
     reads: list[str] = []
     real = hashing.sha256_file

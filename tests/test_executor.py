@@ -1,4 +1,4 @@
-"""Builds on a real Dask cluster on loopback: a scheduler and `python -m epbuild.execute.worker` processes, each with
+"""Builds on a real Dask cluster on loopback: a scheduler and `python -m epbuild.worker` processes, each with
 its own working folder and its own resources; and CI shards."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import pytest
 
 from conftest import REPO, SOURCE, build_report, clone, ran
 from epbuild.errors import BuildError
-from epbuild.execute.worker import _check_versions, relocate
 from epbuild.steps import vendor_shim
+from epbuild.worker import _check_versions, relocate
 from helpers import TWO_MODELS_CPU_QNN, single_op_model, tree_bytes
 
 MANIFEST = TWO_MODELS_CPU_QNN + """
@@ -62,7 +62,7 @@ class Cluster:
                 info.mkdir(parents=True)
                 (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package}\nVersion: {version}\n")
             env["PYTHONPATH"] = f"{site}{os.pathsep}{SOURCE}"
-        self._start(f"worker-{name}", [sys.executable, "-m", "epbuild.execute.worker", self.address, "--workdir",
+        self._start(f"worker-{name}", [sys.executable, "-m", "epbuild.worker", self.address, "--workdir",
                                        str(workdir), "--name", name, "--nthreads", "1", "--no-nanny", "--no-dashboard",
                                        "--host", "127.0.0.1"], env)
         return workdir
@@ -323,7 +323,7 @@ def test_a_shard_holds_what_its_groups_need_so_no_task_is_built_by_two(tmp_path,
 
 def test_relocate_moves_every_path_under_the_project_and_nothing_else(tmp_path):
     from epbuild.manifest.parse import load
-    from epbuild.manifest.targets import plan
+    from epbuild.plan.targets import plan
 
     (tmp_path / "models").mkdir()
     shutil.copy(REPO / "models" / "tinycnn.onnx", tmp_path / "models" / "m.onnx")

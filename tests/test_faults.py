@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import clone, ran
-from epbuild.store.owners import owner_gone, owner_tag
+from epbuild.files.owners import owner_gone, owner_tag
 
 MANIFEST = '[models.tinycnn]\npath = "models/tinycnn.onnx"\ntargets = ["cpu"]\n[targets.cpu]\nep = "cpu"\n'
 

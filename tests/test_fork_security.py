@@ -19,9 +19,10 @@ from pathlib import Path
 import pytest
 
 from epbuild.execute import fork_server, private_folder
-from epbuild.execute.child import Limits, run_child
+from epbuild.execute.child import run_child
 from epbuild.execute.fork_server import SWITCH
 from epbuild.execute.job_environment import EXTRA, job_environment
+from epbuild.manifest.builds import Limits
 
 OTHER_UID = 65534  # nobody
 SYSTEM_PYTHON = "/usr/bin/python3"

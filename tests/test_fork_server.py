@@ -17,8 +17,9 @@ import pytest
 
 from conftest import REPO, SOURCE, Project
 from epbuild.errors import BuildError
-from epbuild.execute.child import Limits, run_child
+from epbuild.execute.child import run_child
 from epbuild.execute.fork_server import SWITCH, fork_job
+from epbuild.manifest.builds import Limits
 from helpers import OPENVINO_CPU_TARGET, TWO_MODELS_CPU_QNN, WAIT_S, job_processes, tree_bytes, wait_for
 
 MANIFEST = TWO_MODELS_CPU_QNN + """

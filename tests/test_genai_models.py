@@ -16,8 +16,8 @@ import pytest
 from onnx import TensorProto, helper
 
 from conftest import build_report
+from epbuild.files.weights import FOLDER_OPTION
 from epbuild.steps import vendor_shim
-from epbuild.steps.weights import FOLDER_OPTION
 from genai_models import built, genai_tokens
 
 MISSING = [name for name in ("torch", "transformers", "onnxruntime_genai") if importlib.util.find_spec(name) is None]

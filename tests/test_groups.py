@@ -11,7 +11,7 @@ import pytest
 from conftest import REPO, build_report, ran
 from epbuild.errors import UserError
 from epbuild.manifest.parse import load
-from epbuild.manifest.targets import plan
+from epbuild.plan.targets import plan
 from epbuild.steps.validate import validate
 from epbuild.store.cache import Workspace
 from epbuild.tasks.project import Project

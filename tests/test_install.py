@@ -134,7 +134,7 @@ def test_the_epbuild_command_runs_doits_options_and_its_own_subcommands(tmp_path
     assert "target qnn-htp (QNNExecutionProvider, npu, ort): buildable" in backends.stdout
     worker = subprocess.run([sys.executable, "-m", "epbuild", "worker"], cwd=tmp_path, env=user_env,
                             capture_output=True, text=True, timeout=120)
-    assert worker.returncode != 0 and "usage: python -m epbuild.execute.worker tcp://SCHEDULER:8786" in worker.stderr
+    assert worker.returncode != 0 and "usage: python -m epbuild.worker tcp://SCHEDULER:8786" in worker.stderr
     missing = subprocess.run([sys.executable, "-m", "epbuild", "--manifest", str(tmp_path / "nowhere" / "m.toml")],
                              cwd=tmp_path, env=user_env, capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2 and missing.stderr.startswith("error: ") and "no such folder" in missing.stderr

@@ -1,5 +1,6 @@
-"""The package's shape, kept: no import circles between its modules (lazy imports inside functions count; type-only
-ones do not), no folder named like build output, and no module far past the size the style allows."""
+"""The package's shape, kept: the README's layout table in the order of the declared layers, no import circles
+between its modules (lazy imports inside functions count; type-only ones do not), no folder named like build
+output, and no module far past the size the style allows."""
 
 from __future__ import annotations
 
@@ -79,3 +80,35 @@ def test_no_folder_is_named_like_build_output_and_modules_stay_small():
     assert not folders & {"build", "dist", "out", "target", "bin", "lib"}
     sizes = {path.relative_to(PACKAGE).as_posix(): len(path.read_text().splitlines()) for path in PACKAGE.rglob("*.py")}
     assert {name: size for name, size in sizes.items() if size > 600} == {}  # ~400 is the aim; the few above say why
+
+
+def _layers() -> list[list[str]]:
+    """The layers contract of pyproject.toml, top to bottom, each as its modules' names under `epbuild`."""
+    import tomllib
+
+    contracts = tomllib.loads((SOURCE.parent / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    (layers,) = [c["layers"] for c in contracts if c["type"] == "layers"]
+    return [[name.strip().removeprefix("epbuild.") for name in layer.split("|")] for layer in layers]
+
+
+def test_the_readme_layout_lists_every_module_in_the_order_of_the_layers():
+    """The README's layout table is the layers contract read aloud: its packages in the contract's order, and every
+    module of the package named in it (a new module gets its row)."""
+    readme = (SOURCE.parent / "README.md").read_text()
+    section = readme[readme.index("## Layout\n"):]
+    section = section[:section.index("\n## ") if "\n## " in section else len(section)]
+    declared = [name for layer in _layers() for name in layer]
+    folders = sorted(path.name for path in PACKAGE.iterdir() if (path / "__init__.py").is_file())
+    assert sorted(set(declared) & set(folders)) == folders  # every package folder is in a layer
+    tops = sorted(path.stem for path in PACKAGE.glob("*.py") if path.stem not in ("__init__", "__main__"))
+    assert sorted(set(declared) - set(folders)) == tops  # and every top-level module
+    listed = re.findall(r"^\| \*\*`(\w+)/`\*\*", section, re.M)
+    assert listed == [name for name in declared if name in folders]
+    rows = section.split("\n| **`")
+    for row in rows[1:]:
+        package = row.split("/`", 1)[0]
+        modules = {path.name for path in (PACKAGE / package).glob("*.py") if path.name != "__init__.py"}
+        named = set(re.findall(r"`(\w+\.py)`", row))
+        assert modules - named == set(), f"{package}/: modules without a row in the README's layout"
+    everything = set(re.findall(r"`(\w+\.py)`", section))
+    assert {f"{name}.py" for name in tops} <= everything

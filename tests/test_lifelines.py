@@ -92,7 +92,7 @@ def test_a_worker_killed_mid_build_ends_the_build_with_one_line(project):
 def test_a_killed_builds_scratch_that_outlived_this_runs_start_is_removed_at_its_end(project):
     """A killed build's jobs may still be writing into their folders while the next run sweeps at its start: the
     run sweeps again at its end."""
-    from epbuild.store.owners import HOST
+    from epbuild.files.owners import HOST
 
     _slow_project(project, 1)
     build = subprocess.Popen([sys.executable, "-m", "doit"], cwd=project.root, env=project.env,

@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 
 from conftest import SOURCE
-from epbuild.store import locks
-from epbuild.store.locks import SHARED_FILE, fingerprint_lock
+from epbuild.files import locks
+from epbuild.files.locks import SHARED_FILE, fingerprint_lock
 
 REPO = Path(__file__).resolve().parent.parent
 HOLDER = """
 import sys
 from pathlib import Path
-from epbuild.store.locks import fingerprint_lock
+from epbuild.files.locks import fingerprint_lock
 with fingerprint_lock(Path(sys.argv[1]), sys.argv[2]):
     print("held", flush=True)
     sys.stdin.read()
@@ -77,7 +77,7 @@ def test_another_process_holding_the_lock_excludes_this_one_until_it_is_killed(t
     key = fingerprint("shared")
     env = {**os.environ, "PYTHONPATH": str(SOURCE)}
     switch = {"ofd": "", "flock": "l._OFD = False\n", "filelock": "l._OFD = False\nl.fcntl = None\n"}[mode]
-    script = "import epbuild.store.locks as l\n" + switch + HOLDER
+    script = "import epbuild.files.locks as l\n" + switch + HOLDER
     holder = subprocess.Popen([sys.executable, "-c", script, str(tmp_path), key], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True, env=env)
     try:

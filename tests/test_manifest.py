@@ -7,7 +7,7 @@ import pytest
 from conftest import REPO
 from epbuild.errors import UserError
 from epbuild.manifest.parse import load
-from epbuild.manifest.targets import plan
+from epbuild.plan.targets import plan
 
 MODEL = '[models.m]\npath = "models/tinycnn.onnx"\n'
 

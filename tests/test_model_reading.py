@@ -15,8 +15,8 @@ import pytest
 
 from conftest import REPO
 from epbuild.execute.fork_server import SWITCH
-from epbuild.store import external_data
-from epbuild.store.external_data import ExternalDataIndex, read_models
+from epbuild.plan import external_data
+from epbuild.plan.external_data import ExternalDataIndex, read_models
 from helpers import TWO_MODELS_CPU_QNN, model_with_location, perturb_weights, setup_failing_checker
 
 EXPECTED = {

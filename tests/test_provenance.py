@@ -11,8 +11,9 @@ import pytest
 from conftest import REPO, SOURCE
 from epbuild.errors import BuildError
 from epbuild.execute import fork_server, provenance
-from epbuild.execute.child import Limits, run_child
+from epbuild.execute.child import run_child
 from epbuild.execute.fork_server import SWITCH
+from epbuild.manifest.builds import Limits
 
 
 @pytest.fixture
@@ -72,7 +73,7 @@ def test_the_code_digest_covers_the_job_modules_and_what_they_import(tmp_path, m
     try:
         original = digest()
         # a module only the compile child reaches through imports, and the shim's C source, shape outputs
-        for shaping in ("steps/graph.py", "store/hashing.py", "steps/shims/openvino_vendor.c"):
+        for shaping in ("steps/graph.py", "files/hashing.py", "steps/shims/openvino_vendor.c"):
             path = copy / shaping
             saved = path.read_bytes()
             path.write_bytes(saved + b"\n# changed\n")

@@ -14,7 +14,7 @@ from conftest import build_report, ran
 from epbuild.errors import ModelError
 from epbuild.execute.child import describe
 from epbuild.manifest.parse import load
-from epbuild.manifest.targets import plan
+from epbuild.plan.targets import plan
 from helpers import ep_context_nodes
 from real_models import (
     detector_with_branches,
@@ -269,7 +269,8 @@ def test_unexpected_exceptions_are_internal_errors(exc, expected):
 
 
 def test_an_internal_error_names_epbuild_and_the_log(monkeypatch, tmp_path):
-    from epbuild.execute.child import Limits, run_child
+    from epbuild.execute.child import run_child
+    from epbuild.manifest.builds import Limits
 
     (tmp_path / "buggy.py").write_text("from epbuild.execute.child import serve\n"
                                        "serve(lambda request: {}['missing'])\n")

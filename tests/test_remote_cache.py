@@ -16,9 +16,9 @@ from test_cache import MANIFEST as CACHE_MANIFEST
 
 from conftest import Project, build_report, ran
 from conftest import clone as clone_project
+from epbuild.files.hashing import FileHashes
 from epbuild.store import remote_cache
 from epbuild.store.cache import RECORD, ArtifactCache
-from epbuild.store.hashing import FileHashes
 from helpers import perturb_weights, tree_bytes
 from s3_server import ACCESS_KEY, SECRET_KEY, S3Server
 

@@ -282,9 +282,9 @@ def test_a_build_no_task_of_which_ran_shows_the_part_the_last_page_showed_withou
     """After a run that changed one model, the other model's builds (none of their tasks ran, none of their entries
     changed) take the part the last page showed without stat'ing their files; the page is the one a full rendering
     makes. A torn last journal line, or a build report rewritten since, makes every part keyed again."""
+    from epbuild.files.layout import stat_key
     from epbuild.report import cells
     from epbuild.report.views import PARTS, PartStore, write_views
-    from epbuild.store.layout import stat_key
     from epbuild.tasks.project import Project as Loaded
 
     project = Project(tmp_path, host_cache)

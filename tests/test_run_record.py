@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from epbuild.store.journal import outgrown
-from epbuild.store.layout import Layout
+from epbuild.files.journal import outgrown
+from epbuild.files.layout import Layout
 from epbuild.tasks.checker import SEEN_CHANGING, saw
 from epbuild.tasks.run_record import RunRecord, _changes, next_record
 from epbuild.tasks.selection import Recorded

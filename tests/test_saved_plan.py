@@ -1,4 +1,4 @@
-"""The saved plan (`store.saved_plan`): taken only while everything it was made from holds, and then equal to a
+"""The saved plan (`plan.saved_plan`): taken only while everything it was made from holds, and then equal to a
 plan made afresh; made afresh (and saved again) after any change it depends on. The incrementality contract test
 runs every kind of change through it on doit's command line; these look at the plan itself."""
 
@@ -14,8 +14,8 @@ import pytest
 
 import epbuild.tasks.project as project_module
 from conftest import Project
-from epbuild.store.layout import now_ns
-from epbuild.store.saved_plan import Plan, SavedPlan
+from epbuild.files.layout import now_ns
+from epbuild.plan.saved_plan import Plan, SavedPlan
 from helpers import perturb_weights
 
 MANIFEST = """

@@ -8,8 +8,8 @@ import os
 import time
 
 from conftest import ran
-from epbuild.store.hashing import FileHashes
-from epbuild.store.journal import outgrown
+from epbuild.files.hashing import FileHashes
+from epbuild.files.journal import outgrown
 from epbuild.store.task_configs import ConfigRecord, digest, published
 
 

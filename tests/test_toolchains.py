@@ -13,8 +13,9 @@ import pytest
 from conftest import REPO, ran
 from epbuild.errors import UserError
 from epbuild.manifest.parse import TableReader, load
-from epbuild.manifest.targets import plan
-from epbuild.steps.toolchains import QaicOptions, check_qaic, qaic_command
+from epbuild.manifest.qaic import QaicOptions, check_qaic
+from epbuild.plan.targets import plan
+from epbuild.steps.toolchains import qaic_command
 from helpers import ep_context_nodes
 
 STANDINS = REPO / "tests" / "standins"

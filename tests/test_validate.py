@@ -12,9 +12,10 @@ import pytest
 
 from conftest import REPO, ran
 from epbuild.errors import BuildError
-from epbuild.execute.child import Limits, run_child
+from epbuild.execute.child import run_child
+from epbuild.manifest.builds import Limits
 from epbuild.manifest.parse import load
-from epbuild.manifest.targets import plan
+from epbuild.plan.targets import plan
 from epbuild.steps.validate import validate, validate_member
 from epbuild.store.cache import Workspace
 from helpers import single_op_model

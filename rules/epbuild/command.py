@@ -35,7 +35,7 @@ def _split_manifest(argv: list[str]) -> tuple[str | None, list[str]]:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["worker"]:
-        from .execute.worker import main as worker
+        from .worker import main as worker
 
         worker(argv[1:])
         return 0

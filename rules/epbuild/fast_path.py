@@ -28,9 +28,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from .files.journal import journal_of
+from .files.layout import Layout, file_identity, settled, stat_key, write_atomic, write_json
 from .logs import log
-from .store.journal import journal_of
-from .store.layout import Layout, file_identity, settled, stat_key, write_atomic, write_json
 
 PACKAGE = Path(__file__).resolve().parent
 DEP_FILE = ".doit.db"

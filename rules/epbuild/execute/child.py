@@ -21,26 +21,20 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import BuildError, ModelError, plain
 from ..logs import configure as configure_logging
-from ..records import record
 from . import forked_jobs, provenance
 from .fork_server import ForkedJob, fork_job, leases_in_use
 from .forked_jobs import resident_bytes
 from .job_environment import job_environment
 from .lifelines import DIE_WITH, die_with_parent
 
+if TYPE_CHECKING:
+    from ..manifest.builds import Limits
+
 PROGRESS_EVERY_S = 30.0
-
-
-@record
-class Limits:
-    """What one child may use: wall time, and resident memory (None: unlimited)."""
-
-    timeout_s: float
-    max_memory_gb: float | None = None
 
 
 FRAME = re.compile(r'^  File "|^    ')  # a Python traceback's frame lines ("  File ...", then its code line)

@@ -1,7 +1,7 @@
 """Running compiles, stages and validations on a Dask cluster while doit stays the coordinator.
 
 With `EPBUILD_EXECUTOR=tcp://scheduler:8786` (or `[executor] scheduler`), the step that produces an output (a
-cache miss) becomes a Dask task (`execute.worker.run_job`) with resources derived from its target, so it runs only
+cache miss) becomes a Dask task (`epbuild.worker.run_job`) with resources derived from its target, so it runs only
 on a worker whose host has the EP or toolchain and the exact package versions of the fingerprint. Inputs travel
 by content; outputs come back by content and are verified and published by the coordinator exactly as a local
 compile's. Cache lookups, locks and publishing stay here. `distributed` is imported only when an executor is set.
@@ -10,7 +10,6 @@ compile's. Cache lookups, locks and publishing stay here. `distributed` is impor
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import importlib
 import os
@@ -30,8 +29,8 @@ from ..records import record
 from .provenance import code_digest
 
 if TYPE_CHECKING:
-    from ..manifest.builds import Build, ResolvedTarget
-    from ..steps.stages import Stage
+    from ..manifest.builds import Build
+    from ..manifest.stage import Stage
     from ..store.cache import Workspace
 
 RESULT_CAP = 1 << 30  # bytes of outputs one Dask result may carry
@@ -83,28 +82,6 @@ def _client(settings: ExecutorSettings) -> Any:
         return _CLIENTS[settings.address]
 
 
-def target_resources(target: ResolvedTarget) -> dict[str, int]:
-    """What a job for `target` needs from a worker: its EP or toolchain, package versions, machine, CPU class
-    where the artifact is host-specific."""
-    from ..steps.compilers import compiler
-    from ..steps.fingerprint import host_properties
-    from .host import toolchain_versions
-
-    needs = {f"host:{platform.machine()}"}
-    backend = compiler(target)
-    if backend.in_onnxruntime:
-        needs.add(f"ep:{target.ep.name}:{target.device}")
-        needs |= {f"pkg:{name}:{version}" for name, version in toolchain_versions(target.ep).items() if version}
-    else:
-        needs.add(f"toolchain:{target.compiler}")
-        identity = backend.identity(target)
-        if isinstance(identity, dict) and identity.get("version"):
-            needs.add(f"pkg:{target.compiler}:{identity['version']}")
-    if host_properties(target):
-        needs.add(cpu_class())
-    return dict.fromkeys(sorted(needs), 1)
-
-
 async def _identity(address: str) -> dict[str, Any]:
     from distributed.core import rpc
 
@@ -125,30 +102,6 @@ def worker_resources(settings: ExecutorSettings) -> dict[str, set[str]]:
             for address, info in identity["workers"].items()}
 
 
-def _version_key(version: str) -> tuple[Any, ...]:
-    return tuple((0, int(part)) if part.isdigit() else (1, part) for part in version.replace("-", ".").split("."))
-
-
-def with_worker_toolchains(builds: list[Build], settings: ExecutorSettings) -> list[Build]:
-    """Builds whose external toolchain (qaic, qairt) this host lacks take the version the workers offer, the newest
-    when they differ, so the fingerprint names the toolchain that will compile; unchanged when no worker has it."""
-    from ..steps.compilers import compiler
-
-    lacking = {b.target.name for b in builds
-               if not compiler(b.target).in_onnxruntime and isinstance(compiler(b.target).toolchain(b.target), str)}
-    if not lacking:
-        return builds
-    offered = set().union(*worker_resources(settings).values())
-    targets: dict[str, ResolvedTarget] = {}
-    for build in builds:
-        tool = build.target.compiler
-        versions = [name.split(":", 2)[2] for name in offered if name.startswith(f"pkg:{tool}:")]
-        if build.target.name in lacking and versions:
-            newest = max(versions, key=_version_key)
-            targets[build.target.name] = dataclasses.replace(build.target, toolchain_version=newest)
-    return [dataclasses.replace(b, target=targets.get(b.target.name, b.target)) for b in builds]
-
-
 def cpu_class() -> str:
     """A worker resource naming this host's CPU features: host-specific artifacts build only where they match."""
     from .host import cpu_flags
@@ -164,7 +117,7 @@ def stage_resources() -> dict[str, int]:
 
 
 class Job:
-    """Unpickles (on the worker) into the result of `epbuild.execute.worker.run_job(job)`."""
+    """Unpickles (on the worker) into the result of `epbuild.worker.run_job(job)`."""
 
     def __init__(self, job: dict[str, Any]):
         self.job = job
@@ -174,9 +127,9 @@ class Job:
 
 
 def _on_the_worker(job: dict[str, Any]) -> dict[str, Any]:
-    """What a `Job` unpickles into: the worker's side (`execute.worker`, which runs the steps) is imported there, by
+    """What a `Job` unpickles into: the worker's side (`epbuild.worker`, which runs the steps) is imported there, by
     its name, and never by the coordinator's side here."""
-    return importlib.import_module("epbuild.execute.worker").run_job(job)
+    return importlib.import_module("epbuild.worker").run_job(job)
 
 
 def _relative(path: Path, root: Path) -> str:
@@ -275,10 +228,11 @@ def _through(workspace: Workspace, fingerprint: str, identity: dict[str, Any]) -
     return {"remote": workspace.remote_url, "fingerprint": fingerprint, "identity": identity}
 
 
-def run_build(build: Build, workspace: Workspace, scratch: Path, fingerprint: str,
-              identity: dict[str, Any]) -> dict[str, Any]:
-    """Compile `build` on a worker into `scratch`; the child's `usage`, the `worker`'s name, bytes `downloaded`."""
-    result = _run(workspace, "compile", build.task, build, build.inputs, target_resources(build.target),
+def run_build(build: Build, workspace: Workspace, scratch: Path, fingerprint: str, identity: dict[str, Any],
+              needs: dict[str, int]) -> dict[str, Any]:
+    """Compile `build` on a worker that has `needs` into `scratch`; the child's `usage`, the `worker`'s name, bytes
+    `downloaded`."""
+    result = _run(workspace, "compile", build.task, build, build.inputs, needs,
                   _through(workspace, fingerprint, identity))
     return {**result, "downloaded": _write(result, scratch, workspace, fingerprint, build.task)}
 
@@ -291,18 +245,18 @@ def run_stage(stage: Stage, workspace: Workspace, scratch: Path, fingerprint: st
     return {**result, "downloaded": _write(result, scratch, workspace, fingerprint, stage.task)}
 
 
-def run_validation(build: Build, workspace: Workspace) -> dict[str, Any]:
-    """Validate the published artifact of `build` on a worker; its report."""
+def run_validation(build: Build, workspace: Workspace, needs: dict[str, int]) -> dict[str, Any]:
+    """Validate the published artifact of `build` on a worker that has `needs`; its report."""
     folder = build.out_dir(workspace.layout)
     artifact = [path for path in sorted(folder.rglob("*")) if path.is_file()]
     external = [p for m in build.members for p in m.external]
     result = _run(workspace, "validate", build.validate_task, build,
                   [*artifact, *build.sources, *external, *build.validation_files, *build.target.option_files.values()],
-                  target_resources(build.target))
+                  needs)
     return {**result["report"], "worker": result["worker"]}
 
 
-def run_operator_list(build: Build, workspace: Workspace) -> tuple[set[str], str]:
-    """The ONNX operators a worker's qaic-compile supports, and its version, for the `ops:` check."""
-    result = _run(workspace, "ops", build.ops_task, build, [], target_resources(build.target))
+def run_operator_list(build: Build, workspace: Workspace, needs: dict[str, int]) -> tuple[set[str], str]:
+    """The ONNX operators a worker's qaic-compile (one that has `needs`) supports, and its version, for `ops:`."""
+    result = _run(workspace, "ops", build.ops_task, build, [], needs)
     return set(result["answer"]), result["version"]

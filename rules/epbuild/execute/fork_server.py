@@ -47,9 +47,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..store.layout import stat_key
-from ..store.locks import file_lock
-from ..store.owners import owner_gone, owner_tag
+from ..files.layout import stat_key
+from ..files.locks import file_lock
+from ..files.owners import owner_gone, owner_tag
 from . import private_folder
 from .forked_jobs import JobGuard, WorkerHandle, run_many, run_one
 from .job_environment import job_environment

@@ -19,8 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..files.layout import write_json
 from ..manifest.eps import REGISTRY, EpInfo, platform_reason
-from ..store.layout import write_json
 from .python_path import child_import_path
 
 SHIM_LIBRARY = "EPBUILD_OPENVINO_SHIM"  # the built vendor-id shim (epbuild.steps.vendor_shim), for children

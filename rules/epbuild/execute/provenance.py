@@ -21,7 +21,7 @@ PACKAGE = Path(__file__).resolve().parents[1]
 # The modules whose code runs in the jobs that write outputs (compiles, stages, validations, on this host or a Dask
 # worker); what they import from the package is followed from here.
 JOB_MODULES = ("steps/compile.py", "steps/preprocess.py", "steps/validate.py", "execute/fork_server.py",
-               "execute/worker.py")
+               "worker.py")
 DATA_FILES = ("steps/shims/*.c",)  # compiled into the OpenVINO vendor shim
 # Every distribution a job may load; a version that differs from the build's is refused.
 DISTRIBUTIONS = ("onnxruntime", "onnx", "numpy", "sympy", "onnxruntime-qnn", "onnxruntime-ep-openvino")

@@ -11,7 +11,7 @@ class CompileMember(TypedDict):
     external_data: str | None  # CPU targets: the output's own external-data file name
     inputs: dict[str, list[int]]  # static shapes from the manifest
     entry: str  # the model's manifest entry (models.NAME), for errors about its keys
-    weights: str | None  # the folder its external data resolves in, from its own, when not that (steps.weights)
+    weights: str | None  # the folder its external data resolves in, from its own, when not that (files.weights)
 
 
 class CompileRequest(TypedDict):
@@ -46,7 +46,7 @@ class MemberValidation(TypedDict):
     ep_sdk_version: str | None
     cpu_nodes: int  # nodes the compile left on CPU: more at run time is a fallback
     source: str  # the model the compile consumed
-    weights: dict[str, str]  # models above whose external data resolves in another folder (steps.weights)
+    weights: dict[str, str]  # models above whose external data resolves in another folder (files.weights)
     reference: str  # the model to compare with
     declared: str  # the model as declared: the reference where a stage's output cannot run on CPU
     reference_is: str  # what the reference is, for messages: "the output of fold:m", "the model as declared (m.onnx)"

@@ -10,16 +10,23 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..execute.child import Limits
+from ..files.layout import Layout
 from ..records import record
-from ..steps.stages import Stage
-from ..steps.toolchains import QaicOptions
-from ..store.layout import Layout
 from .eps import EpInfo
 from .parse import ModelSpec
+from .qaic import QaicOptions
+from .stage import Stage
 
 SIDECAR = "artifact.json"
 QPC_PROGRAM = "qpc/programqpc.bin"  # qaic targets: the QPC folder that qaic-compile writes, with its program
+
+
+@record
+class Limits:
+    """What one child may use: wall time, and resident memory (None: unlimited)."""
+
+    timeout_s: float
+    max_memory_gb: float | None = None
 
 
 @record
@@ -112,7 +119,7 @@ class Member:
     @property
     def weights(self) -> dict[str, str]:
         """For a child's request: each graph of the member's chain whose external data resolves in another folder
-        than its own, and that folder (`steps.weights`)."""
+        than its own, and that folder (`files.weights`)."""
         return {str(path): folder for path, folder in self.elsewhere}
 
     @property

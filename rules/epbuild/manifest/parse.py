@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserError, closest
+from ..files.layout import GROUPS
 from ..records import record
-from ..store.layout import GROUPS
 from .schema import THRESHOLDS, keys
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
@@ -50,7 +50,7 @@ class ModelSpec:
     rewrite: tuple[str, ...] = ()  # graph rewrites (`epbuild.manifest.schema.REWRITES`), in a stage of their own
     dims: dict[str, int] = field(default_factory=dict)  # named dimensions, resolved into `inputs` once models are read
     entry: str = ""  # where it is declared, for errors: models.NAME, or models.NAME.variants.V for a variant
-    # read from the model (store.external_data), not declared: every shape already static and checked, so no shape
+    # read from the model (plan.external_data), not declared: every shape already static and checked, so no shape
     # stage is needed; and whether any node only computes constants (else no fold stage)
     graph_ready: bool = False
     constant_nodes: bool = True
@@ -62,7 +62,7 @@ class ModelSpec:
 
 @record
 class TargetSpec:
-    """A target as declared, after `extends` was merged; EP-specific checks happen in `epbuild.manifest.targets`."""
+    """A target as declared, after `extends` was merged; EP-specific checks happen in `epbuild.plan.targets`."""
 
     name: str
     ep: str | None

@@ -13,10 +13,10 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from .. import RULES_FORMAT
 from ..errors import plain
-from ..store.entry_lines import LazyEntries, entry_lines, plain_texts, quoted, vouch, vouched
-from ..store.layout import file_identity, write_atomic
+from ..files.entry_lines import LazyEntries, entry_lines, plain_texts, quoted, vouch, vouched
+from ..files.layout import file_identity, write_atomic
+from ..version import RULES_FORMAT
 
 
 def usage_text(usage: dict[str, float] | None) -> str:
@@ -53,7 +53,7 @@ def _status_of(entry: Any) -> str | None:
 
 
 class Entries(LazyEntries):
-    """The report's entries (`store.entry_lines.LazyEntries`), with each one's status read once: a run reads the
+    """The report's entries (`files.entry_lines.LazyEntries`), with each one's status read once: a run reads the
     status of every entry but the whole of only the few it changes."""
 
     def __init__(self, texts: dict[str, str] | None = None, decoded: dict[str, Any] | None = None):

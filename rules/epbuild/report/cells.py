@@ -12,10 +12,10 @@ from collections.abc import Callable
 from dataclasses import field
 from typing import Any
 
+from ..files.layout import GROUPS, Layout, settled, stat_key
 from ..manifest.builds import Build
 from ..records import record
 from ..steps.compilers import compiler
-from ..store.layout import GROUPS, Layout, settled, stat_key
 
 ARTIFACT, VALIDATION = "artifact.json", "validation.json"
 PENDING = "pending"  # no run has reached the task yet ("not built": a task it needs failed)

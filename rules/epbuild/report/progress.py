@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..errors import UserError
-from ..store.layout import write_json
+from ..files.layout import write_json
 
 MODE_VARIABLE = "EPBUILD_PROGRESS"
 STAGE_KINDS = frozenset({"freeze", "shape", "fold", "optimize", "quantize", "squash"})

@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from ..store.layout import write_atomic
+from ..files.layout import write_atomic
 
 FILL = {"compiled": "#dcf5e3", "validated": "#dcf5e3", "restored": "#d6ecfb", "up-to-date": "#eef7f0",
         "failed": "#fde0df", "skipped": "#eceef2", "not built": "#fdf0d5", "interrupted": "#fdf0d5",

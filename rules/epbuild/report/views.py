@@ -28,9 +28,9 @@ from typing import Any, NamedTuple
 
 from markupsafe import Markup, escape
 
+from ..files.journal import append_line, outgrown, read_lines
+from ..files.layout import Layout, file_identity, write_atomic
 from ..manifest.builds import Build
-from ..store.journal import append_line, outgrown, read_lines
-from ..store.layout import Layout, file_identity, write_atomic
 from .build_report import statuses
 from .cells import PENDING, Cell, source_of
 
@@ -183,7 +183,7 @@ class PartStore:
     stage's task row under its entry's; dropped whole when the templates or this code change (pickled: 30 MB of
     parts at 10,000 builds load in 0.03 s, as JSON 0.15). A run appends the parts it rendered to
     `report-parts.journal` (one JSON line) instead of writing 30 MB again; the base is rewritten, with only the
-    parts of this run, when the journal outgrows it (`store.journal.outgrown`). A part is a function of its
+    parts of this run, when the journal outgrows it (`files.journal.outgrown`). A part is a function of its
     key, so a line read twice, lost or torn (skipped) costs a rendering, never a wrong page.
 
     Each save also names the build report the pages were made from (its identity) and the parts it could not

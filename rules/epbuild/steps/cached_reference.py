@@ -10,10 +10,10 @@ from typing import Any
 
 from ..execute.child import run_child
 from ..execute.requests import ValidationReport, ValidationRequest
+from ..files.hashing import snapshot
+from ..files.publish import discard, scratch_dir
 from ..manifest.builds import Build
 from ..store.cache import Workspace, check_inputs, restore, store
-from ..store.hashing import snapshot
-from ..store.publish import discard, scratch_dir
 from .fingerprint import pipeline_fingerprint, reference_fingerprint
 from .pipeline import PIPELINE_FILES
 from .reference import REFERENCE_FILES

@@ -18,12 +18,13 @@ from ..errors import BuildError, ModelError, located
 from ..execute.child import serve
 from ..execute.executor import run_build
 from ..execute.requests import CompileMember, CompileRequest, CompileResult, MemberResult
+from ..files.hashing import snapshot
+from ..files.layout import Layout, write_json
+from ..files.weights import FOLDER_OPTION
 from ..manifest.builds import SIDECAR, Build
 from ..manifest.eps import lookup
 from ..records import record
 from ..store.cache import Outcome, Workspace, cached_folder, with_download
-from ..store.hashing import snapshot
-from ..store.layout import Layout, write_json
 from .compilers import compiler
 from .diagnosis import compile_hints, input_branches, plain_ep_error
 from .fingerprint import compile_fingerprint, target_identity
@@ -31,7 +32,7 @@ from .graph import EP_CONTEXT, check_ep_contexts, dims, missing_files, names_rea
 from .package import write_package
 from .preprocess import always_written, external_output
 from .shared_context import loading_contract
-from .weights import FOLDER_OPTION
+from .worker_needs import target_resources
 
 CPU_LEVELS = {"basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
 
@@ -70,7 +71,7 @@ def compile_build(build: Build, workspace: Workspace) -> Compiled:
 
     def produce(scratch: Path) -> None:
         if workspace.executor:
-            ran.update(run_build(build, workspace, scratch, fingerprint, identity))
+            ran.update(run_build(build, workspace, scratch, fingerprint, identity, target_resources(build.target)))
             usage.update(ran["usage"])
         else:
             usage.update(compiler(build.target).produce(build, workspace, scratch) or {})
@@ -265,7 +266,7 @@ def _compile_in_child(request: CompileRequest) -> CompileResult:
         # names, so an absolute path would make two checkouts produce different bytes, and bytes without a path
         # give every member of a shared context the same graph names.
         os.chdir(Path(member["model"]).parent)
-        if member["weights"]:  # relative, through the model's folder: it names the graphs instead (steps.weights)
+        if member["weights"]:  # relative, through the model's folder: it names the graphs instead (files.weights)
             options.add_session_config_entry(FOLDER_OPTION, member["weights"])
         if info.is_cpu:
             _optimize_for_cpu(ort, options, member, request["optimization_level"] or "extended", listed)

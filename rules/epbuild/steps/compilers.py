@@ -14,16 +14,17 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from .. import RULES_FORMAT
 from ..errors import BuildError, ModelError, UserError
 from ..execute.child import run_child
 from ..execute.host import package_reason, toolchain_versions, unavailable_reason
 from ..execute.requests import CompileRequest, MemberResult
+from ..files.layout import Layout, write_json
+from ..files.publish import copy_file
+from ..files.weights import resolved
 from ..manifest.builds import QPC_PROGRAM, SIDECAR, Build, ResolvedTarget
 from ..manifest.parse import TargetSpec
 from ..store.cache import Workspace
-from ..store.layout import Layout, write_json
-from ..store.publish import copy_file
+from ..version import RULES_FORMAT
 from . import vendor_shim
 from .graph import static_dims
 from .toolchains import (
@@ -36,7 +37,6 @@ from .toolchains import (
     qaic_command,
     run_tool,
 )
-from .weights import resolved
 
 
 def _not_for(spec: TargetSpec, file: str, keys: tuple[str, ...], why: str) -> None:
@@ -289,7 +289,7 @@ def copy_shared_weights(build: Build, workspace: Workspace, scratch: Path) -> No
 
 def standalone(member: Any, work: Path) -> Path:
     """The model for a tool that reads external data beside the file it is given: a graph that reads its weights
-    from another folder (`steps.weights`) gets a working copy in `work`, the weights beside it (reflinks where the
+    from another folder (`files.weights`) gets a working copy in `work`, the weights beside it (reflinks where the
     file system has them), gone with `work`."""
     folder = member.weights.get(str(member.model.path))
     if folder is None:

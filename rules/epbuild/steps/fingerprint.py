@@ -20,15 +20,15 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from .. import RULES_FORMAT
 from ..execute.host import cpu_flags, package_version, toolchain_versions
 from ..execute.provenance import code_digest
+from ..files.hashing import FileHashes
+from ..files.weights import resolved
 from ..manifest.builds import Build, Member, ResolvedTarget
-from ..store.hashing import FileHashes
+from ..manifest.stage import Stage
+from ..version import RULES_FORMAT
 from . import vendor_shim
 from .compilers import compiler
-from .stages import Stage
-from .weights import resolved
 
 
 @functools.cache

@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..files.weights import load_with_weights
 from .comparison import compare
 from .graph import constant_tensors
-from .weights import load_with_weights
 
 CHECKPOINTS = 48  # tensors made graph outputs per round: one EP compile each round
 ROUNDS = 3

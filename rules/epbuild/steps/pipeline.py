@@ -17,13 +17,13 @@ from typing import Any
 
 from ..errors import ModelError
 from ..execute.requests import ValidationReport, ValidationRequest
+from ..files.weights import read_weights_from, weights_folder
 from ..manifest.eps import lookup
 from .artifact_session import is_qdq, open_session
 from .comparison import DEFAULT_THRESHOLDS, compare
 from .pipeline_checks import genai_run, growing_run
 from .reference import NO_TIME, session_options
 from .validation_inputs import SEED, dtype_of
-from .weights import read_weights_from, weights_folder
 
 PAST, PRESENT = "past_key_values.", "present."
 SLIDING, FROM_START = "sliding", "from-start"  # cache layouts (`layout_of`)

@@ -12,20 +12,21 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ModelError, located
-from ..execute.child import Limits, run_child, serve
+from ..execute.child import run_child, serve
 from ..execute.executor import run_stage as run_stage_remotely
 from ..execute.fork_server import SHAPE_STAGE
+from ..files.hashing import snapshot
+from ..files.layout import STAGES
+from ..files.publish import discard
+from ..files.weights import load_with_weights, read_weights_from
+from ..manifest.builds import Limits
+from ..manifest.stage import PROTOBUF_LIMIT, Stage
 from ..store.cache import Outcome, Workspace, cached_folder, with_download
-from ..store.hashing import snapshot
-from ..store.layout import STAGES
-from ..store.publish import discard
 from .diagnosis import PATTERNS, REWRITES
 from .fingerprint import stage_config, stage_fingerprint
 from .folding import fold_constants, into_bodies
 from .graph import check_input_names, clear_placeholder_dims, dims, missing_files, true_inputs
-from .stages import PROTOBUF_LIMIT, Stage
 from .validation_inputs import read_npz
-from .weights import load_with_weights, read_weights_from
 
 RANDOM_SAMPLES, RANDOM_SEED = 8, 0
 STAGE_TIMEOUT_S = 3600

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ModelError
+from ..files.weights import read_weights_from, weights_folder
 from .graph import static_dims
 from .validation_inputs import feeds_for, make_inputs, signature_of
-from .weights import read_weights_from, weights_folder
 
 
 class ReferenceUnusable(Exception):

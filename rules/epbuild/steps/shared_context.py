@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..files.layout import Layout
 from ..manifest.builds import SIDECAR, Build
-from ..store.layout import Layout
 from .compilers import shared_weights
 
 

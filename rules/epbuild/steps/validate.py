@@ -15,16 +15,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .. import RULES_FORMAT
 from ..errors import BuildError, located, plain
 from ..execute.child import run_child, serve
 from ..execute.requests import MemberValidation, ValidationReport, ValidationRequest
+from ..files.layout import write_json
+from ..files.owners import owner_tag
+from ..files.publish import discard, scratch_dir
+from ..files.weights import weights_folder
 from ..manifest.builds import SIDECAR, Build, Member
 from ..manifest.eps import EpInfo, lookup
+from ..manifest.stage import Stage
 from ..store.cache import Outcome, Workspace, check_inputs, restore, store
-from ..store.layout import write_json
-from ..store.owners import owner_tag
-from ..store.publish import discard, scratch_dir
+from ..version import RULES_FORMAT
 from .artifact_session import context_binaries, is_qdq, open_session, placement_failures, structural_problems
 from .cached_reference import run_against_reference, run_group_against_references, run_pipeline_against_cache
 from .comparison import DEFAULT_THRESHOLDS, compare, compare_outputs
@@ -43,9 +45,7 @@ from .reference import (
     session_options,
 )
 from .selection import selected_outputs
-from .stages import Stage
 from .validation_inputs import SEED, feeds_for, listed_weights
-from .weights import weights_folder
 
 REPORT = "validation.json"
 

@@ -2,7 +2,7 @@
 
 An entry is a folder of output files named by the fingerprint of everything that shapes them, with a record
 (`.epbuild-entry.json`) of every file's sha256 beside them. Entries are written under a temporary name and renamed
-into place, and a lock per fingerprint (`epbuild.store.locks`) makes concurrent builders (doit -n, several CI jobs)
+into place, and a lock per fingerprint (`epbuild.files.locks`) makes concurrent builders (doit -n, several CI jobs)
 wait for each other instead of compiling the same fingerprint twice. A restore verifies every file; a corrupted
 or tampered entry is evicted with a warning and the caller rebuilds. With a size cap, least-recently-used entries
 are evicted. (Entries of the layout before `entries-v2/`, under `entries/`, are no longer read.)
@@ -29,14 +29,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BuildError, UserError
+from ..files.hashing import FileHashes, changed_inputs
+from ..files.layout import RECORD, Layout, size_of
+from ..files.locks import fingerprint_lock
+from ..files.owners import owner_tag
+from ..files.publish import copy_file, discard, publish, scratch_dir
 from ..manifest.parse import CacheSpec
 from ..manifest.schema import s3_url
 from ..records import record
-from .hashing import FileHashes, changed_inputs
-from .layout import RECORD, Layout, size_of
-from .locks import fingerprint_lock
-from .owners import owner_tag
-from .publish import copy_file, discard, publish, scratch_dir
 
 if TYPE_CHECKING:
     from ..execute.executor import ExecutorSettings

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .layout import Layout, size_of
-from .publish import discard
+from ..files.layout import Layout, size_of
+from ..files.publish import discard
 
 KEPT = {".state", ".scratch", ".logs"}  # the build's own state; scratch folders belong to running builds
 

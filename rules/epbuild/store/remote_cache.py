@@ -30,8 +30,8 @@ import time
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from .layout import RECORD
-from .publish import discard
+from ..files.layout import RECORD
+from ..files.publish import discard
 
 if TYPE_CHECKING:
     from .cache import ArtifactCache

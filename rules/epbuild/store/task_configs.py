@@ -1,5 +1,5 @@
 """The settings each task last succeeded with, as digests in one file (`artifacts/.state/configs.json`, one line
-per task: a run decodes the lines of only the tasks it creates, `store.entry_lines`).
+per task: a run decodes the lines of only the tasks it creates, `files.entry_lines`).
 
 doit re-runs a task when its files change, not when its settings do; `doit.tools.config_changed` covers settings
 but costs an `inspect.signature` call and a JSON decode of saved values per task on every run, which dominated a
@@ -30,11 +30,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .entry_lines import LazyEntries, read_entries, write_entries
-from .hashing import FileHashes
-from .journal import append_line, journal_of, outgrown, read_lines
-from .layout import stat_key, write_atomic
-from .locks import file_lock
+from ..files.entry_lines import LazyEntries, read_entries, write_entries
+from ..files.hashing import FileHashes
+from ..files.journal import append_line, journal_of, outgrown, read_lines
+from ..files.layout import stat_key, write_atomic
+from ..files.locks import file_lock
 
 Published = dict[str, list]  # path (relative to the project) -> [*identity, sha256] of each file a task published
 
@@ -62,7 +62,7 @@ def _shown(value: Any) -> str:
 
 def _read(path: Path) -> LazyEntries | None:
     """The record: its base, then each journal line over it; None when the base cannot be read (its journal is
-    not read either). The base is decoded entry by entry when asked for (`store.entry_lines`)."""
+    not read either). The base is decoded entry by entry when asked for (`files.entry_lines`)."""
     data = read_entries(path)
     if data is None:
         return None

@@ -13,17 +13,18 @@ from doit.exceptions import TaskFailed
 
 from ..errors import BuildError, UserError
 from ..execute.executor import run_operator_list, run_validation
+from ..files.hashing import snapshot
 from ..manifest.builds import SIDECAR, Build
+from ..manifest.stage import Stage
 from ..report.build_report import usage_text
 from ..steps.compile import compile_build, file_records
 from ..steps.compilers import compiler
 from ..steps.fingerprint import validation_fingerprint
 from ..steps.preprocess import run_stage
-from ..steps.stages import Stage
 from ..steps.toolchains import check_operators, find_qaic, supported_operators
 from ..steps.validate import REPORT, cached_validation, summary, validate
+from ..steps.worker_needs import target_resources
 from ..store.cache import Outcome, Workspace
-from ..store.hashing import snapshot
 from ..store.task_configs import published
 
 FAILURES = (BuildError, UserError, OSError)
@@ -101,8 +102,12 @@ def run_validate(build: Build, workspace: Workspace, config: dict[str, Any]) -> 
         inputs = snapshot([*artifact, *build.sources, *build.validation_files])
         fingerprint = validation_fingerprint(artifact, config, [*build.sources, *build.validation_files],
                                              workspace.hashes)
-        produce = (lambda workdir: run_validation(build, workspace)) if workspace.executor else (
-            lambda workdir: validate(build, workspace, workdir))
+
+        def produce(workdir: Path) -> dict[str, Any]:
+            if workspace.executor:
+                return run_validation(build, workspace, target_resources(build.target))
+            return validate(build, workspace, workdir)
+
         report, outcome = cached_validation(build.validate_task, fingerprint, workspace, folder, produce, config,
                                             inputs, build.target.name)
     except (OSError, BuildError) as exc:
@@ -133,7 +138,7 @@ def run_ops(build: Build, workspace: Workspace, report: Path) -> TaskFailed | No
     qaic-compile when an executor runs the jobs."""
     try:
         if workspace.executor:
-            supported, version = run_operator_list(build, workspace)
+            supported, version = run_operator_list(build, workspace, target_resources(build.target))
         else:
             found = find_qaic(build.target.sdk_root)
             if isinstance(found, str):

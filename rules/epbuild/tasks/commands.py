@@ -10,13 +10,13 @@ from doit.exceptions import TaskFailed
 
 from ..errors import UserError
 from ..execute.host import capabilities
+from ..files.owners import sweep
 from ..report.build_report import BuildReport
 from ..report.task_graph import write_graph
 from ..steps.compilers import COMPILERS, compiler
 from ..steps.toolchains import Toolchain, find_qaic, find_qairt
 from ..store.cache import Workspace
 from ..store.orphans import orphans, prune
-from ..store.owners import sweep
 
 if TYPE_CHECKING:
     from .project import Project

@@ -13,13 +13,13 @@ from typing import Any
 from ..errors import UserError, closest
 from ..fast_path import DOIT_BASE, Listing, listed
 from ..fast_path import enabled as fast_path_enabled
+from ..files.hashing import FileHashes
+from ..files.publish import discard
 from ..manifest.builds import Build, compile_task
+from ..manifest.stage import Stage
 from ..steps.compilers import compiler
 from ..steps.fingerprint import compile_config, stage_config, validate_config
-from ..steps.stages import Stage
 from ..steps.validate import REPORT
-from ..store.hashing import FileHashes
-from ..store.publish import discard
 from ..store.task_configs import ConfigRecord
 from .actions import refuse_unavailable, report_unavailable, run_compile, run_ops, run_stage_task, run_validate
 from .checker import HashChecker

@@ -14,29 +14,30 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ..errors import BuildError, UserError, closest
-from ..execute.executor import ExecutorSettings, executor_settings, unreachable, with_worker_toolchains
+from ..execute.executor import ExecutorSettings, executor_settings, unreachable
 from ..execute.fork_server import prestart, serving
 from ..execute.host import capabilities
 from ..execute.provenance import code_digest, use_saved, versions
 from ..fast_path import DEP_FILE, is_default_run, project_key
 from ..fast_path import enabled as fast_path_enabled
+from ..files.layout import STAGES, Layout, now_ns
+from ..files.owners import owner_tag, sweep
 from ..logs import log
 from ..manifest.builds import Build, ResolvedTarget
-from ..manifest.declared_inputs import ModelInputs, check_declared_inputs, resolve_dims
 from ..manifest.eps import lookup
 from ..manifest.parse import Manifest, load
-from ..manifest.targets import default_memory_gb, plan, resolve_targets
+from ..manifest.stage import Stage
+from ..plan.declared_inputs import ModelInputs, check_declared_inputs, resolve_dims
+from ..plan.external_data import ExternalDataIndex
+from ..plan.saved_plan import Plan, SavedPlan
+from ..plan.targets import default_memory_gb, plan, resolve_targets
 from ..report.progress import live_wanted
 from ..report.views import template_prepared_meanwhile
 from ..steps import vendor_shim
 from ..steps.compilers import COMPILERS, compiler
-from ..steps.stages import Stage
+from ..steps.worker_needs import with_worker_toolchains
 from ..store.cache import Workspace, cache_location, remote_location
 from ..store.doit_database import recover as recover_doit_database
-from ..store.external_data import ExternalDataIndex
-from ..store.layout import STAGES, Layout, now_ns
-from ..store.owners import owner_tag, sweep
-from ..store.saved_plan import Plan, SavedPlan
 from ..store.task_configs import ConfigRecord
 
 INSPECTING = {"list", "info", "help", "clean", "forget", "ignore", "dumpdb", "strace", "tabcompletion", "reset-dep",
@@ -182,7 +183,7 @@ class Project:
                      changes_build: bool) -> tuple[dict[Path, tuple[Path, ...]], dict[str, ModelInputs],
                                                    dict[str, dict[str, bool]]]:
         """The external-data files of each model and `validation.reference` (by path), each model's input shapes
-        and graph facts (`store.external_data._ready`), from the index; changed models are read by a fork server
+        and graph facts (`plan.external_data._ready`), from the index; changed models are read by a fork server
         running or starting anyway (it has onnx loaded), the CPU-only one first. `changes_build`: a default run
         here, whose changed models' builds run next: their targets' servers are started while this process reads
         (on a CI runner after a commit none is running: their start overlapped nothing)."""

@@ -13,11 +13,11 @@ from doit.reporter import ConsoleReporter
 
 from ..execute.lifelines import WorkerLost, WorkerWatch, tie_forked_children
 from ..fast_path import Stamp
+from ..files.owners import sweep
 from ..report.build_report import BuildReport
 from ..report.cells import cell_tasks
 from ..report.progress import LiveProgress, load_durations, save_durations
 from ..report.views import templates_prepared_in_background, write_views
-from ..store.owners import sweep
 from .checker import saw
 from .run_record import RunRecord, next_record
 from .selection import Recorded, files_of

@@ -6,7 +6,7 @@ base is pickled: read as JSON it cost 0.1 s more). A run
 whose record was the one it read (the base and journal as it read them, no other run wrote since: checked under
 a lock) appends one JSON line of what changed instead: tasks, files and task_deps added, changed or gone, and the
 new watched identities. The record is rewritten whole (the journal removed first, so that its lines never lie over
-a newer base) when the journal outgrows it (`store.journal.outgrown`), or when another run wrote meanwhile. Each
+a newer base) when the journal outgrows it (`files.journal.outgrown`), or when another run wrote meanwhile. Each
 line names the base it extends; a torn line (a killed build) or a line of another base makes the record unusable:
 the next run takes the full path, never a record that lost a change.
 """
@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from ..fast_path import DEP_FILE, file_identity
-from ..store.journal import append_line, journal_of, outgrown, read_lines
-from ..store.layout import Layout, write_atomic
-from ..store.locks import file_lock
+from ..files.journal import append_line, journal_of, outgrown, read_lines
+from ..files.layout import Layout, write_atomic
+from ..files.locks import file_lock
 from .checker import SEEN_CHANGING
 from .selection import Identity, Recorded
 
@@ -135,7 +135,7 @@ class RunRecord:
 
     def _append(self, recorded: Recorded, before: Recorded, watched: dict[str, Any]) -> bool:
         """Append what changed since `before`, when base and journal are still as it was read and the journal
-        is not due to be merged (`store.journal.outgrown`); False when the record is to be written whole."""
+        is not due to be merged (`files.journal.outgrown`); False when the record is to be written whole."""
         then, generation, size = before.read_as
         base = file_identity(str(self.path))
         journal_size = os.path.getsize(self.journal) if os.path.exists(self.journal) else 0

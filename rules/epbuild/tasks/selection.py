@@ -29,8 +29,8 @@ from dataclasses import field
 from typing import Any
 
 from ..fast_path import file_identity
+from ..files.layout import settled, stat_key
 from ..records import record
-from ..store.layout import settled, stat_key
 
 Task = dict[str, Any]
 Identity = list[int] | None

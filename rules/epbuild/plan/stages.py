@@ -16,7 +16,7 @@ QNN's QDQ configuration for QNN targets and the generic static quantizer otherwi
 `squash = true`). Outputs are named after the model, so compiles by file name stay unique and checkout-independent.
 A stage that changes weights and whose input has external data writes its own `<model>.onnx.data` beside its
 output (squash inlines it); a graph-only stage writes the graph alone, which reads its weights from its input's folder
-(`steps.weights`): the chain's external data stays the source's files, never copied.
+(`files.weights`): the chain's external data stays the source's files, never copied.
 """
 
 from __future__ import annotations
@@ -25,65 +25,11 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from ..files.layout import Layout
+from ..files.weights import folder_string
 from ..manifest.parse import ModelSpec
+from ..manifest.stage import PROTOBUF_LIMIT, TARGET_DEPENDENT, WEIGHTLESS, Stage
 from ..records import record
-from ..store.layout import Layout
-from .weights import folder_string, resolved
-
-PROTOBUF_LIMIT = 2**31 - 1  # a single-file ONNX model must serialize below 2 GiB
-# Stages that change only the graph: they read it without its weights and write the graph alone, whose references
-# still name the input's external-data files, read from the input's folder: their memory is the graph's and their
-# output holds no copy of the weights.
-WEIGHTLESS = ("rewrite", "shape", "fold")
-# Stages only some targets' chains of one model have (NPU targets need static shapes and folded constants): a later
-# stage of such a chain reads another input than the same kind of stage of a chain without them, so its name says
-# which it follows (`squash:dyn+fold`, beside `squash:dyn` of a CPU target); freeze and rewrite are in every chain.
-TARGET_DEPENDENT = ("shape", "fold")
-
-
-@record
-class Stage:
-    """One step of a model's chain before its compiles (freeze, rewrite, shape, fold, ...): its own task, its
-    output cached as a compile's."""
-
-    kind: str  # "freeze", "rewrite", "shape", "fold", "optimize", "quantize" or "squash"
-    model: str
-    flavour: str | None  # quantize: "qnn" or "generic"
-    input: Path
-    output: Path
-    settings: dict[str, Any]
-    calibration: tuple[Path, ...] = ()
-    input_external: tuple[Path, ...] = ()  # the input's external-data files
-    output_data: Path | None = None  # the output's own external-data file
-    manifest: str = "models.toml"  # the manifest's file name, for errors about the model's keys
-    after: str | None = None  # the target-dependent stage (shape or fold) earlier in its chain, if any
-    input_weights: str | None = None  # where the input's external data resolves, when not in its folder
-
-    @property
-    def outputs(self) -> list[Path]:
-        return [self.output, *([self.output_data] if self.output_data else [])]
-
-    @property
-    def graph_only(self) -> bool:
-        """The output is the graph alone and reads the input's external-data files where they are."""
-        return self.kind in WEIGHTLESS and bool(self.input_external)
-
-    @property
-    def input_folder(self) -> Path:
-        """The folder the input's external data resolves in."""
-        return resolved(self.input, self.input_weights) if self.input_weights else self.input.parent
-
-    @property
-    def output_external(self) -> tuple[Path, ...]:
-        """The external-data files the output references."""
-        if self.graph_only:
-            return self.input_external
-        return (self.output_data,) if self.output_data else ()
-
-    @property
-    def task(self) -> str:
-        return (f"{self.kind}:{self.model}" + (f"[{self.flavour}]" if self.flavour else "")
-                + (f"+{self.after}" if self.after else ""))
 
 
 @record
@@ -91,7 +37,7 @@ class Chain:
     """What a compile consumes after its stages: the model (path and remaining `inputs`), its external-data
     files, the stages that make it, and the float model before quantization (None without quantization).
     `elsewhere`: the chain's graphs whose external data resolves in another folder (graph-only stage outputs),
-    with that folder as `steps.weights.folder_string` names it."""
+    with that folder as `files.weights.folder_string` names it."""
 
     model: ModelSpec
     external: tuple[Path, ...]

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BuildError, UserError
+from ..files.entry_lines import LazyEntries, read_entries, write_entries
+from ..files.layout import stat_key
+from ..files.publish import discard
 from ..logs import log
-from .entry_lines import LazyEntries, read_entries, write_entries
-from .layout import stat_key
-from .publish import discard
 
 READ_TIMEOUT_S = 600.0  # a multi-GB protobuf takes seconds to parse and check
 
@@ -214,7 +214,8 @@ def read_models(paths: list[str], server: str | None, workdir: Path | None = Non
     that job crash or time out, so that the error names its model."""
     if server is None or workdir is None:
         return _read_in_child({"models": paths})["models"]
-    from ..execute.child import Limits, run_child
+    from ..execute.child import run_child
+    from ..manifest.builds import Limits
 
     try:
         return run_child(__name__, {"models": paths}, workdir, Limits(READ_TIMEOUT_S), "reading the models",
@@ -232,7 +233,7 @@ class ExternalDataIndex:
 
     def __init__(self, state_dir: Path):
         self.path = state_dir / "external-data.json"
-        # one line per model: a run that read one model rewrites its line, the others' as read (`store.entry_lines`)
+        # one line per model: a run that read one model rewrites its line, the others' as read (`files.entry_lines`)
         self.entries = read_entries(self.path) or LazyEntries()
         self.errors: dict[str, str] = {}  # not remembered: a model in error is read again next time
         self.current: set[str] = set()  # models whose entry matches the file, checked by this process

@@ -1,5 +1,5 @@
 """A build host in a Dask cluster:
-`python -m epbuild.execute.worker tcp://scheduler:8786 [--workdir DIR] [dask worker args]`.
+`python -m epbuild.worker tcp://scheduler:8786 [--workdir DIR] [dask worker args]`.
 
 The worker advertises, as Dask resources, exactly what `doit backends` finds here: each EP ONNX Runtime registers
 (`ep:QNNExecutionProvider`), each external toolchain (`toolchain:qaic`), the machine (`host:x86_64`), the CPU's
@@ -26,10 +26,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from ..errors import BuildError, UserError
-from ..store.layout import Layout
-from .executor import cpu_class
-from .python_path import child_import_path
+from .errors import BuildError, UserError
+from .execute.executor import cpu_class
+from .execute.python_path import child_import_path
+from .files.layout import Layout
 
 RESOURCE_AMOUNT = 1000  # resources route jobs; the worker's thread count limits concurrency
 LOG_CAP = 1 << 20  # bytes of each log a job sends back: its end, where the errors are
@@ -38,9 +38,9 @@ LOG_CAP = 1 << 20  # bytes of each log a job sends back: its end, where the erro
 def host_resources(state_dir: Path, shim: dict[str, str]) -> dict[str, int]:
     """What this host can build, as Dask resources (the same probe as `doit backends`): `ep:<EP>:<device>` for
     each device the EP offers here; `shim` is what `epbuild.steps.vendor_shim.prepare` answered on this host."""
-    from ..manifest.eps import REGISTRY
-    from ..steps.toolchains import Toolchain, find_qaic, find_qairt
-    from .host import capabilities, package_version, unavailable_reason
+    from .execute.host import capabilities, package_version, unavailable_reason
+    from .manifest.eps import REGISTRY
+    from .steps.toolchains import Toolchain, find_qaic, find_qairt
 
     caps = {**capabilities(state_dir), "vendor_shim": shim}
     names = {f"host:{platform.machine()}", cpu_class(), "ep:CPUExecutionProvider:cpu"}
@@ -74,9 +74,9 @@ def relocate(value: Any, old: Path, new: Path) -> Any:
 
 def _check_versions(job: dict[str, Any]) -> None:
     """Defence in depth behind routing: a package version that differs from the fingerprint's refuses the job."""
-    from ..steps.toolchains import Toolchain, find_qaic, find_qairt
-    from .host import package_version
-    from .provenance import code_digest
+    from .execute.host import package_version
+    from .execute.provenance import code_digest
+    from .steps.toolchains import Toolchain, find_qaic, find_qairt
 
     if job.get("code") != code_digest():
         raise BuildError(f"{job['task']}: worker refused the job: it runs other epbuild code than the coordinator "
@@ -102,8 +102,8 @@ def _through_remote(job: dict[str, Any], scratch: Path) -> bool:
     """Upload the outputs as the entry of the job's fingerprint (this worker's AWS settings and signing key);
     False when the remote is read-only here, and the outputs travel in the result instead. A remote this worker
     cannot use fails the job, so the coordinator shows why (a worker without the bucket's credentials)."""
-    from ..store.hashing import sha256_file
-    from ..store.remote_cache import connect
+    from .files.hashing import sha256_file
+    from .store.remote_cache import connect
 
     remote = connect(job["remote"])
     names = sorted(p.relative_to(scratch).as_posix() for p in scratch.rglob("*") if p.is_file())
@@ -141,11 +141,11 @@ def _logs(artifacts: Path) -> dict[str, bytes]:
 
 
 def _run_job(job: dict[str, Any], base: Path, root: Path) -> dict[str, Any]:
-    from ..steps.compilers import compiler
-    from ..steps.preprocess import produce_stage
-    from ..steps.toolchains import supported_operators
-    from ..steps.validate import validate
-    from ..store.cache import Workspace
+    from .steps.compilers import compiler
+    from .steps.preprocess import produce_stage
+    from .steps.toolchains import supported_operators
+    from .steps.validate import validate
+    from .store.cache import Workspace
 
     _check_versions(job)
     for relative, data in job["files"].items():
@@ -182,10 +182,10 @@ def _run_job(job: dict[str, Any], base: Path, root: Path) -> dict[str, Any]:
 
 def main(argv: list[str]) -> None:
     """Probe this host, then become `dask worker SCHEDULER --resources ...` with the remaining arguments."""
-    from ..steps import vendor_shim
+    from .steps import vendor_shim
 
     if not argv or argv[0].startswith("-"):
-        raise SystemExit("usage: python -m epbuild.execute.worker tcp://SCHEDULER:8786 [--workdir DIR] "
+        raise SystemExit("usage: python -m epbuild.worker tcp://SCHEDULER:8786 [--workdir DIR] "
                          "[dask worker args]")
     scheduler, rest = argv[0], argv[1:]
     workdir = Path(tempfile.gettempdir()) / "epbuild-worker"

@@ -1,5 +1,5 @@
 """`inputs` checked once, before any task runs, against the models' inputs as the external-data index read them
-(`store.external_data`): a wrong name, a wrong rank, a fixed dimension given another value, or a symbolic one an NPU
+(`plan.external_data`): a wrong name, a wrong rank, a fixed dimension given another value, or a symbolic one an NPU
 target needs fixed is one error naming models.toml and the key path, with dimensions counted from 0 as everywhere
 in epbuild. The stages and compiles check again (a model can change under a running build), in the same words."""
 
@@ -8,9 +8,9 @@ from __future__ import annotations
 import dataclasses
 
 from ..errors import UserError, closest
+from ..manifest.builds import Build
+from ..manifest.parse import Manifest
 from ..steps.graph import PLACEHOLDER
-from .builds import Build
-from .parse import Manifest
 
 Shapes = dict[str, list[int | None]]  # input -> dimensions: a size, or None where symbolic
 Names = dict[str, list[str | None]]  # input -> each dimension's dim_param (None where there is none)
@@ -52,7 +52,7 @@ def resolve_dims(manifest: Manifest, read: dict[str, ModelInputs]) -> Manifest:
 
 
 def check_declared_inputs(manifest: Manifest, builds: list[Build], read: dict[str, ModelInputs]) -> None:
-    """`read` holds each model's inputs by model name (`store.external_data.ExternalDataIndex.inputs`)."""
+    """`read` holds each model's inputs by model name (`plan.external_data.ExternalDataIndex.inputs`)."""
     file = manifest.path.name
     shapes = {name: found for name, (found, _, _) in read.items()}
     for name, model in manifest.models.items():

@@ -21,11 +21,11 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from ..files.layout import file_identity, write_atomic
 from ..manifest.builds import Build, ResolvedTarget
 from ..manifest.parse import Manifest
+from ..manifest.stage import Stage
 from ..records import record
-from ..steps.stages import Stage
-from .layout import file_identity, write_atomic
 
 
 def _is_plain_file(path: str) -> bool:

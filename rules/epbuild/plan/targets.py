@@ -11,14 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserError, closest
+from ..files.layout import Layout
+from ..manifest.builds import Build, Member, ResolvedTarget, ValidationSettings
+from ..manifest.eps import DEFAULT_EP, QAIC, REGISTRY, SOURCES, EpInfo, lookup, valid_ep_names
+from ..manifest.parse import GroupSpec, Manifest, ModelSpec, TableReader, TargetSpec, not_a_file
+from ..manifest.qaic import check_qaic
 from ..steps.compilers import COMPILERS, Compiler
 from ..steps.package import genai_files
-from ..steps.stages import Chain, stage_chain
-from ..steps.toolchains import check_qaic
-from ..store.layout import Layout
-from .builds import Build, Member, ResolvedTarget, ValidationSettings
-from .eps import DEFAULT_EP, QAIC, REGISTRY, SOURCES, EpInfo, lookup, valid_ep_names
-from .parse import GroupSpec, Manifest, ModelSpec, TableReader, TargetSpec, not_a_file
+from .stages import Chain, stage_chain
 
 CPU_DEFAULT_LEVEL = "extended"  # portable across CPUs; "all" adds layout transforms tied to this host's ISA
 COMPILE_TIMEOUT_S = 3600.0

@@ -1,0 +1,1 @@
+"""epbuild.files"""
