@@ -81,7 +81,7 @@ def floor_work(folder: Path) -> float:
     from epbuild.manifest.parse import load
     from epbuild.plan.targets import plan
     from epbuild.steps.compile import _compile_in_child
-    from epbuild.steps.compilers import compile_request
+    from epbuild.steps.compilers.ort import compile_request
     from epbuild.steps.validate import _validate_in_child, validation_request
 
     layout = Layout(folder / "artifacts")

@@ -3,6 +3,7 @@ runs them): plain data that travels to jobs."""
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -10,14 +11,28 @@ from ..files.weights import resolved
 from ..records import record
 
 PROTOBUF_LIMIT = 2**31 - 1  # a single-file ONNX model must serialize below 2 GiB
+
+
+class StageKind(StrEnum):
+    """What a stage does; its value names its task (`fold:MODEL`) and its folder under `artifacts/.stages/`."""
+
+    FREEZE = "freeze"
+    REWRITE = "rewrite"
+    SHAPE = "shape"
+    FOLD = "fold"
+    OPTIMIZE = "optimize"
+    QUANTIZE = "quantize"
+    SQUASH = "squash"
+
+
 # Stages that change only the graph: they read it without its weights and write the graph alone, whose references
 # still name the input's external-data files, read from the input's folder: their memory is the graph's and their
 # output holds no copy of the weights.
-WEIGHTLESS = ("rewrite", "shape", "fold")
+WEIGHTLESS = (StageKind.REWRITE, StageKind.SHAPE, StageKind.FOLD)
 # Stages only some targets' chains of one model have (NPU targets need static shapes and folded constants): a later
 # stage of such a chain reads another input than the same kind of stage of a chain without them, so its name says
 # which it follows (`squash:dyn+fold`, beside `squash:dyn` of a CPU target); freeze and rewrite are in every chain.
-TARGET_DEPENDENT = ("shape", "fold")
+TARGET_DEPENDENT = (StageKind.SHAPE, StageKind.FOLD)
 
 
 @record
@@ -25,7 +40,7 @@ class Stage:
     """One step of a model's chain before its compiles (freeze, rewrite, shape, fold, ...): its own task, its
     output cached as a compile's."""
 
-    kind: str  # "freeze", "rewrite", "shape", "fold", "optimize", "quantize" or "squash"
+    kind: StageKind
     model: str
     flavour: str | None  # quantize: "qnn" or "generic"
     input: Path

@@ -28,7 +28,7 @@ from typing import Any
 from ..files.layout import Layout
 from ..files.weights import folder_string
 from ..manifest.parse import ModelSpec
-from ..manifest.stage import PROTOBUF_LIMIT, TARGET_DEPENDENT, WEIGHTLESS, Stage
+from ..manifest.stage import PROTOBUF_LIMIT, TARGET_DEPENDENT, WEIGHTLESS, Stage, StageKind
 from ..records import record
 
 
@@ -46,6 +46,38 @@ class Chain:
     elsewhere: tuple[tuple[Path, str], ...] = ()
 
 
+class _ChainBuilder:
+    """A chain as it grows: the current graph, its external-data files and the folder they resolve in, the last
+    target-dependent stage, and the graphs whose weights live elsewhere. Each stage added reads what the previous
+    one wrote."""
+
+    def __init__(self, model: ModelSpec, layout: Layout, external: tuple[Path, ...], manifest: str):
+        self.model, self.layout, self.manifest = model, layout, manifest
+        self.path, self.external = model.path, external
+        self.after: str | None = None  # shape and fold are in some chains of a model and not in others
+        self.weights = model.path.parent  # the folder the current graph's external data resolves in
+        self.elsewhere: dict[Path, str] = {}
+        self.stages: list[Stage] = []
+
+    def add(self, kind: StageKind, settings: dict[str, Any], flavour: str | None = None,
+            calibration: tuple[Path, ...] = ()) -> None:
+        follows = None if kind in TARGET_DEPENDENT else self.after  # a stage after one is named so
+        folder = (f"{kind}-{flavour}" if flavour else kind) + (f"+{follows}" if follows else "")
+        output = self.layout.stage_output(self.model.name, folder)
+        if kind in TARGET_DEPENDENT:
+            self.after = kind
+        data = (output.with_name(f"{self.model.name}.onnx.data")
+                if self.external and kind not in (*WEIGHTLESS, StageKind.SQUASH) else None)
+        stage = Stage(kind, self.model.name, flavour, self.path, output, settings, calibration, self.external, data,
+                      self.manifest, follows, self.elsewhere.get(self.path))
+        self.stages.append(stage)
+        self.path, self.external = output, stage.output_external
+        if stage.graph_only:
+            self.elsewhere[output] = folder_string(output, self.weights)
+        else:
+            self.weights = output.parent
+
+
 def stage_chain(model: ModelSpec, layout: Layout, external: tuple[Path, ...], flavour: str | None,
                 static_shapes: bool = False, single_file: bool = False, manifest: str = "models.toml",
                 fold: bool = False) -> Chain:
@@ -54,57 +86,34 @@ def stage_chain(model: ModelSpec, layout: Layout, external: tuple[Path, ...], fl
     so the chain ends with a squash; `fold`: constant subgraphs are folded unless the model says `optimize`
     (an NPU target: nodes that only compute constants, left on CPU in front of its EPContext node, make the
     artifact unloadable; `optimize = "none"` keeps them)."""
-    stages: list[Stage] = []
-    path, inputs = model.path, model.inputs
+    chain = _ChainBuilder(model, layout, external, manifest)
+    inputs = model.inputs
     quantize = model.quantize if flavour else None
     level = None if model.optimize == "none" else model.optimize  # ONNX Runtime's optimizer, which folds too
     fold = fold and model.optimize is None
-
-    after = None  # shape and fold are in some chains of a model and not in others: a stage after one is named so
-    weights = model.path.parent  # the folder the current model's external data resolves in
-    elsewhere: dict[Path, str] = {}
-
-    def add(kind: str, settings: dict[str, Any], stage_flavour: str | None = None,
-            calibration: tuple[Path, ...] = ()) -> None:
-        nonlocal path, external, after, weights
-        follows = None if kind in TARGET_DEPENDENT else after
-        folder = (f"{kind}-{stage_flavour}" if stage_flavour else kind) + (f"+{follows}" if follows else "")
-        output = layout.stage_output(model.name, folder)
-        if kind in TARGET_DEPENDENT:
-            after = kind
-        data = output.with_name(f"{model.name}.onnx.data") if external and kind not in (*WEIGHTLESS, "squash") \
-            else None
-        stage = Stage(kind, model.name, stage_flavour, path, output, settings, calibration, external, data, manifest,
-                      follows, elsewhere.get(path))
-        stages.append(stage)
-        path, external = output, stage.output_external
-        if stage.graph_only:
-            elsewhere[output] = folder_string(output, weights)
-        else:
-            weights = output.parent
-
     if model.freeze:
-        add("freeze", {"values": {name: list(value) for name, value in sorted(model.freeze.items())}})
+        chain.add(StageKind.FREEZE, {"values": {name: list(value) for name, value in sorted(model.freeze.items())}})
     if model.rewrite:  # first after freeze: every target's chain reads the same input, so one task serves all
-        add("rewrite", {"rules": list(model.rewrite)})
-    ready = model.graph_ready and not stages  # the model as read is what the compile gets (no earlier stage)
+        chain.add(StageKind.REWRITE, {"rules": list(model.rewrite)})
+    ready = model.graph_ready and not chain.stages  # the model as read is what the compile gets (no earlier stage)
     if ready:
         inputs = {}  # the model's own static shapes: the inputs check refused any other value
     elif static_shapes or (inputs and (level or quantize)):
-        add("shape", {"inputs": {name: list(shape) for name, shape in sorted(inputs.items())}})
+        chain.add(StageKind.SHAPE, {"inputs": {name: list(shape) for name, shape in sorted(inputs.items())}})
         inputs = {}
     if fold and (model.constant_nodes or not ready):
-        add("fold", {})
+        chain.add(StageKind.FOLD, {})
     if level:
-        add("optimize", {"level": level})
-    float_path = path if quantize else None
+        chain.add(StageKind.OPTIMIZE, {"level": level})
+    float_path = chain.path if quantize else None
     if quantize:
-        add("quantize", {"activation_type": quantize.activation_type, "weight_type": quantize.weight_type,
-                         "per_channel": quantize.per_channel, "random": quantize.calibration is None},
-            flavour, quantize.calibration or ())
+        chain.add(StageKind.QUANTIZE, {"activation_type": quantize.activation_type,
+                                       "weight_type": quantize.weight_type, "per_channel": quantize.per_channel,
+                                       "random": quantize.calibration is None},
+                  flavour, quantize.calibration or ())
     if model.squash or single_file:
-        add("squash", {"limit_bytes": PROTOBUF_LIMIT}, flavour if quantize else None)
-    if not stages:
+        chain.add(StageKind.SQUASH, {"limit_bytes": PROTOBUF_LIMIT}, flavour if quantize else None)
+    if not chain.stages:
         return Chain(model, external, (), None)
-    return Chain(dataclasses.replace(model, path=path, inputs=inputs), external, tuple(stages), float_path,
-                 tuple(elsewhere.items()))
+    return Chain(dataclasses.replace(model, path=chain.path, inputs=inputs), chain.external, tuple(chain.stages),
+                 float_path, tuple(chain.elsewhere.items()))

@@ -143,7 +143,7 @@ def pipeline_fingerprint(build: Build, request: dict[str, Any], hashes: FileHash
 
 
 def stage_config(stage: Stage) -> dict[str, Any]:
-    return {"rules_format": RULES_FORMAT, "code": code_digest(), "stage": stage.kind, "flavour": stage.flavour,
+    return {"rules_format": RULES_FORMAT, "code": code_digest(), "stage": str(stage.kind), "flavour": stage.flavour,
             "settings": stage.settings,
             "versions": {p: package_version(p) for p in ("onnxruntime", "onnx")}}
 

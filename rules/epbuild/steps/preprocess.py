@@ -350,7 +350,7 @@ def _loads_on_cpu(ort: Any, output: Path, weights: Path | None, kind: str) -> No
 
 
 def stage_request(stage: Stage, output: Path) -> dict[str, Any]:
-    return {"kind": stage.kind, "task": stage.task, "flavour": stage.flavour, "input": str(stage.input),
+    return {"kind": str(stage.kind), "task": stage.task, "flavour": stage.flavour, "input": str(stage.input),
             "manifest": stage.manifest, "entry": f"models.{stage.model}",
             "output": str(output), "settings": stage.settings, "calibration": [str(p) for p in stage.calibration],
             "data_file": stage.output_data.name if stage.output_data else None, "graph_only": stage.graph_only,

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..files.layout import Layout
 from ..manifest.builds import SIDECAR, Build
-from .compilers import shared_weights
+from .compilers.base import shared_weights
 
 
 def _binary_bytes(folder: Path, names: list[str]) -> int:

@@ -277,7 +277,7 @@ class Tasks:
                 "fold": "nodes that only compute constants replaced by their values (NPU targets)",
                 "optimize": "ORT graph optimization",
                 "quantize": "QDQ quantization with calibration data", "squash": "inline external data"}
-        for kind in dict.fromkeys(stage.kind for stage in self.project.stages.values()):
+        for kind in dict.fromkeys(str(stage.kind) for stage in self.project.stages.values()):
             yield {"basename": kind, "name": None, "doc": docs[kind]}
         for stage in self.project.stages.values():
             if not self._skipped(stage.task):
@@ -286,9 +286,9 @@ class Tasks:
     def _stage_task(self, stage: Stage) -> Task:
         doc = (f"{stage.kind} {stage.model}{f' for {stage.flavour} targets' if stage.flavour else ''} -> "
                f"{self.project.rel(stage.output)}")
-        return self._task(stage.kind, stage.task.split(":", 1)[1], doc, run_stage_task, [stage, self.project.workspace],
-                          [stage.input, *stage.input_external, *stage.calibration], stage.outputs,
-                          stage_config(stage), clean=[(discard, [stage.output.parent])])
+        return self._task(str(stage.kind), stage.task.split(":", 1)[1], doc, run_stage_task,
+                          [stage, self.project.workspace], [stage.input, *stage.input_external, *stage.calibration],
+                          stage.outputs, stage_config(stage), clean=[(discard, [stage.output.parent])])
 
     def save_listing(self) -> None:
         """What `doit list` shows, for the next one under the same key (epbuild.fast_path)."""
