@@ -13,6 +13,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..contracts.statuses import TaskStatus
 from ..errors import plain
 from ..files.entry_lines import LazyEntries, entry_lines, plain_texts, quoted, vouch, vouched
 from ..files.layout import file_identity, write_atomic
@@ -129,23 +130,25 @@ class BuildReport:
         self._set(task, {k: v for k, v in values.items() if not k.startswith("_")})
 
     def failed(self, task: str, reason: str, seconds: float) -> None:
-        self._set(task, {"status": "failed", "reason": plain(reason), "seconds": round(seconds, 3)})
+        self._set(task, {"status": TaskStatus.FAILED, "reason": plain(reason), "seconds": round(seconds, 3)})
 
     def not_built(self, task: str, reason: str) -> None:
         """Not run because a task it needs failed (`reason` names it)."""
-        self._set(task, {"status": "not built", "reason": reason})
+        self._set(task, {"status": TaskStatus.NOT_BUILT, "reason": reason})
 
     def interrupted(self, task: str) -> None:
         """Started and never finished: the run stopped under it, so it has no verdict (not an older one)."""
-        self._set(task, {"status": "interrupted", "reason": "the run stopped while it ran (Ctrl-C, a signal, a lost "
-                                                             "worker): no verdict; a rerun makes it"})
+        self._set(task, {"status": TaskStatus.INTERRUPTED,
+                         "reason": "the run stopped while it ran (Ctrl-C, a signal, a lost worker): no verdict; a "
+                                   "rerun makes it"})
 
     def up_to_date(self, task: str) -> None:
-        if task not in self.entries or self.entries.status(task, "") != "up-to-date":  # 20,000 unchanged entries
-            self._set(task, {**(self.entries.get(task) or {}), "status": "up-to-date"})  # are not copied
+        # 20,000 unchanged entries are not copied
+        if task not in self.entries or self.entries.status(task, "") != TaskStatus.UP_TO_DATE:
+            self._set(task, {**(self.entries.get(task) or {}), "status": TaskStatus.UP_TO_DATE})
 
     def skipped(self, task: str, reason: str) -> None:
-        self._set(task, {"status": "skipped", "reason": reason})
+        self._set(task, {"status": TaskStatus.SKIPPED, "reason": reason})
 
     def keep_only(self, tasks: set[str]) -> None:
         """Forget the tasks the manifest no longer declares: the reports describe the current manifest."""
@@ -179,7 +182,7 @@ class BuildReport:
         if not counts:
             return None
         slowest = sorted((e["seconds"], n) for n in ran if n in self.entries and (e := self.entries[n]).get("seconds")
-                         and e["status"] != "skipped")[::-1][:3]
+                         and e["status"] != TaskStatus.SKIPPED)[::-1][:3]
         text = ", ".join(f"{name} {seconds:.1f} s{usage_text(self.entries[name].get('child'))}"
                          for seconds, name in slowest)
         return (f"summary: {', '.join(f'{n} {s}' for s, n in sorted(counts.items()))}"

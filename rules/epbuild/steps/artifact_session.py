@@ -7,7 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..execute.requests import MemberValidation, ValidationReport
+from ..contracts.requests import MemberValidation, ValidationReport
+from ..contracts.statuses import Verdict
 from ..manifest.builds import SIDECAR
 from ..manifest.eps import EpInfo, lookup
 from .graph import EP_CONTEXT
@@ -76,7 +77,7 @@ def open_session(ort: Any, info: EpInfo, request: MemberValidation) -> tuple[Any
             register_plugin(ort, info)
             device = select_ep_device(ort, info, request["device"])
         except (ImportError, OSError, RuntimeError) as exc:
-            return None, {"status": "skipped", "reason": f"this host cannot run {info.name}: {exc}"}
+            return None, {"status": Verdict.SKIPPED, "reason": f"this host cannot run {info.name}: {exc}"}
         options.add_provider_for_devices([device], request["options"])
         if request["cpu_nodes"] == 0:
             options.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
@@ -91,7 +92,7 @@ def open_session(ort: Any, info: EpInfo, request: MemberValidation) -> tuple[Any
         hint = (f"; {sum(foldable.values())} node(s) left on CPU only compute constants ({', '.join(foldable)}) in "
                 "front of the EPContext node, which QNN does not load: fold them (the default for NPU targets, "
                 "without optimize = \"none\")") if foldable else ""
-        return None, {"status": "failed",
+        return None, {"status": Verdict.FAILED,
                       "reason": f"{info.name} could not load the artifact: {str(exc).strip()}{hint}"}
     return session, None
 

@@ -8,8 +8,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..contracts.requests import ValidationReport, ValidationRequest
+from ..contracts.statuses import ValidationMode, Verdict
 from ..execute.child import run_child
-from ..execute.requests import ValidationReport, ValidationRequest
 from ..files.hashing import snapshot
 from ..files.publish import discard, scratch_dir
 from ..manifest.builds import Build
@@ -72,7 +73,7 @@ def run_against_reference(build: Build, workspace: Workspace, request: Validatio
                 computed = run_child("epbuild.steps.validate", {**request, "phase": "reference",
                                                                 "reference_to": str(restored)}, restored,
                                      limits, f"{what}: the CPU reference", log.with_suffix(".ref.log"))
-                if computed["status"] == "failed":
+                if computed["status"] == Verdict.FAILED:
                     return computed
                 if not _keep(computed, restored, key, label, inputs, workspace):
                     discard(restored)
@@ -95,7 +96,7 @@ def run_group_against_references(build: Build, workspace: Workspace, request: Va
     (the same key as a standalone validation of that model: those of a full build are there), the others computed
     in the group's child and stored from there."""
     label = f"the CPU references of validate:{build.name}"
-    runs = {m.name: m for m in build.members if request["members"][m.name]["mode"] == "run"}
+    runs = {m.name: m for m in build.members if request["members"][m.name]["mode"] == ValidationMode.RUN}
     inputs = snapshot([path for member in runs.values() for path in member.reference_files])
     keys = {name: reference_fingerprint(m, request["members"][name], workspace.hashes) for name, m in runs.items()}
     folders = {name: _staging(workspace, key) for name, key in keys.items()}

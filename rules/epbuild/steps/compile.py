@@ -14,10 +14,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..contracts.requests import CompileMember, CompileRequest, CompileResult, MemberResult
+from ..contracts.statuses import TaskStatus
 from ..errors import BuildError, ModelError, located
 from ..execute.child import serve
 from ..execute.executor import run_build
-from ..execute.requests import CompileMember, CompileRequest, CompileResult, MemberResult
 from ..files.hashing import snapshot
 from ..files.layout import Layout, write_json
 from ..files.weights import FOLDER_OPTION
@@ -42,7 +43,7 @@ class Compiled:
     """What one compile or restore produced, for the printed line and the build report."""
 
     build: str
-    status: str  # "compiled" or "restored"
+    status: TaskStatus  # compiled or restored
     fingerprint: str
     out_dir: Path
     files: list[dict[str, Any]]  # name, size, sha256
@@ -93,7 +94,7 @@ def compile_build(build: Build, workspace: Workspace) -> Compiled:
         per_model = [m["nodes"] for m in recorded["members"].values()]
         nodes = {key: sum(n[key] for n in per_model) for key in ("source", "ep_context", "cpu", "in_ep")
                  if key in per_model[0]}
-    return Compiled(build.task, "restored" if outcome.restored else "compiled", fingerprint, final,
+    return Compiled(build.task, TaskStatus.RESTORED if outcome.restored else TaskStatus.COMPILED, fingerprint, final,
                     file_records(final, expected or recorded["files"], workspace), time.monotonic() - started, nodes,
                     usage or None, with_download(outcome, ran), ran.get("worker"))
 

@@ -15,8 +15,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..contracts.requests import ValidationReport, ValidationRequest
+from ..contracts.statuses import Verdict
 from ..errors import ModelError
-from ..execute.requests import ValidationReport, ValidationRequest
 from ..files.weights import read_weights_from, weights_folder
 from ..manifest.eps import lookup
 from .artifact_session import is_qdq, open_session
@@ -252,7 +253,7 @@ def validate_pipeline(request: ValidationRequest) -> ValidationReport:
     members = list(pipeline["alone"].values()) if blocked else list(request["members"].values())
     if any(member is None for member in members):
         missing = [name for name, member in pipeline["alone"].items() if member is None]
-        return {"status": "skipped", "structural": "passed",
+        return {"status": Verdict.SKIPPED, "structural": Verdict.PASSED,
                 "reason": f"{blocked}; the pipeline runs here on the members compiled alone, and {', '.join(missing)} "
                           "is not built alone for this target: add the target to the model's targets"}
     kept, save_to, answer = pipeline.get("cpu"), pipeline.get("cpu_to"), {}
@@ -276,11 +277,11 @@ def validate_pipeline(request: ValidationRequest) -> ValidationReport:
         for member in members:
             session, refused = open_session(ort, info, {**member, "share": not blocked})
             if refused:
-                return {**refused, "structural": "passed", **answer}
+                return {**refused, "structural": Verdict.PASSED, **answer}
             sessions.append(session)
         steps, ep_tokens = ep_run(sessions[0], sessions[1], cpu, layout)
     except ModelError as exc:
-        return {"status": "failed", "structural": "passed", "reason": exc.message, **answer}
+        return {"status": Verdict.FAILED, "structural": Verdict.PASSED, "reason": exc.message, **answer}
     cpu_tokens = cpu["tokens"]
     kind = "qdq" if is_qdq(members[0]["reference"]) else members[0]["precision"]
     thresholds = {**DEFAULT_THRESHOLDS[kind], **members[0]["thresholds"]}
@@ -291,13 +292,13 @@ def validate_pipeline(request: ValidationRequest) -> ValidationReport:
                f"{min(s['snr_db'] for s in steps):.1f} dB, greedy tokens "
                f"{'equal' if cpu_tokens == ep_tokens else 'differ'} ({ep_tokens} on the EP, {cpu_tokens} on CPU); "
                f"the CPU run against {', '.join(c['kind'] + ': ' + c['status'] for c in cpu['checks']) or 'nothing'}")
-    report: ValidationReport = {"structural": "passed", "precision": kind, "thresholds": thresholds,
+    report: ValidationReport = {"structural": Verdict.PASSED, "precision": kind, "thresholds": thresholds,
                                 "pipeline": {"ran_on": where, "layout": layout, "prompt": cpu["prompt"], "steps": steps,
                                              "tokens_cpu": cpu_tokens, "tokens_ep": ep_tokens,
                                              "cpu_checked": cpu["checks"]}}
     if failures:
-        return {**report, **answer, "status": "failed", "reason": f"{figures}: " + "; ".join(failures)}
+        return {**report, **answer, "status": Verdict.FAILED, "reason": f"{figures}: " + "; ".join(failures)}
     if blocked:
-        return {**report, **answer, "status": "skipped",
+        return {**report, **answer, "status": Verdict.SKIPPED,
                 "reason": f"the shared binary itself needs the device ({blocked}); {figures}"}
-    return {**report, **answer, "status": "passed", "summary": figures}
+    return {**report, **answer, "status": Verdict.PASSED, "summary": figures}

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..contracts.statuses import Verdict
 from .comparison import compare
 from .validation_inputs import dtype_of
 
@@ -118,23 +119,25 @@ def genai_validation(request: dict[str, Any]) -> dict[str, Any]:
 
     folder, source = Path(request["artifact"]).parent, Path(request["declared"]).parent
     if request["ep"] != "cpu":
-        return {"status": "skipped", "reason": "the artifact keeps genai's dynamic shapes, which a single run cannot "
-                                               "feed, and onnxruntime-genai runs this EP only where genai has it: "
-                                               "not checked here"}
+        return {"status": Verdict.SKIPPED,
+                "reason": "the artifact keeps genai's dynamic shapes, which a single run cannot feed, and "
+                          "onnxruntime-genai runs this EP only where genai has it: not checked here"}
     try:
         import onnxruntime_genai as og
     except ImportError:
-        return {"status": "skipped", "reason": "the artifact keeps genai's dynamic shapes and onnxruntime-genai is "
-                                               "not installed to run its folder: pip install 'epbuild[genai]'"}
+        return {"status": Verdict.SKIPPED,
+                "reason": "the artifact keeps genai's dynamic shapes and onnxruntime-genai is not installed to run "
+                          "its folder: pip install 'epbuild[genai]'"}
     vocab = int(json.loads((folder / "genai_config.json").read_text())["model"]["vocab_size"])
     prompt = [int(t) for t in np.random.default_rng(SEED).integers(3, vocab, GENAI_PROMPT)]
     got = genai_greedy(og, folder, prompt, GENAI_TOKENS)
     want = genai_greedy(og, source, prompt, GENAI_TOKENS)
     report = {"mode": "genai", "genai": {"prompt": prompt, "tokens_artifact": got, "tokens_source": want}}
     if got != want:
-        return {**report, "status": "failed", "reason": f"onnxruntime-genai's greedy decoding of the artifact folder "
-                                                        f"gives {got}, of the model's own folder {want}"}
-    return {**report, "status": "passed",
+        return {**report, "status": Verdict.FAILED,
+                "reason": f"onnxruntime-genai's greedy decoding of the artifact folder gives {got}, of the model's "
+                          f"own folder {want}"}
+    return {**report, "status": Verdict.PASSED,
             "summary": f"onnxruntime-genai loads the folder; greedy tokens equal the source's ({len(got)} tokens "
                        f"from a "
                        f"fixed-seed prompt of {len(prompt)})"}

@@ -15,9 +15,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..contracts.requests import MemberValidation, ValidationReport, ValidationRequest
+from ..contracts.statuses import ValidationMode, Verdict
 from ..errors import BuildError, located, plain
 from ..execute.child import run_child, serve
-from ..execute.requests import MemberValidation, ValidationReport, ValidationRequest
 from ..files.layout import write_json
 from ..files.owners import owner_tag
 from ..files.publish import discard, scratch_dir
@@ -134,13 +135,13 @@ def validate(build: Build, workspace: Workspace, workdir: Path) -> ValidationRep
                 report = run_pipeline_against_cache(build, workspace, request, workdir, what, log, timeout)
             elif build.shared and not request["run_blocked"]:
                 report = run_group_against_references(build, workspace, request, workdir, what, log, timeout)
-            elif build.shared or build.members[0].validation.mode != "run" or build.members[0].package:
+            elif build.shared or build.members[0].validation.mode != ValidationMode.RUN or build.members[0].package:
                 report = run_child("epbuild.steps.validate", request, workdir, target.limits(timeout), what, log,
                                    target.ep.fork_server, target.ep.warm_validations)
             else:
                 report = run_against_reference(build, workspace, request, workdir, what, log, timeout)
         except BuildError as exc:
-            report = {"status": "failed", "reason": str(exc)}
+            report = {"status": Verdict.FAILED, "reason": str(exc)}
     if "reason" in report:  # an EP's colour codes: reports are read as text
         report["reason"] = plain(report["reason"])
     who = {"group": build.name} if build.shared else {"model": build.members[0].name}
@@ -182,7 +183,7 @@ def cached_validation(label: str, fingerprint: str, workspace: Workspace, folder
             report = produce(staging)
             check_inputs(label, inputs)  # the artifact or a reference was replaced while it ran
             write_json(folder / REPORT, {k: v for k, v in report.items() if k not in NOT_PUBLISHED})
-            if report["status"] != "passed":
+            if report["status"] != Verdict.PASSED:
                 return report, Outcome(None, outcome.downloaded)
             write_json(staging / REPORT, {k: v for k, v in report.items() if k not in NOT_CACHED})
             uploaded = store(label, fingerprint, workspace, staging, [REPORT], identity, adopt=True)
@@ -193,11 +194,11 @@ def cached_validation(label: str, fingerprint: str, workspace: Workspace, folder
 
 def summary(report: dict[str, Any]) -> str:
     """The key metric and which EP ran the EPContext nodes, or the reason it did not pass."""
-    if report["status"] != "passed":
+    if report["status"] != Verdict.PASSED:
         return report.get("reason", "")
     if "summary" in report:  # a group's pipeline
         return report["summary"]
-    if report["mode"] == "structural":
+    if report["mode"] == ValidationMode.STRUCTURAL:
         return "structural: every referenced file exists, EPContext attributes match the target"
     if "ran_on" in report and "outputs" not in report and "members" not in report:
         return f"qaic-qpc validate on {', '.join(next(iter(report['ran_on'].values())))}"
@@ -223,31 +224,33 @@ def _validate_group(request: ValidationRequest) -> ValidationReport:
     reports: dict[str, dict[str, Any]] = {}
     for name, member in request["members"].items():
         problems = structural_problems(member)
-        reports[name] = {"status": "failed", "reason": "; ".join(problems)} if problems else {"status": "passed"}
-    failures = [f"{name}: {r['reason']}" for name, r in reports.items() if r["status"] == "failed"]
+        reports[name] = ({"status": Verdict.FAILED, "reason": "; ".join(problems)} if problems
+                         else {"status": Verdict.PASSED})
+    failures = [f"{name}: {r['reason']}" for name, r in reports.items() if r["status"] == Verdict.FAILED]
     if not failures and request["one_binary"]:
         referenced = {name: sorted(context_binaries(m["artifact"])) for name, m in request["members"].items()}
         if len({tuple(v) for v in referenced.values()}) != 1:
             failures.append(f"members reference different context binaries: {referenced}")
     if failures:
-        return {"status": "failed", "reason": "; ".join(failures), "members": reports}
+        return {"status": Verdict.FAILED, "reason": "; ".join(failures), "members": reports}
     if request["pipeline"]:
         return {**validate_pipeline(request), "members": reports}
     if request["run_blocked"]:
-        return {"status": "skipped", "structural": "passed", "reason": request["run_blocked"], "members": reports}
+        return {"status": Verdict.SKIPPED, "structural": Verdict.PASSED, "reason": request["run_blocked"],
+                "members": reports}
     kept, save_to, saved = request.get("references", {}), request.get("references_to", {}), {}
     for name, member in request["members"].items():
-        if member["mode"] == "run":
+        if member["mode"] == ValidationMode.RUN:
             try:
                 reference, saved[name] = _reference_for(member, kept.get(name), save_to.get(name))
             except ReferenceUnusable as exc:
-                reports[name] = {"status": "failed", "reason": str(exc)}
+                reports[name] = {"status": Verdict.FAILED, "reason": str(exc)}
                 continue
             reports[name] = validate_member(member, reference)
     statuses = {r["status"] for r in reports.values()}
-    status = next((s for s in ("failed", "inconclusive", "skipped") if s in statuses), "passed")
+    status = next((s for s in (Verdict.FAILED, Verdict.INCONCLUSIVE, Verdict.SKIPPED) if s in statuses), Verdict.PASSED)
     report: dict[str, Any] = {"status": status, "members": reports, **({"references": saved} if saved else {})}
-    if status != "passed":
+    if status != Verdict.PASSED:
         report["reason"] = "; ".join(f"{name}: {r['reason']}" for name, r in reports.items() if "reason" in r)
     return report
 
@@ -325,9 +328,9 @@ def validate_member(request: MemberValidation, reference: dict[str, Any] | None 
     or earlier by another child or another target's validation, `cached_reference`)."""
     problems = structural_problems(request)
     if problems:
-        return {"status": "failed", "reason": "; ".join(problems)}
-    if request["mode"] == "structural":
-        return {"status": "passed"}
+        return {"status": Verdict.FAILED, "reason": "; ".join(problems)}
+    if request["mode"] == ValidationMode.STRUCTURAL:
+        return {"status": Verdict.PASSED}
 
     import onnx
     import onnxruntime as ort
@@ -337,7 +340,7 @@ def validate_member(request: MemberValidation, reference: dict[str, Any] | None 
         with located(request["manifest"], request["entry"]):
             reference = reference or reference_run(ort, request)  # first: its session is gone when the artifact's opens
     except ReferenceUnusable as exc:
-        return {"status": "failed", "reason": str(exc)}
+        return {"status": Verdict.FAILED, "reason": str(exc)}
     session, refused = open_session(ort, info, request)
     if refused:
         return refused
@@ -351,7 +354,7 @@ def validate_member(request: MemberValidation, reference: dict[str, Any] | None 
     try:
         outputs = session.run(None, feeds)
     except Exception as exc:  # noqa: BLE001 - the EP's own error is the report
-        return {"status": "failed", "reason": f"{info.name} could not run the artifact: {str(exc).strip()}{hint}"}
+        return {"status": Verdict.FAILED, "reason": f"{info.name} could not run the artifact: {str(exc).strip()}{hint}"}
     ran_on, failures = placement_failures(session, info, request["cpu_nodes"])
 
     compared_graph = onnx.load(request["reference"], load_external_data=False)  # read once: kind and selections
@@ -375,7 +378,7 @@ def validate_member(request: MemberValidation, reference: dict[str, Any] | None 
     if failures and hint:
         failures[-1] += hint
     notes = list(reference["notes"])
-    status = "failed" if failures else "inconclusive" if undecided else "passed"
+    status = Verdict.FAILED if failures else Verdict.INCONCLUSIVE if undecided else Verdict.PASSED
     report: ValidationReport = {
         "status": status, "precision": kind, "thresholds": thresholds,
         "ran_on": ran_on, "outputs": metrics, **({"notes": notes} if notes else {}),
@@ -405,14 +408,14 @@ def _validate_in_child(request: ValidationRequest) -> ValidationReport:
     phase = request.get("phase")
     if phase == "artifact":  # the reference computed earlier, by another child or another target's validation
         return validate_member(member, load_reference(Path(request["reference"])))
-    if member["mode"] != "run":
+    if member["mode"] != ValidationMode.RUN:
         return validate_member(member)
     if (Path(member["artifact"]).parent / GENAI_CONFIG).is_file():  # a folder packaged for onnxruntime-genai
         return genai_validation(member)
     try:  # the reference first: its session is gone before the artifact's opens
         reference, saved = _reference_for(member, None, request.get("reference_to"))
     except ReferenceUnusable as exc:
-        return {"status": "failed", "reason": str(exc)}
+        return {"status": Verdict.FAILED, "reason": str(exc)}
     if phase == "reference":  # a large model's first child: the reference alone
         return {"status": "reference", **saved}
     return {**validate_member(member, reference), **saved}

@@ -11,6 +11,8 @@ from typing import Any
 
 from doit.exceptions import TaskFailed
 
+from ..contracts.statuses import TaskStatus, Verdict
+from ..contracts.task_result import PUBLISHED
 from ..errors import BuildError, UserError
 from ..execute.executor import run_operator_list, run_validation
 from ..files.hashing import snapshot
@@ -64,7 +66,7 @@ def run_compile(build: Build, workspace: Workspace) -> TaskFailed | dict[str, An
           f"{os.path.relpath(done.out_dir)}/{_origin(done.outcome)}")
     return {"status": done.status, **done.outcome.report(), **({"worker": done.worker} if done.worker else {}),
             "fingerprint": done.fingerprint, "files": done.files,
-            "_published": published([done.out_dir / f["name"] for f in done.files], workspace.hashes,
+            PUBLISHED: published([done.out_dir / f["name"] for f in done.files], workspace.hashes,
                                     workspace.project_root),
             "seconds": round(done.seconds, 3), **({"child": done.usage} if done.usage else {}),
             **({"nodes": nodes} if "in_ep" in nodes else {})}
@@ -81,13 +83,13 @@ def run_stage_task(stage: Stage, workspace: Workspace) -> TaskFailed | dict[str,
     if stage.kind == "quantize" and stage.settings["random"]:
         print(f"warning: {stage.task} calibrated on fixed-seed random data: for smoke tests only, the "
               "quantization ranges do not reflect real inputs")
-    status = "restored" if outcome.restored else "compiled"
+    status = TaskStatus.RESTORED if outcome.restored else TaskStatus.COMPILED
     print(f"{status} {stage.task}: {seconds:.1f} s{usage_text(usage)} -> {os.path.relpath(stage.output)}"
           f"{_origin(outcome)}")
     return {"status": status, **outcome.report(), **({"worker": worker} if worker else {}),
             "seconds": round(seconds, 3), **({"child": usage} if usage else {}),
             "files": file_records(stage.output.parent, [p.name for p in stage.outputs], workspace),
-            "_published": published(stage.outputs, workspace.hashes, workspace.project_root)}
+            PUBLISHED: published(stage.outputs, workspace.hashes, workspace.project_root)}
 
 
 def run_validate(build: Build, workspace: Workspace, config: dict[str, Any]) -> TaskFailed | dict:
@@ -114,7 +116,7 @@ def run_validate(build: Build, workspace: Workspace, config: dict[str, Any]) -> 
         return failure(exc, f"{build.validate_task}: ")
     line = f"{report['status']} validate:{build.name}: {summary(report)}"
     strict = any(member.get("inconclusive") == "fail" for member in config["members"])
-    if report["status"] == "failed" or (report["status"] == "inconclusive" and strict):
+    if report["status"] == Verdict.FAILED or (report["status"] == Verdict.INCONCLUSIVE and strict):
         return TaskFailed(line)
     reference = report.get("cpu_reference")  # from the cache when another validation computed it (a group: each)
     origins = {r["from"] for r in reference["members"].values()} if reference and "members" in reference else {
@@ -122,14 +124,14 @@ def run_validate(build: Build, workspace: Workspace, config: dict[str, Any]) -> 
     print(line + (f" (restored from the {outcome.origin} cache)" if outcome.restored else
                   f" (CPU reference{'s' if reference and 'members' in reference else ''} from the cache)"
                   if origins == {"cache"} else ""))
-    status = ("restored" if outcome.restored else report["status"] if report["status"] in ("skipped", "inconclusive")
-              else "validated")
+    status = (TaskStatus.RESTORED if outcome.restored else TaskStatus(report["status"])
+              if report["status"] in (Verdict.SKIPPED, Verdict.INCONCLUSIVE) else TaskStatus.VALIDATED)
     seconds = time.monotonic() - started if outcome.restored else report["seconds"]
     return {"status": status, **outcome.report(), **({"worker": report["worker"]} if "worker" in report else {}),
             "fingerprint": fingerprint, "validation": line, **({"child": report["usage"]} if "usage" in report else {}),
-            **({"reason": report["reason"]} if status == "inconclusive" and "reason" in report else {}),
+            **({"reason": report["reason"]} if status == Verdict.INCONCLUSIVE and "reason" in report else {}),
             **({"cpu_reference": reference} if reference else {}),
-            "seconds": round(seconds, 3), "_published": published([folder / REPORT], workspace.hashes,
+            "seconds": round(seconds, 3), PUBLISHED: published([folder / REPORT], workspace.hashes,
                                                                           workspace.project_root)}
 
 
@@ -156,7 +158,7 @@ def refuse_unavailable(task: str, reason: str, named: bool) -> TaskFailed | dict
     if named:
         return TaskFailed(f"{task} cannot be built on this host: {reason}")
     print(f"skipped {task}: {reason}")
-    return {"status": "skipped", "reason": reason}
+    return {"status": Verdict.SKIPPED, "reason": reason}
 
 
 def report_unavailable(reasons: dict[str, str]) -> None:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from doit.exceptions import UnmetDependency
 from doit.reporter import ConsoleReporter
 
+from ..contracts.task_result import PUBLISHED
 from ..execute.lifelines import WorkerLost, WorkerWatch, tie_forked_children
 from ..fast_path import Stamp
 from ..files.owners import sweep
@@ -122,7 +123,7 @@ class BuildReporter(ConsoleReporter):
             if not self.project.threads:  # captured (verbosity 1): shown above the status area
                 self.write("".join(action.out for action in task.actions if action.out))
             self.live.finished(task.name)
-        self.project.configs.success(task.name, task.values.get("_published"))
+        self.project.configs.success(task.name, task.values.get(PUBLISHED))
         if ":" in task.name and task.values.get("status"):
             self.report.succeeded(task.name, task.values)
 

@@ -7,10 +7,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from ...contracts.requests import CompileRequest, MemberResult
 from ...errors import BuildError
 from ...execute.child import run_child
 from ...execute.host import package_reason, toolchain_versions, unavailable_reason
-from ...execute.requests import CompileRequest, MemberResult
 from ...files.layout import write_json
 from ...files.publish import copy_file
 from ...manifest.builds import SIDECAR, Build, ResolvedTarget

@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from ...contracts.statuses import ValidationMode, Verdict
 from ...errors import BuildError, ModelError, UserError
 from ...files.layout import Layout, write_json
 from ...manifest.builds import QPC_PROGRAM, SIDECAR, Build, ResolvedTarget
@@ -70,21 +71,21 @@ class QaicCompiler(ExternalToolCompiler):
         (member,) = build.members
         program = build.out_dir(layout) / QPC_PROGRAM
         if not program.is_file():
-            return {"status": "failed", "reason": f"{QPC_PROGRAM} is missing"}
-        if member.validation.mode == "structural":
-            return {"status": "passed"}
+            return {"status": Verdict.FAILED, "reason": f"{QPC_PROGRAM} is missing"}
+        if member.validation.mode == ValidationMode.STRUCTURAL:
+            return {"status": Verdict.PASSED}
         found = self.toolchain(build.target)
         if isinstance(found, str):
-            return {"status": "skipped", "reason": found}
+            return {"status": Verdict.SKIPPED, "reason": found}
         if not cloud_ai_devices():
-            return {"status": "skipped", "reason": "no Cloud AI device on this host (/dev/accel/accel* or "
+            return {"status": Verdict.SKIPPED, "reason": "no Cloud AI device on this host (/dev/accel/accel* or "
                                                    "/dev/qaic_*): qaic-qpc validate needs the hardware"}
         try:
             run_tool([str(found.executables["qaic-qpc"]), "validate", "-i", str(program.parent)],
                      build.log(layout, "validate"), f"validate {build.name} (qaic-qpc)", member.validation.timeout_s)
         except BuildError as exc:
-            return {"status": "failed", "reason": str(exc)}
-        return {"status": "passed", "ran_on": {"qaic-qpc validate": cloud_ai_devices()}}
+            return {"status": Verdict.FAILED, "reason": str(exc)}
+        return {"status": Verdict.PASSED, "ran_on": {"qaic-qpc validate": cloud_ai_devices()}}
 
     def describe(self, nodes: dict[str, Any]) -> str:
         return f"QPC from {nodes['source']} source nodes"
