@@ -4,11 +4,11 @@ compatibility string the EP wrote into its compiled model (recorded in artifact.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
+from ..contracts.artifact import OMIT, ArtifactRecord, read_artifact
 from ..manifest.builds import SIDECAR
 from ..manifest.eps import lookup
 
@@ -18,15 +18,18 @@ ANSWERS = {"EP_SUPPORTED_OPTIMAL": "runs optimally on this host's devices",
            "EP_NOT_APPLICABLE": "the EP does not judge it (no compatibility check for this artifact)"}
 
 
-def judge(ort: Any, record: dict[str, Any]) -> str:
+def judge(ort: Any, record: ArtifactRecord) -> str:
     """One artifact's answer in words."""
-    strings = ([record["compatibility"]] if record.get("compatibility") else
-               [m["compatibility"] for m in record.get("members", {}).values() if m.get("compatibility")])
-    info = lookup(record["ep"])
+    members = record.members.values() if record.has("members") else []
+    strings = ([record.compatibility] if record.has("compatibility") else
+               [m.compatibility for m in members if m.compatibility is not OMIT])
+    if not record.has("ep"):
+        return f"a {record.compiler} artifact: ONNX Runtime does not judge it"
+    info = lookup(record.ep)
     if info is None or info.is_cpu:
         return "a CPU artifact: runs wherever this onnxruntime runs (no compatibility string)"
     if not strings:
-        return f"{record['ep']} wrote no compatibility string: cannot be judged"
+        return f"{record.ep} wrote no compatibility string: cannot be judged"
     from ..execute.host import register_plugin
     from .session import _plugin_ready
 
@@ -56,8 +59,8 @@ def main(argv: list[str], root: Path) -> int:
         return 2
     for path in found:
         try:
-            record = json.loads(path.read_text())
-        except ValueError:
+            record = read_artifact(path.parent)
+        except ValueError:  # not JSON, or not a record this epbuild reads
             continue
         name = path.parent.relative_to(root / "artifacts").as_posix()
         print(f"{name}: {judge(ort, record)}")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import sys
 import time
@@ -83,11 +82,11 @@ def main(argv: list[str], root: Path) -> int:
     arguments = parser.parse_args(argv)
     import numpy as np
 
-    from .session import open_session
+    from .session import artifact_record, open_session
 
     try:
         folder = find_artifact(root / "artifacts", arguments.artifact)
-        record = json.loads((folder / SIDECAR).read_text())
+        folder, record = artifact_record(folder)
         import onnxruntime as ort
 
         quiet = ort.SessionOptions()
@@ -97,7 +96,7 @@ def main(argv: list[str], root: Path) -> int:
             with _native_output_to_stderr():  # QNN's libraries print to fd 1: not this command's output
                 session = open_session(folder, session_options=quiet)
         except (RuntimeError, OSError, ImportError) as exc:
-            print(f"error: this host cannot run {record['ep']} ({record.get('device', '')}): {exc}", file=sys.stderr)
+            print(f"error: this host cannot run {record.ep} ({record.device}): {exc}", file=sys.stderr)
             return 1
         created = time.perf_counter() - started
         feeds = _inputs(session, arguments.inputs)
@@ -105,7 +104,7 @@ def main(argv: list[str], root: Path) -> int:
             outputs = session.run(None, feeds)
         except Exception as exc:  # noqa: BLE001 - the runtime's own words, in one line
             given = "these --inputs" if arguments.inputs else "fixed-seed inputs (give --inputs FILE.npz)"
-            print(f"error: {record['ep']} could not run {folder.name} with {given}: {' '.join(str(exc).split())}",
+            print(f"error: {record.ep} could not run {folder.name} with {given}: {' '.join(str(exc).split())}",
                   file=sys.stderr)
             return 1
         times = []
@@ -116,7 +115,7 @@ def main(argv: list[str], root: Path) -> int:
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"{folder.parent.name}/{folder.name}: {record['ep']} on {', '.join(session.get_providers())}; "
+    print(f"{folder.parent.name}/{folder.name}: {record.ep} on {', '.join(session.get_providers())}; "
           f"session created in {created * 1000:.1f} ms")
     for output, value in zip(session.get_outputs(), outputs, strict=True):
         value = np.asarray(value)

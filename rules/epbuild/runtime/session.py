@@ -5,27 +5,33 @@ shared-context group the loading contract's session options, in its order."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
+from ..contracts.artifact import ArtifactFormatError, ArtifactRecord, read_artifact
 from ..errors import UserError
 from ..execute.host import register_plugin, select_ep_device
 from ..manifest.builds import SIDECAR
 from ..manifest.eps import lookup
 
 
-def _record(path: Path) -> tuple[Path, dict[str, Any]]:
-    """The artifact folder and its artifact.json, for a folder or a file inside it."""
+def artifact_record(path: Path) -> tuple[Path, ArtifactRecord]:
+    """The artifact folder and its record, for a folder or a file inside it; UserError for anything else."""
     folder = path if path.is_dir() else path.parent
     try:
-        return folder, json.loads((folder / SIDECAR).read_text())
+        record = read_artifact(folder)
     except FileNotFoundError:
         raise UserError(str(path), None, f"no {SIDECAR} in {folder}: give an artifact folder that epbuild built "
                                          "(artifacts/<target>/<model>/ or artifacts/<target>/groups/<name>/)") from None
+    except ArtifactFormatError as exc:
+        raise UserError(str(folder / SIDECAR), None, f"not an artifact record this epbuild reads: {exc}") from None
     except ValueError as exc:
         raise UserError(str(folder / SIDECAR), None, f"not readable JSON: {exc}") from None
+    if not record.has("ep"):
+        raise UserError(str(folder / SIDECAR), None, f"a {record.compiler} artifact is not loaded by ONNX Runtime "
+                                                     f"(a QPC runs with the Cloud AI runtime)")
+    return folder, record
 
 
 def _plugin_ready(info: Any) -> None:
@@ -40,22 +46,22 @@ def _plugin_ready(info: Any) -> None:
         raise RuntimeError(found["reason"])
 
 
-def session_options_for(ort: Any, folder: Path, record: dict[str, Any], base: Any = None) -> Any:
+def session_options_for(ort: Any, folder: Path, record: ArtifactRecord, base: Any = None) -> Any:
     """Session options that load the artifact described by `record`: its EP and device, its runtime options."""
-    info = lookup(record["ep"])
+    info = lookup(record.ep)
     if info is None:
-        raise UserError(str(folder / SIDECAR), "ep", f"unknown execution provider {record['ep']!r}")
+        raise UserError(str(folder / SIDECAR), "ep", f"unknown execution provider {record.ep!r}")
     options = base or ort.SessionOptions()
     if info.is_cpu:
         return options
     _plugin_ready(info)
     register_plugin(ort, info)
-    device = select_ep_device(ort, info, record["device"])
+    device = select_ep_device(ort, info, record.device)
     # option files (OpenVINO's load_config) travel inside the folder under their own name: given absolute
     provider = {key: str(folder / value) if "/" not in str(value) and (folder / str(value)).is_file() else value
-                for key, value in record.get("runtime_options", {}).items()}
+                for key, value in (record.runtime_options if record.has("runtime_options") else {}).items()}
     options.add_provider_for_devices([device], provider)
-    for key, value in (record.get("loading") or {}).get("session_options", {}).items():
+    for key, value in (record.loading if record.has("loading") else {}).get("session_options", {}).items():
         options.add_session_config_entry(key, value)
     return options
 
@@ -65,22 +71,27 @@ def open_session(artifact: str | Path, member: str | None = None, session_option
     `member` names the model (the group's sessions are made in its `order`: `open_group`)."""
     import onnxruntime as ort
 
-    folder, record = _record(Path(artifact))
-    if "members" in record and "model_file" not in record:  # a shared-context group
-        names = list((record.get("loading") or {}).get("order") or record["members"])
+    folder, record = artifact_record(Path(artifact))
+    if record.has("members"):  # a shared-context group
+        names = _order(record)
         if member not in names:
             raise UserError(str(folder), None, f"a group: name its member ({', '.join(names)}), or use open_group")
-        model = folder / record["members"][member]["model_file"]
+        model = folder / record.members[member].model_file
     else:
-        model = folder / record["model_file"]
+        model = folder / record.model_file
     options = session_options_for(ort, folder, record, session_options)
-    is_cpu = lookup(record["ep"]).is_cpu
+    is_cpu = lookup(record.ep).is_cpu
     return ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"] if is_cpu else None)
 
 
 def open_group(folder: str | Path) -> dict[str, Any]:
     """Every member's session of a shared-context group, created in the loading contract's order (destroy them in
     reverse order: delete the dict's entries last to first)."""
-    folder, record = _record(Path(folder))
-    names = list((record.get("loading") or {}).get("order") or record.get("members") or [])
+    folder, record = artifact_record(Path(folder))
+    names = _order(record) if record.has("members") else []
     return {name: open_session(folder, name) for name in names}
+
+
+def _order(record: ArtifactRecord) -> list[str]:
+    """A group's members in the loading contract's order."""
+    return list((record.loading if record.has("loading") else {}).get("order") or record.members)

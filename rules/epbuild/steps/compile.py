@@ -8,12 +8,12 @@ shared EP context for a group.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
 from typing import Any
 
+from ..contracts.artifact import OMIT, read_artifact
 from ..contracts.requests import CompileMember, CompileRequest, CompileResult, MemberResult
 from ..contracts.statuses import TaskStatus
 from ..errors import BuildError, ModelError, located
@@ -87,15 +87,15 @@ def compile_build(build: Build, workspace: Workspace) -> Compiled:
                                 lambda scratch: publishing(build, scratch, workspace.layout))
     except BuildError as exc:
         raise with_hints(exc, build) from None
-    recorded = json.loads((final / SIDECAR).read_text())
-    if "nodes" in recorded:
-        nodes = recorded["nodes"]
+    recorded = read_artifact(final)
+    if recorded.has("nodes"):
+        nodes = recorded.nodes
     else:
-        per_model = [m["nodes"] for m in recorded["members"].values()]
+        per_model = [m.nodes for m in recorded.members.values()]
         nodes = {key: sum(n[key] for n in per_model) for key in ("source", "ep_context", "cpu", "in_ep")
                  if key in per_model[0]}
     return Compiled(build.task, TaskStatus.RESTORED if outcome.restored else TaskStatus.COMPILED, fingerprint, final,
-                    file_records(final, expected or recorded["files"], workspace), time.monotonic() - started, nodes,
+                    file_records(final, expected or recorded.files, workspace), time.monotonic() - started, nodes,
                     usage or None, with_download(outcome, ran), ran.get("worker"))
 
 
@@ -118,13 +118,13 @@ def publishing(build: Build, folder: Path, layout: Layout) -> None:
     """What a published folder holds beyond its cached bytes: the target's name in `artifact.json` (written anew,
     never through a link into the cache) and, for a group, the loading contract with the sizes of the members
     compiled alone; after the checks that judge the recorded result (`min_offload`)."""
-    recorded = json.loads((folder / SIDECAR).read_text())
+    recorded = read_artifact(folder)
     if build.target.min_offload is not None and not build.target.is_cpu:
-        members = recorded.get("members") or {build.members[0].name: recorded}
+        members = recorded.member_entries()
         for member in build.members:
-            check_offload(member.model.path.name, members[member.name]["nodes"], build.target.min_offload)
-    loading = {"loading": loading_contract(build, folder, recorded, layout)} if build.shared else {}
-    write_json(folder / SIDECAR, {**recorded, "target": build.target.name, **loading})
+            check_offload(member.model.path.name, members[member.name].nodes, build.target.min_offload)
+    loading = loading_contract(build, folder, recorded, layout) if build.shared else OMIT
+    write_json(folder / SIDECAR, recorded.replace(target=build.target.name, loading=loading).to_json())
 
 
 # ---- child process ----

@@ -7,10 +7,10 @@ never its bytes."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from ..contracts.artifact import ArtifactRecord, read_artifact
 from ..files.layout import Layout
 from ..manifest.builds import SIDECAR, Build
 from .compilers.base import shared_weights
@@ -20,11 +20,11 @@ def _binary_bytes(folder: Path, names: list[str]) -> int:
     return sum((folder / name).stat().st_size for name in names)
 
 
-def loading_contract(build: Build, folder: Path, recorded: dict[str, Any], layout: Layout) -> dict[str, Any]:
+def loading_contract(build: Build, folder: Path, recorded: ArtifactRecord, layout: Layout) -> dict[str, Any]:
     """`loading` for a group's artifact.json. The members' own compiles for the group's target run before the
     group (a task dependency), so the ratio is known whenever each member is also built alone for that target."""
     target = build.target
-    binaries = sorted({name for member in recorded["members"].values() for name in member["binaries"]})
+    binaries = sorted({name for member in recorded.members.values() for name in member.binaries})
     weights = shared_weights(list(build.members)) if target.ep.shared_weights_outside else []
     shared = _binary_bytes(folder, binaries + weights)
     contract: dict[str, Any] = {
@@ -39,7 +39,7 @@ def loading_contract(build: Build, folder: Path, recorded: dict[str, Any], layou
         if target.name not in member.model.targets or not (own / SIDECAR).is_file():
             missing.append(member.name)
             continue
-        files = json.loads((own / SIDECAR).read_text())["files"]
+        files = read_artifact(own).files
         alone[member.name] = _binary_bytes(own, [f for f in files if target.ep.binary_suffix
                                                  and f.endswith(target.ep.binary_suffix)])
     if missing:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..contracts.artifact import OMIT, ArtifactMember, ArtifactRecord, read_artifact
 from ..contracts.requests import MemberValidation, ValidationReport, ValidationRequest
 from ..contracts.statuses import ValidationMode, Verdict
 from ..errors import BuildError, located, plain
@@ -51,9 +52,9 @@ from .validation_inputs import SEED, feeds_for, listed_weights
 REPORT = "validation.json"
 
 
-def member_request(build: Build, member: Member, folder: Path, files: list[str],
-                   recorded: dict[str, Any]) -> MemberValidation:
-    """One artifact's request; `recorded` is its sidecar entry (runtime options, nodes, SDK version). A quantized
+def member_request(build: Build, member: Member, folder: Path, record: ArtifactRecord,
+                   entry: ArtifactRecord | ArtifactMember) -> MemberValidation:
+    """One artifact's request; `entry` is the member's part of its artifact record (nodes, SDK version). A quantized
     artifact is compared with its float model too, for information; frozen inputs are fed to the reference with
     the values the artifact was built with."""
     target, settings = build.target, member.validation
@@ -64,16 +65,16 @@ def member_request(build: Build, member: Member, folder: Path, files: list[str],
     return {
         "float_reference": str(member.float_model) if member.float_model else None,
         "float_reference_is": describe(member.float_model, declared, stages) if member.float_model else "",
-        "artifact": str(folder / member.model_file), "files": [str(folder / name) for name in files],
-        "ep_sdk_version": recorded.get("ep_sdk_version"),
-        "cpu_nodes": recorded["nodes"]["cpu"] + recorded["nodes"].get("cpu_in_subgraphs", 0),  # as a session counts
-        "foldable_on_cpu": recorded["nodes"].get("foldable_on_cpu", {}),
+        "artifact": str(folder / member.model_file), "files": [str(folder / name) for name in record.files],
+        "ep_sdk_version": entry.ep_sdk_version if entry.ep_sdk_version is not OMIT else None,
+        "cpu_nodes": entry.nodes["cpu"] + entry.nodes.get("cpu_in_subgraphs", 0),  # as a session counts
+        "foldable_on_cpu": entry.nodes.get("foldable_on_cpu", {}),
         "source": str(member.model.path), "reference": str(reference), "declared": str(declared),
         "weights": member.weights,
         "reference_is": describe(reference, declared, stages),
         "ep": target.ep.alias, "device": target.device, "embed": target.embed, "mode": settings.mode,
         "options": {key: str(folder / value) if key in runtime_files else value
-                    for key, value in recorded["runtime_options"].items()},
+                    for key, value in record.runtime_options.items()},
         "inputs": {name: list(shape) for name, shape in member.model.inputs.items()},
         "inputs_file": str(settings.inputs) if settings.inputs else None,
         "precision": target.precision(), "thresholds": settings.thresholds,
@@ -94,11 +95,9 @@ def describe(path: Path, declared: Path, stages: list[Stage]) -> str:
 
 def validation_request(build: Build, folder: Path) -> ValidationRequest:
     """What the validating child needs: each member's artifact, what the sidecar recorded, reference, settings."""
-    recorded = json.loads((folder / SIDECAR).read_text())
-    entries = recorded["members"] if build.shared else {build.members[0].name: recorded}
-    members = {m.name: member_request(build, m, folder, recorded["files"],
-                                      {**entries[m.name], "runtime_options": recorded["runtime_options"]})
-               for m in build.members}
+    record = read_artifact(folder)
+    entries = record.member_entries()
+    members = {m.name: member_request(build, m, folder, record, entries[m.name]) for m in build.members}
     machine = platform.machine().lower().replace("amd64", "x86_64")
     pipeline = None
     if build.pipeline_tokens:
@@ -109,8 +108,8 @@ def validation_request(build: Build, folder: Path) -> ValidationRequest:
             if sidecar is None or not sidecar.is_file():
                 alone[member.name] = None
                 continue
-            single = json.loads(sidecar.read_text())
-            alone[member.name] = member_request(build, member, sidecar.parent, single["files"], single)
+            single = read_artifact(sidecar.parent)
+            alone[member.name] = member_request(build, member, sidecar.parent, single, single)
         pipeline = {"tokens": build.pipeline_tokens, "alone": alone}
     return {"members": members, "shared": build.shared, "one_binary": build.target.ep.shares_one_binary,
             "run_blocked": build.target.ep.shared_context_unloadable.get(machine) if build.shared else None,

@@ -3,7 +3,6 @@ returns what the build report keeps; a failure is doit's TaskFailed with one rea
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
@@ -11,12 +10,13 @@ from typing import Any
 
 from doit.exceptions import TaskFailed
 
+from ..contracts.artifact import read_artifact
 from ..contracts.statuses import TaskStatus, Verdict
 from ..contracts.task_result import PUBLISHED
 from ..errors import BuildError, UserError
 from ..execute.executor import run_operator_list, run_validation
 from ..files.hashing import snapshot
-from ..manifest.builds import SIDECAR, Build
+from ..manifest.builds import Build
 from ..manifest.stage import Stage
 from ..report.build_report import usage_text
 from ..steps.compile import compile_build, file_records
@@ -56,7 +56,7 @@ def run_compile(build: Build, workspace: Workspace) -> TaskFailed | dict[str, An
     if build.shared:
         names = ", ".join(f["name"] for f in done.files)
         detail = f"{len(build.members)} members, {nodes['ep_context']} EPContext node(s) (keep together: {names})"
-        sharing = json.loads((done.out_dir / SIDECAR).read_text())["loading"]["sharing"]
+        sharing = read_artifact(done.out_dir).loading["sharing"]
         if sharing.get("ratio") is not None:
             detail += (f"; shared context {sharing['shared_bytes'] / 1e6:.2f} MB, {sharing['ratio']:.2f} of the "
                        "members compiled alone")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ...contracts.artifact import ArtifactRecord
 from ...errors import BuildError
 from ...files.publish import copy_file
 from ...files.weights import resolved
@@ -59,9 +60,11 @@ def standalone(member: Any, work: Path) -> Path:
     return copy
 
 
-def external_sidecar(build: Build, toolchain: Toolchain, source_nodes: int, files: list[str]) -> dict[str, Any]:
+def external_sidecar(build: Build, toolchain: Toolchain, source_nodes: int, files: list[str]) -> ArtifactRecord:
+    """The artifact record of a vendor tool's compile: the tool and its version in place of ONNX Runtime's."""
     (member,) = build.members
-    return {"format": RULES_FORMAT, "model": member.name,
-            "compiler": build.target.compiler, "device": build.target.device, "files": files,
-            "toolchain": {"name": toolchain.name, "version": toolchain.version}, "nodes": {"source": source_nodes},
-            "inputs": {name: list(shape) for name, shape in member.model.inputs.items()}}
+    return ArtifactRecord(format=RULES_FORMAT, model=member.name, compiler=build.target.compiler,
+                          device=build.target.device, files=files,
+                          toolchain={"name": toolchain.name, "version": toolchain.version},
+                          nodes={"source": source_nodes},
+                          inputs={name: list(shape) for name, shape in member.model.inputs.items()})

@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from ...contracts.artifact import OMIT, ArtifactMember, ArtifactRecord
 from ...contracts.requests import CompileRequest, MemberResult
 from ...errors import BuildError
 from ...execute.child import run_child
@@ -44,7 +45,7 @@ class OrtCompiler(Compiler):
             shutil.copyfile(target.option_files[key], scratch / name)
         if build.shared and target.ep.shared_weights_outside:
             copy_shared_weights(build, workspace, scratch)
-        write_json(scratch / SIDECAR, sidecar(build, answer["members"]))
+        write_json(scratch / SIDECAR, sidecar(build, answer["members"]).to_json())
         return answer["usage"]
 
 
@@ -84,29 +85,28 @@ def compile_request(build: Build, scratch: Path) -> CompileRequest:
     }
 
 
-def sidecar(build: Build, results: list[MemberResult]) -> dict[str, Any]:
+def sidecar(build: Build, results: list[MemberResult]) -> ArtifactRecord:
     """`artifact.json`: what a runtime needs to load the artifact (per member for a group), and how much of each
     model the EP took. The target's name is not in the fingerprint, so it is added when the folder is published
     (`compile.publishing`), never cached."""
     target = build.target
-    common = {"format": RULES_FORMAT, "ep": target.ep.name, "ep_source": target.source,
-              "device": target.device, "compiler": target.compiler, "files": list(build.outputs),
-              "runtime_options": target.runtime_options(), "versions": toolchain_versions(target.ep),
-              **({"vendor_shim": vendor_shim.identity()} if target.ep.vendor_shim and vendor_shim.active() else {})}
+    common = ArtifactRecord(
+        format=RULES_FORMAT, ep=target.ep.name, ep_source=target.source, device=target.device,
+        compiler=target.compiler, files=list(build.outputs), runtime_options=target.runtime_options(),
+        versions=toolchain_versions(target.ep),
+        vendor_shim=vendor_shim.identity() if target.ep.vendor_shim and vendor_shim.active() else OMIT)
     if build.shared:
-        return {**common, "group": build.name, "embed": False, "order": [m.name for m in build.members],
-                "members": {m.name: {"model_file": m.model_file, "binaries": r["binaries"], "nodes": r["nodes"],
-                                     "ep_sdk_version": r["ep_sdk_version"], "graphs": r.get("graphs", []),
-                                     **({"compatibility": r["compatibility"]} if r.get("compatibility") else {}),
-                                     "inputs": {k: list(v) for k, v in m.model.inputs.items()}}
-                            for m, r in zip(build.members, results, strict=True)}}
+        return common.replace(group=build.name, embed=False, order=[m.name for m in build.members], members={
+            m.name: ArtifactMember(model_file=m.model_file, binaries=r["binaries"], nodes=r["nodes"],
+                                   ep_sdk_version=r["ep_sdk_version"], graphs=r.get("graphs", []),
+                                   compatibility=r.get("compatibility") or OMIT,
+                                   inputs={k: list(v) for k, v in m.model.inputs.items()})
+            for m, r in zip(build.members, results, strict=True)})
     (member,), (result,) = build.members, results
-    return {
-        **common, "model": member.name, "embed": target.embed, "model_file": member.model_file,
-        "inputs": {name: list(shape) for name, shape in member.model.inputs.items()},
-        "ep_sdk_version": result.get("ep_sdk_version"), "nodes": result["nodes"],
-        **({"graphs": result["graphs"]} if result.get("graphs") else {}),
-        **({"compatibility": result["compatibility"]} if result.get("compatibility") else {}),
-        **({"frozen": {k: list(v) for k, v in member.frozen.items()}} if member.frozen else {}),
-        **({"optimization_level": target.optimization_level} if target.is_cpu else {}),
-    }
+    return common.replace(
+        model=member.name, embed=target.embed, model_file=member.model_file,
+        inputs={name: list(shape) for name, shape in member.model.inputs.items()},
+        ep_sdk_version=result.get("ep_sdk_version"), nodes=result["nodes"], graphs=result.get("graphs") or OMIT,
+        compatibility=result.get("compatibility") or OMIT,
+        frozen={k: list(v) for k, v in member.frozen.items()} if member.frozen else OMIT,
+        optimization_level=target.optimization_level if target.is_cpu else OMIT)

@@ -64,7 +64,7 @@ class QaicCompiler(ExternalToolCompiler):
         if not (scratch / QPC_PROGRAM).is_file():
             raise BuildError(f"compile {build.name}: qaic-compile exited 0 but wrote no {QPC_PROGRAM}")
         files = sorted([SIDECAR, *(p.relative_to(scratch).as_posix() for p in scratch.rglob("*") if p.is_file())])
-        write_json(scratch / SIDECAR, external_sidecar(build, toolchain, len(source.graph.node), files))
+        write_json(scratch / SIDECAR, external_sidecar(build, toolchain, len(source.graph.node), files).to_json())
 
     def validate(self, build: Build, layout: Layout) -> dict[str, Any] | None:
         """`qaic-qpc validate` checks a QPC against the Cloud AI hardware installed here; without it, skipped."""

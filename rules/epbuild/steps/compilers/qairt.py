@@ -55,8 +55,8 @@ class QairtCompiler(ExternalToolCompiler):
         shutil.rmtree(work)
         ep_context_model(source, binary, member.name, scratch / member.model_file)
         nodes = len(source.graph.node)
-        data = external_sidecar(build, toolchain, nodes, list(build.outputs))
-        data.update({"ep": target.ep.name, "embed": False, "runtime_options": {
-            k: v for k, v in target.options.items() if k in target.ep.runtime_options}})
-        data["nodes"] = {"source": nodes, "ep_context": 1, "cpu": 0, "in_ep": nodes}
-        write_json(scratch / SIDECAR, data)
+        record = external_sidecar(build, toolchain, nodes, list(build.outputs)).replace(
+            ep=target.ep.name, embed=False,
+            runtime_options={k: v for k, v in target.options.items() if k in target.ep.runtime_options},
+            nodes={"source": nodes, "ep_context": 1, "cpu": 0, "in_ep": nodes})
+        write_json(scratch / SIDECAR, record.to_json())

@@ -1,0 +1,63 @@
+"""The contracts that cross a process or a run (`epbuild.contracts`): artifact.json read and written through one
+record, byte for byte; a record of another format refused with one line; statuses written as their words."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from epbuild.contracts.artifact import OMIT, ArtifactFormatError, ArtifactRecord, read_artifact
+from epbuild.contracts.statuses import TaskStatus, Verdict
+from epbuild.errors import UserError
+from epbuild.files.layout import write_json
+from epbuild.version import RULES_FORMAT
+
+SINGLE = {"format": RULES_FORMAT, "ep": "QNNExecutionProvider", "ep_source": "pypi", "device": "npu",
+          "compiler": "ort", "files": ["artifact.json", "m.onnx", "m_qnn.bin"], "runtime_options": {},
+          "versions": {"onnxruntime": "1.32.0"}, "model": "m", "embed": False, "model_file": "m.onnx",
+          "inputs": {}, "ep_sdk_version": None, "nodes": {"source": 3, "ep_context": 1, "cpu": 0, "in_ep": 3},
+          "target": "qnn-htp"}
+GROUP = {"format": RULES_FORMAT, "ep": "QNNExecutionProvider", "ep_source": "pypi", "device": "npu",
+         "compiler": "ort", "files": ["a.onnx", "artifact.json", "b.onnx", "a_qnn.bin"], "runtime_options": {},
+         "versions": {}, "group": "g", "embed": False, "order": ["a", "b"],
+         "members": {"a": {"model_file": "a.onnx", "binaries": ["a_qnn.bin"], "nodes": {"source": 1},
+                           "ep_sdk_version": "2.40", "graphs": ["a"], "inputs": {}, "compatibility": "x"},
+                     "b": {"model_file": "b.onnx", "binaries": ["a_qnn.bin"], "nodes": {"source": 1},
+                           "ep_sdk_version": "2.40", "graphs": [], "inputs": {}}},
+         "loading": {"order": ["a", "b"], "session_options": {"ep.share_ep_contexts": "1"}}}
+QPC = {"format": RULES_FORMAT, "model": "m", "compiler": "qaic", "device": "npu", "files": ["artifact.json"],
+       "toolchain": {"name": "qaic", "version": "1.20"}, "nodes": {"source": 3}, "inputs": {"x": [1, 3]}}
+
+
+@pytest.mark.parametrize("data", [SINGLE, GROUP, QPC], ids=["single", "group", "qpc"])
+def test_an_artifact_record_reads_and_writes_the_same_bytes(tmp_path, data):
+    write_json(tmp_path / "artifact.json", data)
+    before = (tmp_path / "artifact.json").read_bytes()
+    record = read_artifact(tmp_path)
+    write_json(tmp_path / "artifact.json", record.to_json())
+    assert (tmp_path / "artifact.json").read_bytes() == before
+    assert record.has("ep") == (data is not QPC) and record.graphs is OMIT
+    if data is SINGLE:
+        assert record.ep_sdk_version is None  # a null is kept, not dropped
+
+
+def test_a_record_of_another_format_or_with_unknown_keys_is_refused(tmp_path):
+    with pytest.raises(ArtifactFormatError, match="rebuild the artifact"):
+        ArtifactRecord.from_json({**SINGLE, "format": RULES_FORMAT + 1})
+    with pytest.raises(ArtifactFormatError, match=r"unknown key.*shiny"):
+        ArtifactRecord.from_json({**SINGLE, "shiny": 1})
+    from epbuild.runtime.session import artifact_record
+
+    write_json(tmp_path / "artifact.json", {**SINGLE, "format": 0})
+    with pytest.raises(UserError, match="not an artifact record this epbuild reads: format 0"):
+        artifact_record(tmp_path)
+    write_json(tmp_path / "artifact.json", QPC)
+    with pytest.raises(UserError, match="a qaic artifact is not loaded by ONNX Runtime"):
+        artifact_record(tmp_path)
+
+
+def test_statuses_are_written_as_their_words():
+    assert json.dumps({"status": Verdict.INCONCLUSIVE, "task": TaskStatus.NOT_BUILT}) == \
+        '{"status": "inconclusive", "task": "not built"}'
+    assert Verdict.PASSED == "passed" and f"{TaskStatus.UP_TO_DATE}" == "up-to-date"
