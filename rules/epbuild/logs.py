@@ -2,11 +2,13 @@
 info, warning, error); then to stderr, in the build process and in every job process (whose stderr is the job's
 log file under artifacts/.logs/). Unset, nothing imports `logging` on its behalf: the build process, the fork
 servers and their jobs stay as they were (no at-fork hooks, no import cost). The console lines a user reads are
-not logging: they are the doit layer's."""
+not logging: they are the doit layer's, and the warnings below it go through `warn`, the one place where a part
+below the doit layer writes to the console."""
 
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 LEVELS = ("debug", "info", "warning", "error")
@@ -43,3 +45,11 @@ def log(name: str, level: str, message: str, *args: Any) -> None:
     import logging
 
     getattr(logging.getLogger(name), level)(message, *args)
+
+
+def warn(text: str) -> None:
+    """A warning the user must see whatever EPBUILD_LOG says (a cache entry refused, the remote cache down): one
+    `warning: ...` line on stderr, and the same at warning level in the log when it is on."""
+    sys.stderr.write(f"warning: {text}\n")
+    sys.stderr.flush()
+    log("epbuild", "debug", "warned: %s", text)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import BuildError, ModelError, plain
 from ..logs import configure as configure_logging
+from ..logs import log as log_line
 from . import forked_jobs, provenance
 from .fork_server import ForkedJob, fork_job, leases_in_use
 from .forked_jobs import resident_bytes
@@ -129,7 +130,11 @@ def run_child(module: str, request: dict[str, Any], workdir: Path, limits: Limit
             with open(output_file, "w", encoding="utf-8") as output:
                 child = _PlainChild(subprocess.Popen([sys.executable, "-m", module, *arguments], stdout=output,
                                                      stderr=subprocess.STDOUT, env=env, cwd=workdir))
+        runner = "a plain child" if isinstance(child, _PlainChild) else "a warm worker" if inline else "a forked child"
+        log_line(__name__, "debug", "%s: running %s in %s", what, module, runner)
         code, seconds, peak_mb, killed = _wait(child, limits, what)
+        log_line(__name__, "debug", "%s: exit %s after %.2f s, peak %.0f MB%s", what, code, seconds, peak_mb,
+                 f" ({killed})" if killed else "")
         try:
             text = output_file.read_text(encoding="utf-8", errors="replace")
         except FileNotFoundError:  # killed before it opened its output (a forked job's first instants)

@@ -50,6 +50,7 @@ from typing import Any
 from ..files.layout import stat_key
 from ..files.locks import file_lock
 from ..files.owners import owner_gone, owner_tag
+from ..logs import warn
 from . import private_folder
 from .forked_jobs import JobGuard, WorkerHandle, run_many, run_one
 from .job_environment import job_environment
@@ -198,7 +199,7 @@ def _found_folder(root: str, runtime: str) -> Path | None:
     for once per process; None, said once, when every name for it is held by another user."""
     folder, why = private_folder.find(root, runtime)
     if folder is None:
-        print(f"warning: {why}", file=sys.stderr, flush=True)
+        warn(f"{why}")
     return folder
 
 
@@ -224,7 +225,7 @@ def _connect(path: Path) -> socket.socket | None:
         return None
     if not private_folder.trusted(connection):
         connection.close()
-        print(f"warning: {path} is served by another user's process: not used", file=sys.stderr, flush=True)
+        warn(f"{path} is served by another user's process: not used")
         return None
     return connection
 

@@ -4,7 +4,6 @@ its artifact. The outputs are the reference child's (`epbuild.steps.reference`),
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +12,7 @@ from ..contracts.statuses import ValidationMode, Verdict
 from ..execute.child import run_child
 from ..files.hashing import snapshot
 from ..files.publish import discard, scratch_dir
+from ..logs import warn
 from ..manifest.builds import Build
 from ..store.cache import Workspace, check_inputs, restore, store
 from .fingerprint import pipeline_fingerprint, reference_fingerprint
@@ -150,8 +150,8 @@ def _keep(answer: dict[str, Any], folder: Path, key: str, label: str, inputs: di
     """Store what a child saved in `folder` (`files`) under `key`, its inputs checked unchanged first; whether it
     saved it (one line when the disk refused it)."""
     if "reference_unsaved" in answer:
-        print(f"warning: {label} could not be kept ({answer.pop('reference_unsaved')}); it is computed where it "
-              "is needed", file=sys.stderr)
+        warn(f"{label} could not be kept ({answer.pop('reference_unsaved')}); it is computed where it "
+             "is needed")
     if not answer.pop("reference_saved", False):
         return False
     check_inputs(label, inputs)

@@ -20,7 +20,6 @@ import functools
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -34,6 +33,7 @@ from ..files.layout import RECORD, Layout, size_of
 from ..files.locks import fingerprint_lock
 from ..files.owners import owner_tag
 from ..files.publish import copy_file, discard, publish, scratch_dir
+from ..logs import log, warn
 from ..manifest.parse import CacheSpec
 from ..manifest.schema import s3_url
 from ..records import record
@@ -82,8 +82,8 @@ class ArtifactCache:
         """The one warning of this process about the local cache; later stores are skipped."""
         if self.unusable is None:
             self.unusable = f"{exc.strerror or exc}{f': {exc.filename}' if exc.filename else ''}"
-            print(f"warning: local cache {self.folder} unusable while {action} ({self.unusable}); building without "
-                  "storing in it for the rest of this process", file=sys.stderr)
+            warn(f"local cache {self.folder} unusable while {action} ({self.unusable}); building without "
+                 "storing in it for the rest of this process")
 
     def entry_folder(self, fingerprint: str) -> Path:
         return self.folder / ENTRIES / fingerprint
@@ -206,7 +206,7 @@ class ArtifactCache:
 
     def _evict(self, entry: Path, why: str | None) -> None:
         if why is not None:
-            print(f"warning: cache entry {entry.name[:16]} evicted: {why}; rebuilding", file=sys.stderr)
+            warn(f"cache entry {entry.name[:16]} evicted: {why}; rebuilding")
         doomed = self.folder / "tmp" / f"evicted.{entry.name}.{owner_tag()}"
         doomed.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -376,6 +376,8 @@ def cached_folder(label: str, fingerprint: str, workspace: Workspace, final: Pat
         scratch = scratch_dir(workspace.layout.scratch_root, label_text)
         try:
             found, outcome = restore(label, fingerprint, workspace, scratch)
+            log(__name__, "debug", "%s: %s for %s", label, f"restored from the {outcome.origin} cache"
+                if found is not None else "not in the caches: producing", fingerprint[:16])
             if found is None or (expected is not None and found != expected):
                 if found is not None:  # a miss leaves the scratch folder empty
                     discard(scratch)

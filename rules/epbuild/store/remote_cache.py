@@ -24,7 +24,6 @@ import hmac
 import json
 import os
 import re
-import sys
 import threading
 import time
 from pathlib import Path, PurePosixPath
@@ -32,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..files.layout import RECORD
 from ..files.publish import discard
+from ..logs import warn
 
 if TYPE_CHECKING:
     from .cache import ArtifactCache
@@ -275,8 +275,7 @@ class RemoteCache:
     def _refuse(self, key: str, fingerprint: str, label: str, why: str) -> None:
         self._bad.add(key)
         replace = "" if self.readonly else " and replacing it"
-        print(f"warning: remote cache entry {fingerprint[:16]} for {label} refused: {redact(why)}; rebuilding{replace}",
-              file=sys.stderr)
+        warn(f"remote cache entry {fingerprint[:16]} for {label} refused: {redact(why)}; rebuilding{replace}")
 
     # ---- writing ----
 
@@ -312,14 +311,14 @@ class RemoteCache:
             if _code(exc) in DENIED:
                 self.readonly = True
                 why = redact(_describe(exc, self.bucket))
-                print(f"warning: remote cache {self.url}: writes denied ({why}); reading only "
-                      "from now on in this process", file=sys.stderr)
+                warn(f"remote cache {self.url}: writes denied ({why}); reading only "
+                     "from now on in this process")
             else:
                 self._give_up(exc, f"uploading {label}")
             return 0
         except OSError as exc:  # the local copy went away meanwhile (another builder's eviction): not uploaded
-            print(f"warning: remote cache: {label} not uploaded: {exc.strerror or exc}"
-                  f"{f' ({exc.filename})' if exc.filename else ''}", file=sys.stderr)
+            warn(f"remote cache: {label} not uploaded: {exc.strerror or exc}"
+                 f"{f' ({exc.filename})' if exc.filename else ''}")
             return 0
 
     def _put_blob(self, digest: str, path: Path, size: int, replacing: bool) -> int:
@@ -403,8 +402,8 @@ class RemoteCache:
                 return
             self.down = (f"it kept this build waiting {self._waited:.0f} s (`[cache] remote_budget_s` = "
                          f"{self.budget_s:g})")
-        print(f"warning: remote cache {self.url} skipped: {self.down}; building locally without it for the rest of "
-              "this process", file=sys.stderr)
+        warn(f"remote cache {self.url} skipped: {self.down}; building locally without it for the rest of "
+             "this process")
 
     def _give_up(self, exc: BaseException, action: str) -> None:
         """The one warning of this process; later operations skip the remote."""
@@ -412,8 +411,8 @@ class RemoteCache:
             if self.down:
                 return
             self.down = redact(_describe(exc, self.bucket))
-        print(f"warning: remote cache {self.url} unavailable while {action}: {self.down}; building locally "
-              "without it for the rest of this process", file=sys.stderr)
+        warn(f"remote cache {self.url} unavailable while {action}: {self.down}; building locally "
+             "without it for the rest of this process")
 
     # ---- for `doit cache` ----
 
