@@ -8,7 +8,7 @@ import os
 import pytest
 
 from conftest import ran
-from epbuild.fast_path import is_default_run
+from epbuild.invocation import Invocation
 from helpers import TWO_MODELS_CPU_QNN, perturb_weights
 
 FAST = "no input, output or setting changed since the last full check"
@@ -24,7 +24,7 @@ device = "npu"
     (["list"], False), (["-a"], False), (["compile:tinycnn@cpu"], False), (["--db-file", "x.db"], False),
     (["-n", "2", "validate"], False), (["--reporter", "json"], False)])
 def test_only_a_plain_default_run_may_take_the_no_op_stamp(argv, default):
-    assert is_default_run(argv) is default
+    assert Invocation.of(argv).default_run is default
 
 
 @pytest.fixture

@@ -70,13 +70,13 @@ def test_a_model_deleted_before_its_validation_is_a_line_of_that_task(project, m
 
     from epbuild.steps.fingerprint import validate_config
     from epbuild.tasks.actions import run_validate
-    from epbuild.tasks.project import Project
+    from epbuild.tasks.loading import load_project
 
     project.manifest('[models.tinycnn]\npath = "models/tinycnn.onnx"\ntargets = ["cpu"]\n' + CPU)
     project.doit("compile:tinycnn@cpu")
     monkeypatch.chdir(project.root)
     monkeypatch.setenv("EPBUILD_CACHE_DIR", str(project.cache))
-    loaded = Project(project.root / "models.toml", ["validate:tinycnn@cpu"])
+    loaded = load_project(project.root / "models.toml", ["validate:tinycnn@cpu"])
     build = next(b for b in loaded.builds if b.name == "tinycnn@cpu")
     (project.root / "models" / "tinycnn.onnx").unlink()  # mid-build: after the tasks were made
     failed = run_validate(build, loaded.workspace, validate_config(build, loaded.root))

@@ -281,19 +281,19 @@ def test_without_fork_the_plain_child_path_runs(tmp_path, monkeypatch, crash_chi
 
 
 def test_a_first_full_build_starts_its_fork_servers_while_it_loads(project, monkeypatch):
-    import epbuild.tasks.project
+    import epbuild.tasks.loading
 
     started: list[set[str]] = []
-    monkeypatch.setattr(epbuild.tasks.project, "prestart", started.append)
+    monkeypatch.setattr(epbuild.tasks.loading, "prestart", started.append)
     monkeypatch.chdir(project.root)
     project.manifest(TWO_MODELS_CPU_QNN)
     manifest = project.root / "models.toml"
-    epbuild.tasks.project.Project(manifest, ["-n", "2"])
+    epbuild.tasks.loading.load_project(manifest, ["-n", "2"])
     assert started == [{"", "qnn"}]  # the CPU-only work's server and QNN's
-    epbuild.tasks.project.Project(manifest, ["compile:tinycnn@cpu"])  # one task named: maybe nothing else runs
-    epbuild.tasks.project.Project(manifest, ["list"])
+    epbuild.tasks.loading.load_project(manifest, ["compile:tinycnn@cpu"])  # one task named: maybe nothing else runs
+    epbuild.tasks.loading.load_project(manifest, ["list"])
     project.doit("compile:tinycnn@cpu")  # a settings record exists now: a later build may have little to do
-    epbuild.tasks.project.Project(manifest, [])
+    epbuild.tasks.loading.load_project(manifest, [])
     assert len(started) == 1
 
 

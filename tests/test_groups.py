@@ -14,7 +14,7 @@ from epbuild.manifest.parse import load
 from epbuild.plan.targets import plan
 from epbuild.steps.validate import validate
 from epbuild.store.cache import Workspace
-from epbuild.tasks.project import Project
+from epbuild.tasks.loading import load_project
 from helpers import ep_context_nodes, perturb_weights
 
 MEMBERS = """
@@ -84,7 +84,7 @@ def test_a_crash_while_loading_the_shared_context_is_contained(project, monkeypa
     project.manifest(TRIO)
     project.doit("group:trio")
     monkeypatch.chdir(project.root)  # planned as the build planned it: with the models' facts (no stage here)
-    (group,) = [b for b in Project(project.root / "models.toml", ["validate:trio"]).builds if b.shared]
+    (group,) = [b for b in load_project(project.root / "models.toml", ["validate:trio"]).builds if b.shared]
     loadable = dataclasses.replace(group.target.ep, shared_context_unloadable={})
     group = dataclasses.replace(group, target=dataclasses.replace(group.target, ep=loadable))
     report = validate(group, Workspace(project.artifacts, project.root / "cache.test", None), project.root / "work")

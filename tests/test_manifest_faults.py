@@ -132,9 +132,9 @@ def _mutants(seed: int = 26) -> list[str]:
 
 
 def test_a_fuzzed_manifest_is_built_or_refused_in_one_line_never_a_traceback(folder, host_cache):
-    """300 fixed-seed mutations through everything task creation does (`epbuild.tasks.Project`, as `doit list`;
-    ~6 s, so in the default suite)."""
-    from epbuild.tasks.project import Project
+    """300 fixed-seed mutations through everything task creation does (`epbuild.tasks.loading.load_project`, as
+    `doit list`; in the default suite)."""
+    from epbuild.tasks.loading import load_project
 
     state = folder / "artifacts" / ".state"
     state.mkdir(parents=True)
@@ -143,7 +143,7 @@ def test_a_fuzzed_manifest_is_built_or_refused_in_one_line_never_a_traceback(fol
     for index, text in enumerate(_mutants()):
         (folder / "models.toml").write_text(text, encoding="utf-8")
         try:
-            Project(folder / "models.toml", ["list"])
+            load_project(folder / "models.toml", ["list"])
             accepted += 1
         except UserError as exc:
             line = str(exc)

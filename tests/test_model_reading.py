@@ -162,7 +162,7 @@ def test_a_run_after_a_model_changed_starts_its_targets_servers_while_it_reads(p
     """On a CI runner after a commit no fork server is running: those the changed model's builds use are started
     while the models are read, not when its first job asks; nothing is started when no model changed, nor for
     targets of models that did not."""
-    from epbuild.tasks import project as loading
+    from epbuild.tasks import loading
 
     project.manifest(TWO_MODELS_CPU_QNN.replace('path = "models/tinycnn.onnx"',
                                                 'path = "models/tinycnn.onnx"\ntargets = ["cpu"]'))
@@ -172,11 +172,11 @@ def test_a_run_after_a_model_changed_starts_its_targets_servers_while_it_reads(p
     monkeypatch.chdir(project.root)
     for name, value in project.env.items():
         monkeypatch.setenv(name, value)
-    loading.Project(project.root / "models.toml", [])
+    loading.load_project(project.root / "models.toml", [])
     assert started == []  # nothing to read
     perturb_weights(project.root / "models" / "tinycnn.onnx", seed=3)
-    loading.Project(project.root / "models.toml", ["list"])
+    loading.load_project(project.root / "models.toml", ["list"])
     assert started == []  # not a build
     perturb_weights(project.root / "models" / "tinycnn.onnx", seed=4)  # the listing read the last change
-    loading.Project(project.root / "models.toml", ["-n", "2"])
+    loading.load_project(project.root / "models.toml", ["-n", "2"])
     assert started == [{""}]  # tinycnn's one target, cpu: the server shared with CPU-only work, not QNN's

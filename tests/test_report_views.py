@@ -218,7 +218,7 @@ def test_with_threads_doit_does_not_swap_sys_stdout_per_task(tmp_path, host_cach
     """CPython 3.11's print() borrows sys.stdout: doit swapping it per task in another thread crashed builds with
     `-P thread` about once in 50 runs (segfault). Capture is off there; processes keep it."""
     from epbuild.tasks.definitions import Tasks
-    from epbuild.tasks.project import Project as Loaded
+    from epbuild.tasks.loading import load_project as Loaded
 
     project = Project(tmp_path, host_cache)
     project.manifest(SMALL)
@@ -253,7 +253,7 @@ def test_the_page_assembled_from_remembered_parts_equals_one_rendered_whole(tmp_
     """Each build's parts of report.html and junit.xml are rendered again only when what they show changed; the
     page made from remembered parts is the page a first rendering makes."""
     from epbuild.report.views import PARTS, write_views
-    from epbuild.tasks.project import Project as Loaded
+    from epbuild.tasks.loading import load_project as Loaded
 
     project = Project(tmp_path, host_cache)
     project.manifest(SMALL)
@@ -285,7 +285,7 @@ def test_a_build_no_task_of_which_ran_shows_the_part_the_last_page_showed_withou
     from epbuild.files.layout import stat_key
     from epbuild.report import cells
     from epbuild.report.views import PARTS, PartStore, write_views
-    from epbuild.tasks.project import Project as Loaded
+    from epbuild.tasks.loading import load_project as Loaded
 
     project = Project(tmp_path, host_cache)
     project.manifest(SMALL)

@@ -124,7 +124,7 @@ def test_epbuild_log_shows_what_happened_and_nothing_without_it(project):
         loud = project.doit()
     finally:
         del project.env["EPBUILD_LOG"]
-    assert "epbuild DEBUG epbuild.tasks.project: 1 builds and 0 stages" in loud.stderr, loud.stderr
+    assert "epbuild DEBUG epbuild.tasks.loading: 1 builds and 0 stages" in loud.stderr, loud.stderr
     assert "compiled compile:tinycnn@cpu" in loud.stdout
     # below the doit layer too: the cache's decision, and where each job ran and how it ended
     assert "epbuild DEBUG epbuild.store.cache: compile:tinycnn@cpu: not in the caches: producing" in loud.stderr

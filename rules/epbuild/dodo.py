@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .fast_path import shortcut
+from .invocation import Invocation
 from .logs import configure as configure_logging
 
 
@@ -31,7 +32,7 @@ def _interrupted(kind: type[BaseException], value: BaseException, trace: Any) ->
 
 
 
-def _load(manifest: Path, requested: list[str]) -> Any:
+def _load(manifest: Path, invocation: Invocation) -> Any:
     sys.excepthook = _interrupted
     configure_logging()
     # what loading makes (the plan, the records, the task dicts) lives as long as doit and holds no cycle worth the
@@ -43,7 +44,7 @@ def _load(manifest: Path, requested: list[str]) -> Any:
     if getattr(getattr(sys.modules.get("doit.loader"), "load_tasks", None), "epbuild_checked", False):
         gc.disable()
         gc.set_threshold(100_000, 50, 100)
-    quick = shortcut(manifest, requested)
+    quick = shortcut(manifest, invocation)
     if isinstance(quick, str):  # `doit list` unchanged: printed here, doit has nothing left to do
         sys.stdout.write(quick)
         sys.stdout.flush()
@@ -52,11 +53,11 @@ def _load(manifest: Path, requested: list[str]) -> Any:
         return quick
     from .tasks.definitions import load_full_project
 
-    return load_full_project(manifest, requested)
+    return load_full_project(manifest, invocation)
 
 
 # the command line's task names: a task this host cannot build fails when named, and is skipped otherwise
-project = _load(Path.cwd() / (os.environ.get("EPBUILD_MANIFEST") or "models.toml"), sys.argv[1:])
+project = _load(Path.cwd() / (os.environ.get("EPBUILD_MANIFEST") or "models.toml"), Invocation.of(sys.argv[1:]))
 DOIT_CONFIG = project.doit_config()
 
 

@@ -30,34 +30,19 @@ from typing import Any
 
 from .files.journal import journal_of
 from .files.layout import Layout, file_identity, settled, stat_key, write_atomic, write_json
+from .invocation import Invocation
 from .logs import log
 
 PACKAGE = Path(__file__).resolve().parent
 DEP_FILE = ".doit.db"
 # doit settings every run shares: sqlite3 keeps concurrent results, one canonical database file
 DOIT_BASE = {"backend": "sqlite3", "dep_file": DEP_FILE, "verbosity": 2, "subtasks": True}
-RUN_OPTIONS = {"-n": 1, "--process": 1, "-P": 1, "--parallel-type": 1, "--continue": 0, "-c": 0}
 ENVIRONMENT = ("EPBUILD_", "QAIC_ROOT", "QNN_SDK_ROOT", "XDG_CACHE_HOME", "HOME", "PYTHONPATH", "PATH")
 OUTPUT_ONLY = ("EPBUILD_FAST_PATH", "EPBUILD_PROGRESS")  # change what a run prints, not its tasks
 FORMAT = 2
 # epbuild's files the key hashes: its code, the report's templates, the shim's C source (every file the jobs' code
 # digest reads is among them: `execute.provenance.digested_files`)
 SOURCES = ("**/*.py", "report/templates/*", "steps/shims/*")
-
-
-def is_default_run(argv: list[str]) -> bool:
-    """`doit` with no task names and only options that cannot change which tasks run or how they are checked."""
-    at = 0
-    while at < len(argv):
-        word = argv[at]
-        name, _, attached = word.partition("=")
-        if name in RUN_OPTIONS:
-            at += 1 if attached or not RUN_OPTIONS[name] else 2
-        elif (word.startswith("-n") and word[2:].isdigit()) or (word.startswith("-P") and len(word) > 2):
-            at += 1
-        else:
-            return False
-    return True
 
 
 def _file_bytes(path: Path) -> bytes:
@@ -207,13 +192,13 @@ def enabled() -> bool:
     return os.environ.get("EPBUILD_FAST_PATH", "1") != "0"
 
 
-def shortcut(manifest: Path, argv: list[str]) -> UpToDate | str | None:
-    """When `argv` is a plain `doit list` or a default run and its shortcut holds: the listing's text, or the
+def shortcut(manifest: Path, invocation: Invocation) -> UpToDate | str | None:
+    """When this run is a plain `doit list` or a default run and its shortcut holds: the listing's text, or the
     stand-in project of a no-op run."""
     if not enabled() or os.environ.get("GITHUB_STEP_SUMMARY"):
         return None
-    listing_asked = argv == ["list"]
-    if not listing_asked and not is_default_run(argv):
+    listing_asked = invocation.listing
+    if not listing_asked and not invocation.default_run:
         return None
     layout = Layout(manifest.parent / "artifacts")
     key = project_key(manifest)

@@ -15,6 +15,7 @@ from ..fast_path import DOIT_BASE, Listing, listed
 from ..fast_path import enabled as fast_path_enabled
 from ..files.hashing import FileHashes
 from ..files.publish import discard
+from ..invocation import Invocation
 from ..manifest.builds import Build, compile_task
 from ..manifest.stage import Stage
 from ..steps.compilers import compiler
@@ -24,7 +25,8 @@ from ..store.task_configs import ConfigRecord
 from .actions import refuse_unavailable, report_unavailable, run_compile, run_ops, run_stage_task, run_validate
 from .checker import HashChecker
 from .commands import run_prune, show_backends, show_cache, show_graph
-from .project import Project, in_shard, named_tasks, shard_keys
+from .loading import load_project
+from .project import Project, in_shard, shard_keys
 from .reporter import BuildReporter
 from .run_record import RunRecord
 from .selection import Recorded, identities, runnable
@@ -331,16 +333,16 @@ class Tasks:
                "actions": [(report_unavailable, [self.project.skipped()])], "uptodate": [False]}
 
 
-def load_full_project(manifest_path: Path, requested: list[str]) -> Tasks:
+def load_full_project(manifest_path: Path, invocation: Invocation) -> Tasks:
     """The project with all its tasks (`epbuild.dodo` loads this when no shortcut holds); a user error prints one
     line and exits 2, without a traceback."""
     try:
-        project = Project(manifest_path, requested)
+        project = load_project(manifest_path, invocation)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     tasks = Tasks(project)
-    named = named_tasks(requested)
+    named = invocation.tasks
     if named:
         known = {f"{t['basename']}:{t['name']}" if t.get("name") else t["basename"] for t in tasks.every_task()}
         for name in named:
@@ -348,6 +350,6 @@ def load_full_project(manifest_path: Path, requested: list[str]) -> Tasks:
                 print(f"error: no task '{name}'{closest(name, known)}; `doit list` shows every task",
                       file=sys.stderr)
                 raise SystemExit(2)
-    if requested == ["list"] and project.writable:
+    if invocation.listing and project.writable:
         tasks.save_listing()
     return tasks
