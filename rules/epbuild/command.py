@@ -57,11 +57,9 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.pop("EPBUILD_MANIFEST", None)
     else:
         os.environ["EPBUILD_MANIFEST"] = manifest.name
-    sys.argv = ["epbuild", *argv]  # what epbuild.dodo reads, as it reads doit's
-
-    from doit.cmd_base import ModuleTaskLoader
     from doit.doit_cmd import DoitMain
 
-    from . import dodo
+    from .invocation import Invocation
+    from .tasks.entry import task_loader
 
-    return DoitMain(ModuleTaskLoader(dodo)).run(argv)
+    return DoitMain(task_loader(manifest, Invocation.of(argv))).run(argv)

@@ -1,6 +1,7 @@
-"""doit's command line, read once per run (by `epbuild.dodo` from the process's arguments) into one record that is
-handed to everything that asks what this run is: the shortcuts (`fast_path`), the project's loading (`tasks`) and
-the task-name check. Standard library only: it is read before anything heavy is imported."""
+"""doit's command line, read once per run (from the process's arguments by `epbuild.dodo`, or as the `epbuild`
+command hands it over) into one record that is handed to everything that asks what this run is: the shortcuts
+(`fast_path`), the project's loading (`tasks`) and the task-name check. Standard library only: it is read before
+anything heavy is imported."""
 
 from __future__ import annotations
 

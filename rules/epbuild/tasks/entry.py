@@ -1,0 +1,101 @@
+"""How doit reaches epbuild's tasks, both ways: a project's one-line dodo.py (`epbuild.dodo`, doit's module
+protocol: its namespace) and the `epbuild` command (`EpbuildLoader`, doit's loader API, which is handed this run's
+command line instead of reading the process's arguments). Either way the run's command line is read once
+(`Invocation`); when a shortcut holds (`fast_path`: a no-op run or an unchanged listing) nothing heavy is imported
+and no task is made, else the project is loaded in full (`definitions.load_full_project`)."""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from ..fast_path import shortcut
+from ..invocation import Invocation
+from ..logs import configure as configure_logging
+
+GENERATORS = {"stages": "stage_tasks", "compile": ("build_tasks", "compile"), "group": ("build_tasks", "group"),
+              "validate": "validate_tasks", "ops": "ops_tasks", "backends": "backends_task", "cache": "cache_task",
+              "unavailable": "unavailable_task", "graph": "graph_task", "prune": "prune_task"}
+
+
+def interrupted(kind: type[BaseException], value: BaseException, trace: Any) -> None:
+    """Ctrl-C: one line instead of a traceback (the exit status stays 130). doit has saved what finished, and
+    the fork servers end the jobs of this build once its process is gone."""
+    if kind.__name__ == "WorkerLost":  # a worker killed mid-build (`execute.lifelines`): its line, exit status 1
+        sys.stdout.flush()
+        sys.stderr.write(f"{value}\n")
+        sys.stderr.flush()
+        os._exit(1)
+    if issubclass(kind, KeyboardInterrupt):
+        sys.stderr.write("interrupted: the build stopped; finished tasks are kept, and a rerun does the rest\n")
+        return
+    sys.__excepthook__(kind, value, trace)
+
+
+def manifest_path() -> Path:
+    """The manifest of the project in doit's working folder: models.toml, or EPBUILD_MANIFEST (relative to it)."""
+    return Path.cwd() / (os.environ.get("EPBUILD_MANIFEST") or "models.toml")
+
+
+def load(manifest: Path, invocation: Invocation, collector_off: bool) -> Any:
+    """The tasks' source for this run: the shortcut's stand-in, or the full project's tasks. A listing the
+    shortcut answers is printed here and the run ends (doit has nothing left to do). `collector_off`: the caller
+    turns Python's cyclic collector on again once doit has the tasks (what loading makes, the plan, the records,
+    the task dicts, lives as long as doit and holds no cycle worth the collector's passes over it); then, at one
+    young collection per 100,000 objects instead of 700, the full collections over doit's records of every task
+    stay few and still collect what the run's own actions leave."""
+    sys.excepthook = interrupted
+    configure_logging()
+    if collector_off:
+        gc.disable()
+        gc.set_threshold(100_000, 50, 100)
+    quick = shortcut(manifest, invocation)
+    if isinstance(quick, str):  # `doit list` unchanged
+        sys.stdout.write(quick)
+        sys.stdout.flush()
+        raise SystemExit(0)
+    if quick is not None:
+        return quick
+    from .definitions import load_full_project
+
+    return load_full_project(manifest, invocation)
+
+
+def namespace(source: Any) -> dict[str, Any]:
+    """What doit reads from a dodo module: DOIT_CONFIG and a `task_NAME` generator per task kind."""
+    def generator(method: str | tuple[str, str]) -> Callable[[], Iterator[dict[str, Any]]]:
+        name, *arguments = (method,) if isinstance(method, str) else method
+
+        def task() -> Iterator[dict[str, Any]]:  # a generator, as doit requires of a task_ function
+            yield from getattr(source, name)(*arguments)
+
+        return task
+
+    return {"DOIT_CONFIG": source.doit_config(),
+            **{f"task_{kind}": generator(method) for kind, method in GENERATORS.items()}}
+
+
+def task_loader(manifest: Path, invocation: Invocation) -> Any:
+    """doit's loader (API 2) for the `epbuild` command: this run's command line handed over, not read from the
+    process's arguments; the collector off while the tasks are made, their dicts frozen after."""
+    from doit import loader
+    from doit.cmd_base import TaskLoader2
+
+    class EpbuildLoader(TaskLoader2):
+        def load_doit_config(self) -> dict[str, Any]:
+            self.namespace = namespace(load(manifest, invocation, collector_off=True))
+            return self.namespace["DOIT_CONFIG"]
+
+        def load_tasks(self, cmd: Any, pos_args: list[str]) -> list[Any]:
+            try:
+                return loader.load_tasks(self.namespace, self.cmd_names, allow_delayed=cmd.execute_tasks,
+                                         args=pos_args, config=self.config, task_opts=self.task_opts)
+            finally:
+                gc.enable()
+                gc.freeze()  # they live as long as doit: later collections skip them
+
+    return EpbuildLoader()
