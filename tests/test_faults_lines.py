@@ -84,6 +84,35 @@ def test_a_model_deleted_before_its_validation_is_a_line_of_that_task(project, m
     assert "validate:tinycnn@cpu: No such file or directory" in failed.message and "tinycnn.onnx" in failed.message
 
 
+def test_a_verdict_removed_by_a_concurrent_builder_is_not_a_traceback(project, monkeypatch):
+    """Two builds of one project validating the same task: the second removes the verdict before it waits for the
+    fingerprint's lock, so the first may find its validation.json gone right after writing it. It used to crash
+    (FileNotFoundError in its published-files record, found by `test_concurrent_doit_processes_...`); now its task
+    passes and records no identity, so the next run checks the file afresh."""
+    import epbuild.steps.validate as validating
+    from epbuild.contracts.task_result import PUBLISHED
+    from epbuild.steps.fingerprint import validate_config
+    from epbuild.tasks.actions import run_validate
+    from epbuild.tasks.loading import load_project
+
+    project.manifest('[models.tinycnn]\npath = "models/tinycnn.onnx"\ntargets = ["cpu"]\n' + CPU)
+    project.doit("compile:tinycnn@cpu")
+    monkeypatch.chdir(project.root)
+    monkeypatch.setenv("EPBUILD_CACHE_DIR", str(project.cache))
+    loaded = load_project(project.root / "models.toml", ["validate:tinycnn@cpu"])
+    build = next(b for b in loaded.builds if b.name == "tinycnn@cpu")
+    write_json = validating.write_json
+
+    def written_then_removed(path, data, *args):
+        write_json(path, data, *args)
+        if path.name == validating.REPORT and path.parent == build.out_dir(loaded.layout):
+            path.unlink()  # what the other builder does
+
+    monkeypatch.setattr(validating, "write_json", written_then_removed)
+    done = run_validate(build, loaded.workspace, validate_config(build, loaded.root))
+    assert isinstance(done, dict) and done["status"] == "validated" and done[PUBLISHED] == {}
+
+
 def test_a_model_renamed_over_while_its_compile_runs_fails_that_compile(project):
     """The compile reads its stages' output, not the model: the model's new bytes would have been compared with
     an artifact of the old ones (cosine -0.01, blamed on the EP). The compile says the model changed instead."""

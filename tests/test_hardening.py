@@ -326,7 +326,9 @@ def test_concurrent_doit_processes_end_complete_with_an_intact_dep_file(project,
                              env=project.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for _ in range(processes)]
     outputs = [run.communicate(timeout=600) for run in runs]
-    assert all(run.returncode == 0 for run in runs), outputs
+    failed = [f"exit {run.returncode}:\n" + "\n".join((out + err).splitlines()[-40:])
+              for run, (out, err) in zip(runs, outputs, strict=True) if run.returncode != 0]
+    assert not failed, "\n---\n".join(failed)
     assert_consistent(project)
     for target, model in (("cpu", "tinycnn"), ("qnn", "tinycnn"), ("cpu", "encoder"), ("qnn", "encoder")):
         assert json.loads((project.artifacts / target / model / "validation.json").read_text())["status"] == "passed"

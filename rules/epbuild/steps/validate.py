@@ -28,6 +28,7 @@ from ..manifest.builds import SIDECAR, Build, Member
 from ..manifest.eps import EpInfo, lookup
 from ..manifest.stage import Stage
 from ..store.cache import Outcome, Workspace, check_inputs, restore, store
+from ..store.task_configs import Published, published
 from ..version import RULES_FORMAT
 from .artifact_session import context_binaries, is_qdq, open_session, placement_failures, structural_problems
 from .cached_reference import run_against_reference, run_group_against_references, run_pipeline_against_cache
@@ -155,11 +156,14 @@ NOT_PUBLISHED = ("seconds", "usage", "worker", "cpu_reference")  # in the build 
 
 def cached_validation(label: str, fingerprint: str, workspace: Workspace, folder: Path,
                       produce: Callable[[Path], dict[str, Any]], identity: dict[str, Any],
-                      inputs: dict[Path, list[int] | None], target: str) -> tuple[dict[str, Any], Outcome]:
+                      inputs: dict[Path, list[int] | None],
+                      target: str) -> tuple[dict[str, Any], Outcome, Published]:
     """A passed report for this exact artifact, settings and host restored from the caches, or `produce(workdir)`;
     either way written into the artifact `folder` as `validation.json`, atomically, with the `target` named
     there: a restored report and a fresh one give the same file. Only passed reports are stored (without the
-    target's name, timings or the worker): a failure or a skip is worth re-checking."""
+    target's name, timings or the worker): a failure or a skip is worth re-checking. Also the written file's
+    identity for the settings record, read under the fingerprint's lock: a concurrent builder of the same task
+    removes the verdict before it waits for the lock, so after the lock the file may be gone (or its own)."""
     with workspace.cache.lock(fingerprint):
         restored = workspace.layout.scratch(f"validation.{fingerprint[:16]}.{owner_tag()}")  # made by a hit
         try:
@@ -168,7 +172,7 @@ def cached_validation(label: str, fingerprint: str, workspace: Workspace, folder
                 check_inputs(label, inputs)
                 report = {**json.loads((restored / REPORT).read_text()), "target": target}
                 write_json(folder / REPORT, report)
-                return report, outcome
+                return report, outcome, _identity(folder, workspace)
         finally:
             discard(restored)
         # the child works in the folder that becomes the cache entry (in artifacts/.scratch when the cache is not
@@ -183,12 +187,22 @@ def cached_validation(label: str, fingerprint: str, workspace: Workspace, folder
             check_inputs(label, inputs)  # the artifact or a reference was replaced while it ran
             write_json(folder / REPORT, {k: v for k, v in report.items() if k not in NOT_PUBLISHED})
             if report["status"] != Verdict.PASSED:
-                return report, Outcome(None, outcome.downloaded)
+                return report, Outcome(None, outcome.downloaded), _identity(folder, workspace)
+            written = _identity(folder, workspace)
             write_json(staging / REPORT, {k: v for k, v in report.items() if k not in NOT_CACHED})
             uploaded = store(label, fingerprint, workspace, staging, [REPORT], identity, adopt=True)
-            return report, Outcome(None, outcome.downloaded, uploaded)
+            return report, Outcome(None, outcome.downloaded, uploaded), written
         finally:
             discard(staging)
+
+
+def _identity(folder: Path, workspace: Workspace) -> Published:
+    """The verdict's identity for the settings record; none when a concurrent builder of the same task removed it
+    (it removes a verdict before taking the lock, and writes its own): the next run checks the file afresh."""
+    try:
+        return published([folder / REPORT], workspace.hashes, workspace.project_root)
+    except FileNotFoundError:
+        return {}
 
 
 def summary(report: dict[str, Any]) -> str:

@@ -110,8 +110,8 @@ def run_validate(build: Build, workspace: Workspace, config: dict[str, Any]) -> 
                 return run_validation(build, workspace, target_resources(build.target))
             return validate(build, workspace, workdir)
 
-        report, outcome = cached_validation(build.validate_task, fingerprint, workspace, folder, produce, config,
-                                            inputs, build.target.name)
+        report, outcome, written = cached_validation(build.validate_task, fingerprint, workspace, folder, produce,
+                                                     config, inputs, build.target.name)
     except (OSError, BuildError) as exc:
         return failure(exc, f"{build.validate_task}: ")
     line = f"{report['status']} validate:{build.name}: {summary(report)}"
@@ -131,8 +131,7 @@ def run_validate(build: Build, workspace: Workspace, config: dict[str, Any]) -> 
             "fingerprint": fingerprint, "validation": line, **({"child": report["usage"]} if "usage" in report else {}),
             **({"reason": report["reason"]} if status == Verdict.INCONCLUSIVE and "reason" in report else {}),
             **({"cpu_reference": reference} if reference else {}),
-            "seconds": round(seconds, 3), PUBLISHED: published([folder / REPORT], workspace.hashes,
-                                                                          workspace.project_root)}
+            "seconds": round(seconds, 3), PUBLISHED: written}
 
 
 def run_ops(build: Build, workspace: Workspace, report: Path) -> TaskFailed | None:
