@@ -24,8 +24,10 @@ class Project:
         shutil.copy(REPO / "dodo.py", root / "dodo.py")
         shutil.copytree(REPO / "models", root / "models", ignore=shutil.ignore_patterns("*.py", "__pycache__"))
         shutil.copytree(REPO / "configs", root / "configs")
+        from epbuild.files.state import settle_format
+
         state = root / "artifacts" / ".state"
-        state.mkdir(parents=True)
+        settle_format(state)  # a project of this epbuild's state layout, seeded with this host's probe
         if host_cache.exists():
             shutil.copy(host_cache, state / "host.json")
         self.cache = root.with_name(f"{root.name}-cache")

@@ -50,10 +50,17 @@ def _slow_project(project, models: int) -> None:
 def test_a_signal_to_doits_main_process_only_ends_its_workers_and_their_jobs(project, mode, signal_name):
     _slow_project(project, 2)
     project.env[SWITCH] = mode
-    build = subprocess.Popen([sys.executable, "-m", "doit", "-n", "2"], cwd=project.root, env=project.env,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    output = project.root / "doit.out"
+    with open(output, "w") as sink:
+        build = subprocess.Popen([sys.executable, "-m", "doit", "-n", "2"], cwd=project.root, env=project.env,
+                                 stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def both_started() -> bool:
+        assert build.poll() is None, f"the build ended first:\n{output.read_text()}"
+        return len(job_processes(project.root)) >= 2
+
     try:
-        wait_for("both compiles to start", lambda: len(job_processes(project.root)) >= 2)
+        wait_for("both compiles to start", both_started)
         workers = _workers(build.pid)
         assert len(workers) == 2
         os.kill(build.pid, getattr(signal, signal_name))  # the main process alone, not its group

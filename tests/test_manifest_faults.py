@@ -134,10 +134,11 @@ def _mutants(seed: int = 26) -> list[str]:
 def test_a_fuzzed_manifest_is_built_or_refused_in_one_line_never_a_traceback(folder, host_cache):
     """300 fixed-seed mutations through everything task creation does (`epbuild.tasks.loading.load_project`, as
     `doit list`; in the default suite)."""
+    from epbuild.files.state import settle_format
     from epbuild.tasks.loading import load_project
 
     state = folder / "artifacts" / ".state"
-    state.mkdir(parents=True)
+    settle_format(state)
     shutil.copy(host_cache, state / "host.json")
     refused = accepted = 0
     for index, text in enumerate(_mutants()):

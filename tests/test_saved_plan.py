@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-import epbuild.tasks.project as project_module
+import epbuild.tasks.loading as project_module
 from conftest import Project
 from epbuild.files.layout import now_ns
 from epbuild.plan.saved_plan import Plan, SavedPlan
+from epbuild.tasks.project import Project as Loaded
 from helpers import perturb_weights
 
 MANIFEST = """
@@ -51,7 +52,7 @@ def folder(tmp_path, host_cache, monkeypatch) -> Project:
     return project
 
 
-def _load(calls: list[int], monkeypatch) -> project_module.Project:
+def _load(calls: list[int], monkeypatch) -> Loaded:
     """The project as `doit list` loads it; `calls` counts the manifest readings."""
     real = project_module.load
 
@@ -59,18 +60,18 @@ def _load(calls: list[int], monkeypatch) -> project_module.Project:
         calls.append(1)
         return real(path)
     monkeypatch.setattr(project_module, "load", counted)
-    return project_module.Project(Path.cwd() / "models.toml", ["list"])
+    return project_module.load_project(Path.cwd() / "models.toml", ["list"])
 
 
-def _fresh(monkeypatch) -> project_module.Project:
+def _fresh(monkeypatch) -> Loaded:
     monkeypatch.setenv("EPBUILD_FAST_PATH", "0")
     try:
-        return project_module.Project(Path.cwd() / "models.toml", ["list"])
+        return project_module.load_project(Path.cwd() / "models.toml", ["list"])
     finally:
         monkeypatch.delenv("EPBUILD_FAST_PATH")
 
 
-def _same_plan(taken: project_module.Project, fresh: project_module.Project) -> None:
+def _same_plan(taken: Loaded, fresh: Loaded) -> None:
     assert taken.manifest == fresh.manifest
     assert taken.builds == fresh.builds and taken.stages == fresh.stages and taken.external == fresh.external
 

@@ -21,6 +21,7 @@ from ..fast_path import DEP_FILE, project_key
 from ..fast_path import enabled as fast_path_enabled
 from ..files.layout import Layout, now_ns
 from ..files.owners import owner_tag, sweep
+from ..files.state import settle_format
 from ..invocation import Invocation
 from ..logs import log
 from ..manifest.builds import Build, ResolvedTarget
@@ -115,6 +116,8 @@ def prepare_folders(manifest: Manifest, invocation: Invocation,
                         f"{os.readlink(layout.root)}); outputs are written only inside the project: "
                         "make artifacts/ a plain folder")
     writable = check_writable(manifest, layout, invocation, rel)
+    if writable and settle_format(layout.state):
+        log(__name__, "info", "%s held another layout's state: emptied (one full check)", layout.state)
     said = recover_doit_database(Path(DEP_FILE).absolute()) if writable else None
     if said:
         print(f"warning: {said}", file=sys.stderr)

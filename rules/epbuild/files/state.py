@@ -1,0 +1,119 @@
+"""What epbuild remembers between runs: every file under `artifacts/.state/`, who owns it, what it holds, what
+makes it stale and which measured figure earns its place (`bench/results/`). The folder has one versioned layout
+(`format`): a run that finds another format (an older epbuild's, or none in a non-empty folder) empties it first,
+so no file is ever read under a layout it was not written in; losing it costs one full check, never a wrong answer
+(every file here is a shortcut or a record that a full check rebuilds). `docs/state.md` is this table, generated
+(`python -m epbuild.files.state`), and a test keeps both and a built project's folder in step."""
+
+from __future__ import annotations
+
+import fnmatch
+import shutil
+from pathlib import Path
+
+from ..records import record
+
+FORMAT = 1
+FORMAT_FILE = "format"
+
+
+@record
+class StateFile:
+    pattern: str  # relative to .state/ (glob)
+    owner: str  # the module that reads and writes it
+    holds: str
+    stale_when: str
+    earned_by: str  # the figure that keeps it (bench/results/...), or why it is not a shortcut
+
+
+STATE_FILES = (
+    StateFile(FORMAT_FILE, "files.state", "this folder's layout version", "epbuild changes the layout",
+              "not a shortcut: what makes every other file safe to read"),
+    StateFile("noop.pickle", "fast_path", "the last full no-op: its project key and every checked file's identity",
+              "the key (manifest, epbuild's code, environment, host probe) or any file's identity differs",
+              "scale.json: no-op at 1000 targets, fast path against full path"),
+    StateFile("listing.json", "fast_path", "the last full `doit list` output by generator",
+              "the project key differs", "scale.json: `doit list` at 1000 targets, fast against full path"),
+    StateFile("plan.pickle", "plan.saved_plan", "the last plan: the manifest as read and checked, resolved targets, "
+              "builds and stages", "the project key, or any file the plan was made from",
+              "scale-change.json: the first run after one model changed"),
+    StateFile("last-run.pickle", "tasks.run_record", "the last default run's record: what it found up to date",
+              "its files' identities", "scale-change.json: tasks handed to doit after one change"),
+    StateFile("last-run.journal", "tasks.run_record", "lines appended to the record since its base",
+              "merged into the base when it outgrows it", "scale-change.json (as last-run.pickle)"),
+    StateFile("last-run.lock", "tasks.run_record", "the lock two builds take to write the record", "never read",
+              "not a shortcut: concurrent builds"),
+    StateFile("configs.json", "store.task_configs", "each task's settings digest at its last success and the "
+              "files it published", "a task's settings or published files change",
+              "not a shortcut: the settings doit's own record does not hold (incremental contract rows)"),
+    StateFile("configs.journal", "store.task_configs", "lines appended since the base", "merged when outgrown",
+              "scale-change.json (a run writes its lines, not the whole record)"),
+    StateFile("configs.sha256", "store.task_configs", "the base's per-entry digests", "the base is rewritten",
+              "scale.json (a run decodes only the entries of the tasks it creates)"),
+    StateFile("configs.lock", "store.task_configs", "the lock two builds take to save", "never read",
+              "not a shortcut: concurrent builds"),
+    StateFile("settings/*.json", "store.task_configs", "each task's settings themselves, for `epbuild explain`",
+              "the task's settings change", "not a shortcut: what explain shows"),
+    StateFile("build-report.sha256", "report.build_report", "build-report.json's per-entry digests",
+              "the report is rewritten", "scale.json (the report is rewritten by the entries a run changed)"),
+    StateFile("report-parts.pickle", "report.views", "each build's rendered report parts under the digest of what "
+              "they show", "a part's inputs change", "scale-change.json (report.html re-rendered in part)"),
+    StateFile("report-parts.journal", "report.views", "parts rendered since the base", "merged when outgrown",
+              "scale-change.json (as report-parts.pickle)"),
+    StateFile("external-data.json", "plan.external_data", "each model's external-data files, inputs and graph "
+              "facts, by the model file's identity", "the model file's identity (ctime included) changes",
+              "reference.json / large.json: a 3 GiB model is not read again by an unchanged run"),
+    StateFile("external-data.sha256", "plan.external_data", "the index's per-entry digests", "the index is "
+              "rewritten", "as external-data.json"),
+    StateFile("host.json", "execute.host", "the EP probe of this host (devices, packages)",
+              "package versions or the machine change", "doit.json: the probe is a child process each run else"),
+    StateFile("hashes/*.tsv", "files.hashing", "the sha256 of each file hashed, by its identity (ctime included)",
+              "the file's identity changes", "cache.json: unchanged files are not re-hashed"),
+    StateFile("durations.json", "report.progress", "how long each task last took, for the ETA", "a task runs again",
+              "not a shortcut: the progress line's estimate"),
+    StateFile("ops/*/*.json", "tasks.actions", "a qaic target's operator check result", "the model or qaic changes",
+              "not a shortcut: the `ops:` task's output"),
+)
+
+
+def unlisted(state: Path) -> list[str]:
+    """Files under `state` no entry names (a test keeps this empty for a built project)."""
+    names = [p.relative_to(state).as_posix() for p in state.rglob("*") if p.is_file()]
+    return sorted(n for n in names if not any(fnmatch.fnmatch(n, f.pattern) for f in STATE_FILES))
+
+
+def settle_format(state: Path) -> bool:
+    """Make `state` this layout's: an existing folder of another format (or of none) is emptied and marked. True
+    when it was emptied. Before anything under it is read or written in a run that writes."""
+    marker = state / FORMAT_FILE
+    try:
+        found = marker.read_text().strip()
+    except OSError:
+        found = None
+    if found == str(FORMAT):
+        return False
+    emptied = False
+    if state.is_dir() and any(state.iterdir()):
+        for entry in state.iterdir():
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+        emptied = True
+    state.mkdir(parents=True, exist_ok=True)
+    marker.write_text(f"{FORMAT}\n")
+    return emptied
+
+
+def table() -> str:
+    """docs/state.md's body."""
+    rows = "\n".join(f"| `{f.pattern}` | `{f.owner}` | {f.holds} | {f.stale_when} | {f.earned_by} |"
+                     for f in STATE_FILES)
+    return ("# What epbuild remembers between runs\n\nEverything under `artifacts/.state/` (generated from "
+            "`rules/epbuild/files/state.py`: `python -m epbuild.files.state > docs/state.md`). Deleting the folder "
+            "is always safe: the next run checks everything in full and writes it again. Layout format "
+            f"{FORMAT}.\n\n| file | owner | holds | stale when | earns its place |\n|---|---|---|---|---|\n{rows}\n")
+
+
+if __name__ == "__main__":
+    print(table(), end="")

@@ -1,0 +1,58 @@
+"""What epbuild remembers between runs (`files.state`): every file a build leaves under `artifacts/.state/` is
+named in the registry, docs/state.md is the registry, and a folder of another layout is emptied before use."""
+
+from __future__ import annotations
+
+from conftest import REPO, ran
+from epbuild.files.state import FORMAT, STATE_FILES, settle_format, table, unlisted
+
+MANIFEST = """
+[models.tinycnn]
+path = "models/tinycnn.onnx"
+targets = ["cpu", "qnn-htp"]
+
+[targets.cpu]
+ep = "cpu"
+
+[targets.qnn-htp]
+ep = "qnn"
+"""
+
+
+def test_every_file_a_build_remembers_is_in_the_registry(project):
+    project.manifest(MANIFEST)
+    project.doit()
+    project.doit("list")
+    project.doit("list")
+    project.doit()
+    project.doit()  # the no-op shortcut: its stamp was written by the full no-op before
+    state = project.artifacts / ".state"
+    assert unlisted(state) == []
+    written = {f.pattern for f in STATE_FILES if any(state.glob(f.pattern))}
+    assert {"format", "noop.pickle", "listing.json", "plan.pickle", "last-run.pickle", "configs.json",
+            "settings/*.json", "host.json", "hashes/*.tsv", "external-data.json"} <= written
+
+
+def test_docs_state_page_is_the_registry():
+    assert (REPO / "docs" / "state.md").read_text() == table()
+
+
+def test_a_state_folder_of_another_layout_is_emptied_before_use(project, tmp_path):
+    loose = tmp_path / "old"
+    (loose / "hashes").mkdir(parents=True)
+    (loose / "plan.pickle").write_bytes(b"an older epbuild's")
+    (loose / "hashes" / "00.tsv").write_text("x\n")
+    assert settle_format(loose) is True
+    assert sorted(p.name for p in loose.iterdir()) == ["format"] and (loose / "format").read_text() == f"{FORMAT}\n"
+    assert settle_format(loose) is False  # this layout's: kept
+    project.manifest(MANIFEST)
+    project.doit()
+    state = project.artifacts / ".state"
+    (state / "format").write_text("0\n")  # as an older epbuild left it
+    (state / "stray.bin").write_bytes(b"?")
+    again = project.doit()
+    assert not (state / "stray.bin").exists() and (state / "format").read_text() == f"{FORMAT}\n"
+    assert ran(again) <= {"unavailable", "compile:tinycnn@cpu", "validate:tinycnn@cpu", "compile:tinycnn@qnn-htp",
+                          "validate:tinycnn@qnn-htp"}  # a full check: restored from the cache at most
+    assert all("restored" in line or "passed" in line for line in again.stdout.splitlines()
+               if line.startswith(("compiled", "passed", "restored")))
