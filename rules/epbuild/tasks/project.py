@@ -5,6 +5,7 @@ availability on this host (or on the Dask workers); and what the tasks ask of it
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import os
 from pathlib import Path
@@ -69,15 +70,15 @@ class Project:
     checked: dict[str, list[int]] = dataclasses.field(default_factory=dict)  # unchanged, as the checker saw them
     edited: set[str] = dataclasses.field(default_factory=set)  # published files found changed since
 
-    @property
+    @functools.cached_property  # asked per task: read once
     def command(self) -> str | None:
         return self.invocation.first
 
-    @property
+    @functools.cached_property  # asked per task: read once
     def requested(self) -> frozenset[str]:
         return frozenset(self.invocation.argv)
 
-    @property
+    @functools.cached_property  # asked per task: read once
     def threads(self) -> bool:
         return self.invocation.threads
 
