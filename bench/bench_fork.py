@@ -133,7 +133,8 @@ def empty_job(mode: str, repeats: int = 20) -> float:
     """Median seconds of a job that does nothing (tests/crash_child sleeping 0 s): the start-up alone."""
     import statistics
 
-    from epbuild.execute.child import Limits, run_child
+    from epbuild.execute.child import run_child
+    from epbuild.manifest.builds import Limits
 
     os.environ["EPBUILD_FORK_SERVER"] = mode
     os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests"), str(REPO / "rules")])
