@@ -162,6 +162,14 @@ def _other_onnx(project: Project) -> Callable[[], None]:
     return lambda: project.env.update(PYTHONPATH=previous)
 
 
+def _foreign_state(project: Project) -> Callable[[], None]:
+    """`.state/` as an older epbuild's layout left it (another format; its no-op stamp keyed by other code, so never
+    this code's shortcut): emptied before use (files.state), every task checked in full, restored from the cache."""
+    (project.artifacts / ".state" / "format").write_text("0\n")
+    (project.artifacts / ".state" / "noop.pickle").unlink()
+    return lambda: None
+
+
 def _edit_cache_entry(project: Project) -> Callable[[], None]:
     entry = next(path for path in (project.cache / "entries-v2").glob("*/ext.onnx"))
     saved = entry.read_bytes()
@@ -201,6 +209,8 @@ CHANGES = {  # change -> the tasks that must execute
     # the compile restores the folder; its validation report, replaced with it, is restored from the cache
     "a published artifact edited by hand": (_edit_artifact, EXT),
     "a cache entry edited by hand": (_edit_cache_entry, set()),  # read only on a restore, which verifies it
+    # the settings record is gone with the folder: every task runs again, each restored from the cache
+    "the state folder of another layout format": (_foreign_state, TINYCNN | EXT | DYN | VAD),
     "embed on the NPU target": (_manifest_edit(QNN_TARGET, 'embed = true\n' + QNN_TARGET), QNN_COMPILE),
     "a quantization setting": (_manifest_edit('calibration = "models/calib/tinycnn/"',
                                               'calibration = "models/calib/tinycnn/", activation_type = "uint16"'),
