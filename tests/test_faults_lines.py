@@ -65,11 +65,8 @@ def test_a_file_the_checker_cannot_read_makes_its_task_run(tmp_path, monkeypatch
     assert checker.exists(str(model)) is False and str(model) in checker.edited
 
 
-def test_a_model_deleted_before_its_validation_is_a_line_of_that_task(project, monkeypatch):
-    from doit.exceptions import TaskFailed
-
-    from epbuild.steps.fingerprint import validate_config
-    from epbuild.tasks.actions import run_validate
+def _compiled_for_validation(project, monkeypatch):
+    """tinycnn compiled for cpu, and the project loaded in this process as `doit validate:tinycnn@cpu` loads it."""
     from epbuild.tasks.loading import load_project
 
     project.manifest('[models.tinycnn]\npath = "models/tinycnn.onnx"\ntargets = ["cpu"]\n' + CPU)
@@ -77,7 +74,16 @@ def test_a_model_deleted_before_its_validation_is_a_line_of_that_task(project, m
     monkeypatch.chdir(project.root)
     monkeypatch.setenv("EPBUILD_CACHE_DIR", str(project.cache))
     loaded = load_project(project.root / "models.toml", ["validate:tinycnn@cpu"])
-    build = next(b for b in loaded.builds if b.name == "tinycnn@cpu")
+    return loaded, next(b for b in loaded.builds if b.name == "tinycnn@cpu")
+
+
+def test_a_model_deleted_before_its_validation_is_a_line_of_that_task(project, monkeypatch):
+    from doit.exceptions import TaskFailed
+
+    from epbuild.steps.fingerprint import validate_config
+    from epbuild.tasks.actions import run_validate
+
+    loaded, build = _compiled_for_validation(project, monkeypatch)
     (project.root / "models" / "tinycnn.onnx").unlink()  # mid-build: after the tasks were made
     failed = run_validate(build, loaded.workspace, validate_config(build, loaded.root))
     assert isinstance(failed, TaskFailed)
@@ -93,14 +99,8 @@ def test_a_verdict_removed_by_a_concurrent_builder_is_not_a_traceback(project, m
     from epbuild.contracts.task_result import PUBLISHED
     from epbuild.steps.fingerprint import validate_config
     from epbuild.tasks.actions import run_validate
-    from epbuild.tasks.loading import load_project
 
-    project.manifest('[models.tinycnn]\npath = "models/tinycnn.onnx"\ntargets = ["cpu"]\n' + CPU)
-    project.doit("compile:tinycnn@cpu")
-    monkeypatch.chdir(project.root)
-    monkeypatch.setenv("EPBUILD_CACHE_DIR", str(project.cache))
-    loaded = load_project(project.root / "models.toml", ["validate:tinycnn@cpu"])
-    build = next(b for b in loaded.builds if b.name == "tinycnn@cpu")
+    loaded, build = _compiled_for_validation(project, monkeypatch)
     write_json = validating.write_json
 
     def written_then_removed(path, data, *args):

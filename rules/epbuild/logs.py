@@ -49,7 +49,7 @@ def log(name: str, level: str, message: str, *args: Any) -> None:
 
 def warn(text: str) -> None:
     """A warning the user must see whatever EPBUILD_LOG says (a cache entry refused, the remote cache down): one
-    `warning: ...` line on stderr, and the same at warning level in the log when it is on."""
+    `warning: ...` line on stderr (the debug log notes it too, in order with the rest)."""
     sys.stderr.write(f"warning: {text}\n")
     sys.stderr.flush()
     log("epbuild", "debug", "warned: %s", text)

@@ -77,10 +77,9 @@ class ArtifactRecord:
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object (written with sorted keys by `files.layout.write_json`)."""
-        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if self.has(f.name)}
+        data = _present(self)
         if self.has("members"):
-            data["members"] = {name: {f.name: getattr(m, f.name) for f in dataclasses.fields(m)
-                                      if getattr(m, f.name) is not OMIT} for name, m in self.members.items()}
+            data["members"] = {name: _present(member) for name, member in self.members.items()}
         return data
 
     @classmethod
@@ -103,6 +102,11 @@ class ArtifactRecord:
     def member_entries(self) -> dict[str, Any]:
         """Each model's entry by name: a group's members, or the single model's own record."""
         return dict(self.members) if self.has("members") else {self.model: self}
+
+
+def _present(record: ArtifactRecord | ArtifactMember) -> dict[str, Any]:
+    """A record's keys that are set."""
+    return {f.name: getattr(record, f.name) for f in dataclasses.fields(record) if getattr(record, f.name) is not OMIT}
 
 
 def read_artifact(folder: Path) -> ArtifactRecord:

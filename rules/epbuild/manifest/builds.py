@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..contracts.artifact import NAME as SIDECAR  # noqa: F401 - the artifact record's file name
 from ..files.layout import Layout
 from ..records import record
 from .eps import EpInfo
@@ -17,7 +18,6 @@ from .parse import ModelSpec
 from .qaic import QaicOptions
 from .stage import Stage
 
-SIDECAR = "artifact.json"
 QPC_PROGRAM = "qpc/programqpc.bin"  # qaic targets: the QPC folder that qaic-compile writes, with its program
 
 

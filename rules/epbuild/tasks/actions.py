@@ -12,7 +12,7 @@ from doit.exceptions import TaskFailed
 
 from ..contracts.artifact import read_artifact
 from ..contracts.statuses import TaskStatus, Verdict
-from ..contracts.task_result import PUBLISHED
+from ..contracts.task_result import PUBLISHED, TaskResult
 from ..errors import BuildError, UserError
 from ..execute.executor import run_operator_list, run_validation
 from ..files.hashing import snapshot
@@ -46,7 +46,7 @@ def _origin(outcome: Outcome) -> str:
     return f" (from the remote cache, {outcome.downloaded / 1e6:.1f} MB)"
 
 
-def run_compile(build: Build, workspace: Workspace) -> TaskFailed | dict[str, Any]:
+def run_compile(build: Build, workspace: Workspace) -> TaskFailed | TaskResult:
     """Compile or restore one build; print where its nodes went."""
     try:
         done = compile_build(build, workspace)
@@ -72,7 +72,7 @@ def run_compile(build: Build, workspace: Workspace) -> TaskFailed | dict[str, An
             **({"nodes": nodes} if "in_ep" in nodes else {})}
 
 
-def run_stage_task(stage: Stage, workspace: Workspace) -> TaskFailed | dict[str, Any]:
+def run_stage_task(stage: Stage, workspace: Workspace) -> TaskFailed | TaskResult:
     try:
         outcome, seconds, dynamic, worker, usage = run_stage(stage, workspace)
     except FAILURES as exc:
@@ -92,7 +92,7 @@ def run_stage_task(stage: Stage, workspace: Workspace) -> TaskFailed | dict[str,
             PUBLISHED: published(stage.outputs, workspace.hashes, workspace.project_root)}
 
 
-def run_validate(build: Build, workspace: Workspace, config: dict[str, Any]) -> TaskFailed | dict:
+def run_validate(build: Build, workspace: Workspace, config: dict[str, Any]) -> TaskFailed | TaskResult:
     """Validate a build's artifact, or restore a passed report for the same bytes from the cache."""
     started = time.monotonic()
     layout = workspace.layout

@@ -40,7 +40,7 @@ from ..steps.worker_needs import with_worker_toolchains
 from ..store.cache import Workspace, cache_location, remote_location
 from ..store.doit_database import recover as recover_doit_database
 from ..store.task_configs import ConfigRecord
-from .project import Availability, Project, _Relative
+from .project import Availability, Project, Relative
 
 Facts = tuple[dict[Path, tuple[Path, ...]], dict[str, ModelInputs], dict[str, dict[str, bool]]]
 
@@ -52,7 +52,7 @@ def load_project(manifest_path: Path, invocation: Invocation | list[str]) -> Pro
     key = project_key(manifest_path) if invocation.listing or invocation.default_run else None
     shard = shard_of(os.environ.get("EPBUILD_SHARD"))
     live = not invocation.inspecting and live_wanted(sys.stdout)
-    rel = _Relative(Path.cwd())
+    rel = Relative(Path.cwd())
     started = now_ns()
     saved_plan = SavedPlan(Layout(manifest_path.parent / "artifacts").state,
                            f"{key or project_key(manifest_path)}:{default_memory_gb()}")
@@ -107,7 +107,7 @@ def read_manifest(manifest_path: Path, last: Plan | None) -> tuple[Manifest, dic
 
 
 def prepare_folders(manifest: Manifest, invocation: Invocation,
-                    rel: _Relative) -> tuple[Layout, bool, Workspace, ExecutorSettings | None]:
+                    rel: Relative) -> tuple[Layout, bool, Workspace, ExecutorSettings | None]:
     """artifacts/ checked and swept of killed builds' scratch; whether it takes files; the cache and the executor
     (None: run here)."""
     layout = Layout(manifest.root / "artifacts")
@@ -133,7 +133,7 @@ def prepare_folders(manifest: Manifest, invocation: Invocation,
     return layout, writable, workspace, executor
 
 
-def check_writable(manifest: Manifest, layout: Layout, invocation: Invocation, rel: _Relative) -> bool:
+def check_writable(manifest: Manifest, layout: Layout, invocation: Invocation, rel: Relative) -> bool:
     """Whether artifacts/ takes files: a build needs it (one line and exit 2 when not); listing and the other
     inspecting commands go on without saving their state, with one warning. Asked of the file system, not tried:
     a manifest refused later must have written nothing."""

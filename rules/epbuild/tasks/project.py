@@ -21,7 +21,7 @@ from ..store.cache import Workspace
 from ..store.task_configs import ConfigRecord
 
 
-class _Relative:
+class Relative:
     """One canonical spelling per file (doit does not normalise paths): relative to doit's working folder.
 
     String slicing, not os.path.relpath: this runs several times per task and relpath dominated `doit list`.
@@ -66,7 +66,7 @@ class Project:
     configs: ConfigRecord
     shard: tuple[int, int] | None
     live: bool  # a status area under the tasks
-    rel: _Relative
+    rel: Relative
     checked: dict[str, list[int]] = dataclasses.field(default_factory=dict)  # unchanged, as the checker saw them
     edited: set[str] = dataclasses.field(default_factory=set)  # published files found changed since
 
