@@ -117,15 +117,19 @@ def wait_for(what: str, condition, seconds: float = WAIT_S):
 
 
 def job_processes(root: Path) -> list[int]:
-    """Processes working inside `root`'s artifacts (a job's folder is its scratch folder there)."""
+    """Processes running a job of `root`'s build: working inside its artifacts (a job starts in its scratch folder
+    there) or writing their output there (a compile works from its model's folder, its output stays its log)."""
     import os
 
+    inside = str(root / "artifacts")
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
-            try:
-                if os.readlink(entry / "cwd").startswith(str(root / "artifacts")):
-                    found.append(int(entry.name))
-            except OSError:
-                continue
+            for link in ("cwd", "fd/1"):
+                try:
+                    if os.readlink(entry / link).startswith(inside):
+                        found.append(int(entry.name))
+                        break
+                except OSError:
+                    continue
     return found
