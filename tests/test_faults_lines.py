@@ -54,8 +54,7 @@ def test_a_file_the_checker_cannot_read_makes_its_task_run(tmp_path, monkeypatch
 
     model = tmp_path / "m.onnx"
     model.write_bytes(b"x")
-    checker = type("Checker", (HashChecker,), {"hashes": FileHashes(tmp_path / "state"), "checked": {},
-                                               "published": {str(model): [0, 0, 0, 0, "0" * 64]}, "edited": set()})()
+    checker = HashChecker(FileHashes(tmp_path / "state"), {str(model): [0, 0, 0, 0, "0" * 64]})
 
     def unreadable(*_args, **_kwargs):
         raise PermissionError(13, "Permission denied", str(model))

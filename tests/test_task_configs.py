@@ -150,9 +150,7 @@ def test_a_published_file_changed_since_counts_as_missing_and_a_touched_one_does
     record.save()
 
     def checker() -> HashChecker:
-        kind = type("Checker", (HashChecker,), {"hashes": FileHashes(tmp_path), "checked": {}, "edited": set(),
-                                                "published": ConfigRecord(path).published_files()})
-        return kind()
+        return HashChecker(FileHashes(tmp_path), ConfigRecord(path).published_files())
 
     os.utime(artifact, ns=(10**9, 10**9))  # touched: another identity, the same bytes
     assert checker().exists("model.onnx")

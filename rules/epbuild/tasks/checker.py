@@ -23,12 +23,16 @@ def saw(checked: dict[str, list[int]], path: str, key: list[int]) -> None:
 class HashChecker(FileChangedChecker):
     """doit's file checker on the shared hash memory: state is [size, mtime_ns, ctime_ns, inode, sha256], and a file
     whose identity changed but whose bytes did not (a fresh clone, a touch) is hashed once, not on every run. It
-    keeps the identity of every file it judged unchanged or found present (`checked`): a full no-op's stamp."""
+    keeps the identity of every file it judged unchanged or found present (`checked`): a full no-op's stamp.
+    doit makes it by calling what `check_file_uptodate` names with no arguments: hand it
+    `functools.partial(HashChecker, hashes, published)` and read `checked` / `edited` from the dicts passed in."""
 
-    hashes: FileHashes  # set on a per-project subclass: doit instantiates the checker without arguments
-    checked: dict[str, list[int]]
-    published: dict[str, list]  # target -> [*identity, sha256] its task recorded when it published it
-    edited: set[str]  # published targets found changed since: their tasks run again
+    def __init__(self, hashes: FileHashes, published: dict[str, list], checked: dict[str, list[int]] | None = None,
+                 edited: set[str] | None = None):
+        self.hashes = hashes
+        self.published = published  # target -> [*identity, sha256] its task recorded when it published it
+        self.checked = {} if checked is None else checked
+        self.edited = set() if edited is None else edited  # published targets found changed since: they run again
 
     def check_modified(self, file_path, file_stat, state):
         if state is None or len(state) != 5:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from .checker import HashChecker
 from .commands import run_prune, show_backends, show_cache, show_graph
 from .loading import load_project
 from .project import Project, in_shard, shard_keys
-from .reporter import BuildReporter
+from .reporter import BuildReporter, ReportedRun
 from .run_record import RunRecord
 from .selection import Recorded, identities, runnable
 
@@ -139,12 +140,9 @@ class Tasks:
         recorded = project.configs.published_files(self.selection)
         inside = project.rel(project.root)
         published = recorded if inside == "." else {os.path.join(inside, p): v for p, v in recorded.items()}
-        checker = type("ProjectHashChecker", (HashChecker,), {"hashes": FileHashes(project.layout.state),
-                                                              "checked": {}, "published": published, "edited": set()})
-        project.checked, project.edited = checker.checked, checker.edited
+        checker = partial(HashChecker, FileHashes(project.layout.state), published, project.checked, project.edited)
         looked_at = identities([project.rel(path) for path in project.looked_at]) if project.key else {}
-        reporter = type("ProjectBuildReporter", (BuildReporter,), {"project": project, "hidden": self.hidden,
-                                                                   "record": self.record, "looked_at": looked_at})
+        reporter = BuildReporter.for_run(ReportedRun(project, self.hidden, self.record, looked_at))
         # Live: doit captures each task's output (verbosity 1) and the reporter prints it above the status area;
         # threads share one sys.stdout, which doit's capture would race on, so there the status area catches prints.
         verbosity = 1 if project.live and not project.threads else 2

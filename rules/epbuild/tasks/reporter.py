@@ -6,6 +6,7 @@ import multiprocessing
 import os
 import signal
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from doit.exceptions import UnmetDependency
@@ -27,6 +28,16 @@ if TYPE_CHECKING:
     from .project import Project
 
 
+@dataclass(frozen=True)
+class ReportedRun:
+    """What the reporter of one run is given besides doit's tasks."""
+
+    project: Project
+    hidden: list[str]  # tasks not handed to doit, up to date by the last run's record (tasks.selection)
+    record: Recorded | None  # that record
+    looked_at: dict[str, list[int] | None]  # what task creation read besides the tasks' files, as it found them
+
+
 def _closure(tasks: dict[str, Any], selected: list[str]) -> list[str]:
     """The tasks a run may execute: the selected ones and everything they depend on, named subtasks only."""
     seen: set[str] = set()
@@ -45,10 +56,29 @@ class BuildReporter(ConsoleReporter):
     """doit's console output (with a live status area on a terminal), plus `artifacts/build-report.json`,
     `report.html`, `junit.xml` and a summary at the end of every run."""
 
-    project: Project  # set on a per-project subclass, with:
-    hidden: list[str]  # tasks not handed to doit, up to date by the last run's record (tasks.selection)
-    record: Recorded | None  # that record
-    looked_at: dict[str, list[int] | None]  # what task creation read besides the tasks' files, as it found them
+    run: ReportedRun  # this run's project and records: doit makes the reporter from a class, so `for_run` binds it
+
+    @classmethod
+    def for_run(cls, run: ReportedRun) -> type[BuildReporter]:
+        """The reporter class doit is handed (`reporter` in DOIT_CONFIG): doit instantiates it with its own output
+        stream and options, so what this run knows travels as the one class attribute `run`."""
+        return type(cls.__name__, (cls,), {"run": run})
+
+    @property
+    def project(self) -> Project:
+        return self.run.project
+
+    @property
+    def hidden(self) -> list[str]:
+        return self.run.hidden
+
+    @property
+    def record(self) -> Recorded | None:
+        return self.run.record
+
+    @property
+    def looked_at(self) -> dict[str, list[int] | None]:
+        return self.run.looked_at
 
     def initialize(self, tasks, selected_tasks):
         super().initialize(tasks, selected_tasks)
