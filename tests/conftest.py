@@ -69,17 +69,6 @@ def ran(done: subprocess.CompletedProcess, prefix: str = "") -> set[str]:
     return {line[3:].strip() for line in done.stdout.splitlines() if line.startswith(f".  {prefix}")}
 
 
-@pytest.fixture(autouse=True)
-def _code_digest_read_afresh():
-    """A project loaded in this process takes the code digest and versions its saved plan holds
-    (`provenance.use_saved`): forgotten after each test, so that one copying the
-    package into a folder of its own digests that copy, and one changing a version sees it."""
-    yield
-    from epbuild.execute import provenance
-
-    provenance.use_saved(None, {})
-
-
 @pytest.fixture(scope="session")
 def host_cache(tmp_path_factory) -> Path:
     """Probe the host once per test session; every project starts with the result."""

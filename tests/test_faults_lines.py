@@ -84,7 +84,7 @@ def test_a_model_deleted_before_its_validation_is_a_line_of_that_task(project, m
 
     loaded, build = _compiled_for_validation(project, monkeypatch)
     (project.root / "models" / "tinycnn.onnx").unlink()  # mid-build: after the tasks were made
-    failed = run_validate(build, loaded.workspace, validate_config(build, loaded.root))
+    failed = run_validate(build, loaded.workspace, validate_config(build, loaded.root, loaded.workspace.provenance))
     assert isinstance(failed, TaskFailed)
     assert "validate:tinycnn@cpu: No such file or directory" in failed.message and "tinycnn.onnx" in failed.message
 
@@ -108,7 +108,7 @@ def test_a_verdict_removed_by_a_concurrent_builder_is_not_a_traceback(project, m
             path.unlink()  # what the other builder does
 
     monkeypatch.setattr(validating, "write_json", written_then_removed)
-    done = run_validate(build, loaded.workspace, validate_config(build, loaded.root))
+    done = run_validate(build, loaded.workspace, validate_config(build, loaded.root, loaded.workspace.provenance))
     assert isinstance(done, dict) and done["status"] == "validated" and done[PUBLISHED] == {}
 
 

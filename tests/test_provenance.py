@@ -52,7 +52,7 @@ def test_the_fork_server_key_names_the_toolchain_versions(monkeypatch):
 
 
 def test_the_project_key_hashes_every_file_the_code_digest_reads():
-    """So a saved plan, valid under that key, may carry the digest (`provenance.use_saved`)."""
+    """So a saved plan, valid under that key, may carry the digest (`execute.provenance.Provenance`)."""
     from epbuild.fast_path import PACKAGE, SOURCES
 
     hashed = {path for pattern in SOURCES for path in PACKAGE.glob(pattern)}

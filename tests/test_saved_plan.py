@@ -92,19 +92,18 @@ def test_a_plan_is_taken_while_nothing_it_was_made_from_changed_and_equals_a_fre
     assert _taken(folder, monkeypatch)
 
 
-def test_a_taken_plan_gives_the_code_digest_and_versions_the_files_give(folder, monkeypatch):
+def test_a_taken_plan_gives_the_provenance_the_files_give(folder, monkeypatch):
     """The jobs' code digest and distributions' versions are saved with the plan (its key hashes every file the
-    digest reads and holds each import folder's identity) and taken with it."""
-    from epbuild.execute import host, provenance
+    digest reads and holds each import folder's identity) and taken with it: the run's Provenance, on its
+    workspace, equals what reading the files and distributions gives, and no module keeps a copy."""
+    from epbuild.execute.provenance import Provenance
 
-    _load([], monkeypatch)
-    provenance.use_saved(None, {})
-    from_files, installed = provenance.code_digest(), provenance.versions()
-    assert installed["onnxruntime"] and installed["onnx"]
+    first = _load([], monkeypatch).workspace.provenance
     calls: list[int] = []
-    _load(calls, monkeypatch)
-    assert not calls and provenance._SAVED_DIGEST == from_files == provenance.code_digest()
-    assert host._SAVED_VERSIONS == installed == provenance.versions()
+    taken = _load(calls, monkeypatch).workspace.provenance
+    read = Provenance.read()
+    assert not calls and taken == first == read
+    assert read.versions["onnxruntime"] and read.versions["onnx"] and read.code
 
 
 def test_a_changed_config_file_option_file_or_manifest_makes_the_plan_afresh(folder, monkeypatch):

@@ -31,6 +31,7 @@ from .fork_server import ForkedJob, fork_job, leases_in_use
 from .forked_jobs import resident_bytes
 from .job_environment import job_environment
 from .lifelines import DIE_WITH, die_with_parent
+from .provenance import Provenance
 
 if TYPE_CHECKING:
     from ..manifest.builds import Limits
@@ -105,17 +106,19 @@ def _wait(child: _PlainChild | ForkedJob, limits: Limits, what: str) -> tuple[in
 
 
 def run_child(module: str, request: dict[str, Any], workdir: Path, limits: Limits, what: str,
-              log: Path | None = None, ep: str = "", reuse: bool = False) -> dict[str, Any]:
+              log: Path | None = None, ep: str = "", reuse: bool = False,
+              expect: Provenance | None = None) -> dict[str, Any]:
     """Run `python -m module request.json result.json` within `limits`, forked by the fork server of EP alias
     `ep` ("" for CPU-only work) where it serves (with `reuse`, in one of its warm workers), else as a fresh
     process; return its result with `usage` (seconds, peak_mb) added, or raise BuildError naming `what` and the
-    cause."""
+    cause. The request carries what the build's fingerprints name (`expect`; None: what this process reads),
+    and the job refuses a process that loaded other versions or code."""
     workdir.mkdir(parents=True, exist_ok=True)
     # removed before returning, so `workdir` may be the folder the child writes its outputs into
     request_file, result_file = workdir / ".request.json", workdir / ".result.json"
     output_file = log if log is not None else workdir / ".output.txt"  # the child writes its log directly
     output_file.parent.mkdir(parents=True, exist_ok=True)
-    request = {**request, "provenance": provenance.expected()}  # the job refuses a process that loaded others
+    request = {**request, "provenance": (expect.expected() if expect else provenance.expected())}
     inline = reuse and leases_in_use()  # a warm worker gets the request and answers over its lease
     if not inline:
         request_file.write_text(json.dumps(request))

@@ -26,7 +26,6 @@ from urllib.parse import urlsplit
 
 from ..errors import BuildError, UserError
 from ..records import record
-from .provenance import code_digest
 
 if TYPE_CHECKING:
     from ..manifest.builds import Build
@@ -175,7 +174,7 @@ def _run(workspace: Workspace, kind: str, task: str, what: Any, inputs: list[Pat
     _wait_for_worker(client, needs, settings, task)
     files = {_relative(path, root): path.read_bytes() for path in dict.fromkeys(inputs)}
     job = {"kind": kind, "task": task, "what": what, "root": str(root), "files": files, "resources": needs,
-           "result_cap": RESULT_CAP, "code": code_digest(), **(through or {})}
+           "result_cap": RESULT_CAP, "code": workspace.provenance.code, **(through or {})}
     # The scheduler unpickles what it is given; as bytes for pickle.loads, the job needs no `rules` there.
     future = client.submit(pickle.loads, pickle.dumps(Job(job)), resources=needs, pure=False,
                            key=f"{task}-{uuid.uuid4().hex[:8]}")

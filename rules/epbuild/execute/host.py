@@ -16,6 +16,7 @@ import os
 import platform
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,33 +28,12 @@ SHIM_LIBRARY = "EPBUILD_OPENVINO_SHIM"  # the built vendor-id shim (epbuild.step
 SHIM_PLUGIN = "EPBUILD_OPENVINO_PLUGIN"  # the real plugin library the shim loads
 
 
-_SAVED_VERSIONS: dict[str, str | None] = {}  # what a saved plan holds for this run's project key
-
-
 @functools.cache
 def package_version(distribution: str) -> str | None:
-    if distribution in _SAVED_VERSIONS:
-        return _SAVED_VERSIONS[distribution]
     try:
         return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
         return None
-
-
-def use_saved_versions(versions: dict[str, str | None]) -> None:
-    """Answer these distributions' versions without importlib.metadata (`provenance.use_saved`)."""
-    _SAVED_VERSIONS.clear()
-    _SAVED_VERSIONS.update(versions)
-    package_version.cache_clear()
-
-
-def toolchain_versions(info: EpInfo) -> dict[str, str | None]:
-    """The package versions that shape an artifact of this EP: onnx reads and checks every model and artifact
-    in the jobs (placement, external data, EPContext attributes)."""
-    versions = {"onnxruntime": package_version("onnxruntime"), "onnx": package_version("onnx")}
-    if info.package and info.package != "onnxruntime":
-        versions[info.package] = package_version(info.package)
-    return versions
 
 
 def _cpuinfo(keys: tuple[str, ...]) -> str | None:
@@ -85,18 +65,19 @@ def cpu_flags() -> str:
     return hashlib.sha256(" ".join(sorted(flags.split())).encode()).hexdigest() if flags else platform.processor()
 
 
-def probe_key() -> dict[str, Any]:
+def probe_key(version: Callable[[str], str | None] = package_version) -> dict[str, Any]:
     """What the probe's answer depends on; a change re-probes."""
     packages = sorted({info.package for info in REGISTRY.values() if info.package})
     return {"python": [sys.prefix, sys.version], "platform": sys.platform, "machine": platform.machine(),
-            "node": platform.node(), "cpu": cpu_model(), "packages": {p: package_version(p) for p in packages},
+            "node": platform.node(), "cpu": cpu_model(), "packages": {p: version(p) for p in packages},
             "vendor_shim": Path(os.environ[SHIM_LIBRARY]).parent.name if os.environ.get(SHIM_LIBRARY) else None}
 
 
-def capabilities(state_dir: Path) -> dict[str, Any]:
-    """The cached probe result, probing in a child process when the key changed."""
+def capabilities(state_dir: Path, version: Callable[[str], str | None] = package_version) -> dict[str, Any]:
+    """The cached probe result, probing in a child process when the key changed; `version`: the distributions'
+    versions as this run names them (`Provenance.version`)."""
     cache = state_dir / "host.json"
-    key = probe_key()
+    key = probe_key(version)
     try:
         cached = json.loads(cache.read_text())
         if cached.get("key") == key:

@@ -15,7 +15,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .host import package_version, use_saved_versions
+from ..records import record
+from .host import package_version
 
 PACKAGE = Path(__file__).resolve().parents[1]
 # The modules whose code runs in the jobs that write outputs (compiles, stages, validations, on this host or a Dask
@@ -69,47 +70,67 @@ def digested_files() -> list[Path]:
     return sorted(seen | {p for pattern in DATA_FILES for p in PACKAGE.glob(pattern)})
 
 
-_SAVED_DIGEST: str | None = None  # what a saved plan holds for this run's project key (`use_saved`)
-
-
 @functools.cache
 def code_digest() -> str:
-    """sha256 over `digested_files()`."""
-    if _SAVED_DIGEST is not None:
-        return _SAVED_DIGEST
+    """sha256 over `digested_files()`: this process's reading (a build's is its `Provenance`)."""
     digest = hashlib.sha256()
     for path in digested_files():
         digest.update(path.relative_to(PACKAGE).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
 
 
-def use_saved(digest: str | None, saved_versions: dict[str, str | None]) -> None:
-    """Take the code digest and distributions' versions the saved plan of this run's project key holds instead of
-    reading the files and asking importlib.metadata again (~7 ms of every run that compiles): that key hashes the
-    bytes of every file the digest reads (`fast_path.SOURCES`) and holds the identity of every import folder, which
-    installing, upgrading or removing a distribution changes. A job still checks what its own process loaded.
-    (None, {}): read them again."""
-    global _SAVED_DIGEST
-    _SAVED_DIGEST = digest
-    code_digest.cache_clear()
-    use_saved_versions(saved_versions)
-
-
 def versions() -> dict[str, str | None]:
-    """The version of each distribution a job may load (None: absent)."""
+    """The version of each distribution a job may load (None: absent), as this process finds them."""
     return {name: package_version(name) for name in DISTRIBUTIONS}
 
 
 def expected() -> dict[str, Any]:
-    """The build process's view: the versions its fingerprints name and its code digest."""
+    """This process's view: the versions and the code digest it reads itself."""
     return {"versions": versions(), "code": code_digest()}
+
+
+@record
+class Provenance:
+    """What one build's fingerprints and job requests name: the epbuild code digest and the versions of the
+    distributions that shape outputs (those a job may load and every EP plugin's). Made once per run, read from the
+    files (`read`) or taken from the saved plan of this run's project key (whose key hashes every file the digest
+    reads and the identity of every import folder, which installing or upgrading a distribution changes), and
+    handed to whatever fingerprints or asks for a job: the build says one thing throughout, and a job still checks
+    what its own process loaded against it."""
+
+    code: str
+    versions: dict[str, str | None]
+
+    @classmethod
+    def read(cls) -> Provenance:
+        from ..manifest.eps import REGISTRY
+
+        names = sorted({*DISTRIBUTIONS, *(info.package for info in REGISTRY.values() if info.package)})
+        return cls(code_digest(), {name: package_version(name) for name in names})
+
+    def version(self, distribution: str) -> str | None:
+        if distribution in self.versions:
+            return self.versions[distribution]
+        return package_version(distribution)
+
+    def of(self, *distributions: str) -> dict[str, str | None]:
+        return {name: self.version(name) for name in distributions}
+
+    def for_ep(self, info: Any) -> dict[str, str | None]:
+        """The versions that shape an artifact of this EP (`EpInfo`): onnx reads and checks every model and
+        artifact in the jobs (placement, external data, EPContext attributes)."""
+        return self.of("onnxruntime", "onnx", *([info.package] if info.package and info.package != "onnxruntime"
+                                                 else []))
+
+    def expected(self) -> dict[str, Any]:
+        """What a job request carries: the job refuses a process that loaded other versions or code."""
+        return {"versions": self.of(*DISTRIBUTIONS), "code": self.code}
 
 
 def record_loaded() -> None:
     """Called by a process once it has imported the toolchain (a fork server after its preloads; a fresh child
     at its start): its forked children inherit the record."""
     global _LOADED
-    use_saved(None, {})  # what this process loaded is read from the files and distributions
     _LOADED = expected()
 
 

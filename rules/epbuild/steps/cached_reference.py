@@ -37,7 +37,7 @@ def run_against_reference(build: Build, workspace: Workspace, request: Validatio
     (member,) = request["members"].values()
     label = f"the CPU reference of validate:{build.name}"
     inputs = snapshot(list(build.members[0].reference_files))  # before they are hashed: the child reads those
-    key = reference_fingerprint(build.members[0], member, workspace.hashes)
+    key = reference_fingerprint(build.members[0], member, workspace.hashes, workspace.provenance)
     # among the artifacts, like every restore (the validation's own folder may be in a full cache)
     restored = _staging(workspace, key)
     target = build.target
@@ -45,7 +45,7 @@ def run_against_reference(build: Build, workspace: Workspace, request: Validatio
 
     def artifact_child(extra: dict[str, Any]) -> ValidationReport:
         return run_child("epbuild.steps.validate", {**request, **extra}, workdir, limits, what, log, fork_server,
-                         warm)
+                         warm, workspace.provenance)
 
     def origin(how: str) -> dict[str, Any]:  # for the build report: outside the validation's fingerprint
         return {"cpu_reference": {"from": how, "fingerprint": key}}
@@ -72,7 +72,8 @@ def run_against_reference(build: Build, workspace: Workspace, request: Validatio
             if not cached():  # not computed by another target's validation meanwhile
                 computed = run_child("epbuild.steps.validate", {**request, "phase": "reference",
                                                                 "reference_to": str(restored)}, restored,
-                                     limits, f"{what}: the CPU reference", log.with_suffix(".ref.log"))
+                                     limits, f"{what}: the CPU reference", log.with_suffix(".ref.log"),
+                                     expect=workspace.provenance)
                 if computed["status"] == Verdict.FAILED:
                     return computed
                 if not _keep(computed, restored, key, label, inputs, workspace):
@@ -98,7 +99,8 @@ def run_group_against_references(build: Build, workspace: Workspace, request: Va
     label = f"the CPU references of validate:{build.name}"
     runs = {m.name: m for m in build.members if request["members"][m.name]["mode"] == ValidationMode.RUN}
     inputs = snapshot([path for member in runs.values() for path in member.reference_files])
-    keys = {name: reference_fingerprint(m, request["members"][name], workspace.hashes) for name, m in runs.items()}
+    keys = {name: reference_fingerprint(m, request["members"][name], workspace.hashes,
+                                        workspace.provenance) for name, m in runs.items()}
     folders = {name: _staging(workspace, key) for name, key in keys.items()}
     try:
         restored = {name for name, key in keys.items()
@@ -107,7 +109,7 @@ def run_group_against_references(build: Build, workspace: Workspace, request: Va
             **request, "references": {name: str(folders[name]) for name in restored},
             "references_to": {name: str(folders[name]) for name in keys if name not in restored}},
             workdir, build.target.limits(timeout), what, log, build.target.ep.fork_server,
-            build.target.ep.warm_validations)
+            build.target.ep.warm_validations, workspace.provenance)
         answers = report.pop("references", {})
         for name, answer in answers.items():
             _keep(answer, folders[name], keys[name], label, inputs, workspace)
@@ -126,7 +128,7 @@ def run_pipeline_against_cache(build: Build, workspace: Workspace, request: Vali
     run is compared with it step by step."""
     label = f"the CPU run of validate:{build.name}"
     inputs = snapshot([path for member in build.members for path in member.reference_files])
-    key = pipeline_fingerprint(build, request, workspace.hashes)
+    key = pipeline_fingerprint(build, request, workspace.hashes, workspace.provenance)
     folder = _staging(workspace, key)
     try:
         kept = restore(label, key, workspace, folder)[0] == PIPELINE_FILES
@@ -135,7 +137,7 @@ def run_pipeline_against_cache(build: Build, workspace: Workspace, request: Vali
         pipeline = {**request["pipeline"], **({"cpu": str(folder)} if kept else {"cpu_to": str(folder)})}
         report = run_child("epbuild.steps.validate", {**request, "pipeline": pipeline}, workdir,
                            build.target.limits(timeout), what, log, build.target.ep.fork_server,
-                           build.target.ep.warm_validations)
+                           build.target.ep.warm_validations, workspace.provenance)
         if not kept:
             _keep(report, folder, key, label, inputs, workspace, PIPELINE_FILES, "pipeline")
         if "pipeline" not in report:  # it failed or was skipped before running the pipeline

@@ -64,15 +64,17 @@ def compile_build(build: Build, workspace: Workspace) -> Compiled:
     naming the build."""
     started = time.monotonic()
     inputs = snapshot([*build.inputs, *build.origins])
-    fingerprint = compile_fingerprint(build, workspace.hashes)
+    fingerprint = compile_fingerprint(build, workspace.hashes, workspace.provenance)
     final = build.out_dir(workspace.layout)
     usage: dict[str, float] = {}
     ran: dict[str, Any] = {}  # on a Dask worker: its name, bytes downloaded
-    identity = {"kind": build.kind, "members": [m.name for m in build.members], "target": target_identity(build.target)}
+    identity = {"kind": build.kind, "members": [m.name for m in build.members],
+                "target": target_identity(build.target, workspace.provenance)}
 
     def produce(scratch: Path) -> None:
         if workspace.executor:
-            ran.update(run_build(build, workspace, scratch, fingerprint, identity, target_resources(build.target)))
+            needs = target_resources(build.target, workspace.provenance)
+            ran.update(run_build(build, workspace, scratch, fingerprint, identity, needs))
             usage.update(ran["usage"])
         else:
             usage.update(compiler(build.target).produce(build, workspace, scratch) or {})

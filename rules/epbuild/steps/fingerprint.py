@@ -3,8 +3,8 @@ and the portable fingerprints that key the artifact cache.
 
 For doit, files (model, external data, option files) are tracked through `file_dep` and everything else is in the
 task's settings, with paths relative to the manifest's folder. Both carry the digest of the epbuild code that runs
-in the jobs (`execute.provenance.code_digest`): upgrading epbuild rebuilds, and no cache serves an older rule's
-bytes. A fingerprint is a sha256 over the bytes of every
+in the jobs and the toolchain's versions, as this run's `execute.provenance.Provenance` names them: upgrading
+epbuild rebuilds, and no cache serves an older rule's bytes. A fingerprint is a sha256 over the bytes of every
 input file and every setting that can change the output, with no absolute path, mtime or user name in it, so
 clones on other machines compute the same one; host properties enter only where the artifact is host-specific.
 """
@@ -20,8 +20,8 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from ..execute.host import cpu_flags, package_version, toolchain_versions
-from ..execute.provenance import code_digest
+from ..execute.host import cpu_flags
+from ..execute.provenance import Provenance
 from ..files.hashing import FileHashes
 from ..files.weights import resolved
 from ..manifest.builds import Build, Member, ResolvedTarget
@@ -44,7 +44,7 @@ def host_properties(target: ResolvedTarget) -> dict[str, str] | None:
     return None
 
 
-def target_identity(target: ResolvedTarget, hashes: FileHashes | None = None) -> dict[str, Any]:
+def target_identity(target: ResolvedTarget, provenance: Provenance, hashes: FileHashes | None = None) -> dict[str, Any]:
     """Every target setting that shapes a compiled output. Option files enter by key for doit's config (their
     bytes are file_deps) and, with `hashes`, by content for the cache fingerprint."""
     options = dict(target.options)
@@ -53,7 +53,7 @@ def target_identity(target: ResolvedTarget, hashes: FileHashes | None = None) ->
     return {"ep": target.ep.name, "ep_source": target.source, "device": target.device, "compiler": target.compiler,
             "embed": target.embed, "options": options, "option_files": sorted(target.option_files),
             "optimization_level": target.optimization_level,
-            "versions": toolchain_versions(target.ep), "host": host_properties(target),
+            "versions": provenance.for_ep(target.ep), "host": host_properties(target),
             "qaic": dataclasses.asdict(target.qaic) if target.qaic else None,
             "toolchain": compiler(target).identity(target),
             **({"vendor_shim": vendor_shim.identity()} if target.ep.vendor_shim and vendor_shim.active() else {})}
@@ -63,20 +63,20 @@ def _shapes(member: Member) -> dict[str, list[int]]:
     return {name: list(shape) for name, shape in sorted(member.model.inputs.items())}
 
 
-def compile_config(build: Build, root: Path) -> dict[str, Any]:
+def compile_config(build: Build, root: Path, provenance: Provenance) -> dict[str, Any]:
     """A compile's settings for doit: members in order (the order shapes a shared binary) with their shapes, and
     `min_offload`, a check of the recorded placement that re-runs the task (a restore) but shapes no byte."""
-    return {"rules_format": RULES_FORMAT, "code": code_digest(), "kind": build.kind,
+    return {"rules_format": RULES_FORMAT, "code": provenance.code, "kind": build.kind,
             "members": [[relative(m.model.path, root), _shapes(m)] for m in build.members],
-            **target_identity(build.target), "min_offload": build.target.min_offload}
+            **target_identity(build.target, provenance), "min_offload": build.target.min_offload}
 
 
-def validate_config(build: Build, root: Path) -> dict[str, Any]:
+def validate_config(build: Build, root: Path, provenance: Provenance) -> dict[str, Any]:
     """A validation's settings: not its time limit, which cannot change a passed result (a validation that timed
     out failed, and a failed task runs again anyway)."""
     target = build.target
-    return {"rules_format": RULES_FORMAT, "code": code_digest(), "ep": target.ep.name, "device": target.device,
-            "versions": toolchain_versions(target.ep),
+    return {"rules_format": RULES_FORMAT, "code": provenance.code, "ep": target.ep.name, "device": target.device,
+            "versions": provenance.for_ep(target.ep),
             "members": [{"mode": v.mode, "thresholds": dict(sorted(v.thresholds.items())),
                          "inputs": relative(v.inputs, root) if v.inputs else None,
                          "reference": relative(v.reference, root) if v.reference else None,
@@ -101,56 +101,58 @@ def _member_identity(member: Member, hashes: FileHashes) -> dict[str, Any]:
             **({"package": {path.name: hashes.sha256(path) for path in member.package}} if member.package else {})}
 
 
-def compile_fingerprint(build: Build, hashes: FileHashes) -> str:
-    return _digest({"kind": build.kind, "rules_format": RULES_FORMAT, "code": code_digest(),
+def compile_fingerprint(build: Build, hashes: FileHashes, provenance: Provenance) -> str:
+    return _digest({"kind": build.kind, "rules_format": RULES_FORMAT, "code": provenance.code,
                     "name": build.name if build.shared else None,
                     "members": [_member_identity(m, hashes) for m in build.members],
-                    "target": target_identity(build.target, hashes)})
+                    "target": target_identity(build.target, provenance, hashes)})
 
 
 def validation_fingerprint(artifact_files: list[Path], config: dict[str, Any], extra_files: list[Path],
                            hashes: FileHashes) -> str:
     """The artifact's bytes, the validation settings, the reference and input files, and this host: a result
-    says how the artifact ran here."""
+    says how the artifact ran here. `config` is the validation's settings (`validate_config`), code digest
+    included."""
     settings = {**config, "members": [{k: v for k, v in m.items() if k not in ("inputs", "reference")}
                                                         for m in config["members"]]}
-    return _digest({"kind": "validate", "rules_format": RULES_FORMAT, "code": code_digest(),
+    return _digest({"kind": "validate", "rules_format": RULES_FORMAT, "code": config["code"],
                     "artifact": {path.name: hashes.sha256(path) for path in artifact_files},
                     "settings": settings, "files": sorted(hashes.sha256(path) for path in extra_files),
                     "host": {"machine": platform.machine(), "cpu_flags": cpu_flags()}})
 
 
-def reference_fingerprint(member: Member, request: dict[str, Any], hashes: FileHashes) -> str:
+def reference_fingerprint(member: Member, request: dict[str, Any], hashes: FileHashes, provenance: Provenance) -> str:
     """What the CPU reference's outputs depend on, so that targets validating the same model on the same inputs
     share them: the bytes of each model it may run, in its role, and of their external data and the inputs file
     (`Member.reference_files`); the inputs' shapes and frozen values; what the notes call those models; the CPU
     libraries and this host's CPU. Not the target: a CPU reference is the same for every EP."""
     roles = {role: [Path(request[role]).name, hashes.sha256(Path(request[role]))] if request[role] else None
              for role in ("source", "reference", "declared", "float_reference", "inputs_file")}  # names: in notes
-    return _digest({"kind": "reference", "rules_format": RULES_FORMAT, "code": code_digest(), "roles": roles,
+    return _digest({"kind": "reference", "rules_format": RULES_FORMAT, "code": provenance.code, "roles": roles,
                     "files": sorted([path.name, hashes.sha256(path)] for path in member.reference_files),
                     "inputs": request["inputs"], "frozen": request["frozen"],
                     "described": [request["reference_is"], request["float_reference_is"]],
-                    "versions": {p: package_version(p) for p in ("onnxruntime", "onnx", "numpy")},
+                    "versions": provenance.of("onnxruntime", "onnx", "numpy"),
                     "host": {"machine": platform.machine(), "cpu_flags": cpu_flags()}})
 
 
-def pipeline_fingerprint(build: Build, request: dict[str, Any], hashes: FileHashes) -> str:
+def pipeline_fingerprint(build: Build, request: dict[str, Any], hashes: FileHashes, provenance: Provenance) -> str:
     """What a pipeline's CPU run depends on: each member's CPU reference key (its source's bytes, the CPU
     libraries, this host's CPU), in the group's order, and the number of token steps. Not the target."""
-    members = [reference_fingerprint(member, request["members"][member.name], hashes) for member in build.members]
+    members = [reference_fingerprint(member, request["members"][member.name], hashes, provenance)
+               for member in build.members]
     return _digest({"kind": "pipeline", "members": members, "tokens": request["pipeline"]["tokens"]})
 
 
-def stage_config(stage: Stage) -> dict[str, Any]:
-    return {"rules_format": RULES_FORMAT, "code": code_digest(), "stage": str(stage.kind), "flavour": stage.flavour,
+def stage_config(stage: Stage, provenance: Provenance) -> dict[str, Any]:
+    return {"rules_format": RULES_FORMAT, "code": provenance.code, "stage": str(stage.kind), "flavour": stage.flavour,
             "settings": stage.settings,
-            "versions": {p: package_version(p) for p in ("onnxruntime", "onnx")}}
+            "versions": provenance.of("onnxruntime", "onnx")}
 
 
-def stage_fingerprint(stage: Stage, hashes: FileHashes) -> str:
+def stage_fingerprint(stage: Stage, hashes: FileHashes, provenance: Provenance) -> str:
     """The stage's input bytes (external data too), calibration samples, settings and tool versions."""
-    return _digest({"kind": "stage", **stage_config(stage), "model": stage.model, "input": {
+    return _digest({"kind": "stage", **stage_config(stage, provenance), "model": stage.model, "input": {
         "file": stage.input.name, "sha256": hashes.sha256(stage.input),
         "external": {p.relative_to(stage.input_folder).as_posix(): hashes.sha256(p) for p in stage.input_external}},
         "calibration": [hashes.sha256(p) for p in stage.calibration]})

@@ -363,7 +363,8 @@ def produce_stage(stage: Stage, workspace: Workspace, scratch: Path) -> dict[str
     try:
         log = workspace.layout.log(STAGES, stage.task.replace(":", "."))
         return run_child("epbuild.steps.preprocess", stage_request(stage, scratch / stage.output.name), workdir,
-                         Limits(STAGE_TIMEOUT_S), stage.task, log, SHAPE_STAGE if stage.kind == "shape" else "")
+                         Limits(STAGE_TIMEOUT_S), stage.task, log, SHAPE_STAGE if stage.kind == "shape" else "",
+                         expect=workspace.provenance)
     finally:
         discard(workdir)
 
@@ -374,17 +375,18 @@ def run_stage(stage: Stage, workspace: Workspace) -> tuple[Outcome, float, list[
     worker that produced it, the child's usage: seconds and peak memory, None when restored)."""
     started = time.monotonic()
     inputs = snapshot([stage.input, *stage.input_external, *stage.calibration])
-    fingerprint = stage_fingerprint(stage, workspace.hashes)
+    fingerprint = stage_fingerprint(stage, workspace.hashes, workspace.provenance)
     answer: dict[str, Any] = {}
+    config = stage_config(stage, workspace.provenance)
 
     def produce(scratch: Path) -> None:
         if workspace.executor:
-            answer.update(run_stage_remotely(stage, workspace, scratch, fingerprint, stage_config(stage)))
+            answer.update(run_stage_remotely(stage, workspace, scratch, fingerprint, config))
         else:
             answer["answer"] = produce_stage(stage, workspace, scratch)
 
     outcome = cached_folder(stage.task, fingerprint, workspace, stage.output.parent,
-                            sorted(p.name for p in stage.outputs), produce, stage_config(stage), inputs)
+                            sorted(p.name for p in stage.outputs), produce, config, inputs)
     child = answer.get("answer", {})
     return (with_download(outcome, answer), time.monotonic() - started, child.get("dynamic", []),
             answer.get("worker"), child.get("usage"))

@@ -137,7 +137,7 @@ def validate(build: Build, workspace: Workspace, workdir: Path) -> ValidationRep
                 report = run_group_against_references(build, workspace, request, workdir, what, log, timeout)
             elif build.shared or build.members[0].validation.mode != ValidationMode.RUN or build.members[0].package:
                 report = run_child("epbuild.steps.validate", request, workdir, target.limits(timeout), what, log,
-                                   target.ep.fork_server, target.ep.warm_validations)
+                                   target.ep.fork_server, target.ep.warm_validations, workspace.provenance)
             else:
                 report = run_against_reference(build, workspace, request, workdir, what, log, timeout)
         except BuildError as exc:

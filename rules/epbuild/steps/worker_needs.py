@@ -8,20 +8,20 @@ import platform
 from typing import Any
 
 from ..execute.executor import ExecutorSettings, cpu_class, worker_resources
-from ..execute.host import toolchain_versions
+from ..execute.provenance import Provenance
 from ..manifest.builds import Build, ResolvedTarget
 from .compilers import compiler
 from .fingerprint import host_properties
 
 
-def target_resources(target: ResolvedTarget) -> dict[str, int]:
+def target_resources(target: ResolvedTarget, provenance: Provenance) -> dict[str, int]:
     """What a job for `target` needs from a worker: its EP or toolchain, package versions, machine, CPU class
     where the artifact is host-specific."""
     needs = {f"host:{platform.machine()}"}
     backend = compiler(target)
     if backend.in_onnxruntime:
         needs.add(f"ep:{target.ep.name}:{target.device}")
-        needs |= {f"pkg:{name}:{version}" for name, version in toolchain_versions(target.ep).items() if version}
+        needs |= {f"pkg:{name}:{version}" for name, version in provenance.for_ep(target.ep).items() if version}
     else:
         needs.add(f"toolchain:{target.compiler}")
         identity = backend.identity(target)

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BuildError, UserError
+from ..execute.provenance import Provenance
 from ..files.hashing import FileHashes, changed_inputs
 from ..files.layout import RECORD, Layout, size_of
 from ..files.locks import fingerprint_lock
@@ -247,6 +248,8 @@ class Workspace:
     hard_links: bool = False  # `[cache] hard_links`
     remote_budget_s: float = 60.0  # `[cache] remote_budget_s`
     remote_timeout_s: float = 10.0  # `[cache] remote_timeout_s`
+    # what this run's fingerprints and job requests name (the saved plan's, or read when the run starts)
+    provenance: Provenance = dataclasses.field(default_factory=Provenance.read)
 
     @property
     def project_root(self) -> Path:

@@ -107,7 +107,7 @@ def run_validate(build: Build, workspace: Workspace, config: dict[str, Any]) -> 
 
         def produce(workdir: Path) -> dict[str, Any]:
             if workspace.executor:
-                return run_validation(build, workspace, target_resources(build.target))
+                return run_validation(build, workspace, target_resources(build.target, workspace.provenance))
             return validate(build, workspace, workdir)
 
         report, outcome, written = cached_validation(build.validate_task, fingerprint, workspace, folder, produce,
@@ -139,7 +139,8 @@ def run_ops(build: Build, workspace: Workspace, report: Path) -> TaskFailed | No
     qaic-compile when an executor runs the jobs."""
     try:
         if workspace.executor:
-            supported, version = run_operator_list(build, workspace, target_resources(build.target))
+            needs = target_resources(build.target, workspace.provenance)
+            supported, version = run_operator_list(build, workspace, needs)
         else:
             found = find_qaic(build.target.sdk_root)
             if isinstance(found, str):

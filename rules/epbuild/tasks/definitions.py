@@ -200,7 +200,8 @@ class Tasks:
             checks += [compile_task(m.name, target.name) for m in build.members if target.name in m.model.targets]
         return self._task(build.kind, build.name, f"{doc} -> {out}/", run_compile, [build, self.project.workspace],
                           build.inputs, [os.path.join(out, name) for name in build.outputs],
-                          compile_config(build, self.project.root), clean=[(discard, [out_dir])], task_dep=checks)
+                          compile_config(build, self.project.root, self.project.workspace.provenance),
+                          clean=[(discard, [out_dir])], task_dep=checks)
 
     def validate_tasks(self) -> Iterator[Task]:
         yield {"basename": "validate", "name": None, "doc": "run every compiled artifact and compare with its source"}
@@ -221,7 +222,7 @@ class Tasks:
         refused = self._unavailable("validate", build, doc)
         if refused:
             return refused
-        out, config = self._out(build)[1], validate_config(build, self.project.root)
+        out, config = self._out(build)[1], validate_config(build, self.project.root, self.project.workspace.provenance)
         external = [p for m in build.members for p in m.external]
         inputs = [*(os.path.join(out, name) for name in build.outputs), *build.sources, *external,
                   *build.validation_files]
@@ -288,7 +289,8 @@ class Tasks:
                f"{self.project.rel(stage.output)}")
         return self._task(str(stage.kind), stage.task.split(":", 1)[1], doc, run_stage_task,
                           [stage, self.project.workspace], [stage.input, *stage.input_external, *stage.calibration],
-                          stage.outputs, stage_config(stage), clean=[(discard, [stage.output.parent])])
+                          stage.outputs, stage_config(stage, self.project.workspace.provenance),
+                          clean=[(discard, [stage.output.parent])])
 
     def save_listing(self) -> None:
         """What `doit list` shows, for the next one under the same key (epbuild.fast_path)."""

@@ -16,7 +16,7 @@ from ..errors import BuildError, UserError
 from ..execute.executor import ExecutorSettings, executor_settings, unreachable
 from ..execute.fork_server import prestart, serving
 from ..execute.host import capabilities
-from ..execute.provenance import code_digest, use_saved, versions
+from ..execute.provenance import Provenance
 from ..fast_path import DEP_FILE, project_key
 from ..fast_path import enabled as fast_path_enabled
 from ..files.layout import Layout, now_ns
@@ -57,10 +57,10 @@ def load_project(manifest_path: Path, invocation: Invocation | list[str]) -> Pro
     saved_plan = SavedPlan(Layout(manifest_path.parent / "artifacts").state,
                            f"{key or project_key(manifest_path)}:{default_memory_gb()}")
     last = saved_plan.load() if fast_path_enabled() else None
-    if last is not None:
-        use_saved(last.code, last.versions)
+    # what this run's fingerprints name: as the saved plan of this project key holds it, else read now
+    provenance = Provenance(last.code, last.versions) if last is not None else Provenance.read()
     manifest, resolved = read_manifest(manifest_path, last)  # nothing is written before it is known good
-    layout, writable, workspace, executor = prepare_folders(manifest, invocation, rel)
+    layout, writable, workspace, executor = prepare_folders(manifest, invocation, rel, provenance)
     builds_here = invocation.default_run and not executor
     servers = start_fork_servers(manifest, layout, builds_here)
     index = ExternalDataIndex(layout.state)
@@ -75,7 +75,7 @@ def load_project(manifest_path: Path, invocation: Invocation | list[str]) -> Pro
         builds, stages = plan_builds(manifest, external, resolved)
         check_declared_inputs(manifest, builds, shapes)
         fresh = Plan(pickle.dumps(read, protocol=pickle.HIGHEST_PROTOCOL), resolved, facts, manifest, builds,
-                     stages, code_digest(), versions())
+                     stages, provenance.code, provenance.versions)
     builds = with_workers(manifest, builds, executor)
     log(__name__, "debug", "%d builds and %d stages, %s", len(builds), len(stages),
         "planned anew" if fresh is not None else "from the saved plan (same manifest, files and facts)")
@@ -106,8 +106,8 @@ def read_manifest(manifest_path: Path, last: Plan | None) -> tuple[Manifest, dic
     return manifest, resolved
 
 
-def prepare_folders(manifest: Manifest, invocation: Invocation,
-                    rel: Relative) -> tuple[Layout, bool, Workspace, ExecutorSettings | None]:
+def prepare_folders(manifest: Manifest, invocation: Invocation, rel: Relative,
+                    provenance: Provenance) -> tuple[Layout, bool, Workspace, ExecutorSettings | None]:
     """artifacts/ checked and swept of killed builds' scratch; whether it takes files; the cache and the executor
     (None: run here)."""
     layout = Layout(manifest.root / "artifacts")
@@ -129,7 +129,8 @@ def prepare_folders(manifest: Manifest, invocation: Invocation,
     elif executor and (reason := unreachable(executor)):
         raise executor_error(manifest, reason)
     workspace = Workspace(layout.root, *cache_location(manifest.cache), remote_location(manifest.cache), executor,
-                          manifest.cache.hard_links, manifest.cache.remote_budget_s, manifest.cache.remote_timeout_s)
+                          manifest.cache.hard_links, manifest.cache.remote_budget_s, manifest.cache.remote_timeout_s,
+                          provenance)
     return layout, writable, workspace, executor
 
 
@@ -226,7 +227,7 @@ def check_availability(manifest: Manifest, builds: list[Build], layout: Layout, 
     needs_probe = not executor and any(compiler(t).in_onnxruntime for t in used.values())
     shim = (vendor_shim.prepare(workspace.cache_dir, layout.state)
             if any(t.ep.vendor_shim for t in used.values()) else {})
-    caps = {**capabilities(layout.state), "vendor_shim": shim} if needs_probe else {}
+    caps = {**capabilities(layout.state, workspace.provenance.version), "vendor_shim": shim} if needs_probe else {}
     unavailable: dict[str, str] = {}
     for name, target in used.items():
         reason = compiler(target).unavailable(target, None if executor else caps)

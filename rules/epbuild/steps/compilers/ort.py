@@ -11,7 +11,8 @@ from ...contracts.artifact import OMIT, ArtifactMember, ArtifactRecord
 from ...contracts.requests import CompileRequest, MemberResult
 from ...errors import BuildError
 from ...execute.child import run_child
-from ...execute.host import package_reason, toolchain_versions, unavailable_reason
+from ...execute.host import package_reason, unavailable_reason
+from ...execute.provenance import Provenance
 from ...files.layout import write_json
 from ...files.publish import copy_file
 from ...manifest.builds import SIDECAR, Build, ResolvedTarget
@@ -40,12 +41,13 @@ class OrtCompiler(Compiler):
         layout, target = workspace.layout, build.target
         what = f"{build.kind} {build.name} ({target.ep.name})"
         answer = run_child("epbuild.steps.compile", compile_request(build, scratch), scratch, target.limits(), what,
-                           build.log(layout, "compile"), target.ep.fork_server, target.ep.warm_compiles)
+                           build.log(layout, "compile"), target.ep.fork_server, target.ep.warm_compiles,
+                           workspace.provenance)
         for key, name in target.runtime_files().items():
             shutil.copyfile(target.option_files[key], scratch / name)
         if build.shared and target.ep.shared_weights_outside:
             copy_shared_weights(build, workspace, scratch)
-        write_json(scratch / SIDECAR, sidecar(build, answer["members"]).to_json())
+        write_json(scratch / SIDECAR, sidecar(build, answer["members"], workspace.provenance).to_json())
         return answer["usage"]
 
 
@@ -85,7 +87,7 @@ def compile_request(build: Build, scratch: Path) -> CompileRequest:
     }
 
 
-def sidecar(build: Build, results: list[MemberResult]) -> ArtifactRecord:
+def sidecar(build: Build, results: list[MemberResult], provenance: Provenance) -> ArtifactRecord:
     """`artifact.json`: what a runtime needs to load the artifact (per member for a group), and how much of each
     model the EP took. The target's name is not in the fingerprint, so it is added when the folder is published
     (`compile.publishing`), never cached."""
@@ -93,7 +95,7 @@ def sidecar(build: Build, results: list[MemberResult]) -> ArtifactRecord:
     common = ArtifactRecord(
         format=RULES_FORMAT, ep=target.ep.name, ep_source=target.source, device=target.device,
         compiler=target.compiler, files=list(build.outputs), runtime_options=target.runtime_options(),
-        versions=toolchain_versions(target.ep),
+        versions=provenance.for_ep(target.ep),
         vendor_shim=vendor_shim.identity() if target.ep.vendor_shim and vendor_shim.active() else OMIT)
     if build.shared:
         return common.replace(group=build.name, embed=False, order=[m.name for m in build.members], members={
