@@ -4,7 +4,6 @@ Only the doit layer (`epbuild.tasks`, `epbuild.dodo`, `epbuild.command`) knows d
 Python that tests call directly.
 """
 
-import gc
 import sys
 
 from .version import RULES_FORMAT  # noqa: F401 - epbuild.RULES_FORMAT, as before
@@ -25,32 +24,25 @@ def open_group(folder):
     return opened(folder)
 
 
-def _refuse_a_dodo_file_without_tasks() -> None:
-    """A dodo.py that imports epbuild but defines no task would make doit build nothing and exit 0: doit's task
-    loader is wrapped so that it says what to write instead (and keeps Python's cyclic collector off its task
-    dicts). Only inside a doit process, before it loads tasks."""
-    loader = sys.modules.get("doit.loader")
-    if loader is None or getattr(loader.load_tasks, "epbuild_checked", False):
-        return
-    original = loader.load_tasks
-
-    def load_tasks(namespace, *args, **kwargs):
-        gc.disable()  # creating thousands of task dicts makes no cycles worth the collector's passes over them
-        try:
-            tasks = original(namespace, *args, **kwargs)
-        finally:
-            gc.enable()
-        gc.freeze()  # they live as long as doit: later collections skip them
-        if not tasks and any(getattr(value, "__name__", "").startswith("epbuild") or
-                             str(getattr(value, "__module__", "")).startswith("epbuild")
-                             for value in namespace.values()):
-            print("error: dodo.py imports epbuild but defines no task: write `from epbuild.dodo import *` (every "
-                  "task of models.toml), or run `epbuild` without a dodo.py", file=sys.stderr)
-            raise SystemExit(2)
-        return tasks
-
-    load_tasks.epbuild_checked = True
-    loader.load_tasks = load_tasks
+def create_doit_tasks():
+    """doit's task-creator protocol (doit calls this for any object in a dodo.py's namespace that has it): a dodo.py
+    that imports epbuild (or `epbuild.dodo`) but takes no task from it would make doit build nothing and exit 0, so
+    it is refused with the line to write. With the tasks taken (`from epbuild.dodo import *`) it creates none."""
+    if not _tasks_taken():
+        print("error: dodo.py imports epbuild but defines no task: write `from epbuild.dodo import *` (every "
+              "task of models.toml), or run `epbuild` without a dodo.py", file=sys.stderr)
+        raise SystemExit(2)
+    yield from ()  # a generator, as doit requires of a task creator
 
 
-_refuse_a_dodo_file_without_tasks()
+def _tasks_taken() -> bool:
+    """Whether the namespace doit is loading tasks from holds epbuild's task generators: doit hands it to its
+    `load_tasks` only, so it is read from that call's frame (where doit is not found so, the tasks module having
+    been imported stands for it)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "load_tasks" and frame.f_globals.get("__name__") == "doit.loader":
+            namespace = frame.f_locals.get("namespace") or {}
+            return any(getattr(value, "__module__", None) == "epbuild.tasks.entry" for value in namespace.values())
+        frame = frame.f_back
+    return "epbuild.dodo" in sys.modules

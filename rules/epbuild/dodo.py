@@ -11,9 +11,6 @@ import sys
 from .invocation import Invocation
 from .tasks.entry import load, manifest_path, namespace
 
-# doit's task loader, as epbuild's package wraps it in a doit process (`epbuild._refuse_a_dodo_file_without_tasks`),
-# turns the collector on again and freezes the task dicts once it has them; outside doit it stays on
-_wrapped = getattr(getattr(sys.modules.get("doit.loader"), "load_tasks", None), "epbuild_checked", False)
-globals().update(namespace(load(manifest_path(), Invocation.of(sys.argv[1:]), collector_off=_wrapped)))
+globals().update(namespace(load(manifest_path(), Invocation.of(sys.argv[1:]))))
 
 __all__ = ["DOIT_CONFIG", *(name for name in dir() if name.startswith("task_"))]  # noqa: F822 - set just above

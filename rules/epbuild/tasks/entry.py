@@ -41,16 +41,17 @@ def manifest_path() -> Path:
     return Path.cwd() / (os.environ.get("EPBUILD_MANIFEST") or "models.toml")
 
 
-def load(manifest: Path, invocation: Invocation, collector_off: bool) -> Any:
+def load(manifest: Path, invocation: Invocation) -> Any:
     """The tasks' source for this run: the shortcut's stand-in, or the full project's tasks. A listing the
-    shortcut answers is printed here and the run ends (doit has nothing left to do). `collector_off`: the caller
-    turns Python's cyclic collector on again once doit has the tasks (what loading makes, the plan, the records,
-    the task dicts, lives as long as doit and holds no cycle worth the collector's passes over it); then, at one
-    young collection per 100,000 objects instead of 700, the full collections over doit's records of every task
-    stay few and still collect what the run's own actions leave."""
+    shortcut answers is printed here and the run ends (doit has nothing left to do). Inside doit, Python's cyclic
+    collector is off from here until doit has made every task (`namespace` turns it on again after the last task
+    generator): what loading makes, the plan, the records, the task dicts, lives as long as doit and holds no cycle
+    worth the collector's passes over it; then, at one young collection per 100,000 objects instead of 700, the
+    full collections over doit's records of every task stay few and still collect what the run's own actions
+    leave."""
     sys.excepthook = interrupted
     configure_logging()
-    if collector_off:
+    if "doit.loader" in sys.modules:  # a doit process, which consumes the generators
         gc.disable()
         gc.set_threshold(100_000, 50, 100)
     quick = shortcut(manifest, invocation)
@@ -66,36 +67,40 @@ def load(manifest: Path, invocation: Invocation, collector_off: bool) -> Any:
 
 
 def namespace(source: Any) -> dict[str, Any]:
-    """What doit reads from a dodo module: DOIT_CONFIG and a `task_NAME` generator per task kind."""
-    def generator(method: str | tuple[str, str]) -> Callable[[], Iterator[dict[str, Any]]]:
+    """What doit reads from a dodo module: DOIT_CONFIG and a `task_NAME` generator per task kind. doit runs every
+    one of them (in its order, which a star import sorts); the last to finish turns the collector on again and
+    freezes what loading made (it lives as long as doit: later collections skip it)."""
+    pending = set(GENERATORS)
+
+    def generator(kind: str, method: str | tuple[str, str]) -> Callable[[], Iterator[dict[str, Any]]]:
         name, *arguments = (method,) if isinstance(method, str) else method
 
         def task() -> Iterator[dict[str, Any]]:  # a generator, as doit requires of a task_ function
             yield from getattr(source, name)(*arguments)
+            pending.discard(kind)
+            if not pending and not gc.isenabled():
+                gc.enable()
+                gc.freeze()
 
         return task
 
     return {"DOIT_CONFIG": source.doit_config(),
-            **{f"task_{kind}": generator(method) for kind, method in GENERATORS.items()}}
+            **{f"task_{kind}": generator(kind, method) for kind, method in GENERATORS.items()}}
 
 
 def task_loader(manifest: Path, invocation: Invocation) -> Any:
     """doit's loader (API 2) for the `epbuild` command: this run's command line handed over, not read from the
-    process's arguments; the collector off while the tasks are made, their dicts frozen after."""
+    process's arguments."""
     from doit import loader
     from doit.cmd_base import TaskLoader2
 
     class EpbuildLoader(TaskLoader2):
         def load_doit_config(self) -> dict[str, Any]:
-            self.namespace = namespace(load(manifest, invocation, collector_off=True))
+            self.namespace = namespace(load(manifest, invocation))
             return self.namespace["DOIT_CONFIG"]
 
         def load_tasks(self, cmd: Any, pos_args: list[str]) -> list[Any]:
-            try:
-                return loader.load_tasks(self.namespace, self.cmd_names, allow_delayed=cmd.execute_tasks,
-                                         args=pos_args, config=self.config, task_opts=self.task_opts)
-            finally:
-                gc.enable()
-                gc.freeze()  # they live as long as doit: later collections skip them
+            return loader.load_tasks(self.namespace, self.cmd_names, allow_delayed=cmd.execute_tasks,
+                                     args=pos_args, config=self.config, task_opts=self.task_opts)
 
     return EpbuildLoader()
