@@ -145,8 +145,9 @@ def not_a_file(path: Path) -> str:
 class TableReader:
     """Type-checked access to one TOML table, with the key path for error messages."""
 
-    def __init__(self, file: Path, path: str, table: Any):
+    def __init__(self, file: Path, path: str, table: Any, reads: list[Path] | None = None):
         self.file, self.path = file, path
+        self.reads = [] if reads is None else reads  # the files one reading looked at, shared by its tables
         if not isinstance(table, dict):
             self.fail(f"must be a table, found {_type_name(table)}")
         self.table: dict[str, Any] = table
@@ -191,7 +192,7 @@ class TableReader:
         return value
 
     def child(self, key: str) -> TableReader:
-        return TableReader(self.file, f"{self.path}.{key}" if self.path else key, self.table.get(key, {}))
+        return TableReader(self.file, f"{self.path}.{key}" if self.path else key, self.table.get(key, {}), self.reads)
 
 
 def shown(value: Any, limit: int = 80) -> str:
@@ -235,7 +236,6 @@ def check_name(file: Path, path: str, name: str) -> None:
         raise UserError(file.name, path, f"'{name}' is the name of a report in artifacts/; choose another name")
 
 
-_READS: list[Path] = []  # what the running `load` looked at
 MAX_DEPTH = 16  # tables and arrays inside one another; the deepest real key path is 5
 
 
@@ -253,15 +253,14 @@ def _check_depth(path: Path, data: dict[str, Any]) -> None:
             todo.extend((v, (*where, f"[{i}]")) for i, v in enumerate(value))
 
 
-def _looked_at(path: Path) -> Path:
-    _READS.append(path)
+def _looked_at(table: TableReader, path: Path) -> Path:
+    table.reads.append(path)
     return path
 
 
 def load(path: str | Path) -> Manifest:
     """Read and validate a manifest; raises UserError naming the file and key path."""
-    _READS.clear()
-    path = _looked_at(Path(path).absolute())
+    path = Path(path).absolute()
     if path.exists() and not path.is_file():  # a FIFO would block the read forever
         raise UserError(path.name, None, f"{path} is not a regular file; give a manifest file")
     try:
@@ -289,7 +288,8 @@ def load(path: str | Path) -> Manifest:
 
 
 def parse(data: dict[str, Any], path: Path) -> Manifest:
-    top = TableReader(path, "", data)
+    reads = [path]  # the files this reading looks at (the manifest's `reads`: a change to any re-plans)
+    top = TableReader(path, "", data, reads)
     top.read("top", skip=("models", "targets", "groups", "cache", "toolchains", "executor"))
     targets_table = top.child("targets")
     for name in targets_table.table:
@@ -325,7 +325,7 @@ def parse(data: dict[str, Any], path: Path) -> Manifest:
                   for name in toolchains_table.table}
     executor = top.child("executor").read("executor")
     return Manifest(path, models, targets, groups, cache_spec, toolchains,
-                    ExecutorSpec(executor["scheduler"], executor["wait_s"]), tuple(dict.fromkeys(_READS)))
+                    ExecutorSpec(executor["scheduler"], executor["wait_s"]), tuple(dict.fromkeys(reads)))
 
 
 def _group(table: TableReader, name: str, models: dict[str, ModelSpec], targets: dict[str, TargetSpec]) -> GroupSpec:
@@ -385,7 +385,7 @@ def _variants(table: TableReader, model: ModelSpec) -> dict[str, ModelSpec]:
 
 def _model(table: TableReader, name: str, targets: dict[str, TargetSpec]) -> ModelSpec:
     values = table.read("model", skip=("validation", "quantize", "freeze", "inputs", "dims", "variants"))
-    model_path = _looked_at(table.file.parent / values["path"])
+    model_path = _looked_at(table, table.file.parent / values["path"])
     if model_path.suffix.lower() != ".onnx":
         table.fail(f"must name an .onnx model file, found {shown(values['path'])}", "path")
     if not model_path.is_file():
@@ -432,7 +432,7 @@ def _quantize(model: TableReader) -> QuantizeSpec:
     calibration = values["calibration"]
     files: tuple[Path, ...] | None = None
     if calibration != "random":
-        folder = _looked_at(table.file.parent / calibration)  # a sample added or removed changes its identity
+        folder = _looked_at(table, table.file.parent / calibration)  # a sample added or removed changes its identity
         if not folder.is_dir():
             table.fail(f"calibration folder not found: {folder} (a folder of .npz files, one sample each, or "
                        f"\"random\" for a fixed-seed smoke-test set)", "calibration")
@@ -461,7 +461,7 @@ def _validation(table: TableReader, model: bool) -> dict[str, Any]:
         settings.setdefault("targets", {})[name] = {k: float(found[k]) for k in THRESHOLDS if found[k] is not None}
     for key in ("inputs", "reference"):
         if values[key] is not None:
-            path = _looked_at(table.file.parent / values[key])
+            path = _looked_at(table, table.file.parent / values[key])
             if not path.is_file():
                 table.fail(f"file {not_a_file(path)}: {path}", key)
             settings[key] = path.resolve()
@@ -506,9 +506,9 @@ def _merged_target(targets: TableReader, name: str) -> dict[str, Any]:
 
 
 def _target(targets: TableReader, name: str) -> TargetSpec:
-    table = TableReader(targets.file, f"targets.{name}", targets.table[name])
+    table = TableReader(targets.file, f"targets.{name}", targets.table[name], targets.reads)
     table.only(keys("target"))
-    table = TableReader(targets.file, f"targets.{name}", _merged_target(targets, name))
+    table = TableReader(targets.file, f"targets.{name}", _merged_target(targets, name), targets.reads)
     values = table.read("target", skip=("validation",))
     options, option_files = values["options"], values["option_files"]
     if values["config"] is not None:
@@ -541,14 +541,14 @@ def _winml_config(target: TableReader) -> tuple[dict[str, Any], list[str]]:
     import json
     import os
 
-    config_path = _looked_at(target.file.parent / target.get("config", str))
+    config_path = _looked_at(target, target.file.parent / target.get("config", str))
     try:
         data = json.loads(config_path.read_text())
     except FileNotFoundError:
         target.fail(f"WinMLBuildConfig file not found: {config_path}", "config")
     except (OSError, ValueError) as exc:
         target.fail(f"{config_path.name} is not readable JSON: {exc}", "config")
-    config = TableReader(config_path, "", data)
+    config = TableReader(config_path, "", data, target.reads)
     compile_table = config.child("compile")
     options = compile_table.get("provider_options", dict, {})
     file_keys = compile_table.get("provider_option_file_keys", list, [])
