@@ -56,3 +56,30 @@ def test_a_state_folder_of_another_layout_is_emptied_before_use(project, tmp_pat
                           "validate:tinycnn@qnn-htp"}  # a full check: restored from the cache at most
     assert all("restored" in line or "passed" in line for line in again.stdout.splitlines()
                if line.startswith(("compiled", "passed", "restored")))
+
+
+def _words(line: str) -> list[str]:
+    """What marks a line as prose: a docstring's quotes, a backquoted name, the folder's own name."""
+    return [mark for mark in ('"""', "`", "artifacts/.state/") if mark in line]
+
+
+def test_every_path_under_state_is_made_through_the_registry(tmp_path):
+    """`state_file` is the one way to a path under `.state/`: a name the registry does not declare is refused, and
+    no module of the package joins a name onto the state folder itself."""
+    import re
+
+    import pytest
+
+    from epbuild.files.state import state_file
+
+    assert state_file(tmp_path, "plan.pickle") == tmp_path / "plan.pickle"
+    assert state_file(tmp_path, "ops/qaic/m.json") == tmp_path / "ops" / "qaic" / "m.json"
+    assert state_file(tmp_path, "hashes") == tmp_path / "hashes"
+    with pytest.raises(ValueError, match=r"\.state/cache\.pickle is not declared"):
+        state_file(tmp_path, "cache.pickle")
+    joined = re.compile(r"(\.state|state_dir|\bstate)\s*/\s*[\"'A-Za-z_]")
+    offenders = [f"{path.relative_to(REPO)}:{number}" for path in (REPO / "rules" / "epbuild").rglob("*.py")
+                 if path.name != "state.py"
+                 for number, line in enumerate(path.read_text().splitlines(), 1)
+                 if joined.search(line.split("#")[0]) and not {'"""', "`", "artifacts/.state/"} & set(_words(line))]
+    assert offenders == []

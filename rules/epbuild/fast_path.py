@@ -58,7 +58,7 @@ def project_key(manifest: Path) -> str:
     for source in sorted({path for pattern in SOURCES for path in PACKAGE.glob(pattern)}):
         digest.update(str(source.relative_to(PACKAGE)).encode() + b"\0" + _file_bytes(source) + b"\0")
     layout = Layout(manifest.parent / "artifacts")
-    for path in (manifest, manifest.parent / "dodo.py", layout.state / "host.json"):
+    for path in (manifest, manifest.parent / "dodo.py", layout.state_file("host.json")):
         digest.update(str(path).encode() + b"\0" + _file_bytes(path) + b"\0")
     environment = sorted((k, v) for k, v in os.environ.items() if k.startswith(ENVIRONMENT) and k not in OUTPUT_ONLY)
     # an import folder's identity changes when a package is installed, upgraded or removed there; the project's
@@ -75,9 +75,9 @@ class Stamp:
     targets its 45,000 identities load in 0.01 s, as JSON 0.04 s of every run)."""
 
     def __init__(self, layout: Layout):
-        self.path = layout.state / "noop.pickle"
+        self.path = layout.state_file("noop.pickle")
         self.watched = [layout.configs, layout.build_report, layout.html_report, layout.junit_report,
-                        layout.state / "host.json", Path(DEP_FILE)]
+                        layout.state_file("host.json"), Path(DEP_FILE)]
         self.journal = journal_of(layout.configs)  # present or not
 
     def still_valid(self, key: str) -> dict[str, Any] | None:
@@ -121,7 +121,7 @@ class Listing:
     """`artifacts/.state/listing.json`: every task's name and doc from the last full `doit list`, by generator."""
 
     def __init__(self, layout: Layout):
-        self.path = layout.state / "listing.json"
+        self.path = layout.state_file("listing.json")
 
     def load(self, key: str) -> dict[str, list[dict[str, Any]]] | None:
         try:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..files.layout import write_json
+from ..files.state import state_file
 from ..manifest.eps import REGISTRY, EpInfo, platform_reason
 from .python_path import child_import_path
 
@@ -76,7 +77,7 @@ def probe_key(version: Callable[[str], str | None] = package_version) -> dict[st
 def capabilities(state_dir: Path, version: Callable[[str], str | None] = package_version) -> dict[str, Any]:
     """The cached probe result, probing in a child process when the key changed; `version`: the distributions'
     versions as this run names them (`Provenance.version`)."""
-    cache = state_dir / "host.json"
+    cache = state_file(state_dir, "host.json")
     key = probe_key(version)
     try:
         cached = json.loads(cache.read_text())

@@ -15,10 +15,10 @@ import os
 from pathlib import Path
 
 from .layout import settled, stat_key, write_atomic
+from .state import state_file
 
 CHUNK = 1 << 20
 COMPACT_SLACK = 64  # superseded lines a shard tolerates before it is rewritten
-LEGACY = "hashes.tsv"  # the one-file memory of earlier versions, removed when the shards begin
 
 Remembered = dict[str, tuple[list[int], str]]  # path -> (identity, sha256)
 
@@ -45,7 +45,7 @@ class FileHashes:
 
     def __init__(self, state_dir: Path):
         self.state = state_dir
-        self.folder = state_dir / "hashes"
+        self.folder = state_file(state_dir, "hashes")
         self._shards: dict[str, Remembered] = {}
         # digests by (device, size, mtime, ctime, inode) seen in this process: a file stored into the cache, published
         # or restored by hard links is read once, not once per name (a 1 GB artifact took 0.6 s per name)
@@ -81,7 +81,6 @@ class FileHashes:
             return  # not a line the memory can hold: hashed again by the next process
         if not self.folder.is_dir():
             self.folder.mkdir(parents=True, exist_ok=True)
-            (self.state / LEGACY).unlink(missing_ok=True)
         with open(self.folder / name, "a", encoding="utf-8", errors="surrogateescape") as handle:
             handle.write(_line(absolute, key, digest))  # one write of one line
 

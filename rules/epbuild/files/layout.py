@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..records import record
+from .state import state_file
 
 GROUPS = "groups"  # artifacts/<target>/groups/ holds shared-context groups: no model may be named so
 STAGES = ".stages"
@@ -55,13 +56,17 @@ class Layout:
     def junit_report(self) -> Path:
         return self.root / "junit.xml"
 
+    def state_file(self, name: str) -> Path:
+        """A file (or folder) under `.state/` that `files.state` declares."""
+        return state_file(self.state, name)
+
     @property
     def configs(self) -> Path:
-        return self.state / "configs.json"
+        return self.state_file("configs.json")
 
     @property
     def durations(self) -> Path:
-        return self.state / "durations.json"
+        return self.state_file("durations.json")
 
     def build_dir(self, target: str, name: str, shared: bool) -> Path:
         """A published compile (`shared`: a shared-context group)."""
@@ -82,7 +87,7 @@ class Layout:
         return self.scratch_root / label
 
     def ops_report(self, target: str, model: str) -> Path:
-        return self.state / "ops" / target / f"{model}.json"
+        return self.state_file(f"ops/{target}/{model}.json")
 
 
 # The kernel stamps ctime from its coarse clock, which ticks every few milliseconds: a file changed within the

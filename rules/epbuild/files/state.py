@@ -8,22 +8,23 @@ so no file is ever read under a layout it was not written in; losing it costs on
 from __future__ import annotations
 
 import fnmatch
-import shutil
 from pathlib import Path
-
-from ..records import record
 
 FORMAT = 1
 FORMAT_FILE = "format"
 
 
-@record
 class StateFile:
-    pattern: str  # relative to .state/ (glob)
-    owner: str  # the module that reads and writes it
-    holds: str
-    stale_when: str
-    earned_by: str  # the figure that keeps it (bench/results/...), or why it is not a shortcut
+    """One entry of the registry (a plain class: the registry is read by every run, the no-op included)."""
+
+    __slots__ = ("earned_by", "holds", "owner", "pattern", "stale_when")
+
+    def __init__(self, pattern: str, owner: str, holds: str, stale_when: str, earned_by: str):
+        self.pattern = pattern  # relative to .state/ (glob)
+        self.owner = owner  # the module that reads and writes it
+        self.holds = holds
+        self.stale_when = stale_when
+        self.earned_by = earned_by  # the figure that keeps it (bench/results/...), or why it is not a shortcut
 
 
 STATE_FILES = (
@@ -76,6 +77,20 @@ STATE_FILES = (
 )
 
 
+_EXACT = frozenset(f.pattern for f in STATE_FILES if "*" not in f.pattern)
+_FOLDERS = frozenset(f.pattern.split("/", 1)[0] for f in STATE_FILES if "/" in f.pattern)
+_GLOBS = tuple(f.pattern for f in STATE_FILES if "*" in f.pattern)
+
+
+def state_file(state: Path, name: str) -> Path:
+    """The one way to a path under `.state/`: a file (or a folder of files) this registry declares, so that nothing
+    is remembered that the page does not name. Its owner reads and writes it (`files.layout.write_atomic`,
+    `files.journal`), never another module."""
+    if name not in _EXACT and name not in _FOLDERS and not any(fnmatch.fnmatchcase(name, p) for p in _GLOBS):
+        raise ValueError(f".state/{name} is not declared in epbuild.files.state.STATE_FILES")
+    return state / name
+
+
 def unlisted(state: Path) -> list[str]:
     """Files under `state` no entry names (a test keeps this empty for a built project)."""
     names = [p.relative_to(state).as_posix() for p in state.rglob("*") if p.is_file()]
@@ -92,6 +107,8 @@ def settle_format(state: Path) -> bool:
         found = None
     if found == str(FORMAT):
         return False
+    import shutil
+
     emptied = False
     if state.is_dir() and any(state.iterdir()):
         for entry in state.iterdir():
@@ -111,7 +128,8 @@ def table() -> str:
                      for f in STATE_FILES)
     return ("# What epbuild remembers between runs\n\nEverything under `artifacts/.state/` (generated from "
             "`rules/epbuild/files/state.py`: `python -m epbuild.files.state > docs/state.md`). Deleting the folder "
-            "is always safe: the next run checks everything in full and writes it again. Layout format "
+            "is always safe: the next run checks everything in full and writes it again. Every path under it is made "
+            "through `files.state.state_file`, which refuses a name this table does not declare. Layout format "
             f"{FORMAT}.\n\n| file | owner | holds | stale when | earns its place |\n|---|---|---|---|---|\n{rows}\n")
 
 

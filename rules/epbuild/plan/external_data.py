@@ -16,6 +16,7 @@ from ..errors import BuildError, UserError
 from ..files.entry_lines import LazyEntries, read_entries, write_entries
 from ..files.layout import stat_key
 from ..files.publish import discard
+from ..files.state import state_file
 from ..logs import log
 
 READ_TIMEOUT_S = 600.0  # a multi-GB protobuf takes seconds to parse and check
@@ -232,7 +233,7 @@ class ExternalDataIndex:
     """Per-model external-data file lists, cached by file identity; `save()` writes only when something changed."""
 
     def __init__(self, state_dir: Path):
-        self.path = state_dir / "external-data.json"
+        self.path = state_file(state_dir, "external-data.json")
         # one line per model: a run that read one model rewrites its line, the others' as read (`files.entry_lines`)
         self.entries = read_entries(self.path) or LazyEntries()
         self.errors: dict[str, str] = {}  # not remembered: a model in error is read again next time

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..files.layout import file_identity, write_atomic
+from ..files.state import state_file
 from ..manifest.builds import Build, ResolvedTarget
 from ..manifest.parse import Manifest
 from ..manifest.stage import Stage
@@ -78,7 +79,7 @@ class SavedPlan:
     """Load the plan that still holds under `key`, or save a new one."""
 
     def __init__(self, state: Path, key: str):
-        self.path = state / "plan.pickle"
+        self.path = state_file(state, "plan.pickle")
         self.key = key
 
     def load(self) -> Plan | None:

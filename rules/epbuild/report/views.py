@@ -360,7 +360,7 @@ def write_views(layout: Layout, builds: list[Build], entries: dict[str, dict[str
     is unchanged; returns how many parts were rendered. `untouched` (`parts`) with `made_from`, the build report's
     identity before this run rewrote it: the last page's parts are those of the build report as it was then."""
     entry_text = entry_text or (lambda name: json.dumps(entries.get(name)))
-    store = PartStore(layout.state / PARTS, layout.build_report, made_from)
+    store = PartStore(layout.state_file(PARTS), layout.build_report, made_from)
     page_parts = parts(layout, builds, entries, store, entry_text, untouched)
     if pages:
         page = render_html(page_parts, stage_rows(entries, store, entry_text), entries, layout.root.parent.name)

@@ -35,6 +35,7 @@ from ..files.hashing import FileHashes
 from ..files.journal import append_line, journal_of, outgrown, read_lines
 from ..files.layout import stat_key, write_atomic
 from ..files.locks import file_lock
+from ..files.state import state_file
 
 Published = dict[str, list]  # path (relative to the project) -> [*identity, sha256] of each file a task published
 
@@ -88,7 +89,7 @@ class ConfigRecord:
         self.recorded = found if found is not None else LazyEntries()
         self.current: dict[str, str] = {}  # this run's digest of every task created
         self.settings: dict[str, dict[str, Any]] = {}  # this run's settings of every task created
-        self.settings_folder = path.parent / "settings"
+        self.settings_folder = state_file(path.parent, "settings")
         self.succeeded: dict[str, Published] = {}
 
     def explained(self, task: str) -> str:

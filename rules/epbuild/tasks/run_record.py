@@ -77,7 +77,7 @@ class RunRecord:
     """The record: loaded as base plus journal, written as a journal line where it can be."""
 
     def __init__(self, layout: Layout):
-        self.path = layout.state / "last-run.pickle"
+        self.path = layout.state_file("last-run.pickle")
         self.journal = journal_of(self.path)
         self.lock = self.path.with_suffix(".lock")
         self.watched = [layout.configs, layout.build_report, Path(DEP_FILE)]
