@@ -8,10 +8,12 @@ so no file is ever read under a layout it was not written in; losing it costs on
 from __future__ import annotations
 
 import fnmatch
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 FORMAT = 1
 FORMAT_FILE = "format"
+RECORDS_LOCK = "records.lock"
 
 
 class StateFile:
@@ -28,6 +30,8 @@ class StateFile:
 
 
 STATE_FILES = (
+    StateFile(RECORDS_LOCK, "files.state", "the lock a build holds while it writes the run record or the settings "
+              "record (two builds ending together)", "never read", "not a shortcut: concurrent builds"),
     StateFile(FORMAT_FILE, "files.state", "this folder's layout version", "epbuild changes the layout",
               "not a shortcut: what makes every other file safe to read"),
     StateFile("noop.pickle", "fast_path", "the last full no-op: its project key and every checked file's identity",
@@ -42,8 +46,6 @@ STATE_FILES = (
               "its files' identities", "scale-change.json: tasks handed to doit after one change"),
     StateFile("last-run.journal", "tasks.run_record", "lines appended to the record since its base",
               "merged into the base when it outgrows it", "scale-change.json (as last-run.pickle)"),
-    StateFile("last-run.lock", "tasks.run_record", "the lock two builds take to write the record", "never read",
-              "not a shortcut: concurrent builds"),
     StateFile("configs.json", "store.task_configs", "each task's settings digest at its last success and the "
               "files it published", "a task's settings or published files change",
               "not a shortcut: the settings doit's own record does not hold (incremental contract rows)"),
@@ -51,8 +53,6 @@ STATE_FILES = (
               "scale-change.json (a run writes its lines, not the whole record)"),
     StateFile("configs.sha256", "store.task_configs", "the base's per-entry digests", "the base is rewritten",
               "scale.json (a run decodes only the entries of the tasks it creates)"),
-    StateFile("configs.lock", "store.task_configs", "the lock two builds take to save", "never read",
-              "not a shortcut: concurrent builds"),
     StateFile("settings/*.json", "store.task_configs", "each task's settings themselves, for `epbuild explain`",
               "the task's settings change", "not a shortcut: what explain shows"),
     StateFile("build-report.sha256", "report.build_report", "build-report.json's per-entry digests",
@@ -89,6 +89,14 @@ def state_file(state: Path, name: str) -> Path:
     if name not in _EXACT and name not in _FOLDERS and not any(fnmatch.fnmatchcase(name, p) for p in _GLOBS):
         raise ValueError(f".state/{name} is not declared in epbuild.files.state.STATE_FILES")
     return state / name
+
+
+def records_lock(state: Path) -> AbstractContextManager[None]:
+    """Held while a build writes a record other builds merge into (`tasks.run_record`, `store.task_configs`): one
+    lock for both, taken one after the other, never nested."""
+    from .locks import file_lock
+
+    return file_lock(state_file(state, RECORDS_LOCK))
 
 
 def unlisted(state: Path) -> list[str]:

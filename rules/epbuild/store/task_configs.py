@@ -34,8 +34,7 @@ from ..files.entry_lines import LazyEntries, read_entries, write_entries
 from ..files.hashing import FileHashes
 from ..files.journal import append_line, journal_of, outgrown, read_lines
 from ..files.layout import stat_key, write_atomic
-from ..files.locks import file_lock
-from ..files.state import state_file
+from ..files.state import records_lock, state_file
 
 Published = dict[str, list]  # path (relative to the project) -> [*identity, sha256] of each file a task published
 
@@ -139,7 +138,7 @@ class ConfigRecord:
         if not changed:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with file_lock(self.path.with_suffix(".lock")):
+        with records_lock(self.path.parent):
             line = json.dumps(changed) + "\n"
             base_size, journal_size = _size(self.path), _size(journal_of(self.path))
             # a base decoded whole (an older epbuild's) is rewritten one line per task at once, not when the

@@ -24,7 +24,7 @@ from typing import Any
 from ..fast_path import DEP_FILE, file_identity
 from ..files.journal import append_line, journal_of, outgrown, read_lines
 from ..files.layout import Layout, write_atomic
-from ..files.locks import file_lock
+from ..files.state import records_lock
 from .checker import SEEN_CHANGING
 from .selection import Identity, Recorded
 
@@ -79,7 +79,6 @@ class RunRecord:
     def __init__(self, layout: Layout):
         self.path = layout.state_file("last-run.pickle")
         self.journal = journal_of(self.path)
-        self.lock = self.path.with_suffix(".lock")
         self.watched = [layout.configs, layout.build_report, Path(DEP_FILE)]
         self.settings_journal = journal_of(layout.configs)  # present or not
 
@@ -124,7 +123,7 @@ class RunRecord:
         if any(watched[str(path)] is None for path in self.watched):
             return  # a run without them left no state to compare with
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with file_lock(self.lock):
+        with records_lock(self.path.parent):
             if before is not None and before.read_as is not None and self._append(recorded, before, watched):
                 return
             self.journal.unlink(missing_ok=True)
