@@ -106,7 +106,7 @@ def _wait(child: _PlainChild | ForkedJob, limits: Limits, what: str) -> tuple[in
 
 
 def run_child(module: str, request: dict[str, Any], workdir: Path, limits: Limits, what: str,
-              log: Path | None = None, ep: str = "", reuse: bool = False,
+              log: Path | None = None, *, ep: str = "", reuse: bool = False,
               expect: Provenance | None = None) -> dict[str, Any]:
     """Run `python -m module request.json result.json` within `limits`, forked by the fork server of EP alias
     `ep` ("" for CPU-only work) where it serves (with `reuse`, in one of its warm workers), else as a fresh

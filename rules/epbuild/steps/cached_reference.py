@@ -44,8 +44,8 @@ def run_against_reference(build: Build, workspace: Workspace, request: Validatio
     limits, fork_server, warm = target.limits(timeout), target.ep.fork_server, target.ep.warm_validations
 
     def artifact_child(extra: dict[str, Any]) -> ValidationReport:
-        return run_child("epbuild.steps.validate", {**request, **extra}, workdir, limits, what, log, fork_server,
-                         warm, workspace.provenance)
+        return run_child("epbuild.steps.validate", {**request, **extra}, workdir, limits, what, log,
+                         ep=fork_server, reuse=warm, expect=workspace.provenance)
 
     def origin(how: str) -> dict[str, Any]:  # for the build report: outside the validation's fingerprint
         return {"cpu_reference": {"from": how, "fingerprint": key}}
@@ -108,8 +108,8 @@ def run_group_against_references(build: Build, workspace: Workspace, request: Va
         report = run_child("epbuild.steps.validate", {
             **request, "references": {name: str(folders[name]) for name in restored},
             "references_to": {name: str(folders[name]) for name in keys if name not in restored}},
-            workdir, build.target.limits(timeout), what, log, build.target.ep.fork_server,
-            build.target.ep.warm_validations, workspace.provenance)
+            workdir, build.target.limits(timeout), what, log, ep=build.target.ep.fork_server,
+            reuse=build.target.ep.warm_validations, expect=workspace.provenance)
         answers = report.pop("references", {})
         for name, answer in answers.items():
             _keep(answer, folders[name], keys[name], label, inputs, workspace)
@@ -136,8 +136,8 @@ def run_pipeline_against_cache(build: Build, workspace: Workspace, request: Vali
             discard(folder)
         pipeline = {**request["pipeline"], **({"cpu": str(folder)} if kept else {"cpu_to": str(folder)})}
         report = run_child("epbuild.steps.validate", {**request, "pipeline": pipeline}, workdir,
-                           build.target.limits(timeout), what, log, build.target.ep.fork_server,
-                           build.target.ep.warm_validations, workspace.provenance)
+                           build.target.limits(timeout), what, log, ep=build.target.ep.fork_server,
+                           reuse=build.target.ep.warm_validations, expect=workspace.provenance)
         if not kept:
             _keep(report, folder, key, label, inputs, workspace, PIPELINE_FILES, "pipeline")
         if "pipeline" not in report:  # it failed or was skipped before running the pipeline

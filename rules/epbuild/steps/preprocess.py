@@ -363,8 +363,8 @@ def produce_stage(stage: Stage, workspace: Workspace, scratch: Path) -> dict[str
     try:
         log = workspace.layout.log(STAGES, stage.task.replace(":", "."))
         return run_child("epbuild.steps.preprocess", stage_request(stage, scratch / stage.output.name), workdir,
-                         Limits(STAGE_TIMEOUT_S), stage.task, log, SHAPE_STAGE if stage.kind == "shape" else "",
-                         expect=workspace.provenance)
+                         Limits(STAGE_TIMEOUT_S), stage.task, log,
+                         ep=SHAPE_STAGE if stage.kind == "shape" else "", expect=workspace.provenance)
     finally:
         discard(workdir)
 

@@ -22,12 +22,12 @@ from ..errors import BuildError, located, plain
 from ..execute.child import run_child, serve
 from ..files.layout import write_json
 from ..files.owners import owner_tag
-from ..files.publish import discard, scratch_dir
+from ..files.publish import discard
 from ..files.weights import weights_folder
 from ..manifest.builds import SIDECAR, Build, Member
 from ..manifest.eps import EpInfo, lookup
 from ..manifest.stage import Stage
-from ..store.cache import Outcome, Workspace, check_inputs, restore, store
+from ..store.cache import Cached, Outcome, Workspace, through_cache
 from ..store.task_configs import Published, published
 from ..version import RULES_FORMAT
 from .artifact_session import context_binaries, is_qdq, open_session, placement_failures, structural_problems
@@ -137,7 +137,8 @@ def validate(build: Build, workspace: Workspace, workdir: Path) -> ValidationRep
                 report = run_group_against_references(build, workspace, request, workdir, what, log, timeout)
             elif build.shared or build.members[0].validation.mode != ValidationMode.RUN or build.members[0].package:
                 report = run_child("epbuild.steps.validate", request, workdir, target.limits(timeout), what, log,
-                                   target.ep.fork_server, target.ep.warm_validations, workspace.provenance)
+                                   ep=target.ep.fork_server, reuse=target.ep.warm_validations,
+                                   expect=workspace.provenance)
             else:
                 report = run_against_reference(build, workspace, request, workdir, what, log, timeout)
         except BuildError as exc:
@@ -158,42 +159,37 @@ def cached_validation(label: str, fingerprint: str, workspace: Workspace, folder
                       produce: Callable[[Path], dict[str, Any]], identity: dict[str, Any],
                       inputs: dict[Path, list[int] | None],
                       target: str) -> tuple[dict[str, Any], Outcome, Published]:
-    """A passed report for this exact artifact, settings and host restored from the caches, or `produce(workdir)`;
-    either way written into the artifact `folder` as `validation.json`, atomically, with the `target` named
-    there: a restored report and a fresh one give the same file. Only passed reports are stored (without the
-    target's name, timings or the worker): a failure or a skip is worth re-checking. Also the written file's
-    identity for the settings record, read under the fingerprint's lock: a concurrent builder of the same task
-    removes the verdict before it waits for the lock, so after the lock the file may be gone (or its own)."""
-    with workspace.cache.lock(fingerprint):
-        restored = workspace.layout.scratch(f"validation.{fingerprint[:16]}.{owner_tag()}")  # made by a hit
-        try:
-            found, outcome = restore(label, fingerprint, workspace, restored)
-            if found == [REPORT]:
-                check_inputs(label, inputs)
-                report = {**json.loads((restored / REPORT).read_text()), "target": target}
-                write_json(folder / REPORT, report)
-                return report, outcome, _identity(folder, workspace)
-        finally:
-            discard(restored)
-        # the child works in the folder that becomes the cache entry (in artifacts/.scratch when the cache is not
-        # writable)
-        try:
-            staging = workspace.cache.staging(fingerprint)
-        except OSError as exc:
-            workspace.cache.give_up(exc, "staging")
-            staging = scratch_dir(workspace.layout.scratch_root, f"validation.{fingerprint[:16]}")
-        try:
-            report = produce(staging)
-            check_inputs(label, inputs)  # the artifact or a reference was replaced while it ran
+    """A verdict through the cache protocol (`through_cache`): a passed report for this exact artifact, settings and
+    host restored, or `produce(workdir)`; either way written into the artifact `folder` as `validation.json`,
+    atomically, with the `target` named there: a restored report and a fresh one give the same file. Only passed
+    reports are stored (without the target's name, timings or the worker): a failure or a skip is worth re-checking.
+    Also the written file's identity for the settings record, read under the fingerprint's lock: a concurrent
+    builder of the same task removes the verdict before it waits for the lock, so after the lock the file may be
+    gone (or its own)."""
+    scratch = workspace.layout.scratch(f"validation.{fingerprint[:16]}.{owner_tag()}")
+
+    def kept(report: dict[str, Any]) -> list[str] | None:
+        if report["status"] != Verdict.PASSED:
+            return None
+        write_json(scratch / REPORT, {k: v for k, v in report.items() if k not in NOT_CACHED})
+        return [REPORT]
+
+    def written(restored: Path, found: list[str] | None,
+                report: dict[str, Any] | None) -> tuple[dict[str, Any], Published]:
+        if found is not None:
+            report = {**json.loads((restored / REPORT).read_text()), "target": target}
+            write_json(folder / REPORT, report)
+        else:
+            assert report is not None
             write_json(folder / REPORT, {k: v for k, v in report.items() if k not in NOT_PUBLISHED})
-            if report["status"] != Verdict.PASSED:
-                return report, Outcome(None, outcome.downloaded), _identity(folder, workspace)
-            written = _identity(folder, workspace)
-            write_json(staging / REPORT, {k: v for k, v in report.items() if k not in NOT_CACHED})
-            uploaded = store(label, fingerprint, workspace, staging, [REPORT], identity, adopt=True)
-            return report, Outcome(None, outcome.downloaded, uploaded), written
-        finally:
-            discard(staging)
+        return report, _identity(folder, workspace)
+
+    try:
+        (report, identity_after), outcome = through_cache(Cached(label, fingerprint, inputs, identity, [REPORT]),
+                                                           workspace, scratch, produce, kept, written)
+    finally:
+        discard(scratch)
+    return report, outcome, identity_after
 
 
 def _identity(folder: Path, workspace: Workspace) -> Published:

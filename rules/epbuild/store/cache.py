@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import BuildError, UserError
 from ..execute.provenance import Provenance
@@ -44,6 +44,8 @@ if TYPE_CHECKING:
     from .remote_cache import RemoteCache
 
 ENTRIES = "entries-v2"  # <cache>/entries-v2/<fingerprint>/: the output files and RECORD beside them
+R = TypeVar("R")  # what a step's job gives (`through_cache`)
+T = TypeVar("T")  # what the step makes of the output, restored or produced
 
 
 def default_dir() -> Path:
@@ -364,46 +366,78 @@ def check_inputs(label: str, inputs: dict[Path, list[int] | None]) -> None:
         raise BuildError(f"{label}: {moved[0].name} changed while {label} ran; run again")
 
 
+@record
+class Cached:
+    """An output kept in the caches under its fingerprint, as a step hands it to the one protocol (`through_cache`)."""
+
+    label: str  # the task, for lines and the remote's manifest
+    fingerprint: str
+    inputs: dict[Path, list[int] | None]  # the inputs' identities before they were hashed (`hashing.snapshot`)
+    identity: dict[str, Any]  # tool versions, host: into the remote's manifest, for people reading it
+    expected: list[str] | None = None  # the files an entry holds; None: whatever the tool writes
+
+
+def through_cache(step: Cached, workspace: Workspace, folder: Path, produce: Callable[[Path], R],
+                  keep: Callable[[R], list[str] | None], use: Callable[[Path, list[str] | None, R | None], T],
+                  abandon: Callable[[], None] | None = None) -> tuple[T, Outcome]:
+    """The cache protocol every cached output goes through (a stage, a compile or group, a validation's verdict),
+    under the fingerprint's lock so that two builders never produce it twice: restore the entry into `folder`
+    (local cache, else the remote through it); when it holds what the step expects, check the inputs and hand it to
+    `use(folder, found, None)`. Else `produce(folder)`, check the inputs (one changed while the job ran: the job may
+    have read other bytes than the fingerprint names), store the files `keep(result)` names (None: nothing, a
+    failure is worth checking again) and hand the result to `use(folder, None, result)`. An entry holding other
+    files than expected is refused (evicted, and refused on the remote it came from) and produced again.
+    `abandon()` runs under the lock when anything fails, so that what it removes is never a concurrent builder's."""
+    with workspace.cache.lock(step.fingerprint):
+        try:
+            found, outcome = restore(step.label, step.fingerprint, workspace, folder)
+            log(__name__, "debug", "%s: %s for %s", step.label, f"restored from the {outcome.origin} cache"
+                if found is not None else "not in the caches: producing", step.fingerprint[:16])
+            if found is not None and (step.expected is None or found == step.expected):
+                check_inputs(step.label, step.inputs)
+                return use(folder, found, None), outcome
+            if found is not None:  # a miss leaves the folder empty
+                discard(folder)
+                _refuse_entry(step.label, step.fingerprint, workspace, outcome,
+                              f"it holds {found}, not {step.expected}")
+            folder.mkdir(parents=True, exist_ok=True)
+            result = produce(folder)
+            check_inputs(step.label, step.inputs)
+            names = keep(result)
+            uploaded = (store(step.label, step.fingerprint, workspace, folder, names, step.identity)
+                        if names is not None else 0)
+            return use(folder, None, result), Outcome(None, outcome.downloaded, uploaded)
+        except BaseException:
+            if abandon is not None:
+                abandon()
+            raise
+
+
 def cached_folder(label: str, fingerprint: str, workspace: Workspace, final: Path, expected: list[str] | None,
                   produce: Callable[[Path], None], identity: dict[str, Any],
                   inputs: dict[Path, list[int] | None], publishing: Callable[[Path], None] | None = None) -> Outcome:
-    """Restore `fingerprint` from the caches, or run `produce(scratch)` and store what it wrote (exactly
-    `expected`, or whatever the tool decides when None); then publish the folder atomically. `identity` (tool
-    versions, host) goes into the remote's manifest for people reading it; `inputs` are the identities the inputs
-    had before they were hashed (`hashing.snapshot`), checked before anything is stored or published;
-    `publishing(scratch)` adds what is not cached (names outside the fingerprint) and may refuse. The
-    fingerprint's lock is held throughout, so two builders never produce it twice, and a failure leaves neither
-    the scratch folder nor an older `final` behind."""
-    with workspace.cache.lock(fingerprint):
-        label_text = label.replace(":", ".").replace("@", ".").replace("[", ".")
-        scratch = scratch_dir(workspace.layout.scratch_root, label_text)
-        try:
-            found, outcome = restore(label, fingerprint, workspace, scratch)
-            log(__name__, "debug", "%s: %s for %s", label, f"restored from the {outcome.origin} cache"
-                if found is not None else "not in the caches: producing", fingerprint[:16])
-            if found is None or (expected is not None and found != expected):
-                if found is not None:  # a miss leaves the scratch folder empty
-                    discard(scratch)
-                    scratch.mkdir()
-                    _refuse_entry(label, fingerprint, workspace, outcome, f"it holds {found}, not {expected}")
-                produce(scratch)
-                check_inputs(label, inputs)
-                produced = produced_files(scratch)
-                if expected is not None and produced != expected:
-                    raise BuildError(f"{label}: wrote {produced}, expected {expected}")
-                uploaded = store(label, fingerprint, workspace, scratch, produced, identity)
-                outcome = Outcome(None, outcome.downloaded, uploaded)
-                found = None
-            check_inputs(label, inputs)
-            if publishing is not None:
-                publishing(scratch)
-            if found is not None and _holds(final, scratch, found, workspace):
-                # another builder has just published these very bytes: replacing the folder would pull it from
-                # under a compile of that builder that reads from it (a stage's output)
-                discard(scratch)
-                return outcome
-            publish(scratch, final)
-        except BaseException:
-            discard(scratch, final)
-            raise
-    return outcome
+    """A folder output through the cache protocol (`through_cache`): restored, or `produce(scratch)` with what it
+    wrote stored (exactly `expected`, or whatever the tool decides when None); then published atomically.
+    `publishing(scratch)` adds what is not cached (names outside the fingerprint) and may refuse. A failure leaves
+    neither the scratch folder nor an older `final` behind."""
+    label_text = label.replace(":", ".").replace("@", ".").replace("[", ".")
+    scratch = scratch_dir(workspace.layout.scratch_root, label_text)
+
+    def kept(_: None) -> list[str]:
+        produced = produced_files(scratch)
+        if expected is not None and produced != expected:
+            raise BuildError(f"{label}: wrote {produced}, expected {expected}")
+        return produced
+
+    def published(folder: Path, found: list[str] | None, _: None) -> None:
+        if publishing is not None:
+            publishing(folder)
+        if found is not None and _holds(final, folder, found, workspace):
+            # another builder has just published these very bytes: replacing the folder would pull it from under
+            # a compile of that builder that reads from it (a stage's output)
+            discard(folder)
+            return
+        publish(folder, final)
+
+    return through_cache(Cached(label, fingerprint, inputs, identity, expected), workspace, scratch, produce, kept,
+                         published, lambda: discard(scratch, final))[1]

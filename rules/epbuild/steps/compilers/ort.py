@@ -41,8 +41,8 @@ class OrtCompiler(Compiler):
         layout, target = workspace.layout, build.target
         what = f"{build.kind} {build.name} ({target.ep.name})"
         answer = run_child("epbuild.steps.compile", compile_request(build, scratch), scratch, target.limits(), what,
-                           build.log(layout, "compile"), target.ep.fork_server, target.ep.warm_compiles,
-                           workspace.provenance)
+                           build.log(layout, "compile"), ep=target.ep.fork_server, reuse=target.ep.warm_compiles,
+                           expect=workspace.provenance)
         for key, name in target.runtime_files().items():
             shutil.copyfile(target.option_files[key], scratch / name)
         if build.shared and target.ep.shared_weights_outside:
