@@ -166,8 +166,8 @@ class UpToDate:
     def _nothing(self, *_: Any) -> Iterator[dict[str, Any]]:
         return iter(())
 
-    stage_tasks = build_tasks = validate_tasks = ops_tasks = backends_task = cache_task = unavailable_task = \
-        graph_task = prune_task = _nothing
+    stage_tasks = build_tasks = validate_tasks = ops_tasks = package_tasks = backends_task = cache_task = \
+        unavailable_task = graph_task = prune_task = _nothing
 
     def doit_config(self) -> dict[str, Any]:
         return {**DOIT_BASE, "default_tasks": [], "reporter": _reporter(self.stamp)}

@@ -22,6 +22,7 @@ class TaskStatus(StrEnum):
     COMPILED = "compiled"
     RESTORED = "restored"  # the output (or verdict) of these very inputs and settings, from the cache
     VALIDATED = "validated"
+    PACKAGED = "packaged"  # a model package made and checked through ONNX Runtime
     STAGED = "staged"  # counted so in the summary: a stage that ran
     SKIPPED = "skipped"
     INCONCLUSIVE = "inconclusive"

@@ -26,6 +26,7 @@ from ..records import record
 from .state import state_file
 
 GROUPS = "groups"  # artifacts/<target>/groups/ holds shared-context groups: no model may be named so
+PACKAGES = "packages"  # artifacts/packages/ holds model packages: no target may be named so
 STAGES = ".stages"
 RECORD = ".epbuild-entry.json"  # in a cache entry: every file's sha256; an entry without one is incomplete
 
@@ -71,6 +72,10 @@ class Layout:
     def build_dir(self, target: str, name: str, shared: bool) -> Path:
         """A published compile (`shared`: a shared-context group)."""
         return self.root / target / GROUPS / name if shared else self.root / target / name
+
+    def package_dir(self, name: str) -> Path:
+        """A published model package (`[packages.NAME]`)."""
+        return self.root / PACKAGES / name
 
     def stage_output(self, model: str, folder: str) -> Path:
         return self.root / STAGES / model / folder / f"{model}.onnx"

@@ -136,6 +136,11 @@ class Member:
         return f"{self.model_file}.data"
 
 
+def package_task(name: str) -> str:
+    """The name of a model package's task (`[packages.NAME]`)."""
+    return f"package:{name}"
+
+
 def compile_task(model: str, target: str) -> str:
     """The name of one model's compile for one target, as `Build.task` makes it."""
     return f"compile:{model}@{target}"

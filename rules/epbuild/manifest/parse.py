@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserError, closest
-from ..files.layout import GROUPS
+from ..files.layout import GROUPS, PACKAGES
 from ..records import record
 from .schema import THRESHOLDS, keys
 
@@ -93,6 +93,15 @@ class GroupSpec:
 
 
 @record
+class PackageSpec:
+    """An ONNX Runtime model package: its models as components, their targets as variants."""
+
+    name: str
+    models: tuple[str, ...]
+    targets: tuple[str, ...] | None  # None: every target of its models
+
+
+@record
 class CacheSpec:
     """`[cache]`: where the artifact cache lives (EPBUILD_CACHE_DIR overrides `dir`), an optional size cap and an
     optional shared remote (EPBUILD_CACHE_REMOTE overrides `remote`)."""
@@ -127,6 +136,7 @@ class Manifest:
     # every file and folder reading the manifest looked at (models, configs, calibration folders, validation
     # files): the no-op shortcut (`epbuild.fast_path`) holds only while each keeps its identity
     reads: tuple[Path, ...] = ()
+    packages: dict[str, PackageSpec] = dataclasses.field(default_factory=dict)  # [packages.NAME]
 
     @property
     def root(self) -> Path:
@@ -290,10 +300,13 @@ def load(path: str | Path) -> Manifest:
 def parse(data: dict[str, Any], path: Path) -> Manifest:
     reads = [path]  # the files this reading looks at (the manifest's `reads`: a change to any re-plans)
     top = TableReader(path, "", data, reads)
-    top.read("top", skip=("models", "targets", "groups", "cache", "toolchains", "executor"))
+    top.read("top", skip=("models", "targets", "groups", "packages", "cache", "toolchains", "executor"))
     targets_table = top.child("targets")
     for name in targets_table.table:
         check_name(path, f"targets.{name}", name)
+        if name == PACKAGES:
+            targets_table.fail(f"'{name}' is reserved (artifacts/{name}/ holds model packages); rename the target",
+                               name)
     targets = {name: _target(targets_table, name) for name in targets_table.table}
     models_table = top.child("models")
     if not models_table.table:
@@ -316,6 +329,11 @@ def parse(data: dict[str, Any], path: Path) -> Manifest:
     for name in groups_table.table:
         check_name(path, f"groups.{name}", name)
         groups[name] = _group(groups_table.child(name), name, models, targets)
+    packages_table = top.child("packages")
+    packages = {}
+    for name in packages_table.table:
+        check_name(path, f"packages.{name}", name)
+        packages[name] = _package(packages_table.child(name), name, models, targets)
     cache = top.child("cache").read("cache")
     cache_spec = CacheSpec(path.parent / cache["dir"] if cache["dir"] else None, cache["max_size_mb"],
                            cache["remote"], cache["hard_links"], cache["remote_budget_s"], cache["remote_timeout_s"])
@@ -325,7 +343,7 @@ def parse(data: dict[str, Any], path: Path) -> Manifest:
                   for name in toolchains_table.table}
     executor = top.child("executor").read("executor")
     return Manifest(path, models, targets, groups, cache_spec, toolchains,
-                    ExecutorSpec(executor["scheduler"], executor["wait_s"]), tuple(dict.fromkeys(reads)))
+                    ExecutorSpec(executor["scheduler"], executor["wait_s"]), tuple(dict.fromkeys(reads)), packages)
 
 
 def _group(table: TableReader, name: str, models: dict[str, ModelSpec], targets: dict[str, TargetSpec]) -> GroupSpec:
@@ -348,6 +366,26 @@ def _group(table: TableReader, name: str, models: dict[str, ModelSpec], targets:
         if len(members) != 2:
             table.fail(f"a pipeline is a prompt graph and a token graph: 2 models, found {len(members)}", "pipeline")
     return GroupSpec(name, target, tuple(members), tokens)
+
+
+def _package(table: TableReader, name: str, models: dict[str, ModelSpec],
+             targets: dict[str, TargetSpec]) -> PackageSpec:
+    values = table.read("package")
+    members, chosen = values["models"], values["targets"]
+    if not members:
+        table.fail("a package holds at least one model", "models")
+    for index, member in enumerate(members):
+        if not isinstance(member, str) or member not in models:
+            table.fail(f"unknown model {member!r}{closest(str(member), models)}; declared models: "
+                       f"{', '.join(models)}", f"models[{index}]")
+        if members.index(member) != index:
+            table.fail(f"model '{member}' is listed twice; each model appears once", f"models[{index}]")
+    theirs = {t for member in members for t in models[member].targets}
+    for index, target in enumerate(chosen or ()):
+        if target not in theirs:
+            table.fail(f"'{target}' is not a target of {', '.join(members)}{closest(target, theirs)}; theirs: "
+                       f"{', '.join(sorted(theirs))}", f"targets[{index}]")
+    return PackageSpec(name, tuple(members), tuple(chosen) if chosen is not None else None)
 
 
 def _inputs(table: TableReader) -> dict[str, tuple[int, ...]]:

@@ -24,7 +24,8 @@ SCOPES = {
     "top": "top level", "model": "`[models.NAME]`", "variant": "`[models.NAME] variants.V`",
     "quantize": "`[models.NAME] quantize`",
     "target": "`[targets.NAME]`", "validation": "`validation` (model or target)", "qaic": "`[targets.NAME] qaic`",
-    "group": "`[groups.NAME]`", "pipeline": "`[groups.NAME] pipeline`", "cache": "`[cache]`",
+    "group": "`[groups.NAME]`", "pipeline": "`[groups.NAME] pipeline`", "package": "`[packages.NAME]`",
+    "cache": "`[cache]`",
     "executor": "`[executor]`",
     "toolchain": "`[toolchains.NAME]`",
 }
@@ -106,6 +107,8 @@ KEYS: tuple[Key, ...] = (
     Key("models", ("top",), dict, "the models, one `[models.NAME]` table each", required=True),
     Key("targets", ("top",), dict, "the targets, one `[targets.NAME]` table each"),
     Key("groups", ("top",), dict, "shared-context groups, one `[groups.NAME]` table each"),
+    Key("packages", ("top",), dict, "ONNX Runtime model packages (`artifacts/packages/NAME/`), one `[packages.NAME]` "
+        "table each"),
     Key("cache", ("top",), dict, "the artifact cache"),
     Key("toolchains", ("top",), dict, "external toolchains: `[toolchains.qaic] root`"),
     # models
@@ -223,6 +226,10 @@ KEYS: tuple[Key, ...] = (
         "`input_ids` gets the prompt then each greedy token, `attention_mask` marks the filled positions, "
         "`position_ids` counts them; per-step logits and the greedy tokens are compared with the source models on "
         "CPU, whose run is checked against a growing-cache run of the model as declared and onnxruntime-genai"),
+    Key("models", ("package",), list, "the models it holds, one component each; every target of theirs whose "
+        "validation passed is a variant that ONNX Runtime selects by EP", required=True),
+    Key("targets", ("package",), list, "only these targets' variants (default: every target of its models)",
+        check=strings),
     Key("tokens", ("pipeline",), int, "greedy token steps after the prompt", 4, check=lambda n: None if 1 <= n <= 64
         else f"must be from 1 to 64, found {n}"),
     Key("dir", ("cache",), str, "the cache folder (EPBUILD_CACHE_DIR wins; default ~/.cache/epbuild)"),

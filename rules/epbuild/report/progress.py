@@ -23,7 +23,7 @@ from ..files.layout import write_json
 
 MODE_VARIABLE = "EPBUILD_PROGRESS"
 STAGE_KINDS = frozenset({"freeze", "shape", "fold", "optimize", "quantize", "squash"})
-KIND_ORDER = ("stage", "ops", "compile", "group", "validate")
+KIND_ORDER = ("stage", "ops", "compile", "group", "validate", "package")
 # statuses of work actually done, for durations
 SUCCESS = ("compiled", "restored", "validated", "skipped", "inconclusive")
 

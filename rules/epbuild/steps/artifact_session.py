@@ -84,8 +84,13 @@ def open_session(ort: Any, info: EpInfo, request: MemberValidation) -> tuple[Any
         if request.get("share"):  # a member of a shared context, loaded as its loading contract says
             options.add_session_config_entry("ep.share_ep_contexts", "1")
     try:
-        session = ort.InferenceSession(request["artifact"], options,
-                                       providers=["CPUExecutionProvider"] if info.is_cpu else None)
+        if request.get("package"):
+            session, refused = _through_package(ort, options, request["package"])
+            if refused:
+                return None, refused
+        else:
+            session = ort.InferenceSession(request["artifact"], options,
+                                           providers=["CPUExecutionProvider"] if info.is_cpu else None)
         session.disable_fallback()  # no silent retry on CPU after an EP failure
     except Exception as exc:  # noqa: BLE001 - the EP's own error is the report
         foldable = request.get("foldable_on_cpu") or {}
@@ -95,6 +100,23 @@ def open_session(ort: Any, info: EpInfo, request: MemberValidation) -> tuple[Any
         return None, {"status": Verdict.FAILED,
                       "reason": f"{info.name} could not load the artifact: {str(exc).strip()}{hint}"}
     return session, None
+
+
+def _through_package(ort: Any, options: Any, package: dict[str, str]) -> tuple[Any, ValidationReport | None]:
+    """The session ONNX Runtime creates for the variant it selects from the model package for the EPs `options`
+    offers (the target's first); a failed report when it cannot open the package or selects another variant."""
+    try:
+        context = ort.ModelPackageContext(package["root"])
+        component = context.select_component(package["component"], ort.ModelPackageOptions(options))
+    except Exception as exc:  # noqa: BLE001 - ONNX Runtime's own refusal is the report
+        return None, {"status": Verdict.FAILED, "reason": f"ONNX Runtime could not select a variant of "
+                                                          f"{package['component']} from the package: {exc}"}
+    selected = component.get_selected_variant_name()
+    if selected != package["variant"]:
+        return None, {"status": Verdict.FAILED, "reason": f"ONNX Runtime selected variant '{selected}' of "
+                                                          f"{package['component']} for this EP, not the target's "
+                                                          f"'{package['variant']}'"}
+    return component.create_session(options), None
 
 
 def placement_failures(session: Any, info: EpInfo, cpu_nodes: int) -> tuple[dict[str, list[str]], list[str]]:

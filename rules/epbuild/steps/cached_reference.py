@@ -28,7 +28,7 @@ def _large(build: Build) -> bool:
 
 
 def run_against_reference(build: Build, workspace: Workspace, request: ValidationRequest, workdir: Path,
-                          what: str, log: Path, timeout: float) -> ValidationReport:
+                          what: str, log: Path, timeout: float, reuse: bool) -> ValidationReport:
     """One artifact run against its CPU reference, which is computed once per (model, inputs) and kept in the
     caches (`reference_fingerprint`): a target validating the same model restores it and runs the artifact
     alone. A reference not cached is computed in the artifact's child and stored from there; a large model's
@@ -41,11 +41,11 @@ def run_against_reference(build: Build, workspace: Workspace, request: Validatio
     # among the artifacts, like every restore (the validation's own folder may be in a full cache)
     restored = _staging(workspace, key)
     target = build.target
-    limits, fork_server, warm = target.limits(timeout), target.ep.fork_server, target.ep.warm_validations
+    limits, fork_server = target.limits(timeout), target.ep.fork_server
 
     def artifact_child(extra: dict[str, Any]) -> ValidationReport:
         return run_child("epbuild.steps.validate", {**request, **extra}, workdir, limits, what, log,
-                         ep=fork_server, reuse=warm, expect=workspace.provenance)
+                         ep=fork_server, reuse=reuse, expect=workspace.provenance)
 
     def origin(how: str) -> dict[str, Any]:  # for the build report: outside the validation's fingerprint
         return {"cpu_reference": {"from": how, "fingerprint": key}}

@@ -117,19 +117,26 @@ def validation_request(build: Build, folder: Path) -> ValidationRequest:
             "pipeline": pipeline}
 
 
-def validate(build: Build, workspace: Workspace, workdir: Path) -> ValidationReport:
-    """Validate the published artifact of `build`, its child working in `workdir`; return the report.
+def validate(build: Build, workspace: Workspace, workdir: Path, folder: Path | None = None,
+             package: dict[str, str] | None = None, log: Path | None = None) -> ValidationReport:
+    """Validate the published artifact of `build` (or its copy in `folder`), its child working in `workdir`;
+    return the report. With `package` (root, component, variant) the artifact's session is the one ONNX Runtime
+    creates for the variant it selects from that model package for the target's EP, in a fresh child (a warm
+    worker may hold a session of the same context binary, which QNN's simulator does not load twice).
 
     A crash or timeout of the child becomes a `failed` report naming the signal or timeout."""
     started = time.monotonic()
     layout = workspace.layout
-    folder, target = build.out_dir(layout), build.target
+    folder, target = folder or build.out_dir(layout), build.target
     report = compiler(target).validate(build, layout)
     if report is None:
         timeout = sum(m.validation.timeout_s for m in build.members)
         request = validation_request(build, folder)
+        for member in request["members"].values():
+            member["package"] = package
         what = f"validate {'group ' if build.shared else ''}{build.name} ({target.ep.name})"
-        log = build.log(layout, "validate")
+        what += " through its package" if package else ""
+        log = log or build.log(layout, "validate")
         try:
             if build.shared and request["pipeline"]:
                 report = run_pipeline_against_cache(build, workspace, request, workdir, what, log, timeout)
@@ -137,10 +144,11 @@ def validate(build: Build, workspace: Workspace, workdir: Path) -> ValidationRep
                 report = run_group_against_references(build, workspace, request, workdir, what, log, timeout)
             elif build.shared or build.members[0].validation.mode != ValidationMode.RUN or build.members[0].package:
                 report = run_child("epbuild.steps.validate", request, workdir, target.limits(timeout), what, log,
-                                   ep=target.ep.fork_server, reuse=target.ep.warm_validations,
+                                   ep=target.ep.fork_server, reuse=target.ep.warm_validations and not package,
                                    expect=workspace.provenance)
             else:
-                report = run_against_reference(build, workspace, request, workdir, what, log, timeout)
+                report = run_against_reference(build, workspace, request, workdir, what, log, timeout,
+                                               reuse=target.ep.warm_validations and not package)
         except BuildError as exc:
             report = {"status": Verdict.FAILED, "reason": str(exc)}
     if "reason" in report:  # an EP's colour codes: reports are read as text

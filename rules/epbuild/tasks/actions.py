@@ -18,15 +18,18 @@ from ..execute.executor import run_operator_list, run_validation
 from ..files.hashing import snapshot
 from ..manifest.builds import Build
 from ..manifest.stage import Stage
+from ..plan.packages import PackagePlan
 from ..report.build_report import usage_text
 from ..steps.compile import compile_build, file_records
 from ..steps.compilers import compiler
 from ..steps.fingerprint import validation_fingerprint
+from ..steps.model_package import assemble, check_package, manifest_text, package_files, unvalidated
+from ..steps.model_package import fingerprint as package_fingerprint
 from ..steps.preprocess import run_stage
 from ..steps.toolchains import check_operators, find_qaic, supported_operators
 from ..steps.validate import REPORT, cached_validation, summary, validate
 from ..steps.worker_needs import target_resources
-from ..store.cache import Outcome, Workspace
+from ..store.cache import Outcome, Workspace, cached_folder
 from ..store.task_configs import published
 
 FAILURES = (BuildError, UserError, OSError)
@@ -168,3 +171,46 @@ def report_unavailable(reasons: dict[str, str]) -> None:
         print("this host can build every task")
 
 
+
+
+def run_package(plan: PackagePlan, workspace: Workspace) -> TaskFailed | TaskResult:
+    """Make a model package from its validated variants and check it through ONNX Runtime (`steps.model_package`),
+    or restore the bytes of the same manifest from the cache."""
+    started = time.monotonic()
+    layout = workspace.layout
+    variants = list(plan.variants)
+    try:
+        if not variants:
+            raise BuildError(f"{plan.task}: no variant to hold: "
+                             + "; ".join(f"{name} {why}" for name, why in plan.left_out))
+        for build in variants:
+            why = unvalidated(build, layout)
+            if why:
+                raise BuildError(f"{plan.task}: {why}; a package holds validated variants only: validate it where it "
+                                 f"runs, or leave {build.target.name} out (`targets` in [packages.{plan.name}])")
+        sources = [build.out_dir(layout) / name for build in variants for name in build.outputs]
+        inputs = snapshot(sources)  # before they are hashed: the manifest names their bytes
+        text = manifest_text(plan.name, variants, dict(plan.left_out), layout, workspace.hashes)
+        key = package_fingerprint(text, workspace.provenance.code)
+        final = layout.package_dir(plan.name)
+        files = package_files(variants)
+        checked: dict[str, Any] = {}
+
+        def produce(scratch: Path) -> None:
+            assemble(variants, text, layout, scratch)
+            checked.update(check_package(plan.name, variants, workspace, scratch))
+
+        outcome = cached_folder(plan.task, key, workspace, final, files, produce, {"kind": "package"}, inputs)
+    except FAILURES as exc:
+        return failure(exc)
+    status = TaskStatus.RESTORED if outcome.restored else TaskStatus.PACKAGED
+    seconds = time.monotonic() - started
+    how = ("restored (checked when it was made)" if outcome.restored else
+           "checked through ModelPackageContext: " + ", ".join(f"{t} {v['status']}" for t, v in checked.items()))
+    left = f"; left out: {', '.join(name for name, _ in plan.left_out)}" if plan.left_out else ""
+    print(f"{status} {plan.task}: {len(variants)} variant(s), {how}{left}, {seconds:.1f} s -> "
+          f"{os.path.relpath(final)}/{_origin(outcome)}")
+    return {"status": status, **outcome.report(), "fingerprint": key, "seconds": round(seconds, 3),
+            "variants": {b.name: checked.get(b.target.name, {}) for b in variants},
+            "left_out": dict(plan.left_out),
+            PUBLISHED: published([final / name for name in files], workspace.hashes, workspace.project_root)}

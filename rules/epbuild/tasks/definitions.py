@@ -4,6 +4,7 @@ are compared with those it last succeeded with (`store.task_configs`)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
@@ -19,11 +20,22 @@ from ..files.publish import discard
 from ..invocation import Invocation
 from ..manifest.builds import Build, compile_task
 from ..manifest.stage import Stage
+from ..plan.packages import PackagePlan, plan_packages
 from ..steps.compilers import compiler
 from ..steps.fingerprint import compile_config, stage_config, validate_config
+from ..steps.model_package import package_files
 from ..steps.validate import REPORT
 from ..store.task_configs import ConfigRecord
-from .actions import refuse_unavailable, report_unavailable, run_compile, run_ops, run_stage_task, run_validate
+from ..version import RULES_FORMAT
+from .actions import (
+    refuse_unavailable,
+    report_unavailable,
+    run_compile,
+    run_ops,
+    run_package,
+    run_stage_task,
+    run_validate,
+)
 from .checker import HashChecker
 from .commands import run_prune, show_backends, show_cache, show_graph
 from .loading import load_project
@@ -87,10 +99,11 @@ class Tasks:
                        and self._made.get(name, True) is not None]
         return [name for name in default if name in self.selection or ":" not in name]
 
-    def _planned(self) -> dict[str, Build | Stage]:
-        """Every task of the plan that does work, by name, with the build or stage it is made from."""
+    def _planned(self) -> dict[str, Build | Stage | PackagePlan]:
+        """Every task of the plan that does work, by name, with the build, stage or package it is made from."""
         project = self.project
-        planned: dict[str, Build | Stage] = {stage.task: stage for stage in project.stages.values()}
+        planned: dict[str, Build | Stage | PackagePlan] = {stage.task: stage for stage in project.stages.values()}
+        planned.update(self.packages)
         for build in project.builds:
             planned[build.task] = build
             if build.validates:
@@ -99,11 +112,13 @@ class Tasks:
                 planned[build.ops_task] = build
         return planned
 
-    def _make(self, name: str, source: Build | Stage | None) -> Task | None:
+    def _make(self, name: str, source: Build | Stage | PackagePlan | None) -> Task | None:
         if source is None:
             return None
         if isinstance(source, Stage):
             return self._stage_task(source)
+        if isinstance(source, PackagePlan):
+            return self._package_task(source)
         by_kind = {"validate": self._validate_task, "ops": self._ops_task}  # else compile: or group:
         return by_kind.get(name.partition(":")[0], self._build_task)(source)
 
@@ -132,6 +147,7 @@ class Tasks:
         keys = shard_keys(project.builds) if project.shard else {}
         default = [name for b in project.builds if b.target.name not in project.unavailable and
                    in_shard(b, project.shard, keys) for name in project.task_names(b)]
+        default += list(self.packages)
         if project.unavailable:
             default.append("unavailable")
         default = self._select(default)
@@ -244,6 +260,35 @@ class Tasks:
             yield {"basename": basename, "name": model, "doc": f"{verb} {model} for each of its {len(tasks)} "
                    f"target(s)", "actions": None, "task_dep": tasks}
 
+    @functools.cached_property
+    def packages(self) -> dict[str, PackagePlan]:
+        """The model packages of the manifest, by task name (none in a sharded run: a package spans shards)."""
+        project = self.project
+        if project.shard:
+            return {}
+        return {plan.task: plan for plan in plan_packages(project.manifest, project.builds, project.unavailable)}
+
+    def package_tasks(self) -> Iterator[Task]:
+        yield {"basename": "package", "name": None, "doc": "ONNX Runtime model packages of validated artifacts"}
+        for name, plan in self.packages.items():
+            if not self._skipped(name):
+                yield self._made_or(name, self._package_task, plan)  # type: ignore[misc]
+
+    def _package_task(self, plan: PackagePlan) -> Task:
+        project = self.project
+        folder = project.rel(project.layout.package_dir(plan.name))
+        inputs, needs = [], []
+        for build in plan.variants:
+            out = self._out(build)[1]
+            inputs += [os.path.join(out, name) for name in build.outputs] + [os.path.join(out, REPORT)]
+            needs.append(build.validate_task)
+        config = {"rules_format": RULES_FORMAT, "code": project.workspace.provenance.code,
+                  "variants": [b.name for b in plan.variants], "left_out": [list(pair) for pair in plan.left_out]}
+        return self._task("package", plan.name, f"model package {plan.name}: {len(plan.variants)} variant(s) -> "
+                          f"{folder}/", run_package, [plan, project.workspace], inputs,
+                          [os.path.join(folder, name) for name in package_files(list(plan.variants))], config,
+                          clean=[(discard, [project.layout.package_dir(plan.name)])], task_dep=needs)
+
     def ops_tasks(self) -> Iterator[Task]:
         yield {"basename": "ops", "name": None, "doc": "check every qaic model's operators against qaic-compile"}
         for build in self.project.builds:
@@ -296,7 +341,8 @@ class Tasks:
         """What `doit list` shows, for the next one under the same key (epbuild.fast_path)."""
         generators = {"stages": self.stage_tasks, "compile": lambda: self.build_tasks("compile"),
                       "group": lambda: self.build_tasks("group"), "validate": self.validate_tasks,
-                      "ops": self.ops_tasks, "backends": self.backends_task, "cache": self.cache_task,
+                      "ops": self.ops_tasks, "package": self.package_tasks, "backends": self.backends_task,
+                      "cache": self.cache_task,
                       "unavailable": self.unavailable_task, "graph": self.graph_task, "prune": self.prune_task}
         Listing(self.project.layout).write(self.project.key, {name: [listed(task) for task in make()]
                                               for name, make in generators.items()})
@@ -313,7 +359,7 @@ class Tasks:
     def all_tasks(self) -> list[Task]:
         """The tasks that do work (the graph's nodes): not the per-model selections, which only name others."""
         every = [*self.stage_tasks(), *self.build_tasks("compile"), *self.build_tasks("group"),
-                 *self.validate_tasks(), *self.ops_tasks()]
+                 *self.validate_tasks(), *self.ops_tasks(), *self.package_tasks()]
         return [task for task in every if task.get("actions") is not None or not task.get("name")]
 
     def prune_task(self) -> Iterator[Task]:

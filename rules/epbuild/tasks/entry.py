@@ -18,7 +18,8 @@ from ..invocation import Invocation
 from ..logs import configure as configure_logging
 
 GENERATORS = {"stages": "stage_tasks", "compile": ("build_tasks", "compile"), "group": ("build_tasks", "group"),
-              "validate": "validate_tasks", "ops": "ops_tasks", "backends": "backends_task", "cache": "cache_task",
+              "validate": "validate_tasks", "ops": "ops_tasks", "package": "package_tasks",
+              "backends": "backends_task", "cache": "cache_task",
               "unavailable": "unavailable_task", "graph": "graph_task", "prune": "prune_task"}
 
 

@@ -14,7 +14,7 @@ from typing import Any
 from ..errors import UserError, closest
 from ..files.layout import STAGES, Layout
 from ..invocation import Invocation
-from ..manifest.builds import Build
+from ..manifest.builds import Build, package_task
 from ..manifest.parse import Manifest
 from ..manifest.stage import Stage
 from ..store.cache import Workspace
@@ -119,7 +119,8 @@ class Project:
     def declared_tasks(self) -> set[str]:
         """Every task the manifest declares now, built here or not."""
         return {*self.stages, *(name for build in self.builds for name in (*self.task_names(build),
-                                                                         build.ops_task))}
+                                                                         build.ops_task)),
+                *(package_task(name) for name in self.manifest.packages)}
 
     def model_tasks(self, model: str) -> set[str]:
         """The task names of one model: its stages, and every build it is a member of with its checks."""

@@ -1,0 +1,137 @@
+"""An ONNX Runtime model package (`[packages.NAME]`), made from validated artifacts and checked the way an application
+loads it.
+
+Layout (ONNX Runtime's `model_package` format, schema 1.0, portable): `artifacts/packages/NAME/manifest.json` with one
+inline component per model and one variant per target, each variant the artifact folder's files copied (never
+linked) under `MODEL/TARGET/`. A variant names its EP, its compatibility string and, in `executor_info["ort"]`, the
+model file and the provider options a session needs; `additional_metadata["epbuild"]` keeps the target, the device
+it was built for, and, at the top, the targets left out and why, and the sha256 of every file.
+
+Devices: a variant declares `device` (ORT then requires the EP to offer a device of that type) except for QNN,
+whose HTP simulator on x86_64 hosts is an OrtEpDevice of type CPU: declaring "npu" would make ONNX Runtime refuse
+the variant wherever it is validated off-device. The device it was built for stays in its metadata.
+
+Only variants whose validation passed go in; what cannot be a variant (a target this host cannot build, validation
+off, a vendor tool's program) is listed as left out. The package is checked in its scratch folder before it is
+published: for each variant ONNX Runtime opens the package (`ModelPackageContext`), selects a variant for the
+target's EP (which must be the target's own), creates the session and the validation runs through it against the
+CPU reference with the target's thresholds (`validate.validate` with `package`). Its bytes are a function of its
+manifest, which holds every file's sha256: the caches keep it like any output.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from ..contracts.artifact import OMIT, read_artifact
+from ..contracts.statuses import Verdict
+from ..errors import BuildError
+from ..files.hashing import FileHashes
+from ..files.layout import PACKAGES, Layout
+from ..files.publish import copy_file, discard
+from ..manifest.builds import Build
+from ..version import RULES_FORMAT
+
+FORMAT = 1
+MANIFEST = "manifest.json"
+SCHEMA_VERSION = "1.0"
+DEVICE_UNDECLARED = ("QNNExecutionProvider",)  # its x86_64 simulator is a CPU-type device (see the docstring)
+
+
+def variant_folder(build: Build) -> str:
+    """`MODEL/TARGET`, relative to the package root (an inline component's folder)."""
+    return f"{build.members[0].name}/{build.target.name}"
+
+
+def package_files(variants: list[Build]) -> list[str]:
+    """Every file a package of these variants holds, as sorted relative paths."""
+    return sorted([MANIFEST, *(f"{variant_folder(b)}/{name}" for b in variants for name in b.outputs)])
+
+
+def manifest_text(name: str, variants: list[Build], left_out: dict[str, str], layout: Layout,
+                  hashes: FileHashes) -> str:
+    """manifest.json, from the published artifacts (their records and bytes): sorted keys, so that the same
+    artifacts give the same bytes."""
+    components: dict[str, Any] = {}
+    files: dict[str, str] = {}
+    for build in variants:
+        folder = build.out_dir(layout)
+        record = read_artifact(folder)
+        ort_info: dict[str, Any] = {"model_file": record.model_file}
+        options = record.runtime_options if record.has("runtime_options") else {}
+        if options:
+            ort_info["provider_options"] = {key: str(value) for key, value in options.items()}
+        variant: dict[str, Any] = {
+            "variant_directory": variant_folder(build), "ep": record.ep, "executor_info": {"ort": ort_info},
+            "additional_metadata": {"epbuild": {"target": build.target.name, "device": record.device,
+                                                "compiler": record.compiler}}}
+        if record.ep not in DEVICE_UNDECLARED:
+            variant["device"] = record.device
+        if record.compatibility is not OMIT:
+            variant["compatibility_string"] = record.compatibility
+        components.setdefault(build.members[0].name, {"variants": {}})["variants"][build.target.name] = variant
+        for file_name in build.outputs:
+            files[f"{variant_folder(build)}/{file_name}"] = hashes.sha256(folder / file_name)
+    manifest = {"schema_version": SCHEMA_VERSION, "package_name": name, "layout": "portable",
+                "description": f"built by epbuild from models.toml ([packages.{name}])", "components": components,
+                "additional_metadata": {"epbuild": {"format": FORMAT, "left_out": left_out, "files": files}}}
+    return json.dumps(manifest, indent=2, sort_keys=True) + "\n"
+
+
+def fingerprint(text: str, code: str) -> str:
+    """The cache key of a package: its manifest names every byte."""
+    return hashlib.sha256(json.dumps({"kind": "package", "rules_format": RULES_FORMAT, "format": FORMAT,
+                                      "code": code, "manifest": text}, sort_keys=True).encode()).hexdigest()
+
+
+def assemble(variants: list[Build], text: str, layout: Layout, scratch: Path) -> None:
+    """The package's files into `scratch`: each artifact's files copied under its variant folder, the manifest."""
+    for build in variants:
+        source, target = build.out_dir(layout), scratch / variant_folder(build)
+        target.mkdir(parents=True, exist_ok=True)
+        for file_name in build.outputs:
+            copy_file(source / file_name, target / file_name)
+    (scratch / MANIFEST).write_text(text)
+
+
+def unvalidated(build: Build, layout: Layout) -> str | None:
+    """Why a variant cannot go in though its tasks succeeded (a verdict other than passed), or None."""
+    from .validate import REPORT
+
+    try:
+        verdict = json.loads((build.out_dir(layout) / REPORT).read_text())
+    except (OSError, ValueError) as exc:
+        return f"no verdict ({exc})"
+    if verdict.get("status") != Verdict.PASSED:
+        return f"validate:{build.name} is {verdict.get('status')}: {verdict.get('reason', 'no reason given')}"
+    return None
+
+
+def check_variant(name: str, build: Build, workspace: Any, root: Path, workdir: Path) -> dict[str, Any]:
+    """The variant's validation run through the package: ONNX Runtime opens `root`, selects a variant for the
+    target's EP (it must be this one), creates the session; its outputs are compared with the CPU reference."""
+    from .validate import validate
+
+    package = {"root": str(root), "component": build.members[0].name, "variant": build.target.name}
+    log = workspace.layout.log(PACKAGES, f"{name}.{build.name}")
+    return validate(build, workspace, workdir, folder=root / variant_folder(build), package=package, log=log)
+
+
+def check_package(name: str, variants: list[Build], workspace: Any, root: Path) -> dict[str, dict[str, Any]]:
+    """Every variant checked through the package in `root`; a failure raises BuildError with its line."""
+    from .validate import summary
+
+    verdicts = {}
+    workdir = root.parent / f"{root.name}.check"
+    try:
+        for build in variants:
+            report = check_variant(name, build, workspace, root, workdir)
+            verdicts[build.target.name] = {"status": report["status"], "summary": summary(report)}
+            if report["status"] == Verdict.FAILED:
+                raise BuildError(f"package:{name}: {build.name} through the package: {summary(report)}")
+    finally:
+        discard(workdir)
+    return verdicts

@@ -1,0 +1,189 @@
+"""Model packages (`[packages.NAME]`): ONNX Runtime's own `ModelPackageContext` opens what a build packages and
+selects each target's variant by EP; every variant is validated through the package; the package task is
+incremental, restored byte for byte, and refuses what it cannot hold with one line."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import SOURCE, build_report, ran
+
+MANIFEST = '''
+[models.tinycnn]
+path = "models/tinycnn.onnx"
+targets = ["cpu", "openvino-cpu", "qnn-htp", "qnn-htp-embed"]
+
+[models.encoder]
+path = "models/encoder.onnx"
+targets = ["cpu"]
+
+[targets.cpu]
+ep = "cpu"
+
+[targets.openvino-cpu]
+ep = "openvino@pypi"
+device = "cpu"
+options = { load_config = "configs/openvino_f32.json" }
+option_files = ["load_config"]
+
+[targets.qnn-htp]
+ep = "qnn"
+device = "npu"
+options = { backend_type = "htp", soc_model = 60 }
+
+[targets.qnn-htp-embed]
+extends = "qnn-htp"
+embed = true
+
+[packages.vision]
+models = ["tinycnn"]
+
+[packages.text]
+models = ["encoder"]
+'''
+
+# ONNX Runtime's own selection, in a process of its own: the package, the EP offered first, the variant it picks
+SELECT = '''
+import sys, onnxruntime as ort
+from pathlib import Path
+from epbuild.contracts.artifact import read_artifact
+from epbuild.runtime.session import session_options_for
+root, component, target = sys.argv[1:4]
+folder = Path(root) / component / target
+options = session_options_for(ort, folder, read_artifact(folder))
+chosen = ort.ModelPackageContext(root).select_component(component, ort.ModelPackageOptions(options))
+session = chosen.create_session(options)
+print(chosen.get_selected_variant_name(), session.get_providers()[0])
+'''
+
+
+def _digests(folder) -> dict[str, str]:
+    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def packaged(project):
+    project.manifest(MANIFEST)
+    done = project.doit()
+    return project, done
+
+
+def test_onnx_runtime_opens_the_package_and_selects_each_targets_variant(packaged):
+    project, done = packaged
+    root = project.artifacts / "packages" / "vision"
+    manifest = json.loads((root / "manifest.json").read_text())
+    variants = manifest["components"]["tinycnn"]["variants"]
+    assert sorted(variants) == ["cpu", "openvino-cpu", "qnn-htp"]
+    assert variants["qnn-htp"]["ep"] == "QNNExecutionProvider" and "device" not in variants["qnn-htp"]
+    assert variants["qnn-htp"]["additional_metadata"]["epbuild"]["device"] == "npu"
+    assert variants["qnn-htp"]["compatibility_string"].startswith("v2:")
+    assert variants["openvino-cpu"]["executor_info"]["ort"]["provider_options"] == {"load_config": "load_config.json"}
+    left_out = manifest["additional_metadata"]["epbuild"]["left_out"]
+    assert list(left_out) == ["tinycnn@qnn-htp-embed"] and "qnn-htp is the QNNExecutionProvider variant" in \
+        left_out["tinycnn@qnn-htp-embed"]
+    # every file the manifest names, with its bytes; the artifact's own bytes (a copy, not a link)
+    assert {**manifest["additional_metadata"]["epbuild"]["files"], "manifest.json": None}.keys() == \
+        _digests(root).keys()
+    for name, digest in manifest["additional_metadata"]["epbuild"]["files"].items():
+        assert hashlib.sha256((root / name).read_bytes()).hexdigest() == digest
+    binary = root / "tinycnn" / "qnn-htp" / "tinycnn_qnn.bin"
+    assert binary.stat().st_nlink == 1
+    assert binary.read_bytes() == (project.artifacts / "qnn-htp" / "tinycnn" / "tinycnn_qnn.bin").read_bytes()
+    line = next(line for line in done.stdout.splitlines() if line.startswith("packaged package:vision"))
+    assert "checked through ModelPackageContext: cpu passed, openvino-cpu passed, qnn-htp passed" in line
+    entry = build_report(project)["package:vision"]
+    assert entry["status"] == "packaged" and entry["variants"]["tinycnn@qnn-htp"]["status"] == "passed"
+    for target, provider in (("cpu", "CPUExecutionProvider"), ("openvino-cpu", "OpenVINOExecutionProvider"),
+                             ("qnn-htp", "QNNExecutionProvider")):
+        chosen = subprocess.run([sys.executable, "-c", SELECT, str(root), "tinycnn", target], capture_output=True,
+                                text=True, timeout=300, env={**project.env, "PYTHONPATH": str(SOURCE)})
+        assert chosen.returncode == 0, chosen.stderr
+        assert chosen.stdout.splitlines()[-1].split() == [target, provider]  # after the simulator's own lines
+
+
+def test_a_package_is_incremental_restored_byte_for_byte_and_rebuilt_alone(packaged):
+    project, _ = packaged
+    root = project.artifacts / "packages" / "vision"
+    before = _digests(root)
+    assert ran(project.doit(), "package:") == set()  # a no-op
+    edited = root / "tinycnn" / "qnn-htp" / "tinycnn_qnn.bin"
+    edited.write_bytes(edited.read_bytes() + b"x")  # a variant edited after packaging
+    again = project.doit()
+    assert ran(again, "package:") == {"package:vision"} and "restored package:vision" in again.stdout
+    assert _digests(root) == before
+    import shutil
+
+    shutil.rmtree(project.artifacts / "packages")
+    project.doit()
+    assert _digests(root) == before  # from the cache, byte for byte
+    # one target's settings change: that model's package only
+    project.manifest(MANIFEST.replace('options = { backend_type = "htp", soc_model = 60 }',
+                                      'options = { backend_type = "htp", soc_model = 69 }'))
+    changed = project.doit()
+    assert ran(changed, "package:") == {"package:vision"}
+    manifest = json.loads((root / "manifest.json").read_text())
+    assert ":69:" in manifest["components"]["tinycnn"]["variants"]["qnn-htp"]["compatibility_string"]
+
+
+def test_a_variant_not_validated_fails_the_package_with_one_line(project, tmp_path):
+    """Its validation skipped (here: the QNN plugin hidden from the jobs): nothing is packaged, the line says which
+    verdict and how to leave the target out."""
+    import os
+
+    project.manifest(MANIFEST)
+    project.doit("compile")
+    hidden = tmp_path / "hidden" / "onnxruntime_qnn"
+    hidden.mkdir(parents=True)
+    (hidden / "__init__.py").write_text("raise ImportError('onnxruntime-qnn is not installed on this host')\n")
+    project.env["PYTHONPATH"] = os.pathsep.join([str(hidden.parent), project.env["PYTHONPATH"]])
+    done = project.doit("package:vision", check=False)
+    assert done.returncode == 1
+    line = next(line for line in (done.stdout + done.stderr).splitlines() if line.startswith("package:vision: "))
+    assert line.startswith("package:vision: validate:tinycnn@qnn-htp is skipped: this host cannot run "
+                           "QNNExecutionProvider")
+    assert line.endswith("a package holds validated variants only: validate it where it runs, or leave qnn-htp "
+                         "out (`targets` in [packages.vision])")
+    assert not (project.artifacts / "packages" / "vision").exists()
+
+
+def test_onnx_runtime_selecting_another_variant_fails_the_check(tmp_path):
+    """Two variants for one EP: ONNX Runtime takes the first; the check of the second says so in one line."""
+    import onnxruntime as ort
+
+    from epbuild.steps.artifact_session import _through_package
+    from helpers import single_op_model
+
+    for variant in ("a", "b"):
+        (tmp_path / "m" / variant).mkdir(parents=True)
+        single_op_model(tmp_path / "m" / variant / "m.onnx", "Relu")
+    body = {"variant_directory": None, "ep": "CPUExecutionProvider", "device": "cpu",
+            "executor_info": {"ort": {"model_file": "m.onnx"}}}
+    (tmp_path / "manifest.json").write_text(json.dumps({"schema_version": "1.0", "components": {"m": {"variants": {
+        v: {**body, "variant_directory": f"m/{v}"} for v in ("a", "b")}}}}))
+    session, refused = _through_package(ort, ort.SessionOptions(), {"root": str(tmp_path), "component": "m",
+                                                                    "variant": "a"})
+    assert refused is None and session.get_providers() == ["CPUExecutionProvider"]
+    session, refused = _through_package(ort, ort.SessionOptions(), {"root": str(tmp_path), "component": "m",
+                                                                    "variant": "b"})
+    assert session is None and refused["status"] == "failed"
+    assert refused["reason"] == "ONNX Runtime selected variant 'a' of m for this EP, not the target's 'b'"
+
+
+@pytest.mark.parametrize(("package", "line"), [
+    ('[packages.p]\nmodels = ["tinycnm"]',
+     "error: models.toml: packages.p.models[0]: unknown model 'tinycnm' (did you mean 'tinycnn'?); declared models: "
+     "tinycnn, encoder"),
+    ('[packages.p]\nmodels = ["encoder"]\ntargets = ["qnn-htp"]',
+     "error: models.toml: packages.p.targets[0]: 'qnn-htp' is not a target of encoder; theirs: cpu"),
+    ('[packages.p]\nmodels = []', "error: models.toml: packages.p.models: a package holds at least one model"),
+])
+def test_a_package_the_manifest_cannot_hold_is_one_line(project, package, line):
+    project.manifest(MANIFEST.split("[packages.vision]")[0] + package + "\n")
+    done = project.doit("list", check=False)
+    assert done.returncode == 2 and done.stderr.strip() == line
