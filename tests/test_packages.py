@@ -187,3 +187,26 @@ def test_a_package_the_manifest_cannot_hold_is_one_line(project, package, line):
     project.manifest(MANIFEST.split("[packages.vision]")[0] + package + "\n")
     done = project.doit("list", check=False)
     assert done.returncode == 2 and done.stderr.strip() == line
+
+
+def test_the_readme_package_snippet_opens_the_variant_onnx_runtime_selects(packaged):
+    import re
+
+    from conftest import REPO
+
+    text = (REPO / "README.md").read_text()
+    snippet = re.search(r"```python\n(.*?)```", text[text.index("**Model packages.**"):], re.S).group(1)
+    done = subprocess.run([sys.executable, "-c", snippet], cwd=packaged[0].root, capture_output=True, text=True,
+                          timeout=300, env={**packaged[0].env, "PYTHONPATH": str(SOURCE)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "QNNExecutionProvider"
+
+
+def test_open_package_says_what_is_wrong_in_one_line(packaged, tmp_path):
+    import epbuild
+    from epbuild.errors import UserError
+
+    with pytest.raises(UserError, match=r"no manifest\.json: give a model package folder"):
+        epbuild.open_package(tmp_path)
+    session = epbuild.open_package(packaged[0].artifacts / "packages" / "vision")  # one component, CPU
+    assert session.get_providers() == ["CPUExecutionProvider"]

@@ -17,6 +17,13 @@ def open_session(artifact, member=None, session_options=None):
     return opened(artifact, member, session_options)
 
 
+def open_package(package, component=None, ep="cpu", device=None):
+    """The session of the variant ONNX Runtime selects from a model package for `ep` (cpu, qnn, openvino)."""
+    from .runtime.session import open_package as opened
+
+    return opened(package, component, ep, device)
+
+
 def open_group(folder):
     """Every member's session of a shared-context group folder, in its loading order."""
     from .runtime.session import open_group as opened

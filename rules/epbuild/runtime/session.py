@@ -5,6 +5,7 @@ shared-context group the loading contract's session options, in its order."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,42 @@ def open_session(artifact: str | Path, member: str | None = None, session_option
     options = session_options_for(ort, folder, record, session_options)
     is_cpu = lookup(record.ep).is_cpu
     return ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"] if is_cpu else None)
+
+
+def open_package(package: str | Path, component: str | None = None, ep: str = "cpu",
+                 device: str | None = None) -> Any:
+    """The session of the variant ONNX Runtime selects from a model package (`[packages.NAME]`) for the EP an
+    application offers (`ep`: an alias as models.toml spells it, cpu, qnn, openvino; `device`: its device, else
+    the EP's first): the EP's plugin registered and its device offered, `ModelPackageContext.select_component`, and
+    the selected variant's session with its provider options (option files found in the variant's folder: ONNX
+    Runtime resolves paths in session options, not in provider options)."""
+    import onnxruntime as ort
+
+    root = Path(package)
+    if not (root / "manifest.json").is_file():
+        raise UserError(str(root), None, "no manifest.json: give a model package folder (artifacts/packages/NAME/)")
+    info = lookup(ep)
+    if info is None:
+        raise UserError(str(root), None, f"unknown execution provider {ep!r}: give cpu, qnn or openvino")
+    context = ort.ModelPackageContext(str(root))
+    names = context.get_component_names()
+    if component is None and len(names) != 1:
+        raise UserError(str(root), None, f"{len(names)} components: name one ({', '.join(names)})")
+    component = component or names[0]
+    offered = ort.SessionOptions()
+    if not info.is_cpu:  # the EP is created to select: with the options its variants name (QNN: its backend)
+        _plugin_ready(info)
+        register_plugin(ort, info)
+        variants = json.loads((root / "manifest.json").read_text())["components"].get(component, {})
+        first = next((v for v in variants.get("variants", {}).values() if v.get("ep") == info.name), {})
+        folder = root / first.get("variant_directory", "")
+        provider = {key: str(folder / value) if (folder / str(value)).is_file() else value
+                    for key, value in first.get("executor_info", {}).get("ort", {}).get("provider_options", {}).items()}
+        offered.add_provider_for_devices([select_ep_device(ort, info, device or info.devices[0])], provider)
+    chosen = context.select_component(component, ort.ModelPackageOptions(offered))
+    folder = Path(chosen.get_selected_variant_folder_path())
+    record = read_artifact(folder)
+    return chosen.create_session(session_options_for(ort, folder, record))
 
 
 def open_group(folder: str | Path) -> dict[str, Any]:
