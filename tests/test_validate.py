@@ -60,7 +60,9 @@ def test_every_shipped_artifact_validates(project, openvino_reason):
         assert f"skipped validate:tinycnn@openvino-cpu: {openvino_reason}" in done.stdout
     else:
         assert report(project, "openvino-cpu", "tinycnn")["status"] == "passed"
-    assert not {name for name in ran(project.doit()) if name.startswith(("compile:", "validate:"))}
+    assert "packaged package:vision: " in done.stdout  # the shipped package, each variant checked through it
+    assert (project.artifacts / "packages" / "vision" / "tinycnn" / "qnn-htp" / "tinycnn_qnn.bin").is_file()
+    assert not {name for name in ran(project.doit()) if name.startswith(("compile:", "validate:", "package:"))}
 
 
 def test_corrupted_context_binary_fails_validation_without_crashing_doit(project):
