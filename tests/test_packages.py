@@ -210,3 +210,19 @@ def test_open_package_says_what_is_wrong_in_one_line(packaged, tmp_path):
         epbuild.open_package(tmp_path)
     session = epbuild.open_package(packaged[0].artifacts / "packages" / "vision")  # one component, CPU
     assert session.get_providers() == ["CPUExecutionProvider"]
+
+
+def test_each_verdict_says_what_onnx_runtime_answers_for_this_hosts_devices(packaged):
+    """ONNX Runtime's compatibility answer, asked in the validating child and shown per cell: QNN judges only on
+    an NPU (off-device it does not judge or refuses to: never "compatible")."""
+    project, _ = packaged
+    qnn = json.loads((project.artifacts / "qnn-htp" / "tinycnn" / "validation.json").read_text())
+    assert qnn["compatibility"]["answer"] in ("UNJUDGED", "EP_NOT_APPLICABLE")
+    assert qnn["compatibility"]["text"].startswith(("cannot be judged here: ", "the EP does not judge it"))
+    openvino = json.loads((project.artifacts / "openvino-cpu" / "tinycnn" / "validation.json").read_text())
+    assert openvino["compatibility"]["answer"] in ("EP_SUPPORTED_OPTIMAL", "EP_SUPPORTED_PREFER_RECOMPILATION",
+                                                   "EP_NOT_APPLICABLE")
+    assert "compatibility" not in json.loads((project.artifacts / "cpu" / "tinycnn" / "validation.json").read_text())
+    page = (project.artifacts / "report.html").read_text()
+    said = qnn["compatibility"]
+    assert f'data-compatibility="{said["answer"]}">{said["text"][:20]}' in page

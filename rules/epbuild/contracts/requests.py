@@ -44,6 +44,7 @@ class MemberValidation(TypedDict):
     artifact: str
     files: list[str]  # every file the sidecar lists, absolute
     ep_sdk_version: str | None
+    compatibility: NotRequired[str | None]  # the EP's compatibility string, for ONNX Runtime's answer here
     cpu_nodes: int  # nodes the compile left on CPU: more at run time is a fallback
     source: str  # the model the compile consumed
     weights: dict[str, str]  # models above whose external data resolves in another folder (files.weights)

@@ -11,11 +11,7 @@ from typing import Any
 from ..contracts.artifact import OMIT, ArtifactRecord, read_artifact
 from ..manifest.builds import SIDECAR
 from ..manifest.eps import lookup
-
-ANSWERS = {"EP_SUPPORTED_OPTIMAL": "runs optimally on this host's devices",
-           "EP_SUPPORTED_PREFER_RECOMPILATION": "runs, but the EP prefers a recompile for this host's devices",
-           "EP_UNSUPPORTED": "cannot run on this host's devices: recompile for them",
-           "EP_NOT_APPLICABLE": "the EP does not judge it (no compatibility check for this artifact)"}
+from ..steps.compatibility import answer
 
 
 def judge(ort: Any, record: ArtifactRecord) -> str:
@@ -36,17 +32,9 @@ def judge(ort: Any, record: ArtifactRecord) -> str:
     try:
         _plugin_ready(info)
         register_plugin(ort, info)
-        devices = [d for d in ort.get_ep_devices() if d.ep_name == info.name]
-        if not devices:
-            return f"cannot be judged here: {info.name} offers no device on this host"
-        from onnxruntime.capi import _pybind_state
-
-        answers = {_pybind_state.get_model_compatibility_for_ep_devices(devices, text).name for text in strings}
-    except Exception as exc:  # noqa: BLE001 - the EP's refusal to judge is the answer, never "compatible"
-        return f"cannot be judged here: {' '.join(str(exc).split())[:200]} (string {strings[0]})"
-    worst = next(a for a in ("EP_UNSUPPORTED", "EP_SUPPORTED_PREFER_RECOMPILATION", "EP_NOT_APPLICABLE",
-                             "EP_SUPPORTED_OPTIMAL") if a in answers)
-    return f"{ANSWERS[worst]} (string {strings[0]})"
+    except Exception as exc:  # noqa: BLE001 - a plugin this host cannot load: nothing was judged
+        return f"cannot be judged here: {' '.join(str(exc).split())[:200]}"
+    return answer(ort, info.name, strings)[1]
 
 
 def main(argv: list[str], root: Path) -> int:

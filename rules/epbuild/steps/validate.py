@@ -33,6 +33,7 @@ from ..version import RULES_FORMAT
 from .artifact_session import context_binaries, is_qdq, open_session, placement_failures, structural_problems
 from .cached_reference import run_against_reference, run_group_against_references, run_pipeline_against_cache
 from .comparison import DEFAULT_THRESHOLDS, compare, compare_outputs
+from .compatibility import answer
 from .compilers import compiler
 from .diagnosis import failure_hints, fp16_hint, openvino_16bit_line, sixteen_bit_qdq
 from .localise import localise
@@ -68,6 +69,7 @@ def member_request(build: Build, member: Member, folder: Path, record: ArtifactR
         "float_reference_is": describe(member.float_model, declared, stages) if member.float_model else "",
         "artifact": str(folder / member.model_file), "files": [str(folder / name) for name in record.files],
         "ep_sdk_version": entry.ep_sdk_version if entry.ep_sdk_version is not OMIT else None,
+        "compatibility": entry.compatibility if entry.compatibility is not OMIT else None,
         "cpu_nodes": entry.nodes["cpu"] + entry.nodes.get("cpu_in_subgraphs", 0),  # as a session counts
         "foldable_on_cpu": entry.nodes.get("foldable_on_cpu", {}),
         "source": str(member.model.path), "reference": str(reference), "declared": str(declared),
@@ -159,7 +161,9 @@ def validate(build: Build, workspace: Workspace, workdir: Path, folder: Path | N
             "seconds": round(time.monotonic() - started, 3), **report}
 
 
-NOT_CACHED = ("target", "seconds", "usage", "worker", "cpu_reference")  # outside its fingerprint: never cached
+# outside its fingerprint, never cached: the compatibility answer depends on this host's devices, which the
+# fingerprint names only by machine and CPU
+NOT_CACHED = ("target", "seconds", "usage", "worker", "cpu_reference", "compatibility")
 NOT_PUBLISHED = ("seconds", "usage", "worker", "cpu_reference")  # in the build report, not beside the artifact
 
 
@@ -373,6 +377,7 @@ def validate_member(request: MemberValidation, reference: dict[str, Any] | None 
     except Exception as exc:  # noqa: BLE001 - the EP's own error is the report
         return {"status": Verdict.FAILED, "reason": f"{info.name} could not run the artifact: {str(exc).strip()}{hint}"}
     ran_on, failures = placement_failures(session, info, request["cpu_nodes"])
+    judged = answer(ort, info.name, [request["compatibility"]]) if request.get("compatibility") else None
 
     compared_graph = onnx.load(request["reference"], load_external_data=False)  # read once: kind and selections
     kind = "qdq" if is_qdq(compared_graph) else request["precision"]
@@ -399,6 +404,7 @@ def validate_member(request: MemberValidation, reference: dict[str, Any] | None 
     report: ValidationReport = {
         "status": status, "precision": kind, "thresholds": thresholds,
         "ran_on": ran_on, "outputs": metrics, **({"notes": notes} if notes else {}),
+        **({"compatibility": {"answer": judged[0], "text": judged[1]}} if judged else {}),
         **({"divergence": divergence} if divergence else {}),
         "inputs": {"from": request["inputs_file"] or f"generated, seed {SEED}",
                    "shapes": {k: list(v.shape) for k, v in feeds.items()},
