@@ -226,3 +226,14 @@ def test_each_verdict_says_what_onnx_runtime_answers_for_this_hosts_devices(pack
     page = (project.artifacts / "report.html").read_text()
     said = qnn["compatibility"]
     assert f'data-compatibility="{said["answer"]}">{said["text"][:20]}' in page
+
+
+def test_epbuild_run_goes_through_the_package_that_holds_the_artifact(packaged):
+    project, _ = packaged
+    for target, provider in (("qnn-htp", "QNNExecutionProvider"), ("cpu", "CPUExecutionProvider")):
+        done = subprocess.run([sys.executable, "-m", "epbuild", "run", f"tinycnn@{target}", "--runs", "2"],
+                              cwd=project.root, capture_output=True, text=True, timeout=300,
+                              env={**project.env, "PYTHONPATH": str(SOURCE)})
+        assert done.returncode == 0, done.stderr
+        first = done.stdout.splitlines()[0]
+        assert first.startswith(f"{target}/tinycnn through package vision: {provider} on {provider}"), first

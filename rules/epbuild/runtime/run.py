@@ -1,5 +1,6 @@
 """`epbuild run MODEL[@TARGET] [--inputs FILE.npz] [--runs N]`: an artifact run exactly as an application runs it
-(`runtime.session.open_session`) on this host's EP: its outputs (name, shape, dtype, statistics), the session's
+(`runtime.session.open_session`; through its model package when one holds it, as ONNX Runtime selects the
+variant) on this host's EP: its outputs (name, shape, dtype, statistics), the session's
 creation time and the latency over N runs."""
 
 from __future__ import annotations
@@ -82,11 +83,13 @@ def main(argv: list[str], root: Path) -> int:
     arguments = parser.parse_args(argv)
     import numpy as np
 
-    from .session import artifact_record, open_session
+    from ..manifest.eps import lookup
+    from .session import artifact_record, open_session, package_session, packaged_in
 
     try:
         folder = find_artifact(root / "artifacts", arguments.artifact)
         folder, record = artifact_record(folder)
+        package = packaged_in(root / "artifacts", folder.name, folder.parent.name)
         import onnxruntime as ort
 
         quiet = ort.SessionOptions()
@@ -94,7 +97,15 @@ def main(argv: list[str], root: Path) -> int:
         started = time.perf_counter()
         try:
             with _native_output_to_stderr():  # QNN's libraries print to fd 1: not this command's output
-                session = open_session(folder, session_options=quiet)
+                if package is None:
+                    session = open_session(folder, session_options=quiet)
+                else:  # as an application loads it: the variant ONNX Runtime selects for this EP
+                    session, selected = package_session(package, folder.name, lookup(record.ep), record.device,
+                                                        quiet)
+                    if selected != folder.parent.name:
+                        print(f"error: ONNX Runtime selected variant '{selected}' of {folder.name} from "
+                              f"{package.name}, not {folder.parent.name}", file=sys.stderr)
+                        return 1
         except (RuntimeError, OSError, ImportError) as exc:
             print(f"error: this host cannot run {record.ep} ({record.device}): {exc}", file=sys.stderr)
             return 1
@@ -115,7 +126,8 @@ def main(argv: list[str], root: Path) -> int:
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"{folder.parent.name}/{folder.name}: {record.ep} on {', '.join(session.get_providers())}; "
+    through = f" through package {package.name}" if package is not None else ""
+    print(f"{folder.parent.name}/{folder.name}{through}: {record.ep} on {', '.join(session.get_providers())}; "
           f"session created in {created * 1000:.1f} ms")
     for output, value in zip(session.get_outputs(), outputs, strict=True):
         value = np.asarray(value)

@@ -92,14 +92,19 @@ def open_package(package: str | Path, component: str | None = None, ep: str = "c
     the EP's first): the EP's plugin registered and its device offered, `ModelPackageContext.select_component`, and
     the selected variant's session with its provider options (option files found in the variant's folder: ONNX
     Runtime resolves paths in session options, not in provider options)."""
-    import onnxruntime as ort
-
-    root = Path(package)
-    if not (root / "manifest.json").is_file():
-        raise UserError(str(root), None, "no manifest.json: give a model package folder (artifacts/packages/NAME/)")
     info = lookup(ep)
     if info is None:
-        raise UserError(str(root), None, f"unknown execution provider {ep!r}: give cpu, qnn or openvino")
+        raise UserError(str(package), None, f"unknown execution provider {ep!r}: give cpu, qnn or openvino")
+    return package_session(Path(package), component, info, device)[0]
+
+
+def package_session(root: Path, component: str | None, info: Any, device: str | None,
+                    session_options: Any = None) -> tuple[Any, str]:
+    """`open_package`'s session and the name of the variant ONNX Runtime selected."""
+    import onnxruntime as ort
+
+    if not (root / "manifest.json").is_file():
+        raise UserError(str(root), None, "no manifest.json: give a model package folder (artifacts/packages/NAME/)")
     context = ort.ModelPackageContext(str(root))
     names = context.get_component_names()
     if component is None and len(names) != 1:
@@ -118,7 +123,20 @@ def open_package(package: str | Path, component: str | None = None, ep: str = "c
     chosen = context.select_component(component, ort.ModelPackageOptions(offered))
     folder = Path(chosen.get_selected_variant_folder_path())
     record = read_artifact(folder)
-    return chosen.create_session(session_options_for(ort, folder, record))
+    return chosen.create_session(session_options_for(ort, folder, record, session_options)), \
+        chosen.get_selected_variant_name()
+
+
+def packaged_in(artifacts: Path, model: str, target: str) -> Path | None:
+    """The model package under `artifacts/packages/` that holds MODEL@TARGET as a variant, if one does."""
+    for manifest in sorted((artifacts / "packages").glob("*/manifest.json")):
+        try:
+            components = json.loads(manifest.read_text())["components"]
+        except (OSError, ValueError, KeyError):
+            continue
+        if target in components.get(model, {}).get("variants", {}):
+            return manifest.parent
+    return None
 
 
 def open_group(folder: str | Path) -> dict[str, Any]:

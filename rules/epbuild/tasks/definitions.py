@@ -269,6 +269,8 @@ class Tasks:
         return {plan.task: plan for plan in plan_packages(project.manifest, project.builds, project.unavailable)}
 
     def package_tasks(self) -> Iterator[Task]:
+        if not self.packages:  # none declared: `doit list` shows no empty group
+            return
         yield {"basename": "package", "name": None, "doc": "ONNX Runtime model packages of validated artifacts"}
         for name, plan in self.packages.items():
             if not self._skipped(name):
