@@ -96,7 +96,8 @@ def test_onnx_runtime_opens_the_package_and_selects_each_targets_variant(package
     assert binary.stat().st_nlink == 1
     assert binary.read_bytes() == (project.artifacts / "qnn-htp" / "tinycnn" / "tinycnn_qnn.bin").read_bytes()
     line = next(line for line in done.stdout.splitlines() if line.startswith("packaged package:vision"))
-    assert "checked through ModelPackageContext: cpu passed, openvino-cpu passed, qnn-htp passed" in line
+    assert ("checked through ModelPackageContext: tinycnn@cpu passed, tinycnn@openvino-cpu passed, "
+            "tinycnn@qnn-htp passed") in line
     entry = build_report(project)["package:vision"]
     assert entry["status"] == "packaged" and entry["variants"]["tinycnn@qnn-htp"]["status"] == "passed"
     for target, provider in (("cpu", "CPUExecutionProvider"), ("openvino-cpu", "OpenVINOExecutionProvider"),
@@ -181,7 +182,10 @@ def test_onnx_runtime_selecting_another_variant_fails_the_check(tmp_path):
      "tinycnn, encoder"),
     ('[packages.p]\nmodels = ["encoder"]\ntargets = ["qnn-htp"]',
      "error: models.toml: packages.p.targets[0]: 'qnn-htp' is not a target of encoder; theirs: cpu"),
-    ('[packages.p]\nmodels = []', "error: models.toml: packages.p.models: a package holds at least one model"),
+    ('[packages.p]\nmodels = []', "error: models.toml: packages.p.models: a package holds at least one model or "
+     "group: give `models` (or `groups`)"),
+    ('[packages.p]\ngroups = ["trio"]', "error: models.toml: packages.p.groups[0]: unknown group 'trio'; declared "
+     "groups: none"),
 ])
 def test_a_package_the_manifest_cannot_hold_is_one_line(project, package, line):
     project.manifest(MANIFEST.split("[packages.vision]")[0] + package + "\n")
@@ -237,3 +241,60 @@ def test_epbuild_run_goes_through_the_package_that_holds_the_artifact(packaged):
         assert done.returncode == 0, done.stderr
         first = done.stdout.splitlines()[0]
         assert first.startswith(f"{target}/tinycnn through package vision: {provider} on {provider}"), first
+
+
+GROUPS = """
+[groups.pair-openvino]
+target = "openvino-cpu"
+models = ["tinycnn", "encoder"]
+
+[groups.pair-qnn]
+target = "qnn-htp"
+models = ["tinycnn", "encoder"]
+
+[packages.pairs]
+groups = ["pair-openvino", "pair-qnn"]
+"""
+
+# both members of a group through the package, in its loading order, their sessions alive together
+TOGETHER = '''
+import json, sys, onnxruntime as ort
+from pathlib import Path
+from epbuild.contracts.artifact import read_artifact
+from epbuild.runtime.session import session_options_for
+root, group, target = sys.argv[1:4]
+folder = Path(root) / group / target
+record = read_artifact(folder)
+sessions = []
+for member in record.loading["order"]:
+    options = session_options_for(ort, folder, record)
+    chosen = ort.ModelPackageContext(root).select_component(f"{group}.{member}", ort.ModelPackageOptions(options))
+    sessions.append(chosen.create_session(options))
+    print(member, chosen.get_selected_variant_name(), sessions[-1].get_providers()[0])
+'''
+
+
+def test_a_group_is_one_component_per_member_loading_together(project):
+    """Each member a component (`GROUP.MODEL`) whose variant is the group's folder with its sharing session options;
+    the OpenVINO group runs through the package, the QNN group (which the x86_64 simulator cannot load) goes in
+    as structurally checked."""
+    project.manifest(MANIFEST.replace('targets = ["cpu"]\n', 'targets = ["cpu", "openvino-cpu", "qnn-htp"]\n')
+                     + GROUPS)
+    done = project.doit()
+    root = project.artifacts / "packages" / "pairs"
+    manifest = json.loads((root / "manifest.json").read_text())
+    assert sorted(manifest["components"]) == ["pair-openvino.encoder", "pair-openvino.tinycnn", "pair-qnn.encoder",
+                                              "pair-qnn.tinycnn"]
+    member = manifest["components"]["pair-qnn.encoder"]["variants"]["qnn-htp"]
+    assert member["variant_directory"] == "pair-qnn/qnn-htp" and member["executor_info"]["ort"]["model_file"] == \
+        "encoder.onnx"
+    assert member["executor_info"]["ort"]["session_options"]["ep.share_ep_contexts"] == "1"
+    assert member["additional_metadata"]["epbuild"]["order"] == ["tinycnn", "encoder"]
+    line = next(line for line in done.stdout.splitlines() if line.startswith("packaged package:pairs"))
+    assert "pair-openvino passed, pair-qnn structural" in line
+    together = subprocess.run([sys.executable, "-c", TOGETHER, str(root), "pair-openvino", "openvino-cpu"],
+                              capture_output=True, text=True, timeout=300,
+                              env={**project.env, "PYTHONPATH": str(SOURCE)})
+    assert together.returncode == 0, together.stderr
+    assert together.stdout.splitlines()[-2:] == ["tinycnn openvino-cpu OpenVINOExecutionProvider",
+                                                 "encoder openvino-cpu OpenVINOExecutionProvider"]

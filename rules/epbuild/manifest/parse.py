@@ -99,6 +99,7 @@ class PackageSpec:
     name: str
     models: tuple[str, ...]
     targets: tuple[str, ...] | None  # None: every target of its models
+    groups: tuple[str, ...] = ()
 
 
 @record
@@ -333,7 +334,7 @@ def parse(data: dict[str, Any], path: Path) -> Manifest:
     packages = {}
     for name in packages_table.table:
         check_name(path, f"packages.{name}", name)
-        packages[name] = _package(packages_table.child(name), name, models, targets)
+        packages[name] = _package(packages_table.child(name), name, models, targets, groups)
     cache = top.child("cache").read("cache")
     cache_spec = CacheSpec(path.parent / cache["dir"] if cache["dir"] else None, cache["max_size_mb"],
                            cache["remote"], cache["hard_links"], cache["remote_budget_s"], cache["remote_timeout_s"])
@@ -368,12 +369,16 @@ def _group(table: TableReader, name: str, models: dict[str, ModelSpec], targets:
     return GroupSpec(name, target, tuple(members), tokens)
 
 
-def _package(table: TableReader, name: str, models: dict[str, ModelSpec],
-             targets: dict[str, TargetSpec]) -> PackageSpec:
+def _package(table: TableReader, name: str, models: dict[str, ModelSpec], targets: dict[str, TargetSpec],
+             groups: dict[str, GroupSpec]) -> PackageSpec:
     values = table.read("package")
-    members, chosen = values["models"], values["targets"]
-    if not members:
-        table.fail("a package holds at least one model", "models")
+    members, chosen, shared = values["models"], values["targets"], values["groups"]
+    if not members and not shared:
+        table.fail("a package holds at least one model or group: give `models` (or `groups`)", "models")
+    for index, group in enumerate(shared):
+        if group not in groups:
+            table.fail(f"unknown group {group!r}{closest(group, groups)}; declared groups: "
+                       f"{', '.join(groups) or 'none'}", f"groups[{index}]")
     for index, member in enumerate(members):
         if not isinstance(member, str) or member not in models:
             table.fail(f"unknown model {member!r}{closest(str(member), models)}; declared models: "
@@ -385,7 +390,7 @@ def _package(table: TableReader, name: str, models: dict[str, ModelSpec],
         if target not in theirs:
             table.fail(f"'{target}' is not a target of {', '.join(members)}{closest(target, theirs)}; theirs: "
                        f"{', '.join(sorted(theirs))}", f"targets[{index}]")
-    return PackageSpec(name, tuple(members), tuple(chosen) if chosen is not None else None)
+    return PackageSpec(name, tuple(members), tuple(chosen) if chosen is not None else None, tuple(shared))
 
 
 def _inputs(table: TableReader) -> dict[str, tuple[int, ...]]:

@@ -227,7 +227,9 @@ KEYS: tuple[Key, ...] = (
         "`position_ids` counts them; per-step logits and the greedy tokens are compared with the source models on "
         "CPU, whose run is checked against a growing-cache run of the model as declared and onnxruntime-genai"),
     Key("models", ("package",), list, "the models it holds, one component each; every target of theirs whose "
-        "validation passed is a variant that ONNX Runtime selects by EP", required=True),
+        "validation passed is a variant that ONNX Runtime selects by EP", [], check=strings),
+    Key("groups", ("package",), list, "shared-context groups it holds: one component per member (`GROUP.MODEL`), "
+        "the members sharing one variant folder and loading together (`ep.share_ep_contexts`)", [], check=strings),
     Key("targets", ("package",), list, "only these targets' variants (default: every target of its models)",
         check=strings),
     Key("tokens", ("pipeline",), int, "greedy token steps after the prompt", 4, check=lambda n: None if 1 <= n <= 64

@@ -19,8 +19,8 @@ from ..steps.model_package import DEVICE_UNDECLARED
 @record
 class PackagePlan:
     name: str
-    variants: tuple[Build, ...]  # single-model builds, by model then target, as the manifest lists them
-    left_out: tuple[tuple[str, str], ...]  # (MODEL@TARGET, why)
+    variants: tuple[Build, ...]  # single-model builds by model then target, then its groups' builds
+    left_out: tuple[tuple[str, str], ...]  # (MODEL@TARGET or GROUP, why)
 
     @property
     def task(self) -> str:
@@ -29,6 +29,7 @@ class PackagePlan:
 
 def plan_packages(manifest: Manifest, builds: list[Build], unavailable: dict[str, str]) -> list[PackagePlan]:
     singles = {b.name: b for b in builds if not b.shared}
+    shared = {b.name: b for b in builds if b.shared}
     plans = []
     for spec in manifest.packages.values():
         variants: list[Build] = []
@@ -57,5 +58,18 @@ def plan_packages(manifest: Manifest, builds: list[Build], unavailable: dict[str
                         continue
                     taken[slot] = target
                     variants.append(build)
+        for group in spec.groups:
+            build = shared.get(group)
+            target = manifest.groups[group].target
+            if build is None:
+                left_out.append((group, "no build for it in this plan"))
+            elif not compiler(build.target).in_onnxruntime:
+                left_out.append((group, f"a {build.target.compiler} program is not an ONNX Runtime model"))
+            elif target in unavailable:
+                left_out.append((group, f"not built on this host: {unavailable[target]}"))
+            elif not build.validates:
+                left_out.append((group, "its validation is off: a package holds validated variants only"))
+            else:
+                variants.append(build)
         plans.append(PackagePlan(spec.name, tuple(variants), tuple(left_out)))
     return plans

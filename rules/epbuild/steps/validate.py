@@ -134,8 +134,9 @@ def validate(build: Build, workspace: Workspace, workdir: Path, folder: Path | N
     if report is None:
         timeout = sum(m.validation.timeout_s for m in build.members)
         request = validation_request(build, folder)
-        for member in request["members"].values():
-            member["package"] = package
+        for name, member in request["members"].items():  # a group member's component: GROUP.MODEL
+            member["package"] = {**package, "component": f"{build.name}.{name}"} if package and build.shared \
+                else package
         what = f"validate {'group ' if build.shared else ''}{build.name} ({target.ep.name})"
         what += " through its package" if package else ""
         log = log or build.log(layout, "validate")

@@ -206,11 +206,11 @@ def run_package(plan: PackagePlan, workspace: Workspace) -> TaskFailed | TaskRes
     status = TaskStatus.RESTORED if outcome.restored else TaskStatus.PACKAGED
     seconds = time.monotonic() - started
     how = ("restored (checked when it was made)" if outcome.restored else
-           "checked through ModelPackageContext: " + ", ".join(f"{t} {v['status']}" for t, v in checked.items()))
+           "checked through ModelPackageContext: " + ", ".join(f"{n} {v['status']}" for n, v in checked.items()))
     left = f"; left out: {', '.join(name for name, _ in plan.left_out)}" if plan.left_out else ""
     print(f"{status} {plan.task}: {len(variants)} variant(s), {how}{left}, {seconds:.1f} s -> "
           f"{os.path.relpath(final)}/{_origin(outcome)}")
     return {"status": status, **outcome.report(), "fingerprint": key, "seconds": round(seconds, 3),
-            "variants": {b.name: checked.get(b.target.name, {}) for b in variants},
+            "variants": {b.name: checked.get(b.name, {}) for b in variants},
             "left_out": dict(plan.left_out),
             PUBLISHED: published([final / name for name in files], workspace.hashes, workspace.project_root)}
