@@ -17,6 +17,7 @@ from typing import Any
 from ..errors import UserError, closest
 from ..files.layout import GROUPS, PACKAGES
 from ..records import record
+from .packages import PackageSpec, read_package
 from .schema import THRESHOLDS, keys
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
@@ -90,16 +91,6 @@ class GroupSpec:
     target: str
     models: tuple[str, ...]
     pipeline_tokens: int | None = None  # `pipeline`: validated as prompt + token graphs, this many token steps
-
-
-@record
-class PackageSpec:
-    """An ONNX Runtime model package: its models as components, their targets as variants."""
-
-    name: str
-    models: tuple[str, ...]
-    targets: tuple[str, ...] | None  # None: every target of its models
-    groups: tuple[str, ...] = ()
 
 
 @record
@@ -334,7 +325,7 @@ def parse(data: dict[str, Any], path: Path) -> Manifest:
     packages = {}
     for name in packages_table.table:
         check_name(path, f"packages.{name}", name)
-        packages[name] = _package(packages_table.child(name), name, models, targets, groups)
+        packages[name] = read_package(packages_table.child(name), name, models, groups)
     cache = top.child("cache").read("cache")
     cache_spec = CacheSpec(path.parent / cache["dir"] if cache["dir"] else None, cache["max_size_mb"],
                            cache["remote"], cache["hard_links"], cache["remote_budget_s"], cache["remote_timeout_s"])
@@ -367,30 +358,6 @@ def _group(table: TableReader, name: str, models: dict[str, ModelSpec], targets:
         if len(members) != 2:
             table.fail(f"a pipeline is a prompt graph and a token graph: 2 models, found {len(members)}", "pipeline")
     return GroupSpec(name, target, tuple(members), tokens)
-
-
-def _package(table: TableReader, name: str, models: dict[str, ModelSpec], targets: dict[str, TargetSpec],
-             groups: dict[str, GroupSpec]) -> PackageSpec:
-    values = table.read("package")
-    members, chosen, shared = values["models"], values["targets"], values["groups"]
-    if not members and not shared:
-        table.fail("a package holds at least one model or group: give `models` (or `groups`)", "models")
-    for index, group in enumerate(shared):
-        if group not in groups:
-            table.fail(f"unknown group {group!r}{closest(group, groups)}; declared groups: "
-                       f"{', '.join(groups) or 'none'}", f"groups[{index}]")
-    for index, member in enumerate(members):
-        if not isinstance(member, str) or member not in models:
-            table.fail(f"unknown model {member!r}{closest(str(member), models)}; declared models: "
-                       f"{', '.join(models)}", f"models[{index}]")
-        if members.index(member) != index:
-            table.fail(f"model '{member}' is listed twice; each model appears once", f"models[{index}]")
-    theirs = {t for member in members for t in models[member].targets}
-    for index, target in enumerate(chosen or ()):
-        if target not in theirs:
-            table.fail(f"'{target}' is not a target of {', '.join(members)}{closest(target, theirs)}; theirs: "
-                       f"{', '.join(sorted(theirs))}", f"targets[{index}]")
-    return PackageSpec(name, tuple(members), tuple(chosen) if chosen is not None else None, tuple(shared))
 
 
 def _inputs(table: TableReader) -> dict[str, tuple[int, ...]]:

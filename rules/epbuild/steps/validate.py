@@ -165,7 +165,8 @@ def validate(build: Build, workspace: Workspace, workdir: Path, folder: Path | N
 # outside its fingerprint, never cached: the compatibility answer depends on this host's devices, which the
 # fingerprint names only by machine and CPU
 NOT_CACHED = ("target", "seconds", "usage", "worker", "cpu_reference", "compatibility")
-NOT_PUBLISHED = ("seconds", "usage", "worker", "cpu_reference")  # in the build report, not beside the artifact
+# in the build report, not beside the artifact: a restored verdict and a fresh one give the same validation.json
+NOT_PUBLISHED = ("seconds", "usage", "worker", "cpu_reference", "compatibility")
 
 
 def cached_validation(label: str, fingerprint: str, workspace: Workspace, folder: Path,

@@ -134,6 +134,7 @@ def run_validate(build: Build, workspace: Workspace, config: dict[str, Any]) -> 
             "fingerprint": fingerprint, "validation": line, **({"child": report["usage"]} if "usage" in report else {}),
             **({"reason": report["reason"]} if status == Verdict.INCONCLUSIVE and "reason" in report else {}),
             **({"cpu_reference": reference} if reference else {}),
+            **({"compatibility": report["compatibility"]} if "compatibility" in report else {}),
             "seconds": round(seconds, 3), PUBLISHED: written}
 
 
