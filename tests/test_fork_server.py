@@ -284,7 +284,7 @@ def test_a_first_full_build_starts_its_fork_servers_while_it_loads(project, monk
     import epbuild.tasks.loading
 
     started: list[set[str]] = []
-    monkeypatch.setattr(epbuild.tasks.loading, "prestart", started.append)
+    monkeypatch.setattr(epbuild.tasks.loading, "prestart", lambda servers, expect=None: started.append(servers))
     monkeypatch.chdir(project.root)
     project.manifest(TWO_MODELS_CPU_QNN)
     manifest = project.root / "models.toml"

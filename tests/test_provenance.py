@@ -39,16 +39,18 @@ def test_a_job_refuses_a_process_that_loaded_other_versions(tmp_path, monkeypatc
 
 
 def test_the_fork_server_key_names_the_toolchain_versions(monkeypatch):
-    """A server started before onnxruntime was replaced is not the one a later build's jobs go to."""
+    """A server started before onnxruntime was replaced is not the one a later build's jobs go to: the key holds the
+    versions this process reads, or those the build names (its Provenance), which give the same key when equal."""
+    from epbuild.execute.provenance import Provenance
+
     before = fork_server._server_key("qnn")
-    real = provenance.expected()
-    monkeypatch.setattr(fork_server, "expected",
-                        lambda: {**real, "versions": {**real["versions"], "onnxruntime": "1.30.0"}})
-    fork_server._key.cache_clear()
-    try:
-        assert fork_server._server_key("qnn") != before
-    finally:
-        fork_server._key.cache_clear()
+    assert fork_server._server_key("qnn", Provenance.read()) == before
+    real = provenance.versions()
+    monkeypatch.setattr(fork_server, "versions", lambda: {**real, "onnxruntime": "1.30.0"})
+    assert fork_server._server_key("qnn") != before
+    named = Provenance.read()
+    assert fork_server._server_key("qnn", Provenance(named.code, {**named.versions, "onnxruntime": "1.30.0"})) \
+        != before
 
 
 def test_the_project_key_hashes_every_file_the_code_digest_reads():

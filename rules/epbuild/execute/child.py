@@ -125,7 +125,7 @@ def run_child(module: str, request: dict[str, Any], workdir: Path, limits: Limit
     arguments = [str(request_file), str(result_file)]
     try:
         child = fork_job(module, ep, arguments, output_file, workdir, reuse, request if inline else None,
-                         {"timeout_s": limits.timeout_s, "max_memory_gb": limits.max_memory_gb})
+                         {"timeout_s": limits.timeout_s, "max_memory_gb": limits.max_memory_gb}, expect)
         if child is None:
             if inline:
                 request_file.write_text(json.dumps(request))

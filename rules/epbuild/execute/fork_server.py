@@ -54,7 +54,7 @@ from ..logs import warn
 from . import private_folder
 from .forked_jobs import JobGuard, WorkerHandle, run_many, run_one
 from .job_environment import job_environment
-from .provenance import expected, record_loaded
+from .provenance import Provenance, record_loaded, versions
 from .python_path import IMPORT_ROOT
 
 SWITCH = "EPBUILD_FORK_SERVER"  # "0": a plain child for every job; "fork": a forked child for every job, no warm
@@ -179,17 +179,20 @@ def _sources() -> list[tuple[str, list[int]]]:
     return sorted((str(p), stat_key(p.stat())) for p in (IMPORT_ROOT / "epbuild").rglob("*.py"))
 
 
-def _server_key(alias: str) -> str:
-    """Which server serves this process's jobs for the EP: the interpreter, the toolchain's package versions,
-    epbuild's sources and the variables libraries read when they load must be the same (a server started before
-    a package was replaced keeps the old one loaded)."""
-    return _key(alias, tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(LOAD_TIME_PREFIXES))))
+def _server_key(alias: str, expect: Provenance | None = None) -> str:
+    """Which server serves this process's jobs for the EP: the interpreter, the toolchain's package versions (as
+    the build names them, `expect`; else as this process reads them), epbuild's sources and the variables
+    libraries read when they load must be the same (a server started before a package was replaced keeps the old
+    one loaded)."""
+    wanted = expect.expected()["versions"] if expect is not None else versions()
+    return _key(alias, tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(LOAD_TIME_PREFIXES))),
+                json.dumps(wanted, sort_keys=True))
 
 
 @functools.lru_cache(maxsize=64)
-def _key(alias: str, load_env: tuple[tuple[str, str], ...]) -> str:
-    """(~0.3 ms: computed once per EP and environment, not per job)"""
-    text = json.dumps([sys.executable, str(IMPORT_ROOT), alias, _sources(), load_env, expected()["versions"]])
+def _key(alias: str, load_env: tuple[tuple[str, str], ...], wanted: str) -> str:
+    """(~0.3 ms: computed once per EP, environment and versions, not per job)"""
+    text = json.dumps([sys.executable, str(IMPORT_ROOT), alias, _sources(), load_env, json.loads(wanted)])
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
@@ -247,13 +250,13 @@ def _launch(alias: str, path: Path, log: Path) -> subprocess.Popen:
                                 cwd=path.parent)
 
 
-def prestart(aliases: set[str]) -> None:
+def prestart(aliases: set[str], expect: Provenance | None = None) -> None:
     """Start these EPs' servers now without waiting for them, so that their imports overlap the build's own
     start-up (the first job then finds its server ready, or waits less)."""
     if not enabled():
         return
     for alias in sorted(aliases):
-        key = _server_key(alias)
+        key = _server_key(alias, expect)
         if key in _REFUSED or key in _PRESTARTED:
             continue
         path, log, _ = _paths(key)
@@ -264,11 +267,11 @@ def prestart(aliases: set[str]) -> None:
         _PRESTARTED[key] = _launch(alias, path, log), time.monotonic()
 
 
-def serving(alias: str) -> bool:
+def serving(alias: str, expect: Provenance | None = None) -> bool:
     """Whether the EP's server is running, or was started by this process (its warm workers are cheap to use)."""
     if not enabled():
         return False
-    key = _server_key(alias)
+    key = _server_key(alias, expect)
     if key in _PRESTARTED:
         return True
     connection = _connect(_paths(key)[0])
@@ -277,9 +280,9 @@ def serving(alias: str) -> bool:
     return connection is not None
 
 
-def _server(alias: str) -> socket.socket | None:
+def _server(alias: str, expect: Provenance | None = None) -> socket.socket | None:
     """A connection to the EP's server, starting it when none answers; None when it refuses (not fork-safe)."""
-    key = _server_key(alias)
+    key = _server_key(alias, expect)
     if key in _REFUSED:
         return None
     for starter, _ in _PRESTARTED.values():
@@ -330,12 +333,12 @@ def _ask(connection: socket.socket, request: dict[str, Any]) -> ForkedJob | None
     return job
 
 
-def _lease(alias: str) -> _Lease | None:
+def _lease(alias: str, expect: Provenance | None = None) -> _Lease | None:
     """This thread's warm worker on the EP's server, leased now if it holds none."""
-    key = (str(_paths(_server_key(alias))[0]), os.getpid(), threading.get_ident())
+    key = (str(_paths(_server_key(alias, expect))[0]), os.getpid(), threading.get_ident())
     if key in _LEASES:
         return _LEASES[key]
-    connection = _server(alias)
+    connection = _server(alias, expect)
     answer = _ask(connection, {"lease": True, "client": owner_tag()}) if connection is not None else None
     if answer is None:
         return None
@@ -349,11 +352,12 @@ def leases_in_use() -> bool:
 
 
 def fork_job(module: str, alias: str, arguments: list[str], output: Path, workdir: Path, reuse: bool = False,
-             job: dict[str, Any] | None = None, limits: dict[str, float | None] | None = None) -> ForkedJob | None:
+             job: dict[str, Any] | None = None, limits: dict[str, float | None] | None = None,
+             expect: Provenance | None = None) -> ForkedJob | None:
     """Ask the EP's server (alias "" for CPU-only work) to fork `python -m module *arguments` in `workdir` with
     stdout and stderr into `output`, or with `reuse` to run it in this thread's warm worker (which takes `job`,
     the request, over the lease instead of from a file, and answers with its result: `ForkedJob.result`); None
-    when this job must use a plain child."""
+    when this job must use a plain child. `expect`: the versions the build names (which server is its)."""
     if not enabled():
         return None
     request = {"module": module, "arguments": arguments, "output": str(output), "cwd": str(workdir),
@@ -362,7 +366,7 @@ def fork_job(module: str, alias: str, arguments: list[str], output: Path, workdi
         if job is not None:
             request["job"] = job
         for _ in range(2):  # a worker that retired or died since its last job: lease another once
-            lease = _lease(alias)
+            lease = _lease(alias, expect)
             if lease is None:
                 return None
             try:
@@ -371,7 +375,7 @@ def fork_job(module: str, alias: str, arguments: list[str], output: Path, workdi
             except OSError:
                 lease.drop()
         return None
-    connection = _server(alias)
+    connection = _server(alias, expect)
     return _ask(connection, request) if connection is not None else None
 
 
