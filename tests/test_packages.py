@@ -302,3 +302,20 @@ def test_a_group_is_one_component_per_member_loading_together(project):
     assert together.returncode == 0, together.stderr
     assert together.stdout.splitlines()[-2:] == ["tinycnn openvino-cpu OpenVINOExecutionProvider",
                                                  "encoder openvino-cpu OpenVINOExecutionProvider"]
+
+
+def test_a_groups_verdict_file_holds_no_answer_of_this_hosts_devices(project):
+    """A group's verdict file stays what a restore from the cache gives (its members' compatibility answers are this
+    host's devices', outside the validation's fingerprint)."""
+    project.manifest(MANIFEST.replace('targets = ["cpu"]\n', 'targets = ["cpu", "openvino-cpu"]\n')
+                     + GROUPS.split("[groups.pair-qnn]")[0])
+    project.doit("validate:pair-openvino")
+    verdict = project.artifacts / "openvino-cpu" / "groups" / "pair-openvino" / "validation.json"
+    fresh = verdict.read_bytes()
+    assert json.loads(fresh)["status"] == "passed" and b"compatibility" not in fresh
+    verdict.unlink()
+    import shutil
+
+    shutil.rmtree(project.artifacts / ".state")  # every task checked again: the verdict comes from the cache
+    project.doit("validate:pair-openvino")
+    assert verdict.read_bytes() == fresh
