@@ -280,8 +280,9 @@ def load(path: str | Path) -> Manifest:
         import tomli as tomllib
     try:
         data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise UserError(path.name, None, f"TOML syntax error: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:  # an error at the end says so without its line: name it
+        said = str(exc).replace("(at end of document)", f"(at end of document, line {len(text.splitlines()) or 1})")
+        raise UserError(path.name, None, f"TOML syntax error: {said}") from None
     except RecursionError:
         raise UserError(path.name, None, "arrays or inline tables nested too deep for a manifest (TOML syntax "
                         "error)") from None
