@@ -29,16 +29,8 @@ def read_package(table: TableReader, name: str, models: dict[str, ModelSpec],
     members, chosen, shared = values["models"], values["targets"], values["groups"]
     if not members and not shared:
         table.fail("a package holds at least one model or group: give `models` (or `groups`)", "models")
-    for index, group in enumerate(shared):
-        if group not in groups:
-            table.fail(f"unknown group {group!r}{closest(group, groups)}; declared groups: "
-                       f"{', '.join(groups) or 'none'}", f"groups[{index}]")
-    for index, member in enumerate(members):
-        if not isinstance(member, str) or member not in models:
-            table.fail(f"unknown model {member!r}{closest(str(member), models)}; declared models: "
-                       f"{', '.join(models)}", f"models[{index}]")
-        if members.index(member) != index:
-            table.fail(f"model '{member}' is listed twice; each model appears once", f"models[{index}]")
+    table.declared("groups", shared, groups, "group")
+    table.declared("models", members, models, "model")
     theirs = {t for member in members for t in models[member].targets}
     for index, target in enumerate(chosen or ()):
         if target not in theirs:

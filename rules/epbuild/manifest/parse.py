@@ -158,6 +158,15 @@ class TableReader:
         path = ".".join(part for part in (self.path, key) if part)
         raise UserError(self.file.name, path or None, message)
 
+    def declared(self, key: str, names: list[Any], declared: dict[str, Any], kind: str) -> None:
+        """Each of `names` (the list at `key`) is a declared `kind` (model, group), listed once; else one line."""
+        for index, name in enumerate(names):
+            if not isinstance(name, str) or name not in declared:
+                self.fail(f"unknown {kind} {name!r}{closest(str(name), declared)}; declared {kind}s: "
+                          f"{', '.join(declared) or 'none'}", f"{key}[{index}]")
+            if names.index(name) != index:
+                self.fail(f"{kind} '{name}' is listed twice; each {kind} appears once", f"{key}[{index}]")
+
     def only(self, allowed: tuple[str, ...] | dict[str, Any]) -> None:
         for key in self.table:
             if key not in allowed:
@@ -345,12 +354,7 @@ def _group(table: TableReader, name: str, models: dict[str, ModelSpec], targets:
     if target not in targets:
         table.fail(f"unknown target '{target}'{closest(target, targets)}; declared targets: "
                    f"{', '.join(targets) or 'none'}", "target")
-    for index, member in enumerate(members):
-        if not isinstance(member, str) or member not in models:
-            table.fail(f"unknown model {member!r}{closest(str(member), models)}; declared models: "
-                       f"{', '.join(models)}", f"models[{index}]")
-        if members.index(member) != index:
-            table.fail(f"model '{member}' is listed twice; each member appears once", f"models[{index}]")
+    table.declared("models", members, models, "model")
     if len(members) < 2:
         table.fail(f"a shared context needs at least two models, found {len(members)}", "models")
     tokens = None

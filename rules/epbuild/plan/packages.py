@@ -13,7 +13,7 @@ from ..manifest.builds import Build, package_task
 from ..manifest.parse import Manifest
 from ..records import record
 from ..steps.compilers import compiler
-from ..steps.model_package import DEVICE_UNDECLARED
+from ..steps.model_package import UNDECLARED
 
 
 @record
@@ -37,39 +37,39 @@ def plan_packages(manifest: Manifest, builds: list[Build], unavailable: dict[str
         for model in spec.models:
             taken: dict[tuple[str, str | None], str] = {}  # (EP, declared device) -> the target that has it
             for target in manifest.models[model].targets:
-                name = f"{model}@{target}"
-                build = singles.get(name)
-                if spec.targets is not None and target not in spec.targets:
-                    left_out.append((name, f"not among [packages.{spec.name}] targets"))
-                elif build is None:
-                    left_out.append((name, "no build for it in this plan"))
-                elif not compiler(build.target).in_onnxruntime:
-                    left_out.append((name, f"a {build.target.compiler} program is not an ONNX Runtime model"))
-                elif target in unavailable:
-                    left_out.append((name, f"not built on this host: {unavailable[target]}"))
-                elif not build.validates:
-                    left_out.append((name, "its validation is off: a package holds validated variants only"))
-                else:
+                name, build = f"{model}@{target}", singles.get(f"{model}@{target}")
+                why = (f"not among [packages.{spec.name}] targets" if spec.targets is not None
+                       and target not in spec.targets else _left_out(build, target, unavailable))
+                if why is None:
                     ep = build.target.ep.name
-                    slot = (ep, None if ep in DEVICE_UNDECLARED else build.target.device)
+                    slot = (ep, None if ep in UNDECLARED else build.target.device)
                     if slot in taken:
-                        left_out.append((name, f"{taken[slot]} is the {ep} variant: ONNX Runtime selects one per EP "
-                                               "and device where the EP cannot judge compatibility"))
-                        continue
-                    taken[slot] = target
+                        why = (f"{taken[slot]} is the {ep} variant: ONNX Runtime selects one per EP and device where "
+                               "the EP cannot judge compatibility")
+                    taken.setdefault(slot, target)
+                if why is None:
                     variants.append(build)
+                else:
+                    left_out.append((name, why))
         for group in spec.groups:
             build = shared.get(group)
-            target = manifest.groups[group].target
-            if build is None:
-                left_out.append((group, "no build for it in this plan"))
-            elif not compiler(build.target).in_onnxruntime:
-                left_out.append((group, f"a {build.target.compiler} program is not an ONNX Runtime model"))
-            elif target in unavailable:
-                left_out.append((group, f"not built on this host: {unavailable[target]}"))
-            elif not build.validates:
-                left_out.append((group, "its validation is off: a package holds validated variants only"))
-            else:
+            why = _left_out(build, manifest.groups[group].target, unavailable)
+            if why is None:
                 variants.append(build)
+            else:
+                left_out.append((group, why))
         plans.append(PackagePlan(spec.name, tuple(variants), tuple(left_out)))
     return plans
+
+
+def _left_out(build: Build | None, target: str, unavailable: dict[str, str]) -> str | None:
+    """Why a model's or group's build cannot be a variant, as far as the plan knows; None: it can."""
+    if build is None:
+        return "no build for it in this plan"
+    if not compiler(build.target).in_onnxruntime:
+        return f"a {build.target.compiler} program is not an ONNX Runtime model"
+    if target in unavailable:
+        return f"not built on this host: {unavailable[target]}"
+    if not build.validates:
+        return "its validation is off: a package holds validated variants only"
+    return None

@@ -47,8 +47,10 @@ def _plugin_ready(info: Any) -> None:
         raise RuntimeError(found["reason"])
 
 
-def session_options_for(ort: Any, folder: Path, record: ArtifactRecord, base: Any = None) -> Any:
-    """Session options that load the artifact described by `record`: its EP and device, its runtime options."""
+def session_options_for(ort: Any, folder: Path, record: ArtifactRecord, base: Any = None,
+                        provider: dict[str, str] | None = None) -> Any:
+    """Session options that load the artifact described by `record`: its EP and device, its runtime options
+    (`provider`: those a model package names, its shared assets resolved)."""
     info = lookup(record.ep)
     if info is None:
         raise UserError(str(folder / SIDECAR), "ep", f"unknown execution provider {record.ep!r}")
@@ -59,8 +61,9 @@ def session_options_for(ort: Any, folder: Path, record: ArtifactRecord, base: An
     register_plugin(ort, info)
     device = select_ep_device(ort, info, record.device)
     # option files (OpenVINO's load_config) travel inside the folder under their own name: given absolute
-    provider = {key: str(folder / value) if "/" not in str(value) and (folder / str(value)).is_file() else value
-                for key, value in (record.runtime_options if record.has("runtime_options") else {}).items()}
+    if provider is None:
+        provider = {key: str(folder / value) if "/" not in str(value) and (folder / str(value)).is_file() else value
+                    for key, value in (record.runtime_options if record.has("runtime_options") else {}).items()}
     options.add_provider_for_devices([device], provider)
     for key, value in (record.loading if record.has("loading") else {}).get("session_options", {}).items():
         options.add_session_config_entry(key, value)
@@ -110,21 +113,29 @@ def package_session(root: Path, component: str | None, info: Any, device: str | 
     if component is None and len(names) != 1:
         raise UserError(str(root), None, f"{len(names)} components: name one ({', '.join(names)})")
     component = component or names[0]
+    variants = json.loads((root / "manifest.json").read_text())["components"].get(component, {}).get("variants", {})
     offered = ort.SessionOptions()
     if not info.is_cpu:  # the EP is created to select: with the options its variants name (QNN: its backend)
         _plugin_ready(info)
         register_plugin(ort, info)
-        variants = json.loads((root / "manifest.json").read_text())["components"].get(component, {})
-        first = next((v for v in variants.get("variants", {}).values() if v.get("ep") == info.name), {})
-        folder = root / first.get("variant_directory", "")
-        provider = {key: str(folder / value) if (folder / str(value)).is_file() else value
-                    for key, value in first.get("executor_info", {}).get("ort", {}).get("provider_options", {}).items()}
-        offered.add_provider_for_devices([select_ep_device(ort, info, device or info.devices[0])], provider)
+        first = next((v for v in variants.values() if v.get("ep") == info.name), {})
+        offered.add_provider_for_devices([select_ep_device(ort, info, device or info.devices[0])],
+                                         provider_options(context, root, first))
     chosen = context.select_component(component, ort.ModelPackageOptions(offered))
-    folder = Path(chosen.get_selected_variant_folder_path())
-    record = read_artifact(folder)
-    return chosen.create_session(session_options_for(ort, folder, record, session_options)), \
-        chosen.get_selected_variant_name()
+    folder, name = Path(chosen.get_selected_variant_folder_path()), chosen.get_selected_variant_name()
+    options = session_options_for(ort, folder, read_artifact(folder), session_options,
+                                  provider_options(context, root, variants[name]))
+    return chosen.create_session(options), name
+
+
+def provider_options(context: Any, root: Path, variant: dict[str, Any]) -> dict[str, str]:
+    """A variant's provider options with their files as paths: a shared asset (`sha256:<hex>/NAME`) resolved by
+    ONNX Runtime, a file in the variant's folder made absolute (ONNX Runtime resolves paths in session options,
+    not in provider options)."""
+    folder = root / variant.get("variant_directory", "")
+    options = variant.get("executor_info", {}).get("ort", {}).get("provider_options", {})
+    return {key: context.resolve_string_ref(value, None, True) if value.startswith("sha256:")
+            else str(folder / value) if (folder / value).is_file() else value for key, value in options.items()}
 
 
 def packaged_in(artifacts: Path, model: str, target: str) -> Path | None:

@@ -120,7 +120,7 @@ def validation_request(build: Build, folder: Path) -> ValidationRequest:
 
 
 def validate(build: Build, workspace: Workspace, workdir: Path, folder: Path | None = None,
-             package: dict[str, str] | None = None, log: Path | None = None) -> ValidationReport:
+             package: dict[str, Any] | None = None, log: Path | None = None) -> ValidationReport:
     """Validate the published artifact of `build` (or its copy in `folder`), its child working in `workdir`;
     return the report. With `package` (root, component, variant) the artifact's session is the one ONNX Runtime
     creates for the variant it selects from that model package for the target's EP, in a fresh child (a warm
@@ -135,8 +135,9 @@ def validate(build: Build, workspace: Workspace, workdir: Path, folder: Path | N
         timeout = sum(m.validation.timeout_s for m in build.members)
         request = validation_request(build, folder)
         for name, member in request["members"].items():  # a group member's component: GROUP.MODEL
-            member["package"] = {**package, "component": f"{build.name}.{name}"} if package and build.shared \
-                else package
+            if package:
+                member["package"] = {**package, "component": f"{build.name}.{name}"} if build.shared else package
+                _relocate(member, package["assets"])
         what = f"validate {'group ' if build.shared else ''}{build.name} ({target.ep.name})"
         what += " through its package" if package else ""
         log = log or build.log(layout, "validate")
@@ -160,6 +161,14 @@ def validate(build: Build, workspace: Workspace, workdir: Path, folder: Path | N
     mode = "group" if build.shared else build.members[0].validation.mode
     return {"format": RULES_FORMAT, **who, "target": target.name, "ep": target.ep.name, "mode": mode,
             "seconds": round(time.monotonic() - started, 3), **report}
+
+
+def _relocate(member: MemberValidation, assets: dict[str, str]) -> None:
+    """A package's shared assets (option files) are not in the variant's folder: its files and provider options
+    name them where the package holds them."""
+    member["files"] = [assets.get(Path(path).name, path) for path in member["files"]]
+    member["options"] = {key: assets.get(Path(value).name, value) if Path(value).is_absolute() else value
+                         for key, value in member["options"].items()}
 
 
 # outside its fingerprint, never cached: the compatibility answer depends on this host's devices, which the

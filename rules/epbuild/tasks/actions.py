@@ -23,7 +23,7 @@ from ..report.build_report import usage_text
 from ..steps.compile import compile_build, file_records
 from ..steps.compilers import compiler
 from ..steps.fingerprint import validation_fingerprint
-from ..steps.model_package import assemble, check_package, manifest_text, package_files, unvalidated
+from ..steps.model_package import assemble, check_package, manifest_files, manifest_text, unvalidated
 from ..steps.model_package import fingerprint as package_fingerprint
 from ..steps.preprocess import run_stage
 from ..steps.toolchains import check_operators, find_qaic, supported_operators
@@ -194,11 +194,11 @@ def run_package(plan: PackagePlan, workspace: Workspace) -> TaskFailed | TaskRes
         text = manifest_text(plan.name, variants, dict(plan.left_out), layout, workspace.hashes)
         key = package_fingerprint(text, workspace.provenance.code)
         final = layout.package_dir(plan.name)
-        files = package_files(variants)
+        files = manifest_files(text)
         checked: dict[str, Any] = {}
 
         def produce(scratch: Path) -> None:
-            assemble(variants, text, layout, scratch)
+            assemble(variants, text, layout, workspace.hashes, scratch)
             checked.update(check_package(plan.name, variants, workspace, scratch))
 
         outcome = cached_folder(plan.task, key, workspace, final, files, produce, {"kind": "package"}, inputs)

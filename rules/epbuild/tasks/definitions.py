@@ -285,9 +285,10 @@ class Tasks:
             needs.append(build.validate_task)
         config = {"rules_format": RULES_FORMAT, "code": project.workspace.provenance.code,
                   "variants": [b.name for b in plan.variants], "left_out": [list(pair) for pair in plan.left_out]}
+        files = package_files(list(plan.variants), project.workspace.hashes)
         return self._task("package", plan.name, f"model package {plan.name}: {len(plan.variants)} variant(s) -> "
                           f"{folder}/", run_package, [plan, project.workspace], inputs,
-                          [os.path.join(folder, name) for name in package_files(list(plan.variants))], config,
+                          [os.path.join(folder, name) for name in files], config,
                           clean=[(discard, [project.layout.package_dir(plan.name)])], task_dep=needs)
 
     def ops_tasks(self) -> Iterator[Task]:
