@@ -7,10 +7,10 @@ bench_scale's project (N/2 tinycnn copies x {cpu, qnn-htp}, DIR/N/project, built
 it with one package per model (`[packages.mK]`: its cpu and qnn-htp variants), its own cache. Measured: the clean
 packaging of the copy (every package task, the builds up to date: made, each variant checked through ONNX
 Runtime's `ModelPackageContext`, nothing restored), then, interleaved, the no-op and `doit list` with and without
-the packages and the first run after one model changed (its two compiles and validations and, with packages, its
-package task, whose seconds are given apart). With --against, bench_scale's copy for another checkout (the commit
-before packages) runs the same no-op, list and change beside them. Medians of R runs; writes
-bench/results/packages.json.
+the packages and bare doit's of N tasks, and the first run after one model changed (its two compiles and
+validations and, with packages, its package task, whose seconds are given apart). With --against, bench_scale's
+copy for another checkout (the commit before packages) runs the same no-op, list and change beside them. Medians
+of R runs; writes bench/results/packages.json.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "tests")]
 
+from bench_doit import environment  # noqa: E402
 from bench_scale import DOIT, _built, change_run, once  # noqa: E402
 from record import save  # noqa: E402
 
@@ -64,8 +65,10 @@ def measure(n: int, repeats: int, top: Path, versions: dict[str, Path]) -> dict[
     for label in copies:  # the full no-op for the record, then the stamp
         for _ in range(2):
             subprocess.run(DOIT, cwd=copies[label], env=envs[label], check=True, capture_output=True)
+    bare = samples.setdefault("bare", {})
     for kind, args in (("noop_s", DOIT), ("list_s", [*DOIT, "list"])):
         for _ in range(repeats):
+            bare.setdefault(kind, []).append(once(args, top / "bare", environment()))  # drifts with the load as theirs
             for label in copies:
                 samples[label].setdefault(kind, []).append(once(args, copies[label], envs[label]))
     labels = list(copies)
@@ -85,16 +88,19 @@ def measure(n: int, repeats: int, top: Path, versions: dict[str, Path]) -> dict[
 def rows_for(n: int, found: dict[str, dict[str, float]]) -> list[tuple[str, str]]:
     packaged, plain = found["packages"], found["this"]
     others = "; ".join(f"{label} {f['noop_s']:.3f} / {f['list_s']:.3f} / {f['change_overhead_s']:.2f} s"
-                       for label, f in found.items() if label not in ("packages", "this"))
+                       for label, f in found.items() if label not in ("packages", "this", "bare"))
+    bare = found["bare"]
     return [
         (f"{n} targets, a package per model ({packaged['packages']}): clean packaging (builds up to date)",
          f"{packaged['clean_packaging_s']:.1f} s on 2 jobs; one package task {packaged['package_task_s_median']:.2f} s"
          " (2 variants checked through ModelPackageContext)"),
         (f"{n} targets: no-op / `doit list` / overhead of the first run after one model changed, with packages; "
-         f"without{'; ' + ', '.join(k for k in found if k not in ('packages', 'this')) if others else ''}",
+         f"without{'; ' + ', '.join(k for k in found if k not in ('packages', 'this', 'bare')) if others else ''}"
+         f"; bare doit's no-op / list",
          f"{packaged['noop_s']:.3f} / {packaged['list_s']:.3f} / {packaged['change_overhead_s']:.2f} s; "
          f"{plain['noop_s']:.3f} / {plain['list_s']:.3f} / {plain['change_overhead_s']:.2f} s"
-         f"{'; ' + others if others else ''}"),
+         f"{'; ' + others if others else ''}; {bare['noop_s']:.3f} / {bare['list_s']:.3f} s "
+         f"(overhead with packages {packaged['change_overhead_s'] / bare['noop_s']:.2f}x bare's no-op)"),
         (f"{n} targets: the changed model's package task in that run",
          f"{packaged['change_package_s']:.2f} s (its tasks {packaged['change_work_s']:.2f} s)"),
     ]
