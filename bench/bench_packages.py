@@ -37,7 +37,7 @@ def with_packages(project: Path, copy: Path) -> int:
     """A copy of the built project whose every model is a package; the number of packages."""
     if not copy.exists():
         shutil.copytree(project, copy, symlinks=True)
-        shutil.rmtree(copy / "artifacts" / "packages", ignore_errors=True)
+    shutil.rmtree(copy / "artifacts" / "packages", ignore_errors=True)  # made again (its cache is emptied too)
     text = (project / "models.toml").read_text()
     models = [line[len("[models."):-1] for line in text.splitlines() if line.startswith("[models.")]
     (copy / "models.toml").write_text(text + "".join(f'\n[packages.{m}]\nmodels = ["{m}"]\n' for m in models))
