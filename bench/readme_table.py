@@ -19,7 +19,8 @@ ORDER = {"doit": "bench_doit.py 1000 9 KEEP_DIR", "fork": "bench_fork.py 40 100 
          "cache": "bench_cache.py 100", "remote": "bench_remote.py 100", "executor": "bench_executor.py 20",
          "large": "bench_large.py --gib 3", "reference": "bench_reference.py --against ca7b238=DIR",
          "scale": "bench_scale.py 100 1000 10000 --repeats 5 --keep DIR --against orig=DIR --snakemake PATH",
-         "scale-change": "bench_scale.py 100 1000 10000 --change-only --repeats 15 --keep DIR --against before=DIR"}
+         "scale-change": "bench_scale.py 100 1000 10000 --change-only --repeats 15 --keep DIR --against before=DIR",
+         "packages": "bench_packages.py 1000 --repeats 5 --keep DIR --against prev=DIR"}
 
 
 def table() -> str:
