@@ -14,7 +14,7 @@ from ..files.hashing import snapshot
 from ..files.publish import discard, scratch_dir
 from ..logs import warn
 from ..manifest.builds import Build
-from ..store.cache import Workspace, check_inputs, restore, store
+from ..store.cache import Cached, Outcome, Workspace, check_inputs, restore, store, through_cache
 from .fingerprint import pipeline_fingerprint, reference_fingerprint
 from .pipeline import PIPELINE_FILES
 from .reference import REFERENCE_FILES
@@ -30,65 +30,56 @@ def _large(build: Build) -> bool:
 def run_against_reference(build: Build, workspace: Workspace, request: ValidationRequest, workdir: Path,
                           what: str, log: Path, timeout: float, reuse: bool) -> ValidationReport:
     """One artifact run against its CPU reference, which is computed once per (model, inputs) and kept in the
-    caches (`reference_fingerprint`): a target validating the same model restores it and runs the artifact
-    alone. A reference not cached is computed in the artifact's child and stored from there; a large model's
-    in a child of its own that ends before the artifact's starts (never both in memory), under the reference's
-    lock, so that two targets never compute it at once (small ones may: cheaper than waiting)."""
+    caches (`reference_fingerprint`) through the one cache protocol (`through_cache`): a target validating the
+    same model restores it and runs the artifact alone. A reference not cached is computed in the artifact's child
+    and stored from there, without the lock (two targets may compute a small one at once: cheaper than waiting); a
+    large model's in a child of its own under the lock, which ends before the artifact's starts (never both in
+    memory)."""
     (member,) = request["members"].values()
-    label = f"the CPU reference of validate:{build.name}"
-    inputs = snapshot(list(build.members[0].reference_files))  # before they are hashed: the child reads those
-    key = reference_fingerprint(build.members[0], member, workspace.hashes, workspace.provenance)
-    # among the artifacts, like every restore (the validation's own folder may be in a full cache)
-    restored = _staging(workspace, key)
+    step = Cached(f"the CPU reference of validate:{build.name}",
+                  reference_fingerprint(build.members[0], member, workspace.hashes, workspace.provenance),
+                  snapshot(list(build.members[0].reference_files)),  # before they are hashed: the child reads those
+                  {"kind": "reference"}, REFERENCE_FILES)
+    folder = _staging(workspace, step.fingerprint)  # among the artifacts, like every restore
     target = build.target
-    limits, fork_server = target.limits(timeout), target.ep.fork_server
+    limits = target.limits(timeout)
 
     def artifact_child(extra: dict[str, Any]) -> ValidationReport:
         return run_child("epbuild.steps.validate", {**request, **extra}, workdir, limits, what, log,
-                         ep=fork_server, reuse=reuse, expect=workspace.provenance)
+                         ep=target.ep.fork_server, reuse=reuse, expect=workspace.provenance)
 
-    def origin(how: str) -> dict[str, Any]:  # for the build report: outside the validation's fingerprint
-        return {"cpu_reference": {"from": how, "fingerprint": key}}
+    def kept(answer: dict[str, Any]) -> list[str] | None:
+        if _saved(answer, step.label):
+            return REFERENCE_FILES
+        discard(folder)  # not written (a full disk): the artifact's child computes it again
+        return None
 
-    def cached() -> bool:
-        if restore(label, key, workspace, restored)[0] == REFERENCE_FILES:
-            return True
-        discard(restored)
-        return False
+    def origin(outcome: Outcome) -> dict[str, Any]:  # for the build report: outside the validation's fingerprint
+        return {"cpu_reference": {"from": "cache" if outcome.restored else "computed", "fingerprint": step.fingerprint}}
 
     try:
-        if cached():
-            return {**artifact_child({"phase": "artifact", "reference": str(restored)}), **origin("cache")}
         if not _large(build):
-            staging = _staging(workspace, key)
-            try:
-                report = artifact_child({"reference_to": str(staging)})
-                _keep(report, staging, key, label, inputs, workspace)
-                return {**report, **origin("computed")}
-            finally:
-                discard(staging)
-        computed = None
-        with workspace.cache.lock(key):
-            if not cached():  # not computed by another target's validation meanwhile
-                computed = run_child("epbuild.steps.validate", {**request, "phase": "reference",
-                                                                "reference_to": str(restored)}, restored,
-                                     limits, f"{what}: the CPU reference", log.with_suffix(".ref.log"),
-                                     expect=workspace.provenance)
-                if computed["status"] == Verdict.FAILED:
-                    return computed
-                if not _keep(computed, restored, key, label, inputs, workspace):
-                    discard(restored)
-        # the reference kept (cached or just computed), or where it could not be written computed again by the
-        # artifact's child (a full disk costs the memory split, not the validation)
-        report = artifact_child({"phase": "artifact", "reference": str(restored)} if restored.is_dir() else {})
+            report, outcome = through_cache(
+                step, workspace, folder, lambda into: artifact_child({"reference_to": str(into)}), kept,
+                lambda kept_in, _, ran: ran if ran is not None else artifact_child(
+                    {"phase": "artifact", "reference": str(kept_in)}), locked=False)
+            return {**report, **origin(outcome)}
+        computed, outcome = through_cache(
+            step, workspace, folder, lambda into: run_child(
+                "epbuild.steps.validate", {**request, "phase": "reference", "reference_to": str(into)}, into, limits,
+                f"{what}: the CPU reference", log.with_suffix(".ref.log"), expect=workspace.provenance),
+            lambda answer: kept(answer) if answer["status"] != Verdict.FAILED else None, lambda _, __, ran: ran)
+        if computed is not None and computed["status"] == Verdict.FAILED:
+            return computed
+        report = artifact_child({"phase": "artifact", "reference": str(folder)} if folder.is_dir() else {})
         if computed is None:
-            return {**report, **origin("cache")}
+            return {**report, **origin(outcome)}
         first, second = computed["usage"], report["usage"]  # both children: their time, the larger peak
-        return {**report, **origin("computed"),
+        return {**report, **origin(outcome),
                 "usage": {"seconds": round(first["seconds"] + second["seconds"], 3),
                           "peak_mb": max(first["peak_mb"], second["peak_mb"])}}
     finally:
-        discard(restored)
+        discard(folder)
 
 
 def run_group_against_references(build: Build, workspace: Workspace, request: ValidationRequest, workdir: Path,
@@ -124,41 +115,48 @@ def run_group_against_references(build: Build, workspace: Workspace, request: Va
 def run_pipeline_against_cache(build: Build, workspace: Workspace, request: ValidationRequest, workdir: Path,
                                what: str, log: Path, timeout: float) -> ValidationReport:
     """A pipeline group: its CPU run (prompt, then the token steps, on the source models) restored from the caches
-    where one is kept (`pipeline_fingerprint`), else computed in the group's child and stored from there; the EP's
-    run is compared with it step by step."""
-    label = f"the CPU run of validate:{build.name}"
-    inputs = snapshot([path for member in build.members for path in member.reference_files])
-    key = pipeline_fingerprint(build, request, workspace.hashes, workspace.provenance)
-    folder = _staging(workspace, key)
+    where one is kept (`pipeline_fingerprint`), else computed in the group's child and stored from there (without
+    the lock, as a small reference); the EP's run is compared with it step by step."""
+    step = Cached(f"the CPU run of validate:{build.name}",
+                  pipeline_fingerprint(build, request, workspace.hashes, workspace.provenance),
+                  snapshot([path for member in build.members for path in member.reference_files]),
+                  {"kind": "pipeline"}, PIPELINE_FILES)
+    folder = _staging(workspace, step.fingerprint)
+
+    def group_child(cpu: dict[str, str]) -> ValidationReport:
+        return run_child("epbuild.steps.validate", {**request, "pipeline": {**request["pipeline"], **cpu}}, workdir,
+                         build.target.limits(timeout), what, log, ep=build.target.ep.fork_server,
+                         reuse=build.target.ep.warm_validations, expect=workspace.provenance)
+
     try:
-        kept = restore(label, key, workspace, folder)[0] == PIPELINE_FILES
-        if not kept:
-            discard(folder)
-        pipeline = {**request["pipeline"], **({"cpu": str(folder)} if kept else {"cpu_to": str(folder)})}
-        report = run_child("epbuild.steps.validate", {**request, "pipeline": pipeline}, workdir,
-                           build.target.limits(timeout), what, log, ep=build.target.ep.fork_server,
-                           reuse=build.target.ep.warm_validations, expect=workspace.provenance)
-        if not kept:
-            _keep(report, folder, key, label, inputs, workspace, PIPELINE_FILES, "pipeline")
+        report, outcome = through_cache(
+            step, workspace, folder, lambda into: group_child({"cpu_to": str(into)}),
+            lambda answer: PIPELINE_FILES if _saved(answer, step.label) else None,
+            lambda kept_in, _, ran: ran if ran is not None else group_child({"cpu": str(kept_in)}), locked=False)
         if "pipeline" not in report:  # it failed or was skipped before running the pipeline
             return report
-        return {**report, "cpu_reference": {"from": "cache" if kept else "computed", "fingerprint": key}}
+        return {**report, "cpu_reference": {"from": "cache" if outcome.restored else "computed",
+                                            "fingerprint": step.fingerprint}}
     finally:
         discard(folder)
 
 
-def _keep(answer: dict[str, Any], folder: Path, key: str, label: str, inputs: dict[Path, list[int] | None],
-          workspace: Workspace, files: list[str] = REFERENCE_FILES, kind: str = "reference") -> bool:
-    """Store what a child saved in `folder` (`files`) under `key`, its inputs checked unchanged first; whether it
-    saved it (one line when the disk refused it)."""
+def _saved(answer: dict[str, Any], label: str) -> bool:
+    """Whether the child saved what it computed where the cache adopts it (one line when the disk refused it)."""
     if "reference_unsaved" in answer:
         warn(f"{label} could not be kept ({answer.pop('reference_unsaved')}); it is computed where it "
              "is needed")
-    if not answer.pop("reference_saved", False):
-        return False
-    check_inputs(label, inputs)
-    store(label, key, workspace, folder, files, {"kind": kind})
-    return True
+    return bool(answer.pop("reference_saved", False))
+
+
+def _keep(answer: dict[str, Any], folder: Path, key: str, label: str, inputs: dict[Path, list[int] | None],
+          workspace: Workspace) -> None:
+    """Store the reference a group's child saved in `folder` under `key`, its inputs checked unchanged first (a
+    group's members' references: one child computes several, so each is stored here rather than through
+    `through_cache`, which takes one output per job)."""
+    if _saved(answer, label):
+        check_inputs(label, inputs)
+        store(label, key, workspace, folder, REFERENCE_FILES, {"kind": "reference"})
 
 
 def _staging(workspace: Workspace, key: str) -> Path:

@@ -379,7 +379,7 @@ class Cached:
 
 def through_cache(step: Cached, workspace: Workspace, folder: Path, produce: Callable[[Path], R],
                   keep: Callable[[R], list[str] | None], use: Callable[[Path, list[str] | None, R | None], T],
-                  abandon: Callable[[], None] | None = None) -> tuple[T, Outcome]:
+                  abandon: Callable[[], None] | None = None, *, locked: bool = True) -> tuple[T, Outcome]:
     """The cache protocol every cached output goes through (a stage, a compile or group, a validation's verdict),
     under the fingerprint's lock so that two builders never produce it twice: restore the entry into `folder`
     (local cache, else the remote through it); when it holds what the step expects, check the inputs and hand it to
@@ -387,8 +387,10 @@ def through_cache(step: Cached, workspace: Workspace, folder: Path, produce: Cal
     have read other bytes than the fingerprint names), store the files `keep(result)` names (None: nothing, a
     failure is worth checking again) and hand the result to `use(folder, None, result)`. An entry holding other
     files than expected is refused (evicted, and refused on the remote it came from) and produced again.
-    `abandon()` runs under the lock when anything fails, so that what it removes is never a concurrent builder's."""
-    with workspace.cache.lock(step.fingerprint):
+    `abandon()` runs under the lock when anything fails, so that what it removes is never a concurrent builder's.
+    `locked=False`: without the lock, for a by-product cheaper to compute twice than to wait for (a small model's
+    CPU reference, computed by the validation that needs it)."""
+    with workspace.cache.lock(step.fingerprint) if locked else contextlib.nullcontext():
         try:
             found, outcome = restore(step.label, step.fingerprint, workspace, folder)
             log(__name__, "debug", "%s: %s for %s", step.label, f"restored from the {outcome.origin} cache"
