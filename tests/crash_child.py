@@ -1,5 +1,5 @@
 """A child for run_child tests: dies by the signal named in its request (or aborts as a C++ exception does),
-sleeps (past its timeout), holds memory, leaves a thread running,
+sleeps (past its timeout), holds memory (answering when it started and ended), leaves a thread running,
 answers with its pid and an environment variable (what a warm worker carries from job to job), or exits 0
 without an answer."""
 
@@ -12,6 +12,7 @@ from epbuild.execute.child import serve
 
 
 def _misbehave(request: dict) -> dict:
+    started = time.time()
     if request["action"] == "signal":
         os.kill(os.getpid(), getattr(signal, request["signal"]))
     if request["action"] == "allocate":
@@ -33,7 +34,7 @@ def _misbehave(request: dict) -> dict:
     if request["action"] == "env":
         return {"pid": os.getpid(), "value": os.environ.get(request["name"])}
     time.sleep(request.get("seconds", 0))
-    return {"pid": os.getpid()}
+    return {"pid": os.getpid(), "started": started, "ended": time.time()}
 
 
 def main() -> None:

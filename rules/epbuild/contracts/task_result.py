@@ -3,6 +3,8 @@ to the reporter in the build's process, which files it in build-report.json and 
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any, TypedDict
 
 from .statuses import TaskStatus
@@ -25,3 +27,15 @@ class TaskResult(TypedDict, total=False):
     cpu_reference: dict[str, Any]  # where a validation's CPU reference came from
     origin: str  # a restored result: which cache
     _published: dict[str, Any]  # PUBLISHED
+
+
+def recorded_peaks(report: Path) -> dict[str, float]:
+    """Each task's child peak (resident MB, `child.peak_mb`) as a build report (`artifacts/build-report.json`, the
+    entries of `TaskResult`s) recorded it; {} when there is none to read."""
+    try:
+        tasks = json.loads(report.read_text())["tasks"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    return {name: float(entry["child"]["peak_mb"]) for name, entry in tasks.items()
+            if isinstance(entry, dict) and isinstance(entry.get("child"), dict)
+            and isinstance(entry["child"].get("peak_mb"), (int, float))}

@@ -11,6 +11,7 @@ errors as JSON, telling the model's problems and the EP's own words from interna
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -31,6 +32,7 @@ from .fork_server import ForkedJob, fork_job, leases_in_use
 from .forked_jobs import resident_bytes
 from .job_environment import job_environment
 from .lifelines import DIE_WITH, die_with_parent
+from .memory_ledger import admitted, budget_mb
 from .provenance import Provenance
 
 if TYPE_CHECKING:
@@ -105,6 +107,11 @@ def _wait(child: _PlainChild | ForkedJob, limits: Limits, what: str) -> tuple[in
         pause = min(pause * 2, 0.1)
 
 
+def _waiting(what: str, limits: Limits, budget: float | None, seconds: float, held: float, jobs: int) -> None:
+    print(f"waiting for memory: {what} expects {limits.expected_mb:.0f} MB; {jobs} job(s) hold {held:.0f} MB of the "
+          f"{budget:.0f} MB budget ({seconds:.0f} s so far)", flush=True)
+
+
 def run_child(module: str, request: dict[str, Any], workdir: Path, limits: Limits, what: str,
               log: Path | None = None, *, ep: str = "", reuse: bool = False,
               expect: Provenance | None = None) -> dict[str, Any]:
@@ -124,18 +131,26 @@ def run_child(module: str, request: dict[str, Any], workdir: Path, limits: Limit
         request_file.write_text(json.dumps(request))
     arguments = [str(request_file), str(result_file)]
     try:
-        child = fork_job(module, ep, arguments, output_file, workdir, reuse, request if inline else None,
-                         {"timeout_s": limits.timeout_s, "max_memory_gb": limits.max_memory_gb}, expect)
-        if child is None:
-            if inline:
-                request_file.write_text(json.dumps(request))
-            env = {**job_environment(), DIE_WITH: str(os.getpid())}  # it dies with this process
-            with open(output_file, "w", encoding="utf-8") as output:
-                child = _PlainChild(subprocess.Popen([sys.executable, "-m", module, *arguments], stdout=output,
-                                                     stderr=subprocess.STDOUT, env=env, cwd=workdir))
-        runner = "a plain child" if isinstance(child, _PlainChild) else "a warm worker" if inline else "a forked child"
-        log_line(__name__, "debug", "%s: running %s in %s", what, module, runner)
-        code, seconds, peak_mb, killed = _wait(child, limits, what)
+        # the job's expected peak held free under the machine's memory budget until it ends (`memory_ledger`)
+        budget = budget_mb()
+        with admitted(limits.expected_mb, what, budget,
+                      on_wait=functools.partial(_waiting, what, limits, budget)) as waited:
+            if waited >= 0.05:
+                log_line(__name__, "debug", "%s: admitted after %.2f s waiting for %.0f MB", what, waited,
+                         limits.expected_mb)
+            child = fork_job(module, ep, arguments, output_file, workdir, reuse, request if inline else None,
+                             {"timeout_s": limits.timeout_s, "max_memory_gb": limits.max_memory_gb}, expect)
+            if child is None:
+                if inline:
+                    request_file.write_text(json.dumps(request))
+                env = {**job_environment(), DIE_WITH: str(os.getpid())}  # it dies with this process
+                with open(output_file, "w", encoding="utf-8") as output:
+                    child = _PlainChild(subprocess.Popen([sys.executable, "-m", module, *arguments], stdout=output,
+                                                         stderr=subprocess.STDOUT, env=env, cwd=workdir))
+            runner = ("a plain child" if isinstance(child, _PlainChild) else "a warm worker" if inline
+                      else "a forked child")
+            log_line(__name__, "debug", "%s: running %s in %s", what, module, runner)
+            code, seconds, peak_mb, killed = _wait(child, limits, what)
         log_line(__name__, "debug", "%s: exit %s after %.2f s, peak %.0f MB%s", what, code, seconds, peak_mb,
                  f" ({killed})" if killed else "")
         try:

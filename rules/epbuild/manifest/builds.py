@@ -23,10 +23,12 @@ QPC_PROGRAM = "qpc/programqpc.bin"  # qaic targets: the QPC folder that qaic-com
 
 @record
 class Limits:
-    """What one child may use: wall time, and resident memory (None: unlimited)."""
+    """What one child may use: wall time, and resident memory (None: unlimited); and what it is expected to hold at
+    its peak (MB, 0: unknown), which memory admission keeps free for it (`execute.memory_ledger`)."""
 
     timeout_s: float
     max_memory_gb: float | None = None
+    expected_mb: float = 0.0
 
 
 @record

@@ -62,6 +62,18 @@ def save_durations(path: Path, known: dict[str, float], entries: dict[str, dict[
         write_json(path, updated, indent=None)
 
 
+def memory_line() -> str:
+    """`3 running, 2 waiting for memory` while jobs wait for memory admission (this user's builds on this host share
+    the budget: `execute.memory_ledger`), else ""."""
+    from ..execute.memory_ledger import snapshot
+
+    try:
+        now = snapshot()
+    except OSError:
+        return ""
+    return f"{len(now['running'])} running, {len(now['waiting'])} waiting for memory" if now["waiting"] else ""
+
+
 def clock(seconds: float) -> str:
     seconds = int(seconds + 0.5)
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}" if seconds >= 3600 else \
@@ -146,6 +158,9 @@ class LiveProgress:
                 header.append(f"  {self.failed} failed", style="bold red")
             header.append(f"  ETA {clock(eta)}" if eta is not None else "  ETA: no earlier build to go on",
                           style="cyan")
+            waiting = memory_line()
+            if waiting:
+                header.append(f"  {waiting}", style="yellow")
             lines = [Text(f"  {clock(now - start)}  {task}") for task, start in
                      sorted(self.running.items(), key=lambda item: item[1])]
         return Group(header, *lines)

@@ -15,6 +15,7 @@ from ..files.publish import discard, scratch_dir
 from ..logs import warn
 from ..manifest.builds import Build
 from ..store.cache import Cached, Outcome, Workspace, check_inputs, restore, store, through_cache
+from .expected_peak import build_limits
 from .fingerprint import pipeline_fingerprint, reference_fingerprint
 from .pipeline import PIPELINE_FILES
 from .reference import REFERENCE_FILES
@@ -42,7 +43,7 @@ def run_against_reference(build: Build, workspace: Workspace, request: Validatio
                   {"kind": "reference"}, REFERENCE_FILES)
     folder = _staging(workspace, step.fingerprint)  # among the artifacts, like every restore
     target = build.target
-    limits = target.limits(timeout)
+    limits = build_limits(build, workspace, "validate", timeout)
 
     def artifact_child(extra: dict[str, Any]) -> ValidationReport:
         return run_child("epbuild.steps.validate", {**request, **extra}, workdir, limits, what, log,
@@ -99,7 +100,7 @@ def run_group_against_references(build: Build, workspace: Workspace, request: Va
         report = run_child("epbuild.steps.validate", {
             **request, "references": {name: str(folders[name]) for name in restored},
             "references_to": {name: str(folders[name]) for name in keys if name not in restored}},
-            workdir, build.target.limits(timeout), what, log, ep=build.target.ep.fork_server,
+            workdir, build_limits(build, workspace, "validate", timeout), what, log, ep=build.target.ep.fork_server,
             reuse=build.target.ep.warm_validations, expect=workspace.provenance)
         answers = report.pop("references", {})
         for name, answer in answers.items():
@@ -125,7 +126,7 @@ def run_pipeline_against_cache(build: Build, workspace: Workspace, request: Vali
 
     def group_child(cpu: dict[str, str]) -> ValidationReport:
         return run_child("epbuild.steps.validate", {**request, "pipeline": {**request["pipeline"], **cpu}}, workdir,
-                         build.target.limits(timeout), what, log, ep=build.target.ep.fork_server,
+                         build_limits(build, workspace, "validate", timeout), what, log, ep=build.target.ep.fork_server,
                          reuse=build.target.ep.warm_validations, expect=workspace.provenance)
 
     try:

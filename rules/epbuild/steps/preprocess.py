@@ -19,10 +19,10 @@ from ..files.hashing import snapshot
 from ..files.layout import STAGES
 from ..files.publish import discard
 from ..files.weights import load_with_weights, read_weights_from
-from ..manifest.builds import Limits
 from ..manifest.stage import PROTOBUF_LIMIT, Stage
 from ..store.cache import Outcome, Workspace, cached_folder, with_download
 from .diagnosis import PATTERNS, REWRITES
+from .expected_peak import stage_limits
 from .fingerprint import stage_config, stage_fingerprint
 from .folding import fold_constants, into_bodies
 from .graph import check_input_names, clear_placeholder_dims, dims, missing_files, true_inputs
@@ -363,7 +363,7 @@ def produce_stage(stage: Stage, workspace: Workspace, scratch: Path) -> dict[str
     try:
         log = workspace.layout.log(STAGES, stage.task.replace(":", "."))
         return run_child("epbuild.steps.preprocess", stage_request(stage, scratch / stage.output.name), workdir,
-                         Limits(STAGE_TIMEOUT_S), stage.task, log,
+                         stage_limits(stage, workspace, STAGE_TIMEOUT_S), stage.task, log,
                          ep=SHAPE_STAGE if stage.kind == "shape" else "", expect=workspace.provenance)
     finally:
         discard(workdir)

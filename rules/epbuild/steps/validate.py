@@ -36,6 +36,7 @@ from .comparison import DEFAULT_THRESHOLDS, compare, compare_outputs
 from .compatibility import answer
 from .compilers import compiler
 from .diagnosis import failure_hints, fp16_hint, openvino_16bit_line, sixteen_bit_qdq
+from .expected_peak import build_limits
 from .localise import localise
 from .localise import summary as localised
 from .package import GENAI_CONFIG
@@ -147,7 +148,8 @@ def validate(build: Build, workspace: Workspace, workdir: Path, folder: Path | N
             elif build.shared and not request["run_blocked"]:
                 report = run_group_against_references(build, workspace, request, workdir, what, log, timeout)
             elif build.shared or build.members[0].validation.mode != ValidationMode.RUN or build.members[0].package:
-                report = run_child("epbuild.steps.validate", request, workdir, target.limits(timeout), what, log,
+                report = run_child("epbuild.steps.validate", request, workdir,
+                                   build_limits(build, workspace, "validate", timeout), what, log,
                                    ep=target.ep.fork_server, reuse=target.ep.warm_validations and not package,
                                    expect=workspace.provenance)
             else:

@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..contracts.task_result import recorded_peaks
 from ..errors import BuildError, UserError
 from ..execute.provenance import Provenance
 from ..files.hashing import FileHashes, changed_inputs
@@ -264,6 +265,12 @@ class Workspace:
     @functools.cached_property
     def hashes(self) -> FileHashes:
         return FileHashes(self.layout.state)
+
+    @functools.cached_property
+    def last_peaks(self) -> dict[str, float]:
+        """What each task's job held at its peak in the runs so far (the build report's), read when a job first
+        asks in this process: the expectation memory admission holds for it (`steps.expected_peak`)."""
+        return recorded_peaks(self.layout.build_report)
 
     @functools.cached_property
     def cache(self) -> ArtifactCache:

@@ -19,6 +19,7 @@ from ...manifest.builds import SIDECAR, Build, ResolvedTarget
 from ...store.cache import Workspace
 from ...version import RULES_FORMAT
 from .. import vendor_shim
+from ..expected_peak import build_limits
 from .base import Compiler
 
 
@@ -40,7 +41,8 @@ class OrtCompiler(Compiler):
         """Write the build's files into `scratch`; return the child's usage (seconds, peak memory)."""
         layout, target = workspace.layout, build.target
         what = f"{build.kind} {build.name} ({target.ep.name})"
-        answer = run_child("epbuild.steps.compile", compile_request(build, scratch), scratch, target.limits(), what,
+        answer = run_child("epbuild.steps.compile", compile_request(build, scratch), scratch,
+                           build_limits(build, workspace, "compile"), what,
                            build.log(layout, "compile"), ep=target.ep.fork_server, reuse=target.ep.warm_compiles,
                            expect=workspace.provenance)
         for key, name in target.runtime_files().items():

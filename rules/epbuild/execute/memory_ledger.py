@@ -1,0 +1,157 @@
+"""Memory-aware admission: a job starts only when its expected peak fits in what the jobs already running have left
+of the memory budget, so that `-n N` (and several builds at once) never together ask this host for more memory than
+it has. Compiles of real models are large (a 25 M-parameter CNN's QNN compile passed 5 GB resident): running as
+many as there are cores, blindly, is what runs a CI machine out of memory.
+
+One ledger per user and host (`memory.json` in the private folder the fork servers use, `execute.private_folder`,
+so no other user can plant or read it; changed under `flock`): every build of this user on this host shares it,
+whatever process or thread runs the job. An entry names its owner (`files.owners`: host, pid and start time), so a
+job whose process died (killed, a crashed build) is dropped by the next look, never waited for. Jobs are admitted
+in the order they asked (a large job is not starved by a stream of small ones); a job larger than the whole budget
+waits until nothing runs and then runs alone, never refused. The budget is `EPBUILD_MEMORY_GB` (0: no admission),
+else `SHARE` of this host's memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import itertools
+import json
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ..errors import UserError
+from ..files.owners import owner_gone, owner_tag
+from . import private_folder
+
+SWITCH = "EPBUILD_MEMORY_GB"
+LEDGER = "EPBUILD_MEMORY_LEDGER"
+SHARE = 0.8  # of MemTotal: what the jobs may hold together by default (the build process and the OS keep the rest)
+SAY_EVERY_S = 30.0
+POLL_S = (0.02, 0.5)  # a waiting job looks again after this long, doubling up to the second figure
+_TICKETS = itertools.count()
+
+
+def ledger_path() -> Path | None:
+    """This user's ledger, in the folder every build of this user finds (`EPBUILD_MEMORY_LEDGER`: another folder,
+    for builds that share a budget otherwise); None where no private folder can be made (another user holds every
+    name: then no admission, as fork servers are off, with the same warning)."""
+    chosen = os.environ.get(LEDGER)
+    if chosen:
+        return Path(chosen) / "memory.json"
+    folder, _ = private_folder.find(tempfile.gettempdir(), os.environ.get("XDG_RUNTIME_DIR", ""))
+    return folder / "memory.json" if folder is not None else None
+
+
+def host_memory_mb() -> float | None:
+    """MemTotal of this host (Linux), None where it cannot be read."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def budget_mb(environ: dict[str, str] | None = None) -> float | None:
+    """The build's memory budget in MB (None: no admission): `EPBUILD_MEMORY_GB`, else `SHARE` of MemTotal."""
+    value = (os.environ if environ is None else environ).get(SWITCH, "").strip()
+    if value:
+        try:
+            gb = float(value)
+        except ValueError:
+            raise UserError(SWITCH, None, f"{value!r} is not a number: give the build's memory budget in GB "
+                                          "(0: no admission)") from None
+        return gb * 1024 if gb > 0 else None
+    total = host_memory_mb()
+    return total * SHARE if total else None
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[dict[str, list[dict[str, Any]]]]:
+    """The ledger, read and written back under an exclusive lock; entries of processes that are gone dropped."""
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        with os.fdopen(os.dup(descriptor), "r+", encoding="utf-8") as handle:
+            try:
+                state = json.loads(handle.read() or "{}")
+            except ValueError:  # cut short by a full disk: the running jobs' processes re-enter nothing; start over
+                state = {}
+            state = {kind: [e for e in state.get(kind, []) if not owner_gone(e["owner"])]
+                     for kind in ("running", "waiting")}
+            yield state
+            handle.seek(0)
+            handle.truncate()
+            handle.write(json.dumps(state))
+    finally:
+        os.close(descriptor)  # closing releases the lock
+
+
+def _fits(state: dict[str, list[dict[str, Any]]], entry: dict[str, Any], budget: float) -> bool:
+    """First in line, and within the budget beside what runs (or nothing runs: a job above the budget runs alone)."""
+    if state["waiting"][0]["id"] != entry["id"]:
+        return False
+    return not state["running"] or sum(e["mb"] for e in state["running"]) + entry["mb"] <= budget
+
+
+@contextlib.contextmanager
+def admitted(expected_mb: float, what: str, budget: float | None, path: Path | None = None,
+             on_wait: Any = None) -> Iterator[float]:
+    """Hold `expected_mb` of the budget while the block runs (the job), after waiting for it in line: yields the
+    seconds waited. `on_wait(seconds, held_mb, jobs)` is called when it first has to wait and every `SAY_EVERY_S`
+    after (a console line), with what the running jobs hold. With `budget` None, nothing is held."""
+    path = path or ledger_path()
+    if budget is None or path is None:
+        yield 0.0
+        return
+    entry = {"id": f"{time.time_ns():020d}.{os.getpid()}.{threading.get_ident()}.{next(_TICKETS)}",
+             "owner": owner_tag(), "mb": round(max(expected_mb, 1.0), 1), "what": what}
+    started, pause, said = time.monotonic(), POLL_S[0], None
+    try:
+        while True:
+            with _locked(path) as state:
+                if not any(e["id"] == entry["id"] for e in state["waiting"]):
+                    state["waiting"].append(entry)
+                    state["waiting"].sort(key=lambda e: e["id"])
+                if _fits(state, entry, budget):
+                    state["waiting"].remove(entry)
+                    state["running"].append(entry)
+                    break
+                held, jobs = sum(e["mb"] for e in state["running"]), len(state["running"])
+            now = time.monotonic()
+            if on_wait is not None and (said is None or now - said >= SAY_EVERY_S):
+                on_wait(now - started, held, jobs)
+                said = now
+            time.sleep(pause)
+            pause = min(pause * 2, POLL_S[1])
+    except BaseException:
+        _leave(path, entry)
+        raise
+    try:
+        yield time.monotonic() - started
+    finally:
+        _leave(path, entry)
+
+
+def _leave(path: Path, entry: dict[str, Any]) -> None:
+    with _locked(path) as state:
+        for kind in ("running", "waiting"):
+            state[kind] = [e for e in state[kind] if e["id"] != entry["id"]]
+
+
+def snapshot(path: Path | None = None) -> dict[str, list[dict[str, Any]]]:
+    """What runs and what waits now, machine-wide (for a progress line and tests)."""
+    path = path or ledger_path()
+    if path is None:
+        return {"running": [], "waiting": []}
+    with _locked(path) as state:
+        return {kind: list(entries) for kind, entries in state.items()}

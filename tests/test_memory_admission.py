@@ -1,0 +1,165 @@
+"""Memory-aware admission (`execute.memory_ledger`): jobs that allocate what they declare never run together past
+the budget; a job above the whole budget runs alone and is never refused; two builds (processes) share one budget;
+the expected peak is the task's last recorded one, else the estimate from the model's bytes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, SOURCE
+from epbuild.execute import memory_ledger
+from epbuild.execute.child import run_child
+from epbuild.manifest.builds import Limits
+
+
+@pytest.fixture
+def ledger(tmp_path, monkeypatch):
+    """A ledger of this test's own (the machine's is shared with every build of this user), and crash_child."""
+    folder = tmp_path / "ledger"
+    folder.mkdir()
+    monkeypatch.setenv(memory_ledger.LEDGER, str(folder))
+    monkeypatch.setenv("PYTHONPATH", f"{REPO / 'tests'}{os.pathsep}{SOURCE}")
+    return folder
+
+
+def _jobs(tmp_path: Path, declared: list[tuple[float, int, float]], stagger_s: float = 0.05) -> list[dict]:
+    """Run jobs (expected MB, MB they allocate, seconds they hold it) at once from threads, started in this order;
+    their answers (with when each child started and ended), in the same order."""
+    answers: list[dict] = [{} for _ in declared]
+
+    def one(index: int, expected: float, mb: int, seconds: float) -> None:
+        answers[index] = run_child("crash_child", {"action": "allocate", "mb": mb, "seconds": seconds},
+                                   tmp_path / f"job{index}", Limits(120, expected_mb=expected), f"compile m{index}@t")
+
+    threads = []
+    for index, job in enumerate(declared):
+        threads.append(threading.Thread(target=one, args=(index, *job)))
+        threads[-1].start()
+        time.sleep(stagger_s)  # the order they ask in
+    for thread in threads:
+        thread.join(timeout=120)
+    return answers
+
+
+def _most_at_once(answers: list[dict], expected: list[float]) -> float:
+    """The largest sum of declared peaks among jobs whose children ran at the same time."""
+    most = 0.0
+    for answer in answers:
+        at = answer["started"] + 1e-3
+        most = max(most, sum(e for a, e in zip(answers, expected, strict=True) if a["started"] <= at < a["ended"]))
+    return most
+
+
+def test_jobs_that_allocate_what_they_declare_never_exceed_the_budget_together(tmp_path, ledger, monkeypatch):
+    monkeypatch.setenv(memory_ledger.SWITCH, str(300 / 1024))  # 300 MB: two of these jobs at once, not three
+    declared = [(130.0, 100, 1.0)] * 4
+    answers = _jobs(tmp_path, declared)
+    assert all("started" in a for a in answers)
+    assert _most_at_once(answers, [d[0] for d in declared]) <= 300
+    assert all(a["usage"]["peak_mb"] >= 100 for a in answers)  # they did hold what they declared
+    overlapping = sum(1 for a in answers for b in answers if a is not b and a["started"] < b["started"] < a["ended"])
+    assert overlapping >= 1  # two at a time, not one: admission is not serialisation
+    assert memory_ledger.snapshot() == {"running": [], "waiting": []}  # every place given back
+
+
+def test_a_job_above_the_whole_budget_runs_alone_and_is_never_refused(tmp_path, ledger, monkeypatch):
+    monkeypatch.setenv(memory_ledger.SWITCH, str(200 / 1024))
+    declared = [(50.0, 10, 0.8), (500.0, 10, 0.8), (50.0, 10, 0.5), (50.0, 10, 0.5)]  # the second asks for 500 MB
+    answers = _jobs(tmp_path, declared)
+    big = answers[1]
+    assert big["ended"] > big["started"]
+    others = [a for index, a in enumerate(answers) if index != 1]
+    assert not any(a["started"] < big["ended"] and big["started"] < a["ended"] for a in others)
+    # in the order they asked: the two after it waited for it, the one before it ran first
+    assert answers[0]["started"] < big["started"] < answers[2]["started"]
+
+
+BUILD = '''
+import sys, threading
+from pathlib import Path
+from epbuild.execute.child import run_child
+from epbuild.manifest.builds import Limits
+root, label = Path(sys.argv[1]), sys.argv[2]
+answers = {}
+def one(i):
+    answers[i] = run_child("crash_child", {"action": "allocate", "mb": 50, "seconds": 0.8}, root / f"{label}{i}",
+                           Limits(120, expected_mb=130.0), f"compile {label}{i}@t")
+threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
+for t in threads: t.start()
+for t in threads: t.join()
+import json; print(json.dumps([answers[i] for i in range(2)]))
+'''
+
+
+def test_two_builds_on_one_machine_share_the_budget(tmp_path, ledger, monkeypatch):
+    """Two processes (builds) of two jobs each, 130 MB expected per job, a 300 MB budget: never more than two of
+    the four at once."""
+    monkeypatch.setenv(memory_ledger.SWITCH, str(300 / 1024))
+    builds = [subprocess.Popen([sys.executable, "-c", BUILD, str(tmp_path), label], stdout=subprocess.PIPE,
+                               text=True, env=dict(os.environ)) for label in ("a", "b")]
+    answers = []
+    for build in builds:
+        out, _ = build.communicate(timeout=120)
+        assert build.returncode == 0
+        answers += json.loads(out.splitlines()[-1])
+    assert _most_at_once(answers, [130.0] * 4) <= 300
+    starts = sorted(a["started"] for a in answers)
+    assert starts[2] >= min(a["ended"] for a in answers) - 0.05  # the third waited for one of the first two
+
+
+def test_a_job_of_a_process_that_died_is_not_waited_for(tmp_path, ledger, monkeypatch):
+    monkeypatch.setenv(memory_ledger.SWITCH, str(300 / 1024))
+    gone = subprocess.run([sys.executable, "-c", "from epbuild.files.owners import owner_tag; print(owner_tag())"],
+                          capture_output=True, text=True, check=True, env=dict(os.environ)).stdout.strip()
+    (ledger / "memory.json").write_text(json.dumps({"running": [{"id": "0", "owner": gone, "mb": 10_000, "what": "x"}],
+                                                    "waiting": []}))
+    started = time.monotonic()
+    answer = run_child("crash_child", {"action": "sleep"}, tmp_path / "a", Limits(60, expected_mb=100.0), "compile a@t")
+    assert "pid" in answer and time.monotonic() - started < 30
+    assert memory_ledger.snapshot() == {"running": [], "waiting": []}
+
+
+def test_waiting_is_said_on_the_console(tmp_path, ledger, monkeypatch, capsys):
+    monkeypatch.setenv(memory_ledger.SWITCH, str(100 / 1024))
+    _jobs(tmp_path, [(80.0, 10, 0.6), (80.0, 10, 0.1)])
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("waiting for memory")]
+    assert said == ["waiting for memory: compile m1@t expects 80 MB; 1 job(s) hold 80 MB of the 100 MB budget "
+                    "(0 s so far)"]
+
+
+def test_a_budget_that_is_no_number_is_one_line(monkeypatch):
+    from epbuild.errors import UserError
+
+    monkeypatch.setenv(memory_ledger.SWITCH, "lots")
+    with pytest.raises(UserError, match=r"'lots' is not a number: give the build's memory budget in GB"):
+        memory_ledger.budget_mb()
+    monkeypatch.setenv(memory_ledger.SWITCH, "0")
+    assert memory_ledger.budget_mb() is None  # no admission
+    monkeypatch.delenv(memory_ledger.SWITCH)
+    assert memory_ledger.budget_mb() == pytest.approx(memory_ledger.host_memory_mb() * memory_ledger.SHARE)
+
+
+def test_the_expected_peak_is_the_last_recorded_one_else_the_estimate(tmp_path):
+    from epbuild.steps.expected_peak import BASE_MB, FACTOR, expected_mb
+    from epbuild.store.cache import Workspace
+
+    workspace = Workspace(tmp_path / "artifacts", tmp_path / "cache", None)
+    model = tmp_path / "m.onnx"
+    model.write_bytes(b"\0" * (10 << 20))  # 10 MB
+    assert expected_mb("compile:m@qnn-htp", "compile", "qnn", [model], workspace) == pytest.approx(
+        BASE_MB["qnn"] + FACTOR["compile", "qnn"] * 10)
+    (tmp_path / "artifacts").mkdir()
+    (tmp_path / "artifacts" / "build-report.json").write_text(json.dumps({"format": 1, "tasks": {
+        "compile:m@qnn-htp": {"status": "compiled", "child": {"seconds": 3.0, "peak_mb": 5123.4}}}}))
+    fresh = Workspace(tmp_path / "artifacts", tmp_path / "cache", None)
+    assert expected_mb("compile:m@qnn-htp", "compile", "qnn", [model], fresh) == 5123.4
+    assert expected_mb("validate:m@qnn-htp", "validate", "qnn", [model], fresh) == pytest.approx(
+        BASE_MB["qnn"] + FACTOR["validate", ""] * 10)
