@@ -163,3 +163,14 @@ def test_the_expected_peak_is_the_last_recorded_one_else_the_estimate(tmp_path):
     assert expected_mb("compile:m@qnn-htp", "compile", "qnn", [model], fresh) == 5123.4
     assert expected_mb("validate:m@qnn-htp", "validate", "qnn", [model], fresh) == pytest.approx(
         BASE_MB["qnn"] + FACTOR["validate", ""] * 10)
+
+
+def test_epbuild_jobs_sets_doits_process_count_without_n():
+    from epbuild.errors import UserError
+
+    assert memory_ledger.default_jobs({}) == 0  # doit's serial runner, as before
+    assert memory_ledger.default_jobs({"EPBUILD_JOBS": "3"}) == 3
+    assert memory_ledger.default_jobs({"EPBUILD_JOBS": "cores"}) == len(os.sched_getaffinity(0))
+    with pytest.raises(UserError, match=r"'two': give how many jobs a build runs at once \(1 or more, or `cores`\)"):
+        memory_ledger.default_jobs({"EPBUILD_JOBS": "two"})
+

@@ -32,10 +32,25 @@ from . import private_folder
 
 SWITCH = "EPBUILD_MEMORY_GB"
 LEDGER = "EPBUILD_MEMORY_LEDGER"
+JOBS = "EPBUILD_JOBS"
 SHARE = 0.8  # of MemTotal: what the jobs may hold together by default (the build process and the OS keep the rest)
 SAY_EVERY_S = 30.0
 POLL_S = (0.02, 0.5)  # a waiting job looks again after this long, doubling up to the second figure
 _TICKETS = itertools.count()
+
+
+def default_jobs(environ: dict[str, str] | None = None) -> int:
+    """doit's `num_process` without `-n`: `EPBUILD_JOBS` (a number, or `cores`: one per core this process may use),
+    else 0, doit's serial runner. (One per core by default is the aim; under it, warnings said once per process are
+    said once per worker, and two faults under concurrency show: see CHANGELOG.)"""
+    value = (os.environ if environ is None else environ).get(JOBS, "").strip()
+    if not value:
+        return 0
+    if value == "cores":
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if not value.isdigit() or int(value) < 1:
+        raise UserError(JOBS, None, f"{value!r}: give how many jobs a build runs at once (1 or more, or `cores`)")
+    return int(value)
 
 
 def ledger_path() -> Path | None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserError, closest
+from ..execute.memory_ledger import default_jobs
 from ..fast_path import DOIT_BASE, Listing, listed
 from ..fast_path import enabled as fast_path_enabled
 from ..files.hashing import FileHashes
@@ -163,7 +164,7 @@ class Tasks:
         # threads share one sys.stdout, which doit's capture would race on, so there the status area catches prints.
         verbosity = 1 if project.live and not project.threads else 2
         return {**DOIT_BASE, "verbosity": verbosity, "default_tasks": default, "check_file_uptodate": checker,
-                "reporter": reporter}
+                "reporter": reporter, "num_process": default_jobs()}
 
     def _task(self, basename: str, name: str, doc: str, action: Any, args: list[Any],
               file_dep: Iterable[Path | str] = (), targets: Iterable[Path | str] = (),
