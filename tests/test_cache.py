@@ -301,3 +301,37 @@ def test_an_adopted_staging_folder_becomes_the_entry_without_what_a_child_left_b
     assert digests == json.loads((entry / RECORD).read_text())["files"]
     assert cache.restore("ab" * 32, tmp_path / "restored") == ["validation.json"]
     assert (tmp_path / "restored" / "validation.json").read_text() == '{"status": "passed"}\n'
+
+
+def test_the_cap_never_evicts_an_entry_another_builder_holds(tmp_path):
+    """`doit -n`: a builder restoring (or uploading) entry A holds A's lock; another storing B under a cap below one
+    entry evicts what no one holds, never A (it was pulled from under the restore: a missing validation.json)."""
+    import threading
+
+    cache = ArtifactCache(tmp_path / "cache", FileHashes(tmp_path / "state"))
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "validation.json").write_text('{"status": "passed"}\n')
+    held, free, other = "aa" * 32, "bb" * 32, "cc" * 32
+    for fingerprint in (held, free):
+        cache.store(fingerprint, tmp_path / "out", ["validation.json"])
+        time.sleep(0.01)  # older than what follows
+    entries = tmp_path / "cache" / ENTRIES
+    cache.max_bytes = 1  # a cap below one entry from here on
+    taken, release = threading.Event(), threading.Event()
+
+    def restoring() -> None:
+        with cache.lock(held):
+            taken.set()
+            release.wait(30)
+
+    builder = threading.Thread(target=restoring)
+    builder.start()
+    try:
+        assert taken.wait(30)
+        cache.store(other, tmp_path / "out", ["validation.json"])
+        assert sorted(p.name for p in entries.iterdir()) == [held, other]  # the held one stays, the free one went
+    finally:
+        release.set()
+        builder.join(30)
+    cache.store("dd" * 32, tmp_path / "out", ["validation.json"])
+    assert sorted(p.name for p in entries.iterdir()) == ["dd" * 32]  # no longer held: evicted as usual

@@ -64,3 +64,27 @@ def fingerprint_lock(folder: Path, fingerprint: str) -> Iterator[None]:
         yield
     finally:
         os.close(descriptor)
+
+
+@contextmanager
+def fingerprint_lock_if_free(folder: Path, fingerprint: str) -> Iterator[bool]:
+    """Take `fingerprint`'s lock only if no one holds it, without waiting: yields whether it was taken (then held
+    for the block). Where locks cannot be looked at (Windows), yields True."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if fcntl is None:
+        yield True
+        return
+    path = folder / (SHARED_FILE if _OFD else f"{fingerprint}.lock")
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    try:
+        try:
+            if _OFD:
+                fcntl.fcntl(descriptor, fcntl.F_OFD_SETLK, _flock(fcntl.F_WRLCK, int(fingerprint[:15], 16)))
+            else:
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            taken = True
+        except OSError:  # EAGAIN/EACCES: held by another builder
+            taken = False
+        yield taken
+    finally:
+        os.close(descriptor)

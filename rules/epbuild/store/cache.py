@@ -32,7 +32,7 @@ from ..errors import BuildError, UserError
 from ..execute.provenance import Provenance
 from ..files.hashing import FileHashes, changed_inputs
 from ..files.layout import RECORD, Layout, size_of
-from ..files.locks import fingerprint_lock
+from ..files.locks import fingerprint_lock, fingerprint_lock_if_free
 from ..files.owners import owner_tag
 from ..files.publish import copy_file, discard, publish, scratch_dir
 from ..logs import log, warn
@@ -222,7 +222,8 @@ class ArtifactCache:
     def _enforce_cap(self, keep: Path) -> None:
         """Evict least-recently-used entries until the cap holds, never `keep`, the entry just stored: the caller
         restores or uploads from it next (a cap below one entry's size then holds that one entry until the next
-        store)."""
+        store); nor an entry whose fingerprint's lock another builder holds (`doit -n`: it is being restored or
+        uploaded from, and would be pulled from under it)."""
         if self.max_bytes is None:
             return
         entries = []
@@ -233,9 +234,14 @@ class ArtifactCache:
         for _, size, entry in sorted(entries):
             if total <= self.max_bytes:
                 break
-            if entry != keep:
-                shutil.rmtree(entry, ignore_errors=True)
-                total -= size
+            if entry == keep:
+                continue
+            named = len(entry.name) == 64 and all(c in "0123456789abcdef" for c in entry.name)
+            with fingerprint_lock_if_free(self.folder / "locks", entry.name) if named else \
+                    contextlib.nullcontext(True) as free:
+                if free:
+                    shutil.rmtree(entry, ignore_errors=True)
+                    total -= size
 
 
 @record
