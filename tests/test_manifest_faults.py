@@ -246,13 +246,32 @@ def test_freeze_naming_an_input_the_model_lacks_is_refused_before_any_task(proje
     ('backend_type = "tpu"', "targets.qnn-htp.options.backend_type: 'tpu' is not a value QNNExecutionProvider "
                              "knows (did you mean 'htp'?) (it would be ignored without a word); valid: cpu, gpu, "
                              "htp, saver, ir"),
-    ('soc_model = "sm8650"', "targets.qnn-htp.options.soc_model: must be a number, found 'sm8650'"),
+    ('soc_model = "sm8651"', "targets.qnn-htp.options.soc_model: must be a number or a chip name epbuild knows "
+                             "(did you mean 'SM8650'?); known: QCM6490, QCS9100, SA8255, SA8295, SA8540, SA8797, "
+                             "SAR2230P, SC8380XP, SM8350, SM8450, SM8475, SM8550, SM8635, SM8650, SM8735, SM8750, "
+                             "SM8845, SM8850, SSG2115P, SSG2125P, SW6100, SXR1230P, SXR2230P, SXR2330P, "
+                             "found 'sm8651'"),
 ])
 def test_qnn_option_values_the_ep_would_ignore_are_refused(project, option, expected):
     shipped_options = 'options = { backend_type = "htp", soc_model = 60 }'
     project.manifest(_with(SHIPPED, shipped_options, f"options = {{ {option} }}"))
     done = project.doit("list", check=False)
     assert done.returncode == 2 and done.stderr.strip() == f"error: models.toml: {expected}"
+
+
+def test_a_chip_name_is_taken_for_its_soc_model_number(project):
+    """`soc_model = "sm8650"` (any case) is the number QNN takes, 57: the same target, the same fingerprint."""
+    from epbuild.manifest.parse import load
+    from epbuild.plan.targets import resolve_target
+
+    shipped_options = 'options = { backend_type = "htp", soc_model = 60 }'
+    resolved = []
+    for value in ('"sm8650"', '"SM8650"', "57"):
+        project.manifest(_with(SHIPPED, shipped_options, f'options = {{ backend_type = "htp", soc_model = {value} }}'))
+        manifest = load(project.root / "models.toml")
+        resolved.append(resolve_target(manifest.targets["qnn-htp"], manifest))
+    assert [target.options["soc_model"] for target in resolved] == ["57", "57", "57"]
+    assert resolved[0] == resolved[2] and not resolved[0].warnings
 
 
 def _written(root: Path) -> dict[str, int]:

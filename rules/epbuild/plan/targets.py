@@ -110,13 +110,19 @@ def _options(spec: TargetSpec, ep: EpInfo, file: str, where: str) -> dict[str, s
         if text is None:
             raise UserError(file, f"{where}.options.{key}",
                             f"must be a string, number or boolean, found {type(value).__name__}")
+        chips = ep.known_values.get(key, {})
+        by_name = {name.lower(): number for number, name in chips.items()}
+        text = by_name.get(text.lower(), text)  # a chip's name (SM8650, any case) for the number the EP takes
         allowed = ep.option_values.get(key)
         if isinstance(allowed, tuple) and text not in allowed:
             raise UserError(file, f"{where}.options.{key}", f"{text!r} is not a value {ep.name} knows"
                             f"{closest(text, allowed)} (it would be ignored without a word); valid: "
                             f"{', '.join(allowed)}")
         if isinstance(allowed, re.Pattern) and not allowed.fullmatch(text):
-            raise UserError(file, f"{where}.options.{key}", f"must be a number, found {text!r}")
+            names = sorted(chips.values())
+            also = (f" or a chip name epbuild knows{closest(text.upper(), names)}; known: {', '.join(names)}"
+                    if names else "")
+            raise UserError(file, f"{where}.options.{key}", f"must be a number{also}, found {text!r}")
         options[key] = text
     if not ({"backend_type", "backend_path"} & options.keys()):
         options.update(ep.required_defaults)
