@@ -132,3 +132,17 @@ def test_epbuild_log_shows_what_happened_and_nothing_without_it(project):
            "epbuild.steps.compile in a " in loud.stderr
     assert "epbuild DEBUG epbuild.execute.child: validate tinycnn@cpu (CPUExecutionProvider): exit 0 after" \
         in loud.stderr
+
+
+def test_a_listing_piped_into_a_reader_that_stops_ends_quietly(project):
+    """`epbuild list | head -3` (and `doit list | head`): the reader gone, the listing ends as Unix tools do, killed
+    by SIGPIPE without a traceback (doit printed a BrokenPipeError)."""
+    import signal
+
+    project.manifest(MANIFEST)
+    for command in (["-m", "epbuild", "list"], ["-m", "doit", "list"]):
+        listing = subprocess.Popen([sys.executable, *command], cwd=project.root, env=project.env,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        listing.stdout.close()  # the reader stops before the first line
+        _, err = listing.communicate(timeout=300)
+        assert listing.returncode == -signal.SIGPIPE and b"Traceback" not in err, err.decode()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -51,6 +52,8 @@ def load(manifest: Path, invocation: Invocation) -> Any:
     full collections over doit's records of every task stay few and still collect what the run's own actions
     leave."""
     sys.excepthook = interrupted
+    if invocation.inspecting and hasattr(signal, "SIGPIPE"):  # `epbuild list | head`: end quietly with the reader,
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)         # as Unix tools do (doit printed a BrokenPipeError)
     configure_logging()
     if "doit.loader" in sys.modules:  # a doit process, which consumes the generators
         gc.disable()
