@@ -146,3 +146,26 @@ def test_a_listing_piped_into_a_reader_that_stops_ends_quietly(project):
         listing.stdout.close()  # the reader stops before the first line
         _, err = listing.communicate(timeout=300)
         assert listing.returncode == -signal.SIGPIPE and b"Traceback" not in err, err.decode()
+
+
+def test_a_build_stopped_by_a_failure_says_how_many_tasks_it_never_attempted(project):
+    """Without `--continue` doit stops at the first failure: the summary counts what it never reached and says how
+    to build the rest (it said only `1 failed, N up-to-date`)."""
+    import numpy as np
+
+    (project.root / "models" / "badcal").mkdir()
+    np.savez(project.root / "models" / "badcal" / "0.npz", y=np.zeros((1, 3, 64, 64), np.float32))  # no input y
+    project.manifest('[models.tinycnn]\npath = "models/tinycnn.onnx"\nquantize = { calibration = "models/badcal/" }\n'
+                     'targets = ["cpu", "cpu-int8"]\n[targets.cpu]\nep = "cpu"\n'
+                     '[targets.cpu-int8]\nep = "cpu"\nquantized = true\n')
+    done = project.doit(check=False)
+    assert done.returncode == 1
+    summary = next(line for line in done.stdout.splitlines() if line.startswith("summary: "))
+    attempted = ran(done)
+    planned = {"quantize:tinycnn[generic]", "compile:tinycnn@cpu", "validate:tinycnn@cpu", "compile:tinycnn@cpu-int8",
+               "validate:tinycnn@cpu-int8"}
+    assert f"; {len(planned - attempted)} not attempted (the build stopped at the first failure: `--continue` builds " \
+           "the rest)" in summary, done.stdout
+    assert planned - attempted
+    assert "not attempted" not in next(line for line in project.doit("--continue", check=False).stdout.splitlines()
+                                       if line.startswith("summary: "))

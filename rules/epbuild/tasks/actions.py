@@ -86,8 +86,9 @@ def run_stage_task(stage: Stage, workspace: Workspace) -> TaskFailed | TaskResul
     if stage.kind == "quantize" and stage.settings["random"]:
         print(f"warning: {stage.task} calibrated on fixed-seed random data: for smoke tests only, the "
               "quantization ranges do not reflect real inputs")
-    status = TaskStatus.RESTORED if outcome.restored else TaskStatus.COMPILED
-    print(f"{status} {stage.task}: {seconds:.1f} s{usage_text(usage)} -> {os.path.relpath(stage.output)}"
+    status = TaskStatus.RESTORED if outcome.restored else TaskStatus.COMPILED  # counted "staged" in the summary
+    said = TaskStatus.RESTORED if outcome.restored else TaskStatus.STAGED
+    print(f"{said} {stage.task}: {seconds:.1f} s{usage_text(usage)} -> {os.path.relpath(stage.output)}"
           f"{_origin(outcome)}")
     return {"status": status, **outcome.report(), **({"worker": worker} if worker else {}),
             "seconds": round(seconds, 3), **({"child": usage} if usage else {}),

@@ -87,6 +87,7 @@ class BuildReporter(ConsoleReporter):
         self.done: set[str] = set()  # tasks finished, failed or not
         self.lost_worker = ""
         self.doit_tasks = tasks
+        self.selected = list(selected_tasks)  # with `tasks`: what the run would have done (`not_attempted`)
         self.preparing = None  # the page's templates, compiled while the first task that runs waits for its child
         self.report = BuildReport(self.project.layout.build_report, self.project.layout.state)
         self.started: dict[str, float] = {}
@@ -259,6 +260,11 @@ class BuildReporter(ConsoleReporter):
             self.write(f"warning: build state not saved ({exc.strerror or exc}: {exc.filename}); the next run "
                        "re-checks the tasks\n")
         line = self.report.summary(seen, set(self.started), set(self.project.stages))
+        if line and self.failures:  # doit stops at the first failure: what it never reached is said, not silent
+            left = [name for name in _closure(self.doit_tasks, self.selected) if name not in seen]
+            if left:
+                line += (f"; {len(left)} not attempted (the build stopped at the first failure: `--continue` builds "
+                         "the rest)")
         if line and self.hidden:
             line += (f"; {len(seen) - len(self.hidden)} tasks handed to doit, {len(self.hidden)} unchanged since the "
                      "last run's record")
