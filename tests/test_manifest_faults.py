@@ -274,6 +274,30 @@ def test_a_chip_name_is_taken_for_its_soc_model_number(project):
     assert resolved[0] == resolved[2] and not resolved[0].warnings
 
 
+@pytest.mark.parametrize(("shape", "dims", "said"), [
+    (("batch", 3, "h", "w"), "{ batch = 1 }", "has symbolic dimensions 2 ('h'), 3 ('w'); target 'qnn-htp' needs "
+     "static shapes: set dims = { h = ..., w = ... } (every input with those dimensions) or inputs = { x = [...] }"),
+    (("p2o.DynamicDimension.0", 3, 8, 8), "{}", "has symbolic dimension 0 ('p2o.DynamicDimension.0'); target "
+     "'qnn-htp' needs static shapes: set dims = { \"p2o.DynamicDimension.0\" = ... } (every input with that "
+     "dimension) or inputs = { x = [...] }"),
+])
+def test_a_symbolic_dimension_message_names_those_left_open_as_toml_keys(project, shape, dims, said):
+    """The dimensions `dims` leaves open are named (not one it already sets), and a dotted name is quoted: bare,
+    TOML would read it as nested tables."""
+    from helpers import single_op_model
+
+    single_op_model(project.root / "models" / "dyn.onnx", "Relu", shape)
+    project.manifest(f'[models.dyn]\npath = "models/dyn.onnx"\ndims = {dims}\ntargets = ["qnn-htp"]\n'
+                     '[targets.qnn-htp]\nep = "qnn"\noptions = { soc_model = 60 }\n')
+    done = project.doit("list", check=False)
+    assert done.returncode == 2
+    assert done.stderr.strip() == f"error: models.toml: models.dyn.inputs: input 'x' ({_dims(shape)}) {said}"
+
+
+def _dims(shape) -> str:
+    return "[" + ", ".join(str(d) if isinstance(d, int) else "?" for d in shape) + "]"
+
+
 def _written(root: Path) -> dict[str, int]:
     return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in root.rglob("*") if "__pycache__" not in p.parts}
 

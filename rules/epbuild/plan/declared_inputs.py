@@ -90,14 +90,27 @@ def check_declared_inputs(manifest: Manifest, builds: list[Build], read: dict[st
         for input_name, dims in shapes[name].items():
             if input_name in model.inputs:
                 continue
-            symbolic = [index for index, dim in enumerate(dims) if dim is None]
-            if symbolic:
-                dim_name = _named(read[name][2][input_name])[symbolic[0]]
-                fix = (f"dims = {{ {dim_name} = ... }} (every input with that dimension) or inputs = "
-                       f"{{ {input_name} = [...] }}" if dim_name else f"inputs = {{ {input_name} = [...] }}")
-                named = f" ('{dim_name}')" if dim_name else ""
+            dim_names = _named(read[name][2][input_name])
+            # the symbolic dimensions `dims` leaves open (one it sets is not the one to name)
+            given = model.dims or {}
+            left = [index for index, dim in enumerate(dims) if dim is None and dim_names[index] not in given]
+            if left:
+                which = ", ".join(f"{index}" + (f" ('{dim_names[index]}')" if dim_names[index] else "")
+                                  for index in left)
+                keys = list(dict.fromkeys(dim_names[index] for index in left))
+                those = "that dimension" if len(keys) == 1 else "those dimensions"
+                fix = (f"dims = {{ {', '.join(f'{_toml_key(key)} = ...' for key in keys)} }} (every input with "
+                       f"{those}) or inputs = {{ {input_name} = [...] }}" if None not in keys
+                       else f"inputs = {{ {input_name} = [...] }}")
                 raise UserError(file, f"{model.key}.inputs", f"input '{input_name}' ({_shown(dims)}) has symbolic "
-                                f"dimension {symbolic[0]}{named}; target '{target}' needs static shapes: set {fix}")
+                                f"dimension{'s' * (len(left) > 1)} {which}; target '{target}' needs static shapes: "
+                                f"set {fix}")
+
+
+def _toml_key(name: str) -> str:
+    """A dimension's name as a TOML key: bare where TOML reads it as one key, else quoted (`"p2o.Dim.0"`: bare, its
+    dots would make nested tables)."""
+    return name if name and all(c.isascii() and (c.isalnum() or c in "-_") for c in name) else f'"{name}"'
 
 
 def _shown(dims: list[int | None]) -> str:
