@@ -57,7 +57,17 @@ def test_info_and_explain_say_which_setting_changed_and_how(project):
     explained = subprocess.run([sys.executable, "-m", "epbuild", "explain", "compile:tinycnn@qnn-htp"],
                                cwd=project.root, env=project.env, capture_output=True, text=True, timeout=300)
     assert "options.soc_model: \"60\" -> \"69\"" in explained.stdout
+    assert explained.returncode == 1  # for CI: 1 when it would run, 0 when up to date
     assert "status     : up-to-date" in project.doit("info", "compile:tinycnn@cpu").stdout
+    # a nested validation setting: the one value that changed, whole (it showed a truncated list of tables)
+    project.manifest(MANIFEST)
+    project.doit("validate:encoder@cpu")
+    encoder = '[models.encoder]\npath = "models/encoder.onnx"\n'
+    project.manifest(MANIFEST.replace(encoder, encoder + "validation = { min_snr_db = 50 }\n"))
+    nested = project.doit("info", "validate:encoder@cpu", check=False)
+    assert nested.returncode == 1
+    assert "settings changed since its last success: members[0].thresholds.min_snr_db: (unset) -> 50.0" in \
+        nested.stdout and "..." not in nested.stdout.split("settings changed")[1].splitlines()[0], nested.stdout
 
 
 def test_a_graph_of_one_model_is_written_beside_the_full_graph(project):

@@ -49,9 +49,13 @@ MISSING = "(unset)"
 
 
 def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
-    """A nested settings dict as key paths (`options.soc_model`) to leaf values."""
+    """Nested settings as key paths (`options.soc_model`, `members[0].thresholds.min_snr_db`) to leaf values: a
+    list of tables is walked too, so a change shows as the one value that changed, never a truncated list."""
     if isinstance(value, dict) and value:
         return {key: leaf for name, item in value.items() for key, leaf in _flat(item, f"{prefix}{name}.").items()}
+    if isinstance(value, list) and any(isinstance(item, (dict, list)) for item in value):
+        return {key: leaf for index, item in enumerate(value)
+                for key, leaf in _flat(item, f"{prefix.rstrip('.')}[{index}].").items()}
     return {prefix.rstrip("."): value}
 
 
@@ -100,7 +104,8 @@ class ConfigRecord:
         then = _flat(before)
         changes = [f"{key}: {_shown(then.get(key, MISSING))} -> {_shown(value)}"
                    for key, value in now.items() if then.get(key, MISSING) != value]
-        changes += [f"{key}: {_shown(value)} -> {MISSING}" for key, value in then.items() if key not in now]
+        changes += [f"{key}: {_shown(value)} -> {MISSING}" for key, value in then.items() if key not in now
+                    and not any(path.startswith((f"{key}.", f"{key}[")) for path in now)]  # an empty table filled
         return "settings changed since its last success: " + ("; ".join(changes) or "none (its record was lost)")
 
     def unchanged(self, task: str, config: dict[str, Any]) -> bool:
