@@ -180,3 +180,27 @@ def test_a_build_stopped_by_a_failure_says_how_many_tasks_it_never_attempted(pro
     assert planned - attempted
     assert "not attempted" not in next(line for line in project.doit("--continue", check=False).stdout.splitlines()
                                        if line.startswith("summary: "))
+
+
+def test_epbuilds_own_help_and_version(project):
+    """`epbuild --help`, `-h` and `help` print epbuild's commands and options (doit's banner named none of them;
+    `-h` was a doit parse error); `--version` gives epbuild's with ONNX Runtime's and the EP plugins'."""
+    from importlib.metadata import version
+
+    for words in (["--help"], ["-h"], ["help"]):
+        shown = subprocess.run([sys.executable, "-m", "epbuild", *words], cwd=project.root, env=project.env,
+                               capture_output=True, text=True, timeout=120)
+        assert shown.returncode == 0 and shown.stderr == "", shown.stderr
+        assert shown.stdout.startswith("epbuild: ONNX models compiled per target")
+        for named in ("explain TASK", "run MODEL[@TARGET]", "check", "backends", "cache", "graph", "prune",
+                      "--manifest PATH", "--version", "doit option"):
+            assert named in shown.stdout, named
+    told = subprocess.run([sys.executable, "-m", "epbuild", "--version"], cwd=project.root, env=project.env,
+                          capture_output=True, text=True, timeout=120)
+    assert told.returncode == 0
+    assert told.stdout.startswith(f"epbuild {version('epbuild')} (onnxruntime {version('onnxruntime')}, "
+                                  f"onnxruntime-qnn {version('onnxruntime-qnn')}, onnxruntime-ep-openvino "
+                                  f"{version('onnxruntime-ep-openvino')}"), told.stdout
+    doit_help = subprocess.run([sys.executable, "-m", "epbuild", "help", "run"], cwd=project.root, env=project.env,
+                               capture_output=True, text=True, timeout=120)
+    assert doit_help.returncode == 0 and "--continue" in doit_help.stdout  # doit's own help for a command

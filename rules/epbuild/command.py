@@ -32,8 +32,52 @@ def _split_manifest(argv: list[str]) -> tuple[str | None, list[str]]:
     return None, argv
 
 
+HELP = """epbuild: ONNX models compiled per target (models.toml), built incrementally with doit
+
+usage: epbuild [--manifest PATH] [COMMAND] [doit's options] [TASK ...]
+
+commands:
+  (none)                        build every target this host can build; `-n N` jobs at once (EPBUILD_JOBS)
+  list                          every task, one line each (unavailable targets say why)
+  compile:MODEL@TARGET ...      those tasks (and what they need); doit's wildcards: 'compile:*@qnn-htp'
+  explain TASK                  why TASK would run: the settings that changed (exit 1: it would run, 0: up to date)
+  run MODEL[@TARGET] [--inputs F.npz] [--runs N]
+                                run an artifact as an application does: outputs, session time, latency
+  check                         what ONNX Runtime says of each artifact for this host's devices
+  backends [--json]             what this host can build: EPs, devices, toolchains, each target
+  cache                         the local cache's size and cap, the remote cache's settings
+  graph [--model M]             the task graph: artifacts/graph.svg
+  prune [--dry-run]             remove what removed models, targets and stages left
+  worker tcp://HOST:PORT        a Dask worker for `[executor]` builds
+  help [COMMAND | TASK]         this; with a name, doit's help for it
+
+options:
+  --manifest PATH               the manifest (default ./models.toml, or EPBUILD_MANIFEST); runs from its folder
+  --version                     epbuild's version with ONNX Runtime's and the EP plugins'
+
+Every doit option and command applies as with `doit` in the manifest's folder (`--continue`, `-n 4 -P process`,
+`clean`, `forget`): `epbuild help run` lists doit's options of a build. The reports: artifacts/report.html,
+artifacts/build-report.json, artifacts/junit.xml.
+"""
+
+
+def version_line() -> str:
+    """`epbuild --version`: this package's version and the toolchain's, as its fingerprints name them."""
+    from .execute.host import package_version
+
+    names = ("onnxruntime", "onnxruntime-qnn", "onnxruntime-ep-openvino", "onnx", "doit")
+    found = ", ".join(f"{name} {package_version(name) or 'not installed'}" for name in names)
+    return f"epbuild {package_version('epbuild') or 'unknown (not installed: run from a checkout)'} ({found})"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv in (["--help"], ["-h"], ["help"]):  # epbuild's own, before doit's (whose `-h` is a parse error)
+        print(HELP, end="")
+        return 0
+    if argv == ["--version"]:
+        print(version_line())
+        return 0
     if argv[:1] == ["worker"]:
         from .worker import main as worker
 
@@ -60,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     from doit.doit_cmd import DoitMain
 
     from .invocation import Invocation
-    from .tasks.entry import task_loader
+    from .tasks.entry import quiet_when_piped, task_loader
 
-    return DoitMain(task_loader(manifest, Invocation.of(argv))).run(argv)
+    invocation = Invocation.of(argv)
+    quiet_when_piped(invocation)  # `epbuild help run | head` too, which loads no task
+    return DoitMain(task_loader(manifest, invocation)).run(argv)

@@ -38,6 +38,13 @@ def interrupted(kind: type[BaseException], value: BaseException, trace: Any) -> 
     sys.__excepthook__(kind, value, trace)
 
 
+def quiet_when_piped(invocation: Invocation) -> None:
+    """A listing or help piped into a reader that stops (`epbuild list | head`) ends quietly with it, as Unix
+    tools do (killed by SIGPIPE; doit printed a BrokenPipeError traceback). Builds keep Python's default."""
+    if invocation.inspecting and hasattr(signal, "SIGPIPE"):
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+
+
 def manifest_path() -> Path:
     """The manifest of the project in doit's working folder: models.toml, or EPBUILD_MANIFEST (relative to it)."""
     return Path.cwd() / (os.environ.get("EPBUILD_MANIFEST") or "models.toml")
@@ -52,8 +59,7 @@ def load(manifest: Path, invocation: Invocation) -> Any:
     full collections over doit's records of every task stay few and still collect what the run's own actions
     leave."""
     sys.excepthook = interrupted
-    if invocation.inspecting and hasattr(signal, "SIGPIPE"):  # `epbuild list | head`: end quietly with the reader,
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)         # as Unix tools do (doit printed a BrokenPipeError)
+    quiet_when_piped(invocation)
     configure_logging()
     if "doit.loader" in sys.modules:  # a doit process, which consumes the generators
         gc.disable()
