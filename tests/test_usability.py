@@ -46,6 +46,8 @@ def test_one_models_targets_by_its_name_alone(project):
     assert ran(project.doit("validate:tinycnn")) == {"validate:tinycnn@cpu", "validate:tinycnn@qnn-htp"}
     listing = project.doit("list").stdout  # made when named: the listing keeps one line per (model, target)
     assert "compile:tinycnn@cpu" in listing and "compile:tinycnn " not in listing
+    assert not any(line.startswith("ops ") for line in listing.splitlines())  # no qaic model: no operator check
+    assert project.doit("list").stdout == listing  # the listing from the cache says the same
 
 
 def test_info_and_explain_say_which_setting_changed_and_how(project):

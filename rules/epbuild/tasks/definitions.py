@@ -292,6 +292,11 @@ class Tasks:
                           [os.path.join(folder, name) for name in files], config,
                           clean=[(discard, [project.layout.package_dir(plan.name)])], task_dep=needs)
 
+    def wants(self, kind: str) -> bool:
+        """Whether doit is handed `kind`'s generator at all: `ops` only where a model is built with qaic (`doit list`
+        showed an operator check no target has)."""
+        return kind != "ops" or any(build.target.compiler == "qaic" for build in self.project.builds)
+
     def ops_tasks(self) -> Iterator[Task]:
         yield {"basename": "ops", "name": None, "doc": "check every qaic model's operators against qaic-compile"}
         for build in self.project.builds:
@@ -348,7 +353,7 @@ class Tasks:
                       "cache": self.cache_task,
                       "unavailable": self.unavailable_task, "graph": self.graph_task, "prune": self.prune_task}
         Listing(self.project.layout).write(self.project.key, {name: [listed(task) for task in make()]
-                                              for name, make in generators.items()})
+                                              for name, make in generators.items() if self.wants(name)})
 
     def every_task(self) -> list[Task]:
         """Every task dict that can be named, the inspecting ones and every per-model selection included."""

@@ -80,7 +80,8 @@ def namespace(source: Any) -> dict[str, Any]:
     """What doit reads from a dodo module: DOIT_CONFIG and a `task_NAME` generator per task kind. doit runs every
     one of them (in its order, which a star import sorts); the last to finish turns the collector on again and
     freezes what loading made (it lives as long as doit: later collections skip it)."""
-    pending = set(GENERATORS)
+    kinds = {kind: method for kind, method in GENERATORS.items() if getattr(source, "wants", lambda _: True)(kind)}
+    pending = set(kinds)
 
     def generator(kind: str, method: str | tuple[str, str]) -> Callable[[], Iterator[dict[str, Any]]]:
         name, *arguments = (method,) if isinstance(method, str) else method
@@ -95,7 +96,7 @@ def namespace(source: Any) -> dict[str, Any]:
         return task
 
     return {"DOIT_CONFIG": source.doit_config(),
-            **{f"task_{kind}": generator(kind, method) for kind, method in GENERATORS.items()}}
+            **{f"task_{kind}": generator(kind, method) for kind, method in kinds.items()}}
 
 
 def task_loader(manifest: Path, invocation: Invocation) -> Any:
