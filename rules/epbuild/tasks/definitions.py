@@ -352,8 +352,10 @@ class Tasks:
                       "ops": self.ops_tasks, "package": self.package_tasks, "backends": self.backends_task,
                       "cache": self.cache_task,
                       "unavailable": self.unavailable_task, "graph": self.graph_task, "prune": self.prune_task}
-        Listing(self.project.layout).write(self.project.key, {name: [listed(task) for task in make()]
-                                              for name, make in generators.items() if self.wants(name)})
+        # a generator that yields nothing is still a (blank) group in doit's listing: `stages` without a stage
+        Listing(self.project.layout).write(self.project.key, {
+            name: [listed(task) for task in make()] or [{"basename": name}]
+            for name, make in generators.items() if self.wants(name)})
 
     def every_task(self) -> list[Task]:
         """Every task dict that can be named, the inspecting ones and every per-model selection included."""
