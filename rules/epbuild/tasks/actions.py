@@ -81,8 +81,10 @@ def run_stage_task(stage: Stage, workspace: Workspace) -> TaskFailed | TaskResul
     except FAILURES as exc:
         return failure(exc)
     if dynamic:
-        print(f"warning: {stage.task}: {len(dynamic)} tensor(s) keep dynamic dimensions after shape inference, "
-              f"which NPU EPs refuse: {', '.join(dynamic[:5])}{' ...' if len(dynamic) > 5 else ''}")
+        print(f"warning: {stage.task}: {len(dynamic)} tensor(s) keep dynamic dimensions after shape inference "
+              f"(sizes computed from input values): {', '.join(dynamic[:5])}{' ...' if len(dynamic) > 5 else ''}; "
+              "an NPU EP compiles what it can and may leave the nodes around them on CPU: the compile line says "
+              "where each node ran (placement), and validation fails if that is more than the compile reported")
     if stage.kind == "quantize" and stage.settings["random"]:
         print(f"warning: {stage.task} calibrated on fixed-seed random data: for smoke tests only, the "
               "quantization ranges do not reflect real inputs")
