@@ -108,6 +108,7 @@ def test_tasks_a_failed_task_kept_from_running_are_not_built_counted_apart_every
     page = (project.artifacts / "report.html").read_text()
     assert '<span class="badge warn">not built</span>' in page and "-0" not in page.split("<h2>Every task</h2>")[1]
     assert "tinycnn.onnx" in page and "EP SDK None" not in page  # a CPU artifact has no EP SDK to name
+    assert '<a href="cpu/tinycnn/tinycnn.onnx">tinycnn.onnx</a>' in page  # each file a link beside the page
     project.doit("graph")
     assert '"compile:tinycnn@cpu-int8\\nnot built", shape=box, fillcolor="#fdf0d5"' in (
         project.artifacts / "graph.dot").read_text()

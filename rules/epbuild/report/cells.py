@@ -41,6 +41,11 @@ class Cell:
     logs: dict[str, str] = field(default_factory=dict)  # step -> log path, relative to the project
 
     @property
+    def folder(self) -> str:
+        """The artifact's folder relative to report.html (in artifacts/): its files are links."""
+        return f"{self.target}/{GROUPS}/{self.row}" if self.shared else f"{self.target}/{self.row}"
+
+    @property
     def compile_status(self) -> str:
         return self.compile.get("status", PENDING)
 
