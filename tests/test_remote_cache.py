@@ -258,6 +258,20 @@ def test_an_unreachable_throttling_or_denying_remote_costs_one_warning(tmp_path,
     assert_no_secret(done.stdout, done.stderr, throttled.stdout, throttled.stderr, refused.stdout, refused.stderr)
 
 
+def test_with_two_jobs_a_dead_remote_is_still_one_warning_and_skipped_by_both(tmp_path, host_cache, s3):
+    """`-n 2`: the worker that gives up first says it and marks it; the other says nothing and stops asking."""
+    dead = clone(tmp_path, host_cache, "a", s3, s3.new_bucket(), AWS_ENDPOINT_URL="http://127.0.0.1:9")
+    done = dead.doit("-n", "2", "-P", "process")
+    warnings = [line for line in done.stderr.splitlines() if "remote cache" in line]
+    assert len(warnings) == 1 and warnings[0].endswith("building locally without it for the rest of this build"), \
+        done.stderr
+    assert {origins(dead)[name] for name in TASKS} == {"compiled", "validated"}
+    from epbuild.files.owners import owner_gone
+
+    (marks,) = (dead.artifacts / ".scratch").glob("said.*")  # the build's mark: swept by the next build
+    assert owner_gone(marks.name)
+
+
 def test_two_builders_filling_the_remote_at_once_leave_one_valid_entry_per_fingerprint(tmp_path, host_cache, s3):
     bucket = s3.new_bucket()
     builders = [clone(tmp_path, host_cache, name, s3, bucket, EPBUILD_CACHE_SIGNING_KEY=SIGNING_KEY)

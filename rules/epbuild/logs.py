@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 LEVELS = ("debug", "info", "warning", "error")
@@ -45,6 +46,22 @@ def log(name: str, level: str, message: str, *args: Any) -> None:
     import logging
 
     getattr(logging.getLogger(name), level)(message, *args)
+
+
+def warn_once(marker: Path | None, text: str) -> bool:
+    """`warn`, once per build: the first of its processes (doit's `-n` workers) to create `marker` says it, the
+    others only log it; True where this one said it. None: said here, no marker."""
+    if marker is not None:
+        try:
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        except FileExistsError:
+            log("epbuild", "debug", "said by another process of this build: %s", text)
+            return False
+        except OSError:  # nowhere to mark it: said here
+            pass
+    warn(text)
+    return True
 
 
 def warn(text: str) -> None:

@@ -35,7 +35,7 @@ from ..files.layout import RECORD, Layout, size_of
 from ..files.locks import fingerprint_lock, fingerprint_lock_if_free
 from ..files.owners import owner_tag
 from ..files.publish import copy_file, discard, publish, scratch_dir
-from ..logs import log, warn
+from ..logs import log, warn, warn_once
 from ..manifest.parse import CacheSpec
 from ..manifest.schema import s3_url
 from ..records import record
@@ -77,17 +77,20 @@ class ArtifactCache:
     """The local cache. It is never a point of failure: a folder that cannot be written (read-only, full) costs one
     warning, and the build goes on restoring what it can and storing nothing."""
 
-    def __init__(self, folder: Path, hashes: FileHashes, max_bytes: int | None = None, hard_links: bool = False):
+    def __init__(self, folder: Path, hashes: FileHashes, max_bytes: int | None = None, hard_links: bool = False,
+                 said: Path | None = None):
         self.folder, self.hashes, self.max_bytes = folder, hashes, max_bytes
+        self.said = said  # the marker of its one warning per build (`logs.warn_once`)
         self.hard_links = hard_links  # `[cache] hard_links`: entries and artifacts share their files
         self.unusable: str | None = None  # why this process stopped writing to it
 
     def give_up(self, exc: OSError, action: str) -> None:
-        """The one warning of this process about the local cache; later stores are skipped."""
+        """The one warning of this build about the local cache (each of its processes skips later stores once it
+        meets the fault itself)."""
         if self.unusable is None:
             self.unusable = f"{exc.strerror or exc}{f': {exc.filename}' if exc.filename else ''}"
-            warn(f"local cache {self.folder} unusable while {action} ({self.unusable}); building without "
-                 "storing in it for the rest of this process")
+            warn_once(self.said, f"local cache {self.folder} unusable while {action} ({self.unusable}); building "
+                                 "without storing in it for the rest of this build")
 
     def entry_folder(self, fingerprint: str) -> Path:
         return self.folder / ENTRIES / fingerprint
@@ -259,6 +262,13 @@ class Workspace:
     remote_timeout_s: float = 10.0  # `[cache] remote_timeout_s`
     # what this run's fingerprints and job requests name (the saved plan's, or read when the run starts)
     provenance: Provenance = dataclasses.field(default_factory=Provenance.read)
+    # the build's process (this one's mark, taken where the build starts; doit's workers get a copy): what its
+    # processes said once is marked under it, in a folder swept when that process is gone
+    run: str = dataclasses.field(default_factory=owner_tag)
+
+    def said(self, what: str) -> Path:
+        """The marker of a warning this build says once (`logs.warn_once`), whichever of its processes meets it."""
+        return self.layout.scratch_root / f"said.{self.run}" / what
 
     @property
     def project_root(self) -> Path:
@@ -280,7 +290,8 @@ class Workspace:
 
     @functools.cached_property
     def cache(self) -> ArtifactCache:
-        return ArtifactCache(self.cache_dir, self.hashes, self.cache_max_bytes, self.hard_links)
+        return ArtifactCache(self.cache_dir, self.hashes, self.cache_max_bytes, self.hard_links,
+                             self.said("local-cache"))
 
     @property
     def remote(self) -> RemoteCache | None:
@@ -289,7 +300,7 @@ class Workspace:
             return None
         from .remote_cache import connect
 
-        return connect(self.remote_url, self.remote_budget_s, self.remote_timeout_s)
+        return connect(self.remote_url, self.remote_budget_s, self.remote_timeout_s, self.said("remote-cache"))
 
 
 @record

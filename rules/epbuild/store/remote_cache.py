@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..files.layout import RECORD
 from ..files.publish import discard
-from ..logs import warn
+from ..logs import warn, warn_once
 
 if TYPE_CHECKING:
     from .cache import ArtifactCache
@@ -130,6 +130,7 @@ class RemoteCache:
         key = os.environ.get("EPBUILD_CACHE_SIGNING_KEY")
         self._signing_key = key.encode() if key else None
         self.down: str | None = None  # why this process stopped using the remote
+        self.said: Path | None = None  # the marker of the build's one warning: another process of it gave up
         self._bad: set[str] = set()  # object keys found bad here; a writer replaces them
         self._verified: set[str] = set()  # blob keys whose remote bytes this process checked (download or own put)
         self._lock = threading.Lock()
@@ -162,7 +163,7 @@ class RemoteCache:
 
     def fetch(self, fingerprint: str, cache: ArtifactCache, label: str) -> int | None:
         """Download the entry for `fingerprint` into the local cache, verified; bytes downloaded, or None."""
-        if self.down:
+        if self.skipped():
             return None
         started = time.monotonic()
         try:
@@ -282,7 +283,7 @@ class RemoteCache:
     def upload(self, fingerprint: str, folder: Path, digests: dict[str, str], identity: dict[str, Any],
                label: str) -> int:
         """Upload the blobs of `folder`, then the manifest; bytes sent (0 when read-only or unavailable)."""
-        if self.down or self.readonly:
+        if self.skipped() or self.readonly:
             return 0
         key = self._manifest_key(fingerprint)
         replacing = key in self._bad  # its entry was refused: none of its blobs is trusted unless checked here
@@ -311,8 +312,8 @@ class RemoteCache:
             if _code(exc) in DENIED:
                 self.readonly = True
                 why = redact(_describe(exc, self.bucket))
-                warn(f"remote cache {self.url}: writes denied ({why}); reading only "
-                     "from now on in this process")
+                warn_once(self.said.with_name("remote-cache-writes") if self.said is not None else None,
+                          f"remote cache {self.url}: writes denied ({why}); reading only from now on")
             else:
                 self._give_up(exc, f"uploading {label}")
             return 0
@@ -391,10 +392,18 @@ class RemoteCache:
         canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
         return "hmac-sha256:" + hmac.new(self._signing_key, canonical, hashlib.sha256).hexdigest()
 
+    def skipped(self) -> bool:
+        """Whether this build no longer uses the remote: this process gave up, or another of the build's did (its
+        warning's marker: `doit -n` workers then stop waiting on it too)."""
+        if not self.down and self.said is not None and self.said.exists():
+            self.down = "another process of this build gave up on it"
+        return bool(self.down)
+
     def _charge(self, started: float, moved: int) -> None:
         """Count what an operation waited (its time beyond moving its bytes at TRANSFER_RATE) against the budget;
-        past it, the remote is skipped for the rest of this process with one warning. Each doit process (-n) has
-        its own budget and they wait side by side, so a build's wall time grows by about one budget at most."""
+        past it, the remote is skipped for the rest of this build with one warning. Each doit process (-n) has
+        its own budget and they wait side by side, so a build's wall time grows by about one budget at most; the
+        first to give up marks it, and the others skip the remote from then on (`skipped`)."""
         waited = time.monotonic() - started - moved / TRANSFER_RATE
         with self._lock:
             self._waited += max(0.0, waited)
@@ -402,17 +411,17 @@ class RemoteCache:
                 return
             self.down = (f"it kept this build waiting {self._waited:.0f} s (`[cache] remote_budget_s` = "
                          f"{self.budget_s:g})")
-        warn(f"remote cache {self.url} skipped: {self.down}; building locally without it for the rest of "
-             "this process")
+        warn_once(self.said, f"remote cache {self.url} skipped: {self.down}; building locally without it for the "
+                             "rest of this build")
 
     def _give_up(self, exc: BaseException, action: str) -> None:
-        """The one warning of this process; later operations skip the remote."""
+        """The one warning of this build; later operations of every process of it skip the remote."""
         with self._lock:
             if self.down:
                 return
             self.down = redact(_describe(exc, self.bucket))
-        warn(f"remote cache {self.url} unavailable while {action}: {self.down}; building locally "
-             "without it for the rest of this process")
+        warn_once(self.said, f"remote cache {self.url} unavailable while {action}: {self.down}; building locally "
+                             "without it for the rest of this build")
 
     # ---- for `doit cache` ----
 
@@ -432,10 +441,11 @@ _OPEN: dict[str, RemoteCache] = {}
 _OPEN_LOCK = threading.Lock()
 
 
-def connect(url: str, budget_s: float = 60.0, timeout_s: float = 10.0) -> RemoteCache:
+def connect(url: str, budget_s: float = 60.0, timeout_s: float = 10.0, said: Path | None = None) -> RemoteCache:
     """The process's one `RemoteCache` for `url`, so a failure warns once and then stays quiet, and its waiting
     is counted against one budget."""
     with _OPEN_LOCK:
         if url not in _OPEN:
             _OPEN[url] = RemoteCache(url, budget_s, timeout_s)
+        _OPEN[url].said = said
         return _OPEN[url]
