@@ -215,6 +215,9 @@ CHANGES = {  # change -> the tasks that must execute
     "a quantization setting": (_manifest_edit('calibration = "models/calib/tinycnn/"',
                                               'calibration = "models/calib/tinycnn/", activation_type = "uint16"'),
                                TINYCNN_INT8),
+    "the [build] table (jobs at once, memory budget: how, not what)": (
+        _manifest_edit('[targets.cpu]\nep = "cpu"\n', '[build]\njobs = 2\nmemory_gb = 8\n[targets.cpu]\nep = "cpu"\n'),
+        set()),
     "the cpu target's optimization level": (_manifest_edit('[targets.cpu]\nep = "cpu"\n',
                                                            '[targets.cpu]\nep = "cpu"\noptimization_level = "basic"\n'),
                                             TINYCNN_CPU | EXT | VAD - {"freeze:vad"}

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, SOURCE
+from conftest import REPO, SOURCE, ran
 from epbuild.execute import memory_ledger
 from epbuild.execute.child import run_child
 from epbuild.manifest.builds import Limits
@@ -174,3 +174,22 @@ def test_epbuild_jobs_sets_doits_process_count_without_n():
     with pytest.raises(UserError, match=r"'two': give how many jobs a build runs at once \(1 or more, or `cores`\)"):
         memory_ledger.default_jobs({"EPBUILD_JOBS": "two"})
 
+
+
+def test_the_build_table_sets_jobs_and_budget_and_the_environment_wins(monkeypatch):
+    assert memory_ledger.default_jobs({}, configured=3) == 3
+    assert memory_ledger.default_jobs({}, configured="cores") == len(os.sched_getaffinity(0))
+    assert memory_ledger.default_jobs({"EPBUILD_JOBS": "2"}, configured=3) == 2
+    assert memory_ledger.budget_mb({}, configured_gb=2.0) == 2048
+    assert memory_ledger.budget_mb({}, configured_gb=0.0) is None  # 0: no admission
+    assert memory_ledger.budget_mb({"EPBUILD_MEMORY_GB": "1"}, configured_gb=2.0) == 1024
+
+
+def test_a_build_under_a_budget_from_the_manifest_waits_for_memory(project):
+    """`[build] jobs = 2, memory_gb = 0.05`: every job expects more than the 51 MB budget, so each runs alone and
+    the second of two that doit starts together says it waits."""
+    project.manifest('[models.tinycnn]\npath = "models/tinycnn.onnx"\n[models.encoder]\npath = "models/encoder.onnx"\n'
+                     '[targets.cpu]\nep = "cpu"\n[build]\njobs = 2\nmemory_gb = 0.05\n')
+    done = project.doit("compile")
+    assert "waiting for memory: " in done.stdout and "of the 51 MB budget" in done.stdout, done.stdout
+    assert ran(done) == {"compile:tinycnn@cpu", "compile:encoder@cpu"}

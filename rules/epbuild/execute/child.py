@@ -132,7 +132,7 @@ def run_child(module: str, request: dict[str, Any], workdir: Path, limits: Limit
     arguments = [str(request_file), str(result_file)]
     try:
         # the job's expected peak held free under the machine's memory budget until it ends (`memory_ledger`)
-        budget = budget_mb()
+        budget = budget_mb(configured_gb=limits.budget_gb)
         with admitted(limits.expected_mb, what, budget,
                       on_wait=functools.partial(_waiting, what, limits, budget)) as waited:
             if waited >= 0.05:

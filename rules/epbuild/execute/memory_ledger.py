@@ -9,7 +9,7 @@ whatever process or thread runs the job. An entry names its owner (`files.owners
 job whose process died (killed, a crashed build) is dropped by the next look, never waited for. Jobs are admitted
 in the order they asked (a large job is not starved by a stream of small ones); a job larger than the whole budget
 waits until nothing runs and then runs alone, never refused. The budget is `EPBUILD_MEMORY_GB` (0: no admission),
-else `SHARE` of this host's memory.
+else `[build] memory_gb`, else `SHARE` of this host's memory.
 """
 
 from __future__ import annotations
@@ -39,11 +39,10 @@ POLL_S = (0.02, 0.5)  # a waiting job looks again after this long, doubling up t
 _TICKETS = itertools.count()
 
 
-def default_jobs(environ: dict[str, str] | None = None) -> int:
-    """doit's `num_process` without `-n`: `EPBUILD_JOBS` (a number, or `cores`: one per core this process may use),
-    else 0, doit's serial runner. (One per core by default is the aim; under it, warnings said once per process are
-    said once per worker, and two faults under concurrency show: see CHANGELOG.)"""
-    value = (os.environ if environ is None else environ).get(JOBS, "").strip()
+def default_jobs(environ: dict[str, str] | None = None, configured: int | str | None = None) -> int:
+    """doit's `num_process` without `-n`: `EPBUILD_JOBS`, else `[build] jobs` (a number, or `cores`: one per core
+    this process may use), else 0, doit's serial runner. (One per core by default is the aim: see CHANGELOG.)"""
+    value = (os.environ if environ is None else environ).get(JOBS, "").strip() or str(configured or "")
     if not value:
         return 0
     if value == "cores":
@@ -76,9 +75,12 @@ def host_memory_mb() -> float | None:
     return None
 
 
-def budget_mb(environ: dict[str, str] | None = None) -> float | None:
-    """The build's memory budget in MB (None: no admission): `EPBUILD_MEMORY_GB`, else `SHARE` of MemTotal."""
+def budget_mb(environ: dict[str, str] | None = None, configured_gb: float | None = None) -> float | None:
+    """The build's memory budget in MB (None: no admission): `EPBUILD_MEMORY_GB`, else `[build] memory_gb`, else
+    `SHARE` of MemTotal."""
     value = (os.environ if environ is None else environ).get(SWITCH, "").strip()
+    if not value and configured_gb is not None:
+        return configured_gb * 1024 if configured_gb > 0 else None
     if value:
         try:
             gb = float(value)

@@ -29,6 +29,7 @@ class Limits:
     timeout_s: float
     max_memory_gb: float | None = None
     expected_mb: float = 0.0
+    budget_gb: float | None = None  # `[build] memory_gb` (None: not set; EPBUILD_MEMORY_GB wins)
 
 
 @record

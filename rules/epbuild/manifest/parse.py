@@ -94,6 +94,15 @@ class GroupSpec:
 
 
 @record
+class BuildSpec:
+    """`[build]`: how many jobs a build runs at once without `-n` (EPBUILD_JOBS wins), and the memory budget the
+    jobs of this host's builds share (EPBUILD_MEMORY_GB wins): `execute.memory_ledger`."""
+
+    jobs: int | str | None = None
+    memory_gb: float | None = None
+
+
+@record
 class CacheSpec:
     """`[cache]`: where the artifact cache lives (EPBUILD_CACHE_DIR overrides `dir`), an optional size cap and an
     optional shared remote (EPBUILD_CACHE_REMOTE overrides `remote`)."""
@@ -129,6 +138,7 @@ class Manifest:
     # files): the no-op shortcut (`epbuild.fast_path`) holds only while each keeps its identity
     reads: tuple[Path, ...] = ()
     packages: dict[str, PackageSpec] = dataclasses.field(default_factory=dict)  # [packages.NAME]
+    build: BuildSpec = dataclasses.field(default_factory=BuildSpec)  # [build]
 
     @property
     def root(self) -> Path:
@@ -302,7 +312,7 @@ def load(path: str | Path) -> Manifest:
 def parse(data: dict[str, Any], path: Path) -> Manifest:
     reads = [path]  # the files this reading looks at (the manifest's `reads`: a change to any re-plans)
     top = TableReader(path, "", data, reads)
-    top.read("top", skip=("models", "targets", "groups", "packages", "cache", "toolchains", "executor"))
+    top.read("top", skip=("models", "targets", "groups", "packages", "build", "cache", "toolchains", "executor"))
     targets_table = top.child("targets")
     for name in targets_table.table:
         check_name(path, f"targets.{name}", name)
@@ -344,8 +354,10 @@ def parse(data: dict[str, Any], path: Path) -> Manifest:
     toolchains = {name: path.parent / toolchains_table.child(name).read("toolchain")["root"]
                   for name in toolchains_table.table}
     executor = top.child("executor").read("executor")
+    build = top.child("build").read("build")
     return Manifest(path, models, targets, groups, cache_spec, toolchains,
-                    ExecutorSpec(executor["scheduler"], executor["wait_s"]), tuple(dict.fromkeys(reads)), packages)
+                    ExecutorSpec(executor["scheduler"], executor["wait_s"]), tuple(dict.fromkeys(reads)), packages,
+                    BuildSpec(build["jobs"], build["memory_gb"]))
 
 
 def _group(table: TableReader, name: str, models: dict[str, ModelSpec], targets: dict[str, TargetSpec]) -> GroupSpec:

@@ -25,6 +25,7 @@ SCOPES = {
     "quantize": "`[models.NAME] quantize`",
     "target": "`[targets.NAME]`", "validation": "`validation` (model or target)", "qaic": "`[targets.NAME] qaic`",
     "group": "`[groups.NAME]`", "pipeline": "`[groups.NAME] pipeline`", "package": "`[packages.NAME]`",
+    "build": "`[build]`",
     "cache": "`[cache]`",
     "executor": "`[executor]`",
     "toolchain": "`[toolchains.NAME]`",
@@ -109,6 +110,7 @@ KEYS: tuple[Key, ...] = (
     Key("groups", ("top",), dict, "shared-context groups, one `[groups.NAME]` table each"),
     Key("packages", ("top",), dict, "ONNX Runtime model packages (`artifacts/packages/NAME/`), one `[packages.NAME]` "
         "table each"),
+    Key("build", ("top",), dict, "how builds run on a host: jobs at once, the memory they share"),
     Key("cache", ("top",), dict, "the artifact cache"),
     Key("toolchains", ("top",), dict, "external toolchains: `[toolchains.qaic] root`"),
     # models
@@ -234,6 +236,13 @@ KEYS: tuple[Key, ...] = (
         check=strings),
     Key("tokens", ("pipeline",), int, "greedy token steps after the prompt", 4, check=lambda n: None if 1 <= n <= 64
         else f"must be from 1 to 64, found {n}"),
+    Key("jobs", ("build",), (int, str), "jobs at once without `-n`: a number, or `\"cores\"` (one per core; "
+        "EPBUILD_JOBS wins; default 1)", check=lambda v: None if v == "cores" or (
+            isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 1024)
+        else f"must be a number of jobs from 1 to 1024 or \"cores\", found {v!r}"),
+    Key("memory_gb", ("build",), NUMBER, "the memory budget the jobs of this host's builds share: a job starts when "
+        "its expected peak fits (EPBUILD_MEMORY_GB wins; 0: no admission; default 80% of this host's memory)",
+        check=lambda v: None if 0 <= v <= LARGEST else f"must be 0 or a positive number of GB, found {v!r}"),
     Key("dir", ("cache",), str, "the cache folder (EPBUILD_CACHE_DIR wins; default ~/.cache/epbuild)"),
     Key("max_size_mb", ("cache",), NUMBER, "size cap; least-recently-used entries are evicted", check=positive),
     Key("hard_links", ("cache",), bool, "publish artifacts as hard links to the cache's files instead of copies: "

@@ -52,11 +52,11 @@ def build_limits(build: Build, workspace: Workspace, kind: str, timeout_s: float
     """The limits of a compile's or validation's child (`kind`), with what it is expected to hold."""
     task = build.task if kind == "compile" else build.validate_task
     paths = [path for member in build.members for path in (member.model.path, *member.external)]
-    return dataclasses.replace(build.target.limits(timeout_s),
+    return dataclasses.replace(build.target.limits(timeout_s), budget_gb=workspace.memory_gb,
                                expected_mb=expected_mb(task, kind, build.target.ep.alias, paths, workspace))
 
 
 def stage_limits(stage: Stage, workspace: Workspace, timeout_s: float) -> Limits:
     """The limits of a stage's child, with what it is expected to hold."""
-    return Limits(timeout_s, expected_mb=expected_mb(stage.task, "stage", "", [stage.input, *stage.input_external],
-                                                     workspace))
+    return Limits(timeout_s, budget_gb=workspace.memory_gb,
+                  expected_mb=expected_mb(stage.task, "stage", "", [stage.input, *stage.input_external], workspace))

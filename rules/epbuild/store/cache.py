@@ -260,6 +260,7 @@ class Workspace:
     hard_links: bool = False  # `[cache] hard_links`
     remote_budget_s: float = 60.0  # `[cache] remote_budget_s`
     remote_timeout_s: float = 10.0  # `[cache] remote_timeout_s`
+    memory_gb: float | None = None  # `[build] memory_gb`: the budget memory admission holds jobs to
     # what this run's fingerprints and job requests name (the saved plan's, or read when the run starts)
     provenance: Provenance = dataclasses.field(default_factory=Provenance.read)
     # the build's process (this one's mark, taken where the build starts; doit's workers get a copy): what its

@@ -164,7 +164,7 @@ class Tasks:
         # threads share one sys.stdout, which doit's capture would race on, so there the status area catches prints.
         verbosity = 1 if project.live and not project.threads else 2
         return {**DOIT_BASE, "verbosity": verbosity, "default_tasks": default, "check_file_uptodate": checker,
-                "reporter": reporter, "num_process": default_jobs()}
+                "reporter": reporter, "num_process": default_jobs(configured=project.manifest.build.jobs)}
 
     def _task(self, basename: str, name: str, doc: str, action: Any, args: list[Any],
               file_dep: Iterable[Path | str] = (), targets: Iterable[Path | str] = (),

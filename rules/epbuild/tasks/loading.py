@@ -130,7 +130,7 @@ def prepare_folders(manifest: Manifest, invocation: Invocation, rel: Relative,
         raise executor_error(manifest, reason)
     workspace = Workspace(layout.root, *cache_location(manifest.cache), remote_location(manifest.cache), executor,
                           manifest.cache.hard_links, manifest.cache.remote_budget_s, manifest.cache.remote_timeout_s,
-                          provenance)
+                          manifest.build.memory_gb, provenance)
     return layout, writable, workspace, executor
 
 
