@@ -1,5 +1,5 @@
-"""Where every bench writes its figures: `bench/results/NAME.json` holds the raw numbers and the rows of the README's
-performance table (what, figure), so `python bench/readme_table.py` regenerates that table from measurements."""
+"""Where every bench writes its figures: `bench/results/NAME.json` holds the raw numbers and the rows of the docs'
+performance table (what, figure), so `python bench/performance_table.py` regenerates that table from measurements."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def save(name: str, rows: list[tuple[str, str]], data: dict[str, Any]) -> Path:
-    """Write one bench's results; `rows` are its lines in the README table."""
+    """Write one bench's results; `rows` are its lines in the docs' performance table."""
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"{name}.json"
     machine = {"cpus": os.cpu_count(), "machine": platform.machine(), "python": platform.python_version()}

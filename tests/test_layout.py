@@ -1,5 +1,5 @@
-"""The package's shape, kept: the README's layout table in the order of the declared layers, no import circles
-between its modules (lazy imports inside functions count; type-only ones do not), no folder named like build
+"""The package's shape, kept: the layout table of docs/architecture.md in the order of the declared layers, no import
+circles between its modules (lazy imports inside functions count; type-only ones do not), no folder named like build
 output, and no module far past the size the style allows."""
 
 from __future__ import annotations
@@ -91,11 +91,11 @@ def _layers() -> list[list[str]]:
     return [[name.strip().removeprefix("epbuild.") for name in layer.split("|")] for layer in layers]
 
 
-def test_the_readme_layout_lists_every_module_in_the_order_of_the_layers():
-    """The README's layout table is the layers contract read aloud: its packages in the contract's order, and every
+def test_the_docs_layout_lists_every_module_in_the_order_of_the_layers():
+    """The docs' layout table is the layers contract read aloud: its packages in the contract's order, and every
     module of the package named in it (a new module gets its row)."""
-    readme = (SOURCE.parent / "README.md").read_text()
-    section = readme[readme.index("## Layout\n"):]
+    readme = (SOURCE.parent / "docs" / "architecture.md").read_text()
+    section = readme[readme.index("# Layout\n"):]
     section = section[:section.index("\n## ") if "\n## " in section else len(section)]
     declared = [name for layer in _layers() for name in layer]
     folders = sorted(path.name for path in PACKAGE.iterdir() if (path / "__init__.py").is_file())
@@ -109,6 +109,6 @@ def test_the_readme_layout_lists_every_module_in_the_order_of_the_layers():
         package = row.split("/`", 1)[0]
         modules = {path.name for path in (PACKAGE / package).glob("*.py") if path.name != "__init__.py"}
         named = set(re.findall(r"`(\w+\.py)`", row))
-        assert modules - named == set(), f"{package}/: modules without a row in the README's layout"
+        assert modules - named == set(), f"{package}/: modules without a row in docs/architecture.md"
     everything = set(re.findall(r"`(\w+\.py)`", section))
     assert {f"{name}.py" for name in tops} <= everything

@@ -1,5 +1,5 @@
-"""The declared manifest schema: the README's key table is generated from it, and the parser refuses what it
-does not declare."""
+"""The declared manifest schema: the docs' key table (docs/manifest.md) is generated from it, and the parser
+refuses what it does not declare."""
 
 from __future__ import annotations
 
@@ -8,15 +8,15 @@ import pytest
 from conftest import REPO
 from epbuild.errors import UserError
 from epbuild.manifest.parse import TableReader
-from epbuild.manifest.schema import KEYS, SCOPES, keys, readme_table
+from epbuild.manifest.schema import KEYS, SCOPES, key_table, keys
 
 
-def test_readme_key_table_is_the_schema():
-    text = (REPO / "README.md").read_text()
+def test_the_docs_key_table_is_the_schema():
+    text = (REPO / "docs" / "manifest.md").read_text()
     start, end = text.index("<!-- keys:start -->\n"), text.index("<!-- keys:end -->")
-    assert text[start + len("<!-- keys:start -->\n"):end].strip() == readme_table(), (
-        "README key table differs from rules/epbuild/manifest/schema.py: paste `python -m epbuild.manifest.schema` "
-        "between the markers")
+    assert text[start + len("<!-- keys:start -->\n"):end].strip() == key_table(), (
+        "docs/manifest.md's key table differs from rules/epbuild/manifest/schema.py: paste `python -m "
+        "epbuild.manifest.schema` between the markers")
 
 
 def test_every_key_has_a_known_scope_and_a_doc():

@@ -1,6 +1,6 @@
 """A no-op `doit` and a `doit list` answered without loading the project, when provably nothing changed.
 
-doit creates and checks every task on every run: at 1000 targets (2500 tasks) that is ~0.35 s beyond doit's own
+doit creates and checks every task on every run, which at a thousand targets costs several times doit's own
 start, most of it inside doit. Both shortcuts below are keyed by everything task creation reads: the manifest's
 bytes, epbuild's sources and dodo.py (bytes), the host probe (bytes), the Python environment (interpreter, import
 path and the identity of each import folder, so an installed or upgraded package changes it), the working folder
@@ -71,8 +71,8 @@ def project_key(manifest: Path) -> str:
 
 
 class Stamp:
-    """`artifacts/.state/noop.pickle`: the key and file identities of the last full no-op (pickled: at 10,000
-    targets its 45,000 identities load in 0.01 s, as JSON 0.04 s of every run)."""
+    """`artifacts/.state/noop.pickle`: the key and file identities of the last full no-op (pickled: tens of
+    thousands of identities load several times faster than as JSON, on every run)."""
 
     def __init__(self, layout: Layout):
         self.path = layout.state_file("noop.pickle")

@@ -1,5 +1,5 @@
 """A fork server per EP: one process imports ONNX Runtime, onnx and numpy and registers the EP's plugin library
-once, then forks a fresh child per job, so a job starts in milliseconds instead of the ~0.3 s a new Python pays.
+once, then forks a fresh child per job, so a job does not pay a new Python's start and imports.
 
 The server never compiles or creates a session itself: every job runs in a child forked from the same clean
 state and calls the job module's `main()` as `python -m MODULE request result` would, so outputs stay
@@ -11,7 +11,7 @@ and holds each job's limits itself too (`JobGuard`; a warm worker tells it the l
 
 Jobs whose EP gives the same outputs when repeated in one process (`EpInfo.warm_compiles`, `warm_validations`) may
 run in a warm worker instead: a child forked the same way and leased to one thread of one build process, which
-sends it its jobs directly, one at a time, so the ~5 ms a fresh child pays for its first session is paid once
+sends it its jobs directly, one at a time, so what a fresh child pays for its first session is paid once
 and a job costs two messages. A crash or hang still ends only the job running in it (the client kills the
 worker's pid; the server reaps it, writes its end to the client, and the client leases a new worker for its next
 job); a worker retires after a failed job, after 200 jobs, when a job left a thread running, or when a job's
@@ -175,7 +175,7 @@ class ForkedJob:
 
 @functools.lru_cache(maxsize=1)
 def _sources() -> list[tuple[str, list[int]]]:
-    """epbuild's sources as this build process found them (looked at once: ~1 ms per job otherwise)."""
+    """epbuild's sources as this build process found them (looked at once, not per job: a walk of the package)."""
     return sorted((str(p), stat_key(p.stat())) for p in (IMPORT_ROOT / "epbuild").rglob("*.py"))
 
 
@@ -191,7 +191,7 @@ def _server_key(alias: str, expect: Provenance | None = None) -> str:
 
 @functools.lru_cache(maxsize=64)
 def _key(alias: str, load_env: tuple[tuple[str, str], ...], wanted: str) -> str:
-    """(~0.3 ms: computed once per EP, environment and versions, not per job)"""
+    """Computed once per EP, environment and versions, not per job (it hashes every source's identity)."""
     text = json.dumps([sys.executable, str(IMPORT_ROOT), alias, _sources(), load_env, json.loads(wanted)])
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 

@@ -7,7 +7,7 @@ stderr, its environment, `sys.path` and argv, and the module's `main()`. `run_on
 retires after a failed job, after `WORKER_MAX_JOBS`, after a job whose peak, or when it holds, more than
 `WORKER_MAX_GROWTH_MB` beyond what it held when forked (so a job's memory limit, polled on the worker's resident
 memory, sees at most that much of earlier jobs; and a large model's job leaves no state to the next: QNN's HTP
-simulator ran a 0.75 GiB model's second session in one process in 6.95 s against the first's 0.74 s), or when a
+simulator ran a large model's second session in one process many times slower than the first), or when a
 job left a thread running (it was forked with one: QNN's HVX threads were found spinning on both cores in an idle
 worker).
 """

@@ -3,9 +3,9 @@
 The memory is append-only tab-separated files in `artifacts/.state/hashes/`, one per shard of the paths (256, by a
 hash of the path), so it survives a doit run that was killed and is shared by concurrent builders (each appended
 line is one small write). A lookup reads its path's shard alone: one model changed among 10,000 targets costs a few
-small reads, where searching one 24 MB memory took 0.13 s. doit's file checker uses it too (`epbuild.tasks`): after
-a fresh clone doit's own md5 checker re-hashes every file on every run, this one once. A file changed within the
-last clock tick (`layout.settled`) is hashed but its identity is not remembered.
+small reads, not a search of one memory that grows with every file ever hashed. doit's file checker uses it too
+(`epbuild.tasks`): after a fresh clone doit's own md5 checker re-hashes every file on every run, this one once. A file
+changed within the last clock tick (`layout.settled`) is hashed but its identity is not remembered.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Exclusive locks between builders on one machine: doit -n processes, doit -P threads, several doit runs.
 
 `fingerprint_lock`: on 64-bit Linux a fingerprint's lock is one byte of a single shared file, taken with an
-open-file-description lock (`F_OFD_SETLKW`): nothing is created per fingerprint (creating a file costs 0.1-0.8 ms on
+open-file-description lock (`F_OFD_SETLKW`): nothing is created per fingerprint (creating a file is slow on
 a disk mounted with online discard, and a clean build locks twice per model), and the folder does not fill up with
 one lock file per fingerprint ever built. Elsewhere a lock file per fingerprint. Each acquisition opens its own
 file description, so threads of one process exclude each other exactly as processes do, and the kernel drops a

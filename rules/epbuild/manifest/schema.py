@@ -1,7 +1,7 @@
 """The manifest's keys, declared once: where each is allowed, its type, default, check and a one-line doc.
 
-The parser (`epbuild.manifest.parse`), the qaic flag checks and the README's key table all read this table, so a new key
-is one entry here plus the code that uses it. `python -m epbuild.manifest.schema` prints the README table.
+The parser (`epbuild.manifest.parse`), the qaic flag checks and the docs' key table all read this table, so a new key
+is one entry here plus the code that uses it. `python -m epbuild.manifest.schema` prints that table (docs/manifest.md).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ THRESHOLDS = ("max_abs_error", "mean_abs_error", "max_rel_error", "min_cosine", 
 PMU_RECIPES = ("AxiRd", "AxiWr", "AxiRdWr", "KernelUtil", "HmxMacs")
 NUMBER = (int, float)
 
-# Where a key is allowed; the README names them in this order.
+# Where a key is allowed; the docs' key table names them in this order.
 SCOPES = {
     "top": "top level", "model": "`[models.NAME]`", "variant": "`[models.NAME] variants.V`",
     "quantize": "`[models.NAME] quantize`",
@@ -277,8 +277,8 @@ def _kind_text(kind: type | tuple[type, ...]) -> str:
                         dict: "table"}[k] for k in kinds if not (k is int and float in kinds))
 
 
-def readme_table() -> str:
-    """The README's key table, generated from `KEYS`."""
+def key_table() -> str:
+    """The key table of docs/manifest.md, generated from `KEYS`."""
     rows = ["| key | where | type | default | meaning |", "|---|---|---|---|---|"]
     for scope, title in SCOPES.items():
         for key in keys(scope).values():
@@ -291,4 +291,4 @@ def readme_table() -> str:
 
 
 if __name__ == "__main__":
-    print(readme_table())
+    print(key_table())

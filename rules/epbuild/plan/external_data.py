@@ -3,7 +3,7 @@
 The answer for each model is cached in `artifacts/.state/external-data.json` under the model's (size, mtime_ns,
 inode); a model is read (with `onnx`, tensors not loaded, then `onnx.checker`) only when it changed. The models that
 changed are read in one job: in a warm worker of a fork server that is running or starting anyway, which has
-`onnx` loaded (importing it here cost a first build ~0.1 s), else in this process. Locations that escape the
+`onnx` loaded (importing it here would slow a first build), else in this process. Locations that escape the
 model's folder are refused before any of them is read.
 """
 

@@ -30,9 +30,9 @@ def _layout(texts: dict[str, str]) -> str:
 
 
 def _texts(text: str, names: Any) -> dict[str, str]:
-    """Each entry's JSON text as the file has it (one line per task, `  "name": {...},`): entries a run did not
-    change are written, and keyed by the report's views, without encoding them again (0.4 s at 10,000 tasks).
-    A file not exactly in that layout (edited by hand, another format) gives none: every entry is encoded again.
+    """Each entry's JSON text as the file has it (one line per task, `  "name": {...},`): entries a run did not change
+    are written, and keyed by the report's views, without encoding them again (encoding every entry showed at many
+    tasks). A file not exactly in that layout (edited by hand, another format) gives none: every entry is encoded again.
     `names`: the entries' names in the file's order."""
     lines = text.split("\n")[1:-2]
     texts = {name: line[len(quoted(name)) + 4:].removesuffix(",") for name, line in zip(names, lines, strict=False)}

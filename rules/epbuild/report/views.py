@@ -4,8 +4,7 @@
 Everything comes from files a build leaves (`report.cells`); nothing here imports onnxruntime, so the pages are
 written after every run, restores included. Each build's parts of both files are kept in
 `artifacts/.state/report-parts.pickle` (and its journal) under the digest of what they show, and the files are
-assembled from them: a run that changed one model of 10,000 renders that model's parts (rendering every cell took
-~14 s at 10,000).
+assembled from them: a run that changed one model of 10,000 renders that model's parts, not every cell.
 """
 
 from __future__ import annotations
@@ -44,7 +43,7 @@ PARTS = "report-parts.pickle"
 
 def _environment() -> Any:
     """Templates compiled once per machine, like Python's bytecode (jinja2's cache in the user's temporary
-    folder, keyed by the template's source): compiling report.html.j2 took ~30 ms of every build."""
+    folder, keyed by the template's source): compiling report.html.j2 was a visible share of every build's end."""
     import jinja2
 
     try:
@@ -82,8 +81,8 @@ def cell_macros() -> Any:
 
 def templates_prepared_in_background() -> threading.Thread:
     """Import jinja2 and compile the page's templates in a thread, started where the build is about to wait for
-    something else (fork servers starting, a child's job): the end of the build then renders in ~10 ms instead of
-    ~60 ms. The caller joins it."""
+    something else (fork servers starting, a child's job): the end of the build then only renders. The caller
+    joins it."""
 
     def prepare() -> None:
         with contextlib.suppress(Exception):  # a broken template is reported where the page is written
@@ -97,8 +96,8 @@ def templates_prepared_in_background() -> threading.Thread:
 
 @contextmanager
 def template_prepared_meanwhile() -> Iterator[None]:
-    """The templates prepared while the block waits (a first build waits ~0.2 s for its fork servers to start,
-    with a core to spare). No thread outlives the block."""
+    """The templates prepared while the block waits (a first build waits for its fork servers to start, with a
+    core to spare). No thread outlives the block."""
     thread = templates_prepared_in_background()
     try:
         yield
@@ -108,8 +107,8 @@ def template_prepared_meanwhile() -> Iterator[None]:
 
 class Part(NamedTuple):
     """One build's rendered parts: its matrix cell, its rows of the task table, its section, its junit test case.
-    The HTML is as rendered (safe), encoded as UTF-8 once, and spliced into the page as it is (a Markup per part
-    took 0.13 s at 10,000 builds; remembered as str, decoding them took 3 of the 5 ms of loading 1,000)."""
+    The HTML is as rendered (safe), encoded as UTF-8 once, and spliced into the page as it is (a Markup per part,
+    or decoding parts remembered as str, cost more than the rest of loading them)."""
 
     row: str
     target: str
@@ -180,11 +179,11 @@ def junit_case(cell: Cell) -> tuple[str, str]:
 
 class PartStore:
     """`.state/report-parts.pickle`: each build's rendered parts under the digest of what they show, and each
-    stage's task row under its entry's; dropped whole when the templates or this code change (pickled: 30 MB of
-    parts at 10,000 builds load in 0.03 s, as JSON 0.15). A run appends the parts it rendered to
-    `report-parts.journal` (one JSON line) instead of writing 30 MB again; the base is rewritten, with only the
-    parts of this run, when the journal outgrows it (`files.journal.outgrown`). A part is a function of its
-    key, so a line read twice, lost or torn (skipped) costs a rendering, never a wrong page.
+    stage's task row under its entry's; dropped whole when the templates or this code change (pickled: tens of MB of
+    parts at 10,000 builds load several times faster than as JSON). A run appends the parts it rendered to
+    `report-parts.journal` (one JSON line) instead of writing the whole store again; the base is rewritten, with only
+    the parts of this run, when the journal outgrows it (`files.journal.outgrown`). A part is a function of its key, so
+    a line read twice, lost or torn (skipped) costs a rendering, never a wrong page.
 
     Each save also names the build report the pages were made from (its identity) and the parts it could not
     remember (rendered while their files could still change): while that build report is still the current one,
@@ -306,8 +305,8 @@ def _matrix(places: list[tuple[str, str]], targets: list[str], by_place: dict[tu
 def render_html(page_parts: list[Part], stages: list[bytes], entries: dict[str, dict[str, Any]],
                 project: str) -> list[bytes]:
     """The page as pieces to write one after the other: the template renders its frame around a marker per
-    table, and each build's rendered parts are spliced in at the markers (through the template, each copy and
-    escape check of a 24 MB page of 10,000 builds took 0.07 s)."""
+    table, and each build's rendered parts are spliced in at the markers (through the template, a page of
+    10,000 builds would be copied and escape-checked whole)."""
     rows = list(dict.fromkeys(p.row for p in page_parts if not p.shared))
     groups = {p.row: p.members for p in page_parts if p.shared}
     targets = list(dict.fromkeys(p.target for p in page_parts))

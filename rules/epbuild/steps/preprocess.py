@@ -77,7 +77,7 @@ def dynamic_tensors(model: Any) -> list[str]:
 
 def ort_tool(name: str) -> Any:
     """A module of `onnxruntime.tools` loaded on its own: the package's `__init__` imports torch whenever it is
-    installed (~0.9 s, for an export helper we never use), and neither module needs the package."""
+    installed (slow, for an export helper we never use), and neither module needs the package."""
     qualified = f"epbuild._ort_tools.{name}"
     if qualified not in sys.modules:
         import onnxruntime

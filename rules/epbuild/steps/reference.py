@@ -22,7 +22,7 @@ class ReferenceUnusable(Exception):
 def session_options(ort: Any) -> Any:
     """Options for a validation session: errors only, and pool threads that block instead of spinning between
     ops. A build runs jobs beside each other (the build process, `-n N`): spinning threads took the cores those
-    need, and a tiny model's validation waited a scheduler tick (4 ms) about every other run."""
+    need, and a tiny model's validation waited a scheduler tick about every other run."""
     options = ort.SessionOptions()
     options.log_severity_level = 3
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")

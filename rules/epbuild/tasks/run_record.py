@@ -1,8 +1,8 @@
 """`artifacts/.state/last-run.pickle` and its journal `last-run.journal`: the record of the last default run
 (`tasks.selection`), written at the end of every one.
 
-At 10,000 targets the record is 7 MB, and rewriting it whole cost 0.2 s of a run that changed four tasks (its
-base is pickled: read as JSON it cost 0.1 s more). A run
+At 10,000 targets the record is several MB, and rewriting it whole was a large share of a run that changed four
+tasks (its base is pickled: faster to read than JSON). A run
 whose record was the one it read (the base and journal as it read them, no other run wrote since: checked under
 a lock) appends one JSON line of what changed instead: tasks, files and task_deps added, changed or gone, and the
 new watched identities. The record is rewritten whole (the journal removed first, so that its lines never lie over
