@@ -120,3 +120,28 @@ def test_doit_list_from_the_cache_equals_the_full_listing(steady):
     assert "[unavailable here: qaic-compile not found" in full
     project.manifest(MANIFEST + '\n[models.dynbatch]\npath = "models/dynbatch.onnx"\ninputs = { x = [1, 3, 32, 32] }\n')
     assert "compile:dynbatch@cpu" in project.doit("list").stdout
+
+
+def test_the_cached_listing_follows_a_model_re_exported_with_other_shapes(project):
+    """The listing's key is the manifest's and epbuild's; which stages exist also depends on the model's shapes:
+    a model re-exported with a static batch needs no `shape` stage, and the cached listing must not show one."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    def relu(batch: int | str) -> onnx.ModelProto:
+        x, y = (helper.make_tensor_value_info(name, TensorProto.FLOAT, [batch, 4]) for name in ("x", "y"))
+        graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        model.ir_version = 8
+        return model
+
+    path = project.root / "models" / "m.onnx"
+    onnx.save(relu("batch"), path)
+    project.manifest('[models.m]\npath = "models/m.onnx"\ninputs = { x = [1, 4] }\n\n[targets.qnn-htp]\nep = "qnn"\n')
+    project.doit("list")
+    assert "shape:m " in project.doit("list").stdout  # the cached listing
+    onnx.save(relu(1), path)
+    listing = project.doit("list").stdout
+    assert "shape:m " not in listing and "compile:m@qnn-htp" in listing
+    project.env["EPBUILD_FAST_PATH"] = "0"
+    assert project.doit("list").stdout == listing

@@ -118,7 +118,9 @@ class Stamp:
 
 
 class Listing:
-    """`artifacts/.state/listing.json`: every task's name and doc from the last full `doit list`, by generator."""
+    """`artifacts/.state/listing.json`: every task's name and doc from the last full `doit list`, by generator, and
+    the identity of every file task creation read besides the key's (the models and their external data, probed
+    toolchains): a model re-exported with other shapes changes which stages exist."""
 
     def __init__(self, layout: Layout):
         self.path = layout.state_file("listing.json")
@@ -128,11 +130,28 @@ class Listing:
             listing = json.loads(self.path.read_text())
         except (OSError, ValueError):
             return None
-        return listing["tasks"] if isinstance(listing, dict) and listing.get("key") == key else None
+        if not isinstance(listing, dict) or listing.get("key") != key or not isinstance(listing.get("files"), dict):
+            return None
+        if any(file_identity(path) != identity for path, identity in listing["files"].items()):
+            return None
+        return listing["tasks"]
 
-    def write(self, key: str, tasks: dict[str, list[dict[str, Any]]]) -> None:
+    def write(self, key: str, tasks: dict[str, list[dict[str, Any]]], read: list[Path]) -> None:
+        """`read`: the files task creation read, present or not; none written while one may still change under
+        the identity it has now (changed within the clock's last tick)."""
+        files: dict[str, list[int] | None] = {}
+        for path in read:
+            try:
+                stat = os.stat(path)
+            except OSError:
+                files[str(path)] = None
+                continue
+            if not settled(stat):
+                self.path.unlink(missing_ok=True)
+                return
+            files[str(path)] = stat_key(stat)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_json(self.path, {"key": key, "tasks": tasks}, indent=None)
+        write_json(self.path, {"key": key, "tasks": tasks, "files": files}, indent=None)
 
 
 def listed(task: dict[str, Any]) -> dict[str, Any]:

@@ -38,7 +38,8 @@ STATE_FILES = (
               "the key (manifest, epbuild's code, environment, host probe) or any file's identity differs",
               "scale.json: no-op at 1000 targets, fast path against full path"),
     StateFile("listing.json", "fast_path", "the last full `doit list` output by generator",
-              "the project key differs", "scale.json: `doit list` at 1000 targets, fast against full path"),
+              "the project key differs, or a model's (or probed file's) identity: its shapes decide the stages",
+              "scale.json: `doit list` at 1000 targets, fast against full path"),
     StateFile("plan.pickle", "plan.saved_plan", "the last plan: the manifest as read and checked, resolved targets, "
               "builds and stages", "the project key, or any file the plan was made from",
               "scale-change.json: the first run after one model changed"),

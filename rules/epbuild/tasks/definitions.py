@@ -353,9 +353,12 @@ class Tasks:
                       "cache": self.cache_task,
                       "unavailable": self.unavailable_task, "graph": self.graph_task, "prune": self.prune_task}
         # a generator that yields nothing is still a (blank) group in doit's listing: `stages` without a stage
-        Listing(self.project.layout).write(self.project.key, {
+        project = self.project
+        read = [model.path for model in project.manifest.models.values()]
+        read += [path for files in project.external.values() for path in files]
+        Listing(project.layout).write(project.key, {
             name: [listed(task) for task in make()] or [{"basename": name}]
-            for name, make in generators.items() if self.wants(name)})
+            for name, make in generators.items() if self.wants(name)}, [*read, *project.looked_at])
 
     def every_task(self) -> list[Task]:
         """Every task dict that can be named, the inspecting ones and every per-model selection included."""
