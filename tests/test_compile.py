@@ -10,7 +10,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from conftest import REPO, ran
+from conftest import REPO, build_report, ran
 from helpers import ep_context_nodes, perturb_weights, single_op_model, tree_bytes
 
 QNN_TARGETS = """
@@ -169,15 +169,37 @@ def test_unavailable_ep_is_listed_skipped_and_refused_by_name(project):
         in by_name.stdout + by_name.stderr
 
 
-def test_symbolic_input_without_inputs_is_refused_before_any_build_for_npu_and_builds_for_cpu(project):
-    project.manifest('[models.dynbatch]\npath = "models/dynbatch.onnx"\n' + QNN_TARGETS)
-    done = project.doit("--continue", check=False)
-    assert done.returncode == 2 and ran(done) == set()
-    assert ("models.toml: models.dynbatch.inputs: input 'x' ([?, 3, 32, 32]) has symbolic dimension 0 ('batch'); "
+def test_a_model_without_static_shapes_holds_back_only_its_npu_builds(project):
+    """Its NPU targets wait for the manifest's fix (named once, after everything else was built, and when one of
+    them is asked for by name); its CPU target, which keeps it dynamic, and every other model build."""
+    import numpy as np
+
+    np.savez(project.root / "x.npz", x=np.ones((2, 3, 32, 32), np.float32))
+    only = 'targets = ["cpu", "qnn-htp"]\n'
+    project.manifest('[models.dynbatch]\npath = "models/dynbatch.onnx"\nvalidation = { inputs = "x.npz" }\n' + only +
+                     '[models.tinycnn]\npath = "models/tinycnn.onnx"\n' + only + QNN_TARGETS)
+    line = ("models.toml: models.dynbatch.inputs: input 'x' ([?, 3, 32, 32]) has symbolic dimension 0 ('batch'); "
             "target 'qnn-htp' needs static shapes: set dims = { batch = ... } (every input with that dimension) or "
-            "inputs = { x = [...] }") in done.stderr
-    project.manifest('[models.dynbatch]\npath = "models/dynbatch.onnx"\ntargets = ["cpu"]\n' + QNN_TARGETS)
-    assert "compiled compile:dynbatch@cpu" in project.doit(check=False).stdout  # the CPU target keeps it dynamic
+            "inputs = { x = [...] }")
+    listing = project.doit("list").stdout
+    assert "compile:dynbatch@qnn-htp " in listing and "[blocked: models.dynbatch.inputs needs a fix]" in listing
+    done = project.doit(check=False)
+    assert done.returncode == 1
+    assert ran(done) == {"compile:tinycnn@cpu", "validate:tinycnn@cpu", "compile:tinycnn@qnn-htp",
+                         "validate:tinycnn@qnn-htp", "compile:dynbatch@cpu", "validate:dynbatch@cpu",
+                         "blocked"}
+    assert done.stdout.count(line) == 1
+    assert (f"error: {line} (2 task(s) wait for it: compile:dynbatch@qnn-htp, validate:dynbatch@qnn-htp; the rest "
+            "were built)") in done.stdout
+    report = build_report(project)
+    assert report["validate:dynbatch@cpu"]["status"] == "validated"
+    assert report["compile:dynbatch@qnn-htp"] == {"status": "not built", "reason": f"waits for a fix: {line}"}
+    assert not (project.artifacts / "qnn-htp" / "dynbatch").exists()
+    by_name = project.doit("compile:dynbatch@qnn-htp", check=False)
+    assert by_name.returncode == 1 and f"compile:dynbatch@qnn-htp waits for a fix: {line}" in by_name.stdout
+    project.manifest(project.root.joinpath("models.toml").read_text().replace(
+        'validation = { inputs = "x.npz" }', 'validation = { inputs = "x.npz" }\ndims = { batch = 2 }'))
+    assert "compiled compile:dynbatch@qnn-htp" in project.doit().stdout  # fixed: it builds, the rest up to date
 
 
 @pytest.mark.parametrize("inputs, message", [

@@ -51,8 +51,11 @@ def resolve_dims(manifest: Manifest, read: dict[str, ModelInputs]) -> Manifest:
     return dataclasses.replace(manifest, models=models)
 
 
-def check_declared_inputs(manifest: Manifest, builds: list[Build], read: dict[str, ModelInputs]) -> None:
-    """`read` holds each model's inputs by model name (`plan.external_data.ExternalDataIndex.inputs`)."""
+def check_declared_inputs(manifest: Manifest, builds: list[Build], read: dict[str, ModelInputs]) -> dict[str, str]:
+    """`read` holds each model's inputs by model name (`plan.external_data.ExternalDataIndex.inputs`). A mistake in
+    `inputs` or `freeze` is refused (UserError); a model that leaves open a dimension its NPU targets need fixed is
+    not: its message is returned by model name, so only those targets' tasks wait for the fix (`blocked_tasks`)
+    while every other build goes on."""
     file = manifest.path.name
     shapes = {name: found for name, (found, _, _) in read.items()}
     for name, model in manifest.models.items():
@@ -80,6 +83,7 @@ def check_declared_inputs(manifest: Manifest, builds: list[Build], read: dict[st
                         f"the model has no input '{input_name}'")
                 raise UserError(file, f"{model.key}.freeze.{input_name}", f"{what}; its inputs: "
                                 f"{', '.join(found) or 'none'}")
+    blocked: dict[str, str] = {}
     needs_static: dict[str, str] = {}  # model -> the first of its targets that needs static shapes
     for build in builds:
         if any(stage.kind == "shape" for stage in build.stages):
@@ -102,9 +106,27 @@ def check_declared_inputs(manifest: Manifest, builds: list[Build], read: dict[st
                 fix = (f"dims = {{ {', '.join(f'{_toml_key(key)} = ...' for key in keys)} }} (every input with "
                        f"{those}) or inputs = {{ {input_name} = [...] }}" if None not in keys
                        else f"inputs = {{ {input_name} = [...] }}")
-                raise UserError(file, f"{model.key}.inputs", f"input '{input_name}' ({_shown(dims)}) has symbolic "
-                                f"dimension{'s' * (len(left) > 1)} {which}; target '{target}' needs static shapes: "
-                                f"set {fix}")
+                blocked[name] = str(UserError(file, f"{model.key}.inputs", f"input '{input_name}' ({_shown(dims)}) "
+                                              f"has symbolic dimension{'s' * (len(left) > 1)} {which}; target "
+                                              f"'{target}' needs static shapes: set {fix}"))
+                break
+    return blocked
+
+
+def blocked_tasks(builds: list[Build], blocked: dict[str, str]) -> dict[str, str]:
+    """Task name -> the manifest line it waits for: each build that needs static shapes of a model in `blocked`
+    (its compile, validation and operator check), and the stages only such builds use."""
+    waiting: dict[str, str] = {}
+    used: set[str] = set()
+    for build in builds:
+        why = next((blocked[m.name] for m in build.members if m.name in blocked), None)
+        if why is None or not any(stage.kind == "shape" for stage in build.stages):
+            used.update(stage.task for stage in build.stages)
+            continue
+        waiting.update(dict.fromkeys((build.task, build.validate_task, build.ops_task), why))
+        for stage in build.stages:
+            waiting.setdefault(stage.task, why)
+    return {task: why for task, why in waiting.items() if task not in used}
 
 
 def _toml_key(name: str) -> str:

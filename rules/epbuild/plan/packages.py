@@ -27,7 +27,8 @@ class PackagePlan:
         return package_task(self.name)
 
 
-def plan_packages(manifest: Manifest, builds: list[Build], unavailable: dict[str, str]) -> list[PackagePlan]:
+def plan_packages(manifest: Manifest, builds: list[Build], unavailable: dict[str, str],
+                  blocked: dict[str, str]) -> list[PackagePlan]:
     singles = {b.name: b for b in builds if not b.shared}
     shared = {b.name: b for b in builds if b.shared}
     plans = []
@@ -39,7 +40,7 @@ def plan_packages(manifest: Manifest, builds: list[Build], unavailable: dict[str
             for target in manifest.models[model].targets:
                 name, build = f"{model}@{target}", singles.get(f"{model}@{target}")
                 why = (f"not among [packages.{spec.name}] targets" if spec.targets is not None
-                       and target not in spec.targets else _left_out(build, target, unavailable))
+                       and target not in spec.targets else _left_out(build, target, unavailable, blocked))
                 if why is None:
                     ep = build.target.ep.name
                     slot = (ep, None if ep in UNDECLARED else build.target.device)
@@ -53,7 +54,7 @@ def plan_packages(manifest: Manifest, builds: list[Build], unavailable: dict[str
                     left_out.append((name, why))
         for group in spec.groups:
             build = shared.get(group)
-            why = _left_out(build, manifest.groups[group].target, unavailable)
+            why = _left_out(build, manifest.groups[group].target, unavailable, blocked)
             if why is None:
                 variants.append(build)
             else:
@@ -62,7 +63,7 @@ def plan_packages(manifest: Manifest, builds: list[Build], unavailable: dict[str
     return plans
 
 
-def _left_out(build: Build | None, target: str, unavailable: dict[str, str]) -> str | None:
+def _left_out(build: Build | None, target: str, unavailable: dict[str, str], blocked: dict[str, str]) -> str | None:
     """Why a model's or group's build cannot be a variant, as far as the plan knows; None: it can."""
     if build is None:
         return "no build for it in this plan"
@@ -70,6 +71,8 @@ def _left_out(build: Build | None, target: str, unavailable: dict[str, str]) -> 
         return f"a {build.target.compiler} program is not an ONNX Runtime model"
     if target in unavailable:
         return f"not built on this host: {unavailable[target]}"
+    if build.task in blocked:
+        return f"not built: {blocked[build.task]}"
     if not build.validates:
         return "its validation is off: a package holds validated variants only"
     return None

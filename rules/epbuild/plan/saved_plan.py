@@ -70,6 +70,7 @@ class Plan:
     stages: dict[str, Stage]
     code: str  # the jobs' code digest (`execute.provenance.code_digest`), a function of the key's sources
     versions: dict[str, str | None]  # the distributions a job may load (`execute.provenance.versions`), likewise
+    blocked: dict[str, str]  # model -> why its NPU builds wait (`plan.declared_inputs.check_declared_inputs`)
 
     def as_read(self) -> Manifest:
         return pickle.loads(self.read)

@@ -168,6 +168,21 @@ def refuse_unavailable(task: str, reason: str, named: bool) -> TaskFailed | dict
     return {"status": Verdict.SKIPPED, "reason": reason}
 
 
+def refuse_blocked(task: str, why: str) -> TaskFailed:
+    """A task that waits for a fix to the manifest fails with that fix, whichever way it was reached."""
+    return TaskFailed(f"{task} waits for a fix: {why}")
+
+
+def fail_blocked(blocked: dict[str, str]) -> TaskFailed:
+    """The default run's last task: the other builds are done; what the manifest must fix, once per line, with
+    the tasks that wait for it."""
+    waiting: dict[str, list[str]] = {}
+    for task, why in blocked.items():
+        waiting.setdefault(why, []).append(task)
+    return TaskFailed("\n".join(f"error: {why} ({len(tasks)} task(s) wait for it: {', '.join(tasks)}; the rest "
+                                 "were built)" for why, tasks in waiting.items()))
+
+
 def report_unavailable(reasons: dict[str, str]) -> None:
     for task, reason in reasons.items():
         print(f"skipped {task}: {reason}")

@@ -29,6 +29,8 @@ from ..steps.validate import REPORT
 from ..store.task_configs import ConfigRecord
 from ..version import RULES_FORMAT
 from .actions import (
+    fail_blocked,
+    refuse_blocked,
     refuse_unavailable,
     report_unavailable,
     run_compile,
@@ -143,15 +145,25 @@ class Tasks:
     def _skipped(self, task: str) -> bool:
         return self.selection is not None and task not in self.selection
 
-    def doit_config(self) -> dict[str, Any]:
+    @functools.cached_property
+    def default_tasks(self) -> list[str]:
+        """What a plain `doit` runs: every build this host can build (in this shard), the packages, and the lines
+        for the targets it cannot build and the builds that wait for a fix to the manifest (`blocked`, last)."""
         project = self.project
         keys = shard_keys(project.builds) if project.shard else {}
-        default = [name for b in project.builds if b.target.name not in project.unavailable and
-                   in_shard(b, project.shard, keys) for name in project.task_names(b)]
+        builds = [b for b in project.builds_here() if in_shard(b, project.shard, keys)]
+        default = [name for b in builds for name in project.task_names(b)]
         default += list(self.packages)
         if project.unavailable:
             default.append("unavailable")
         default = self._select(default)
+        if self.project.blocked_builds():
+            default.append("blocked")
+        return default
+
+    def doit_config(self) -> dict[str, Any]:
+        project = self.project
+        default = self.default_tasks
         # the outputs of the tasks doit is handed (all, without a selection), by their paths relative to the project;
         # doit's are relative to its folder
         recorded = project.configs.published_files(self.selection)
@@ -183,11 +195,14 @@ class Tasks:
                 **({"io": {"capture": False}} if self.project.threads else {}), **extra}
 
     def _unavailable(self, basename: str, build: Build, doc: str) -> Task | None:
-        """The task of a target this host cannot build: listed with the reason, refused by name; None if it can."""
+        """The task of a target this host cannot build: listed with the reason, refused by name; the task of a
+        build that waits for a fix to the manifest: listed with it, failing with it; None if it can be built."""
+        task = f"{basename}:{build.name}"
+        if task in self.project.blocked:
+            return self._blocked(basename, build.name, doc)
         reason = self.project.unavailable.get(build.target.name)
         if reason is None:
             return None
-        task = f"{basename}:{build.name}"
         return self._task(basename, build.name, f"{doc} [unavailable here: {reason}]", refuse_unavailable,
                           [task, reason, task in self.project.requested])
 
@@ -267,7 +282,8 @@ class Tasks:
         project = self.project
         if project.shard:
             return {}
-        return {plan.task: plan for plan in plan_packages(project.manifest, project.builds, project.unavailable)}
+        return {plan.task: plan for plan in plan_packages(project.manifest, project.builds, project.unavailable,
+                                                          project.blocked)}
 
     def package_tasks(self) -> Iterator[Task]:
         # the group even when none is declared: doit lists a generator that yields nothing as a blank group anyway
@@ -307,7 +323,8 @@ class Tasks:
     def _ops_task(self, build: Build) -> Task | None:
         """None for a target without an operator check, or one this host cannot build."""
         backend = compiler(build.target)
-        if not backend.operator_check or build.target.name in self.project.unavailable:
+        if (not backend.operator_check or build.target.name in self.project.unavailable
+                or build.ops_task in self.project.blocked):
             return None
         report = self.project.layout.ops_report(build.target.name, build.members[0].name)
         return self._task("ops", build.name, f"operators of {build.members[0].name} supported by qaic-compile?",
@@ -337,9 +354,16 @@ class Tasks:
             if not self._skipped(stage.task):
                 yield self._made_or(stage.task, self._stage_task, stage)  # type: ignore[misc]
 
+    def _blocked(self, basename: str, name: str, doc: str) -> Task:
+        why = self.project.blocked[f"{basename}:{name}"]
+        return self._task(basename, name, f"{doc} [blocked: {why.split(': ', 2)[1]} needs a fix]", refuse_blocked,
+                          [f"{basename}:{name}", why])
+
     def _stage_task(self, stage: Stage) -> Task:
         doc = (f"{stage.kind} {stage.model}{f' for {stage.flavour} targets' if stage.flavour else ''} -> "
                f"{self.project.rel(stage.output)}")
+        if stage.task in self.project.blocked:
+            return self._blocked(str(stage.kind), stage.task.split(":", 1)[1], doc)
         return self._task(str(stage.kind), stage.task.split(":", 1)[1], doc, run_stage_task,
                           [stage, self.project.workspace], [stage.input, *stage.input_external, *stage.calibration],
                           stage.outputs, stage_config(stage, self.project.workspace.provenance),
@@ -390,6 +414,10 @@ class Tasks:
     def unavailable_task(self) -> Iterator[Task]:
         yield {"basename": "unavailable", "doc": "list the tasks this host cannot build, and why",
                "actions": [(report_unavailable, [self.project.skipped()])], "uptodate": [False]}
+        if blocked := self.project.blocked_builds():  # last in a default run: after everything else was built
+            yield {"basename": "blocked", "doc": "fail with what the manifest must fix before its blocked tasks build",
+                   "actions": [(fail_blocked, [blocked])], "uptodate": [False],
+                   "task_dep": [name for name in self.default_tasks if name != "blocked"]}
 
 
 def load_full_project(manifest_path: Path, invocation: Invocation) -> Tasks:

@@ -28,7 +28,7 @@ from ..manifest.builds import Build, ResolvedTarget
 from ..manifest.eps import lookup
 from ..manifest.parse import Manifest, load
 from ..manifest.stage import Stage
-from ..plan.declared_inputs import ModelInputs, check_declared_inputs, resolve_dims
+from ..plan.declared_inputs import ModelInputs, blocked_tasks, check_declared_inputs, resolve_dims
 from ..plan.external_data import ExternalDataIndex
 from ..plan.saved_plan import Plan, SavedPlan
 from ..plan.targets import default_memory_gb, plan, resolve_targets
@@ -68,14 +68,14 @@ def load_project(manifest_path: Path, invocation: Invocation | list[str]) -> Pro
     external, shapes, graphs = facts
     fresh = None
     if last is not None and last.facts == facts:  # planned from the same manifest, files and facts
-        manifest, builds, stages = last.manifest, last.builds, last.stages
+        manifest, builds, stages, blocked = last.manifest, last.builds, last.stages, last.blocked
     else:
         read = manifest if last is None else last.as_read()
         manifest = with_graph_facts(resolve_dims(read, shapes), graphs)
         builds, stages = plan_builds(manifest, external, resolved)
-        check_declared_inputs(manifest, builds, shapes)
+        blocked = check_declared_inputs(manifest, builds, shapes)
         fresh = Plan(pickle.dumps(read, protocol=pickle.HIGHEST_PROTOCOL), resolved, facts, manifest, builds,
-                     stages, provenance.code, provenance.versions)
+                     stages, provenance.code, provenance.versions, blocked)
     builds = with_workers(manifest, builds, executor)
     log(__name__, "debug", "%d builds and %d stages, %s", len(builds), len(stages),
         "planned anew" if fresh is not None else "from the saved plan (same manifest, files and facts)")
@@ -87,7 +87,7 @@ def load_project(manifest_path: Path, invocation: Invocation | list[str]) -> Pro
     if executor:
         key = None  # the workers' toolchains count: no shortcut
     return Project(invocation, key, manifest, layout, writable, workspace, external, builds, stages, availability,
-                   ConfigRecord(layout.configs), shard, live, rel)
+                   ConfigRecord(layout.configs), shard, live, rel, blocked_tasks(builds, blocked))
 
 
 def read_manifest(manifest_path: Path, last: Plan | None) -> tuple[Manifest, dict[str, ResolvedTarget]]:

@@ -67,6 +67,7 @@ class Project:
     shard: tuple[int, int] | None
     live: bool  # a status area under the tasks
     rel: Relative
+    blocked: dict[str, str]  # task -> the manifest line it waits for (a model without its NPU targets' static shapes)
     checked: dict[str, list[int]] = dataclasses.field(default_factory=dict)  # unchanged, as the checker saw them
     edited: set[str] = dataclasses.field(default_factory=set)  # published files found changed since
 
@@ -101,6 +102,16 @@ class Project:
     @staticmethod
     def task_names(build: Build) -> list[str]:
         return [build.task, *([build.validate_task] if build.validates else [])]
+
+    def builds_here(self) -> list[Build]:
+        """The builds a default run takes: those this host can build and whose manifest holds."""
+        return [b for b in self.builds if b.target.name not in self.unavailable and b.task not in self.blocked]
+
+    def blocked_builds(self) -> dict[str, str]:
+        """The compile and validation tasks of this shard's builds that wait for a fix to the manifest, and why."""
+        keys = shard_keys(self.builds) if self.shard else {}
+        return {name: self.blocked[name] for b in self.builds if in_shard(b, self.shard, keys)
+                for name in self.task_names(b) if name in self.blocked}
 
     def skipped(self) -> dict[str, str]:
         return {name: self.unavailable[b.target.name] for b in self.builds

@@ -20,6 +20,7 @@ from ..report.build_report import BuildReport
 from ..report.cells import cell_tasks
 from ..report.progress import LiveProgress, load_durations, save_durations
 from ..report.views import templates_prepared_in_background, write_views
+from .actions import fail_blocked
 from .checker import saw
 from .run_record import RunRecord, next_record
 from .selection import Recorded, files_of
@@ -224,6 +225,13 @@ class BuildReporter(ConsoleReporter):
             for name, reason in self.project.skipped().items():
                 self.report.skipped(name, reason)
                 seen.add(name)
+        if "blocked" in seen:  # a default run: builds that wait for a fix to the manifest were not attempted
+            blocked = self.project.blocked_builds()
+            for name, why in blocked.items():
+                self.report.not_built(name, f"waits for a fix: {why}")
+                seen.add(name)
+            if "blocked" not in self.started:  # it did not run (a task before it failed): its lines anyway
+                self.write(fail_blocked(blocked).get_msg() + "\n")
         layout = self.project.layout
         self.report.keep_only(self.project.declared_tasks())  # a removed model's entries would keep CI red
         try:  # the views are for people: one that cannot be written is a warning, never a failed build
