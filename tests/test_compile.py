@@ -177,7 +177,8 @@ def test_a_model_without_static_shapes_holds_back_only_its_npu_builds(project):
     np.savez(project.root / "x.npz", x=np.ones((2, 3, 32, 32), np.float32))
     only = 'targets = ["cpu", "qnn-htp"]\n'
     project.manifest('[models.dynbatch]\npath = "models/dynbatch.onnx"\nvalidation = { inputs = "x.npz" }\n' + only +
-                     '[models.tinycnn]\npath = "models/tinycnn.onnx"\n' + only + QNN_TARGETS)
+                     '[models.tinycnn]\npath = "models/tinycnn.onnx"\n' + only + QNN_TARGETS +
+                     '[packages.p]\nmodels = ["dynbatch"]\n')
     line = ("models.toml: models.dynbatch.inputs: input 'x' ([?, 3, 32, 32]) has symbolic dimension 0 ('batch'); "
             "target 'qnn-htp' needs static shapes: set dims = { batch = ... } (every input with that dimension) or "
             "inputs = { x = [...] }")
@@ -187,7 +188,7 @@ def test_a_model_without_static_shapes_holds_back_only_its_npu_builds(project):
     assert done.returncode == 1
     assert ran(done) == {"compile:tinycnn@cpu", "validate:tinycnn@cpu", "compile:tinycnn@qnn-htp",
                          "validate:tinycnn@qnn-htp", "compile:dynbatch@cpu", "validate:dynbatch@cpu",
-                         "blocked"}
+                         "package:p", "blocked"}
     assert done.stdout.count(line) == 1
     assert (f"error: {line} (2 task(s) wait for it: compile:dynbatch@qnn-htp, validate:dynbatch@qnn-htp; the rest "
             "were built)") in done.stdout
@@ -195,6 +196,8 @@ def test_a_model_without_static_shapes_holds_back_only_its_npu_builds(project):
     assert report["validate:dynbatch@cpu"]["status"] == "validated"
     assert report["compile:dynbatch@qnn-htp"] == {"status": "not built", "reason": f"waits for a fix: {line}"}
     assert not (project.artifacts / "qnn-htp" / "dynbatch").exists()
+    package = json.loads((project.artifacts / "packages" / "p" / "manifest.json").read_text())
+    assert package["additional_metadata"]["epbuild"]["left_out"] == {"dynbatch@qnn-htp": f"not built: {line}"}
     by_name = project.doit("compile:dynbatch@qnn-htp", check=False)
     assert by_name.returncode == 1 and f"compile:dynbatch@qnn-htp waits for a fix: {line}" in by_name.stdout
     project.manifest(project.root.joinpath("models.toml").read_text().replace(
