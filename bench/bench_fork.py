@@ -60,7 +60,7 @@ def clean_build(folder: Path, mode: str, args: list[str], builds: int = 1) -> fl
     with tempfile.TemporaryDirectory() as servers:
         for _ in range(builds):
             shutil.rmtree(folder / "artifacts", ignore_errors=True)
-            (folder / ".doit.db").unlink(missing_ok=True)
+            (folder / ".doit.db.epbuild").unlink(missing_ok=True)
             cache = folder.with_name(f"{folder.name}-cache")
             shutil.rmtree(cache, ignore_errors=True)
             os.sync()  # the removal's writes and the previous build's dirty pages land before timing, not in it

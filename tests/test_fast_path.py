@@ -49,7 +49,7 @@ def no_op(project) -> str:
 
 def test_a_second_no_op_takes_the_stamp_and_changes_nothing(steady):
     project = steady
-    report, database = project.artifacts / "build-report.json", project.root / ".doit.db"
+    report, database = project.artifacts / "build-report.json", project.root / ".doit.db.epbuild"
     before = (report.read_bytes(), database.stat().st_mtime_ns)
     fast = no_op(project)
     assert f"summary: 4 skipped, {project.up_to_date} up-to-date ({FAST} of " in fast

@@ -35,12 +35,12 @@ quantized = true
 def test_a_corrupt_doit_database_is_set_aside_with_one_warning(project):
     project.manifest('[models.tinycnn]\npath = "models/tinycnn.onnx"\ntargets = ["cpu"]\n' + CPU)
     project.doit()
-    (project.root / ".doit.db").write_bytes(b"this is no database" * 100)
+    (project.root / ".doit.db.epbuild").write_bytes(b"this is no database" * 100)
     done = project.doit()
     assert "Traceback" not in done.stderr
     warnings = [line for line in done.stderr.splitlines() if "doit's database" in line]
-    assert len(warnings) == 1 and "set aside as .doit.db.corrupt" in warnings[0], done.stderr
-    assert (project.root / ".doit.db.corrupt").read_bytes().startswith(b"this is no database")
+    assert len(warnings) == 1 and "set aside as .doit.db.epbuild.corrupt" in warnings[0], done.stderr
+    assert (project.root / ".doit.db.epbuild.corrupt").read_bytes().startswith(b"this is no database")
     assert {entry["status"] for entry in build_report(project).values()} <= {"up to date", "restored"}
     again = project.doit()
     assert "doit's database" not in again.stderr

@@ -272,7 +272,7 @@ def assert_consistent(project: Project) -> None:
     for folder in project.artifacts.glob("*/*"):
         if folder.is_dir() and folder.parent.name not in (".state", ".logs", ".scratch", ".stages"):
             assert (folder / "artifact.json").is_file() or folder.name == "groups", folder
-    with sqlite3.connect(project.root / ".doit.db") as db:
+    with sqlite3.connect(project.root / ".doit.db.epbuild") as db:
         assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
     for entry in (project.cache / ENTRIES).glob("*"):  # every entry in place is complete
         json.loads((entry / RECORD).read_text())

@@ -94,14 +94,33 @@ def test_the_epbuild_command_needs_no_dodo_file_and_takes_another_manifest(tmp_p
 
 
 def test_a_dodo_file_that_imports_epbuild_but_defines_no_task_is_refused_in_one_line(tmp_path, user_env):
+    """Also beside epbuild's database of an earlier build (doit's default dbm backend, which such a dodo.py gets,
+    opens `.doit.db` before any task is asked for: epbuild keeps its sqlite file under another name, and moves one
+    an earlier version left there), and without leaving doit's empty default database behind."""
+    import sqlite3
+
     project = _user_project(tmp_path / "mine")
-    (project / "dodo.py").write_text("import epbuild.dodo\n")
-    for command in ([], ["list"]):
-        done = subprocess.run([sys.executable, "-m", "doit", *command], cwd=project, env=user_env,
-                              capture_output=True, text=True, timeout=300)
-        assert done.returncode == 2 and done.stdout == "", done
-        assert done.stderr.strip() == ("error: dodo.py imports epbuild but defines no task: write `from epbuild.dodo "
-                                       "import *` (every task of models.toml), or run `epbuild` without a dodo.py")
+    built = subprocess.run([sys.executable, "-m", "doit", "compile:tinycnn@cpu"], cwd=project, env=user_env,
+                           capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr
+    os.replace(project / ".doit.db.epbuild", project / ".doit.db")  # as epbuild up to 0.2.0 named it
+    again = subprocess.run([sys.executable, "-m", "doit", "compile:tinycnn@cpu"], cwd=project, env=user_env,
+                           capture_output=True, text=True, timeout=300)
+    assert "-- compile:tinycnn@cpu" in again.stdout  # moved, with its results: up to date
+    assert not (project / ".doit.db").exists()
+    with sqlite3.connect(project / ".doit.db.epbuild") as db:
+        assert db.execute("SELECT count(*) FROM doit").fetchone()[0] > 0
+    before = sorted(path.name for path in project.iterdir())
+    for dodo in ("import epbuild.dodo\n", "import epbuild\n"):
+        (project / "dodo.py").write_text(dodo)
+        for command in ([], ["list"]):
+            done = subprocess.run([sys.executable, "-m", "doit", *command], cwd=project, env=user_env,
+                                  capture_output=True, text=True, timeout=300)
+            assert done.returncode == 2 and done.stdout == "", done
+            assert done.stderr.strip() == ("error: dodo.py imports epbuild but defines no task: write `from "
+                                           "epbuild.dodo import *` (every task of models.toml), or run `epbuild` "
+                                           "without a dodo.py")
+            assert sorted(path.name for path in project.iterdir()) == before  # no `.doit.db.dat`
 
 
 @pytest.mark.slow

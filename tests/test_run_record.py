@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from epbuild.fast_path import DEP_FILE
 from epbuild.files.journal import outgrown
 from epbuild.files.layout import Layout
 from epbuild.tasks.checker import SEEN_CHANGING, saw
@@ -23,7 +24,7 @@ def layout(tmp_path, monkeypatch) -> Layout:
     monkeypatch.chdir(tmp_path)
     found = Layout(tmp_path / "artifacts")
     found.state.mkdir(parents=True)
-    for path in (found.configs, found.build_report, Path(".doit.db")):
+    for path in (found.configs, found.build_report, Path(DEP_FILE)):
         path.write_text("{}")
     return found
 

@@ -36,10 +36,32 @@ def create_doit_tasks():
     that imports epbuild (or `epbuild.dodo`) but takes no task from it would make doit build nothing and exit 0, so
     it is refused with the line to write. With the tasks taken (`from epbuild.dodo import *`) it creates none."""
     if not _tasks_taken():
+        _discard_empty_dep_file()
         print("error: dodo.py imports epbuild but defines no task: write `from epbuild.dodo import *` (every "
               "task of models.toml), or run `epbuild` without a dodo.py", file=sys.stderr)
         raise SystemExit(2)
     yield from ()  # a generator, as doit requires of a task creator
+
+
+def _discard_empty_dep_file() -> None:
+    """doit opened its default database (dbm, without epbuild's DOIT_CONFIG) before asking for tasks: a refused run
+    closes it and removes its files when they hold nothing, so the refusal leaves no stray `.doit.db.dat`."""
+    from pathlib import Path
+
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "execute" and frame.f_globals.get("__name__") == "doit.cmd_base":
+            params, command = frame.f_locals.get("params") or {}, frame.f_locals.get("self")
+            manager = getattr(command, "dep_manager", None)
+            if params.get("backend") != "dbm" or manager is None or not params.get("dep_file"):
+                return
+            files = [Path(f"{params['dep_file']}{suffix}") for suffix in ("", ".dat", ".dir", ".bak")]
+            if all(not path.exists() or path.stat().st_size == 0 for path in files):
+                manager.close()
+                for path in files:
+                    path.unlink(missing_ok=True)
+            return
+        frame = frame.f_back
 
 
 def _tasks_taken() -> bool:

@@ -34,7 +34,10 @@ from .invocation import Invocation
 from .logs import log
 
 PACKAGE = Path(__file__).resolve().parent
-DEP_FILE = ".doit.db"
+# not doit's default name: a dodo.py without epbuild's DOIT_CONFIG opens `.doit.db` with doit's default dbm backend,
+# which cannot read an sqlite file (a DatabaseException before epbuild could say what is wrong with the dodo.py)
+DEP_FILE = ".doit.db.epbuild"
+LEGACY_DEP_FILE = ".doit.db"  # where epbuild kept it before: moved on the next full run (store.doit_database)
 # doit settings every run shares: sqlite3 keeps concurrent results, one canonical database file
 DOIT_BASE = {"backend": "sqlite3", "dep_file": DEP_FILE, "verbosity": 2, "subtasks": True}
 ENVIRONMENT = ("EPBUILD_", "QAIC_ROOT", "QNN_SDK_ROOT", "XDG_CACHE_HOME", "HOME", "PYTHONPATH", "PATH")

@@ -1,7 +1,7 @@
-"""doit's own database (`.doit.db`, sqlite3), checked before doit opens it: one that sqlite cannot read (overwritten,
-torn by a full disk, truncated) is set aside as `.doit.db.corrupt` with one warning, as epbuild's other state files
-are when unreadable, instead of doit's sqlite traceback on every run until someone deletes it. doit then starts a
-new database and checks every task afresh: what the caches hold is restored, not rebuilt.
+"""doit's own database (`.doit.db.epbuild`, sqlite3), checked before doit opens it: one that sqlite cannot read
+(overwritten, torn by a full disk, truncated) is set aside as `.doit.db.epbuild.corrupt` with one warning, as epbuild's
+other state files are when unreadable, instead of doit's sqlite traceback on every run until someone deletes it. doit
+then starts a new database and checks every task afresh: what the caches hold is restored, not rebuilt.
 
 Only the header and the schema page are read (a few hundred bytes): a whole-file integrity check would cost
 every run time that grows with the number of tasks.
@@ -40,6 +40,24 @@ def _unreadable(path: Path) -> str | None:
         if connection is not None:
             connection.close()
     return None
+
+
+def migrate(path: Path, legacy: Path) -> bool:
+    """Move the database epbuild kept under doit's default name (`legacy`, sqlite) to `path`, with its sqlite
+    journals, when `path` has none yet: its results carry over, and doit's default dbm backend (a dodo.py without
+    epbuild's settings) no longer trips on it. Whether it moved."""
+    try:
+        with open(legacy, "rb") as handle:
+            if handle.read(len(HEADER)) != HEADER or path.exists():
+                return False
+    except OSError:
+        return False
+    for suffix in ("-wal", "-shm", "-journal", ""):  # the main file last: it is what says a database is there
+        try:
+            os.replace(f"{legacy}{suffix}", f"{path}{suffix}")
+        except FileNotFoundError:
+            continue
+    return True
 
 
 def recover(path: Path) -> str | None:

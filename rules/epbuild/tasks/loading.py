@@ -17,7 +17,7 @@ from ..execute.executor import ExecutorSettings, executor_settings, unreachable
 from ..execute.fork_server import prestart, serving
 from ..execute.host import capabilities
 from ..execute.provenance import Provenance
-from ..fast_path import DEP_FILE, project_key
+from ..fast_path import DEP_FILE, LEGACY_DEP_FILE, project_key
 from ..fast_path import enabled as fast_path_enabled
 from ..files.layout import Layout, now_ns
 from ..files.owners import owner_tag, sweep
@@ -38,6 +38,7 @@ from ..steps import vendor_shim
 from ..steps.compilers import COMPILERS, compiler
 from ..steps.worker_needs import with_worker_toolchains
 from ..store.cache import Workspace, cache_location, remote_location
+from ..store.doit_database import migrate as migrate_doit_database
 from ..store.doit_database import recover as recover_doit_database
 from ..store.task_configs import ConfigRecord
 from .project import Availability, Project, Relative
@@ -118,6 +119,8 @@ def prepare_folders(manifest: Manifest, invocation: Invocation, rel: Relative,
     writable = check_writable(manifest, layout, invocation, rel)
     if writable and settle_format(layout.state):
         log(__name__, "info", "%s held another layout's state: emptied (one full check)", layout.state)
+    if writable and migrate_doit_database(Path(DEP_FILE).absolute(), Path(LEGACY_DEP_FILE).absolute()):
+        log(__name__, "info", "doit's database moved from %s to %s", LEGACY_DEP_FILE, DEP_FILE)
     said = recover_doit_database(Path(DEP_FILE).absolute()) if writable else None
     if said:
         print(f"warning: {said}", file=sys.stderr)
