@@ -179,7 +179,8 @@ def test_a_file_changed_after_the_reading_began_is_not_vouched_for(folder, monke
     saved = folder.artifacts / ".state" / "plan.pickle"
     saved.unlink()
     plans = SavedPlan(saved.parent, "key")
-    plan = Plan(pickle.dumps(loaded.manifest), {}, None, loaded.manifest, loaded.builds, loaded.stages, "digest", {}, {})
+    plan = Plan(pickle.dumps(loaded.manifest), {}, None, loaded.manifest, loaded.builds, loaded.stages, "digest", {},
+                {})
     plans.save(plan, started_ns=os.stat(folder.root / "configs" / "qnn.json").st_ctime_ns)
     assert not saved.exists()
     plans.save(plan, started_ns=now_ns())

@@ -23,6 +23,7 @@ class TaskStatus(StrEnum):
     RESTORED = "restored"  # the output (or verdict) of these very inputs and settings, from the cache
     VALIDATED = "validated"
     PACKAGED = "packaged"  # a model package made and checked through ONNX Runtime
+    REDUCED = "reduced"  # a failing compile reduced to a repro folder (`epbuild reduce`)
     STAGED = "staged"  # counted so in the summary: a stage that ran
     SKIPPED = "skipped"
     INCONCLUSIVE = "inconclusive"

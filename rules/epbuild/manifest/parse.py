@@ -100,6 +100,7 @@ class BuildSpec:
 
     jobs: int | str | None = None
     memory_gb: float | None = None
+    reduce_budget_s: float = 300.0  # `epbuild reduce`: how long one reduction may take
 
 
 @record
@@ -357,7 +358,7 @@ def parse(data: dict[str, Any], path: Path) -> Manifest:
     build = top.child("build").read("build")
     return Manifest(path, models, targets, groups, cache_spec, toolchains,
                     ExecutorSpec(executor["scheduler"], executor["wait_s"]), tuple(dict.fromkeys(reads)), packages,
-                    BuildSpec(build["jobs"], build["memory_gb"]))
+                    BuildSpec(build["jobs"], build["memory_gb"], build["reduce_budget_s"]))
 
 
 def _group(table: TableReader, name: str, models: dict[str, ModelSpec], targets: dict[str, TargetSpec]) -> GroupSpec:

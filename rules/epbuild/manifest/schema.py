@@ -110,7 +110,8 @@ KEYS: tuple[Key, ...] = (
     Key("groups", ("top",), dict, "shared-context groups, one `[groups.NAME]` table each"),
     Key("packages", ("top",), dict, "ONNX Runtime model packages (`artifacts/packages/NAME/`), one `[packages.NAME]` "
         "table each"),
-    Key("build", ("top",), dict, "how builds run on a host: jobs at once, the memory they share"),
+    Key("build", ("top",), dict, "how builds run on a host: jobs at once, the memory they share, the time a "
+        "reduction may take"),
     Key("cache", ("top",), dict, "the artifact cache"),
     Key("toolchains", ("top",), dict, "external toolchains: `[toolchains.qaic] root`"),
     # models
@@ -243,6 +244,8 @@ KEYS: tuple[Key, ...] = (
     Key("memory_gb", ("build",), NUMBER, "the memory budget the jobs of this host's builds share: a job starts when "
         "its expected peak fits (EPBUILD_MEMORY_GB wins; 0: no admission; default 80% of this host's memory)",
         check=lambda v: None if 0 <= v <= LARGEST else f"must be 0 or a positive number of GB, found {v!r}"),
+    Key("reduce_budget_s", ("build",), NUMBER, "seconds `epbuild reduce TASK` may spend reducing one failure to a "
+        "repro (it then stops with the smallest failing subgraph found)", 300, check=positive),
     Key("dir", ("cache",), str, "the cache folder (EPBUILD_CACHE_DIR wins; default ~/.cache/epbuild)"),
     Key("max_size_mb", ("cache",), NUMBER, "size cap; least-recently-used entries are evicted", check=positive),
     Key("hard_links", ("cache",), bool, "publish artifacts as hard links to the cache's files instead of copies: "

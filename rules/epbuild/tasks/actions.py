@@ -13,7 +13,7 @@ from doit.exceptions import TaskFailed
 from ..contracts.artifact import read_artifact
 from ..contracts.statuses import TaskStatus, Verdict
 from ..contracts.task_result import PUBLISHED, TaskResult
-from ..errors import BuildError, UserError
+from ..errors import BuildError, ModelError, UserError
 from ..execute.executor import run_operator_list, run_validation
 from ..files.hashing import snapshot
 from ..manifest.builds import Build
@@ -26,6 +26,8 @@ from ..steps.fingerprint import validation_fingerprint
 from ..steps.model_package import assemble, check_package, manifest_files, manifest_text, unvalidated
 from ..steps.model_package import fingerprint as package_fingerprint
 from ..steps.preprocess import run_stage
+from ..steps.reduce import reduce_compile, reducible
+from ..steps.repro import write_repro
 from ..steps.toolchains import check_operators, find_qaic, supported_operators
 from ..steps.validate import REPORT, cached_validation, summary, validate
 from ..steps.worker_needs import target_resources
@@ -54,6 +56,8 @@ def run_compile(build: Build, workspace: Workspace) -> TaskFailed | TaskResult:
     try:
         done = compile_build(build, workspace)
     except FAILURES as exc:
+        if isinstance(exc, BuildError) and reducible(build) is None:  # the EP's failure: a repro is one command away
+            return TaskFailed(f"{exc}\nreduce it to a repro for a bug report: epbuild reduce {build.task}")
         return failure(exc)
     nodes = done.nodes
     if build.shared:
@@ -166,6 +170,30 @@ def refuse_unavailable(task: str, reason: str, named: bool) -> TaskFailed | dict
         return TaskFailed(f"{task} cannot be built on this host: {reason}")
     print(f"skipped {task}: {reason}")
     return {"status": Verdict.SKIPPED, "reason": reason}
+
+
+def run_reduce(build: Build, workspace: Workspace, budget_s: float) -> TaskFailed | TaskResult:
+    """Reduce the build's failing compile to a repro folder (`steps.reduce`, `steps.repro`); one line says how far."""
+    task = f"reduce:{build.name}"
+    why_not = reducible(build)
+    if why_not:
+        return TaskFailed(f"{task}: {why_not}")
+    folder = workspace.layout.root / "repro" / build.name
+    try:
+        reduction = reduce_compile(build, workspace, folder, budget_s)
+        write_repro(folder, build, reduction, workspace.provenance.for_ep(build.target.ep))
+    except (*FAILURES, ModelError) as exc:
+        return failure(exc, f"{task}: ")
+    ops = ", ".join(dict.fromkeys(node.op_type for node in reduction.model.graph.node))
+    print(f"reduced {build.task}: {reduction.nodes_before} -> {len(reduction.kept)} nodes ({ops}) in "
+          f"{reduction.probes} compiles, {reduction.seconds:.0f} s"
+          f"{'' if reduction.complete else ' (its time budget ran out: smaller may exist)'}; repro: "
+          f"{os.path.relpath(folder)}/ (python repro.py)")
+    return {"status": TaskStatus.REDUCED, "seconds": round(reduction.seconds, 3),
+            "reduction": {"compile": build.task, "nodes_before": reduction.nodes_before,
+                          "nodes_after": len(reduction.kept), "probes": reduction.probes,
+                          "complete": reduction.complete, "failure": reduction.stem,
+                          "folder": os.path.relpath(folder, workspace.project_root)}}
 
 
 def refuse_blocked(task: str, why: str) -> TaskFailed:

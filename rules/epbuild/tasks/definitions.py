@@ -36,6 +36,7 @@ from .actions import (
     run_compile,
     run_ops,
     run_package,
+    run_reduce,
     run_stage_task,
     run_validate,
 )
@@ -216,6 +217,18 @@ class Tasks:
         if kind == "compile":
             yield from self._per_model("compile", [b for b in self.project.builds if not b.shared], "compile",
                                        self.project.requested)
+            yield from self._reduce_tasks()
+
+    def _reduce_tasks(self) -> Iterator[Task]:
+        """reduce:MODEL@TARGET, made only when named (`epbuild reduce compile:MODEL@TARGET`): the build's failing
+        compile reduced to a repro folder. Never up to date: it asks the EP again (known probes are not rerun)."""
+        project = self.project
+        for build in project.builds:
+            if f"reduce:{build.name}" in project.requested:
+                yield {"basename": "reduce", "name": build.name,
+                       "doc": f"reduce the failing {build.task} to a repro folder (artifacts/repro/{build.name}/)",
+                       "actions": [(run_reduce, [build, project.workspace, project.manifest.build.reduce_budget_s])],
+                       "task_dep": [stage.task for stage in build.stages], "uptodate": [False]}
 
     def _build_task(self, build: Build) -> Task:
         target, (out_dir, out) = build.target, self._out(build)

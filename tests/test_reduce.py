@@ -1,0 +1,129 @@
+"""`epbuild reduce`: a failing QNN compile reduced to the few nodes that still fail the same way, each probe a real
+compile; the repro folder's `repro.py` reproduces the failure in a fresh process with onnxruntime and the plugin
+only; the reduction is said on the console and kept in the build report; known probes are not asked again."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import onnx
+import pytest
+
+from conftest import build_report
+from real_models import rmsnorm_block, strided_after_conv
+
+QNN = '[targets.qnn-htp]\nep = "qnn"\noptions = { soc_model = 60 }\n[targets.cpu]\nep = "cpu"\n'
+
+
+def _epbuild(project, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "epbuild", *args], cwd=project.root, env=project.env,
+                          capture_output=True, text=True, timeout=900)
+
+
+def _repro(folder) -> subprocess.CompletedProcess:
+    """repro.py run as a vendor would: a fresh Python, without epbuild on its path."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",) and not k.startswith("EPBUILD_")}
+    return subprocess.run([sys.executable, "-I", "repro.py"], cwd=folder, env=env, capture_output=True, text=True,
+                          timeout=600)
+
+
+@pytest.fixture
+def rmsnorm(project):
+    """Two RMSNorm + Linear layers with the rsqrt QNN HTP fails to finalize, 17 nodes."""
+    rmsnorm_block(project.root / "models" / "rms.onnx")
+    project.manifest('[models.rms]\npath = "models/rms.onnx"\ntargets = ["qnn-htp"]\n' + QNN)
+    return project
+
+
+def test_a_qnn_finalize_failure_reduces_to_the_rmsnorm_and_its_repro_reproduces(rmsnorm):
+    project = rmsnorm
+    failed = project.doit("compile:rms@qnn-htp", check=False)
+    assert failed.returncode == 1
+    assert "reduce it to a repro for a bug report: epbuild reduce compile:rms@qnn-htp" in failed.stdout
+    done = _epbuild(project, "reduce", "compile:rms@qnn-htp")
+    assert done.returncode == 0, done.stdout + done.stderr
+    folder = project.artifacts / "repro" / "rms@qnn-htp"
+    reduction = json.loads((folder / "reduction.json").read_text())
+    assert reduction["nodes_before"] == 17 and reduction["nodes_after"] <= 8 and reduction["complete"]
+    assert {"Sqrt", "Reciprocal", "Mul"} <= set(reduction["ops"]) and "MatMul" not in reduction["ops"]
+    assert "Failed to finalize QNN graph" in reduction["stem"]
+    assert (f"reduced compile:rms@qnn-htp: 17 -> {reduction['nodes_after']} nodes" in done.stdout
+            and "repro: artifacts/repro/rms@qnn-htp/ (python repro.py)" in done.stdout)
+    model = onnx.load(str(folder / "model.onnx"))
+    assert len(model.graph.node) == reduction["nodes_after"]
+    onnx.checker.check_model(model, full_check=True)  # weights included, a model of its own
+    assert {"options.json", "versions.json", "failure.log", "inputs.npz", "README.md"} <= {
+        p.name for p in folder.iterdir()}
+    options = json.loads((folder / "options.json").read_text())
+    assert options["ep"] == "QNNExecutionProvider" and options["provider_options"]["soc_model"] == "60"
+    assert "Failed to finalize QNN graph" in (folder / "failure.log").read_text()
+    assert "epbuild" not in (folder / "repro.py").read_text().split('"""', 2)[2]  # no import of epbuild
+    reproduced = _repro(folder)
+    assert reproduced.returncode == 1 and "reproduced:" in reproduced.stdout, reproduced.stdout + reproduced.stderr
+    assert "Failed to finalize QNN graph" in reproduced.stdout
+    entry = build_report(project)["reduce:rms@qnn-htp"]
+    assert entry["status"] == "reduced" and entry["reduction"]["nodes_after"] == reduction["nodes_after"]
+    again = _epbuild(project, "reduce", "rms@qnn-htp")  # every probe known by its subgraph's content
+    assert f"17 -> {reduction['nodes_after']} nodes" in again.stdout and " in 0 compiles" in again.stdout
+    assert json.loads((folder / "reduction.json").read_text())["kept"] == reduction["kept"]
+
+
+def _inside_a_larger_graph(path) -> None:
+    """Elementwise layers before and after the model's own nodes (shapes kept)."""
+    from onnx import helper
+
+    model = onnx.load(str(path))
+    graph = model.graph
+    first, last = graph.input[0].name, graph.output[0].name
+    for node in graph.node:
+        node.input[:] = [f"{first}.in" if name == first else name for name in node.input]
+        node.output[:] = [f"{last}.out" if name == last else name for name in node.output]
+    before = [helper.make_node("Relu", [first], ["pre.0"]), helper.make_node("Sigmoid", ["pre.0"], ["pre.1"]),
+              helper.make_node("Abs", ["pre.1"], [f"{first}.in"])]
+    after = [helper.make_node("Relu", [f"{last}.out"], ["post.0"]), helper.make_node("Neg", ["post.0"], ["post.1"]),
+             helper.make_node("Abs", ["post.1"], [last])]
+    nodes = [*before, *graph.node, *after]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    onnx.save(model, str(path))
+
+
+def test_a_compile_that_aborts_reduces_to_the_strided_gather(project):
+    """torch dynamo's as_strided after a Conv, inside other layers: QNN's compile aborts the process; the crash is
+    the failure kept, and its output goes to failure.log."""
+    strided_after_conv(project.root / "models" / "strided.onnx")
+    _inside_a_larger_graph(project.root / "models" / "strided.onnx")
+    project.manifest('[models.strided]\npath = "models/strided.onnx"\ntargets = ["qnn-htp"]\n' + QNN)
+    done = _epbuild(project, "reduce", "compile:strided@qnn-htp")
+    assert done.returncode == 0, done.stdout + done.stderr
+    folder = project.artifacts / "repro" / "strided@qnn-htp"
+    reduction = json.loads((folder / "reduction.json").read_text())
+    assert reduction["nodes_before"] == 10 and reduction["nodes_after"] <= 4 and "Gather" in reduction["ops"]
+    assert "killed by SIGABRT" in reduction["stem"] and "full output" not in reduction["stem"]
+    reproduced = _repro(folder)
+    assert reproduced.returncode != 0, reproduced.stdout + reproduced.stderr  # an exception, or the abort itself
+
+
+def test_what_cannot_be_reduced_says_why_in_one_line(rmsnorm):
+    project = rmsnorm
+    project.manifest('[models.rms]\npath = "models/rms.onnx"\nrewrite = ["rmsnorm"]\n' + QNN)
+    compiles = _epbuild(project, "reduce", "compile:rms@qnn-htp")
+    assert compiles.returncode == 1 and "compile:rms@qnn-htp compiles now: nothing to reduce" in compiles.stdout
+    cpu = _epbuild(project, "reduce", "compile:rms@cpu")
+    assert cpu.returncode == 1 and "reduce:rms@cpu: a CPU target compiles nothing to reduce" in cpu.stdout
+    bare = _epbuild(project, "reduce")
+    assert bare.returncode == 2 and bare.stderr.strip() == (
+        "error: epbuild reduce TASK: name the failing compile, e.g. epbuild reduce compile:MODEL@TARGET")
+
+
+def test_a_reduction_past_its_time_budget_keeps_the_smallest_failing_subgraph_found(rmsnorm):
+    project = rmsnorm
+    project.manifest('[build]\nreduce_budget_s = 0.5\n' + project.root.joinpath("models.toml").read_text())
+    done = _epbuild(project, "reduce", "compile:rms@qnn-htp")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "(its time budget ran out: smaller may exist)" in done.stdout
+    reduction = json.loads((project.artifacts / "repro" / "rms@qnn-htp" / "reduction.json").read_text())
+    assert not reduction["complete"] and reduction["nodes_after"] <= reduction["nodes_before"]
