@@ -15,6 +15,7 @@ from test_remote_cache import MANIFEST, TASKS, origins, refusals, tamper, unsign
 
 from conftest import build_report
 from conftest import clone as clone_project
+from epbuild.execute.memory_ledger import default_jobs
 from epbuild.store import remote_cache
 from epbuild.store.cache import ENTRIES
 from s3_server import S3Server
@@ -120,7 +121,9 @@ def test_a_remote_that_never_answers_costs_two_request_timeouts(tmp_path, host_c
     assert len(warnings) == 1 and "unavailable while" in warnings[0] and "timeout" in warnings[0].lower(), \
         done.stderr
     assert {origins(dead)[name] for name in TASKS} == {"compiled", "validated"}
-    assert s3.requests <= 3  # one request, tried twice
+    # one request, tried twice, in each of doit's worker processes that had one in flight before the first to give
+    # up marked the build (the others then skip the remote without asking)
+    assert s3.requests <= 3 * max(1, default_jobs({}))
     assert time.monotonic() - started < 600  # bounded; the figure itself is in the note, not asserted
 
 

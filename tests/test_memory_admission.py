@@ -165,12 +165,14 @@ def test_the_expected_peak_is_the_last_recorded_one_else_the_estimate(tmp_path):
         BASE_MB["qnn"] + FACTOR["validate", ""] * 10)
 
 
-def test_epbuild_jobs_sets_doits_process_count_without_n():
+def test_one_job_per_core_by_default_and_epbuild_jobs_sets_doits_process_count_without_n():
     from epbuild.errors import UserError
 
-    assert memory_ledger.default_jobs({}) == 0  # doit's serial runner, as before
+    cores = len(os.sched_getaffinity(0))
+    assert memory_ledger.default_jobs({}) == (cores if cores > 1 else 0)  # 0: doit's serial runner
     assert memory_ledger.default_jobs({"EPBUILD_JOBS": "3"}) == 3
-    assert memory_ledger.default_jobs({"EPBUILD_JOBS": "cores"}) == len(os.sched_getaffinity(0))
+    assert memory_ledger.default_jobs({"EPBUILD_JOBS": "1"}) == 0
+    assert memory_ledger.default_jobs({"EPBUILD_JOBS": "cores"}) == (cores if cores > 1 else 0)
     with pytest.raises(UserError, match=r"'two': give how many jobs a build runs at once \(1 or more, or `cores`\)"):
         memory_ledger.default_jobs({"EPBUILD_JOBS": "two"})
 
@@ -178,7 +180,7 @@ def test_epbuild_jobs_sets_doits_process_count_without_n():
 
 def test_the_build_table_sets_jobs_and_budget_and_the_environment_wins(monkeypatch):
     assert memory_ledger.default_jobs({}, configured=3) == 3
-    assert memory_ledger.default_jobs({}, configured="cores") == len(os.sched_getaffinity(0))
+    assert memory_ledger.default_jobs({}, configured="cores") == memory_ledger.default_jobs({})
     assert memory_ledger.default_jobs({"EPBUILD_JOBS": "2"}, configured=3) == 2
     assert memory_ledger.budget_mb({}, configured_gb=2.0) == 2048
     assert memory_ledger.budget_mb({}, configured_gb=0.0) is None  # 0: no admission

@@ -40,16 +40,16 @@ _TICKETS = itertools.count()
 
 
 def default_jobs(environ: dict[str, str] | None = None, configured: int | str | None = None) -> int:
-    """doit's `num_process` without `-n`: `EPBUILD_JOBS`, else `[build] jobs` (a number, or `cores`: one per core
-    this process may use), else 0, doit's serial runner. (One per core by default is the aim: see CHANGELOG.)"""
-    value = (os.environ if environ is None else environ).get(JOBS, "").strip() or str(configured or "")
-    if not value:
-        return 0
+    """doit's `num_process` without `-n`: `EPBUILD_JOBS`, else `[build] jobs` (a number, or `cores`), else one job
+    per core this process may use: memory admission keeps them within the host's memory. One job is doit's serial
+    runner (0), as on a one-core host."""
+    value = (os.environ if environ is None else environ).get(JOBS, "").strip() or str(configured or "cores")
     if value == "cores":
-        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        return cores if cores > 1 else 0
     if not value.isdigit() or int(value) < 1:
         raise UserError(JOBS, None, f"{value!r}: give how many jobs a build runs at once (1 or more, or `cores`)")
-    return int(value)
+    return int(value) if int(value) > 1 else 0
 
 
 def ledger_path() -> Path | None:

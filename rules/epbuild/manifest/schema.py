@@ -238,7 +238,7 @@ KEYS: tuple[Key, ...] = (
     Key("tokens", ("pipeline",), int, "greedy token steps after the prompt", 4, check=lambda n: None if 1 <= n <= 64
         else f"must be from 1 to 64, found {n}"),
     Key("jobs", ("build",), (int, str), "jobs at once without `-n`: a number, or `\"cores\"` (one per core; "
-        "EPBUILD_JOBS wins; default 1)", check=lambda v: None if v == "cores" or (
+        "EPBUILD_JOBS wins; default: one per core)", check=lambda v: None if v == "cores" or (
             isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 1024)
         else f"must be a number of jobs from 1 to 1024 or \"cores\", found {v!r}"),
     Key("memory_gb", ("build",), NUMBER, "the memory budget the jobs of this host's builds share: a job starts when "
