@@ -195,3 +195,19 @@ def test_a_build_under_a_budget_from_the_manifest_waits_for_memory(project):
     done = project.doit("compile")
     assert "waiting for memory: " in done.stdout and "of the 51 MB budget" in done.stdout, done.stdout
     assert ran(done) == {"compile:tinycnn@cpu", "compile:encoder@cpu"}
+
+
+def test_n_1_runs_one_job_at_a_time_as_before(project):
+    """The default is one job per core; `-n 1` (and EPBUILD_JOBS=1) still runs one at a time: under a budget no
+    job fits beside another, no job ever waits, since none runs beside it."""
+    project.manifest('[models.tinycnn]\npath = "models/tinycnn.onnx"\n[models.encoder]\npath = "models/encoder.onnx"\n'
+                     '[targets.cpu]\nep = "cpu"\n[build]\nmemory_gb = 0.05\n')
+    done = project.doit("-n", "1")
+    assert "waiting for memory" not in done.stdout, done.stdout
+    assert ran(done) == {"compile:tinycnn@cpu", "compile:encoder@cpu", "validate:tinycnn@cpu", "validate:encoder@cpu"}
+    import shutil
+
+    shutil.rmtree(project.artifacts)
+    project.env.update(EPBUILD_JOBS="1", EPBUILD_CACHE_DIR=str(project.root / "empty-cache"))  # built again
+    again = project.doit()
+    assert "waiting for memory" not in again.stdout and "compile:encoder@cpu" in ran(again)

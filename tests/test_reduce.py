@@ -1,6 +1,7 @@
-"""`epbuild reduce`: a failing QNN compile reduced to the few nodes that still fail the same way, each probe a real
-compile; the repro folder's `repro.py` reproduces the failure in a fresh process with onnxruntime and the plugin
-only; the reduction is said on the console and kept in the build report; known probes are not asked again."""
+"""`epbuild reduce`: a failing QNN compile, or an artifact that departs from CPU under fp16, reduced to the few
+nodes that still fail the same way, each probe a real compile (and run); the repro folder's `repro.py` reproduces
+the failure in a fresh process with onnxruntime and the plugin only; the reduction is said on the console and kept
+in the build report; known probes are not asked again."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import onnx
 import pytest
 
 from conftest import build_report
-from real_models import rmsnorm_block, strided_after_conv
+from real_models import cancellation_chain, rmsnorm_block, strided_after_conv
 
 QNN = '[targets.qnn-htp]\nep = "qnn"\noptions = { soc_model = 60 }\n[targets.cpu]\nep = "cpu"\n'
 
@@ -107,11 +108,38 @@ def test_a_compile_that_aborts_reduces_to_the_strided_gather(project):
     assert reproduced.returncode != 0, reproduced.stdout + reproduced.stderr  # an exception, or the abort itself
 
 
+def test_a_validation_departing_under_fp16_reduces_to_the_cancelling_subtraction(project):
+    """(h + 1000) - 1000 deep inside a 123-node chain: on the HTP's fp16 the validation fails; the reduction feeds
+    each subgraph the values it has in the whole model on CPU, and keeps the node that departs."""
+    cancellation_chain(project.root / "models" / "chain.onnx")
+    project.manifest('[models.chain]\npath = "models/chain.onnx"\ntargets = ["qnn-htp"]\n' + QNN)
+    failed = project.doit("validate:chain@qnn-htp", check=False)
+    assert failed.returncode == 1
+    assert "reduce it to a repro for a bug report: epbuild reduce validate:chain@qnn-htp" in failed.stdout
+    done = _epbuild(project, "reduce", "validate:chain@qnn-htp")
+    assert done.returncode == 0, done.stdout + done.stderr
+    folder = project.artifacts / "repro" / "chain@qnn-htp"
+    reduction = json.loads((folder / "reduction.json").read_text())
+    assert reduction["kind"] == "divergence" and reduction["task"] == "validate:chain@qnn-htp"
+    assert reduction["nodes_before"] == 123 and reduction["nodes_after"] <= 2 and "Sub" in reduction["ops"]
+    assert "reduced validate:chain@qnn-htp: 123 -> " in done.stdout
+    options = json.loads((folder / "options.json").read_text())
+    assert options["thresholds"]["min_snr_db"] == 40.0  # the failed validation's
+    import numpy as np
+
+    with np.load(folder / "inputs.npz") as inputs:  # the values the subgraph reads in the whole model
+        assert {v.name for v in onnx.load(str(folder / "model.onnx")).graph.input} == set(inputs.files)
+    reproduced = _repro(folder)
+    assert reproduced.returncode == 1 and "reproduced: output" in reproduced.stdout, reproduced.stdout
+    assert build_report(project)["reduce:chain@qnn-htp"]["reduction"]["kind"] == "divergence"
+
+
 def test_what_cannot_be_reduced_says_why_in_one_line(rmsnorm):
     project = rmsnorm
     project.manifest('[models.rms]\npath = "models/rms.onnx"\nrewrite = ["rmsnorm"]\n' + QNN)
     compiles = _epbuild(project, "reduce", "compile:rms@qnn-htp")
-    assert compiles.returncode == 1 and "compile:rms@qnn-htp compiles now: nothing to reduce" in compiles.stdout
+    assert compiles.returncode == 1 and ("compile:rms@qnn-htp compiles now and validate:rms@qnn-htp has not failed "
+                                         "(run it first): nothing to reduce") in compiles.stdout
     cpu = _epbuild(project, "reduce", "compile:rms@cpu")
     assert cpu.returncode == 1 and "reduce:rms@cpu: a CPU target compiles nothing to reduce" in cpu.stdout
     bare = _epbuild(project, "reduce")

@@ -1,10 +1,13 @@
-"""`epbuild reduce`: a failing compile reduced to the smallest subgraph that still fails the same way, then written
-as a folder a vendor can act on (`steps.repro`).
+"""`epbuild reduce`: a failing compile, or an artifact that departs from CPU, reduced to the smallest subgraph that
+still fails the same way, then written as a folder a vendor can act on (`steps.repro`).
 
-Each probe is a real compile of one subgraph, by the same child job as the failing task (`epbuild.steps.compile`:
-ModelCompiler, then the compiled model opened on its EP), within the target's limits and the reduction's time left.
-"The same way" is the failure's stem (`reduce_graph.stem`: its first line without names, paths and numbers), so a
-subgraph that fails otherwise (the EP compiles nothing of it, say) is not taken. The search: the shortest prefix of
+A compile's probe is a real compile of one subgraph, by the same child job as the failing task
+(`epbuild.steps.compile`: ModelCompiler, then the compiled model opened on its EP), within the target's limits and
+the reduction's time left; "the same way" is the failure's stem (`reduce_graph.stem`: its first line without
+names, paths and numbers), so a subgraph that fails otherwise (the EP compiles nothing of it, say) is not taken.
+A divergence's probe (`steps.reduce_probe`) compiles one subgraph for the EP and runs it there and on CPU, fed the
+values its inputs have in the whole model on CPU with the validation's inputs; it fails the same way when an
+output misses the thresholds the failed validation used. The search: the shortest prefix of
 the model's nodes (in order) that fails, then the latest start of a window ending there that fails, then each node
 of the window dropped in turn where the rest still fails. Every probe's outcome is kept by the subgraph's content
 in the repro folder (`probes.json`), so running the reduction again asks the EP nothing it was asked before; past
@@ -32,7 +35,8 @@ from .compilers.ort import compile_request
 from .expected_peak import build_limits
 from .reduce_graph import Subgraphs, save_model, stem
 
-PASSES = ""  # a probe's outcome when its subgraph compiled and opened
+PASSES = ""  # a probe's outcome when its subgraph compiled and opened (and, for a divergence, held)
+DEPARTS = "departs from CPU beyond the validation's thresholds"
 
 
 @dataclasses.dataclass
@@ -47,6 +51,10 @@ class Reduction:
     seconds: float
     complete: bool  # False: the time budget ran out first
     model: Any = None  # the reduced model (onnx.ModelProto), weights included
+    kind: str = "compile"  # or "divergence": the artifact compiled and departs from CPU
+    ep_sdk_version: str | None = None  # as a compile that passed (a probe's, or the artifact's) recorded it
+    feeds: dict[str, Any] = dataclasses.field(default_factory=dict)  # a divergence's subgraph inputs, as in the model
+    thresholds: dict[str, float] = dataclasses.field(default_factory=dict)  # a divergence's: the validation's
 
 
 class _OutOfTime(Exception):
@@ -109,68 +117,189 @@ def reducible(build: Build) -> str | None:
     return None
 
 
-def reduce_compile(build: Build, workspace: Workspace, folder: Path, budget_s: float,
+class _Probes:
+    """Probe outcomes by subgraph content, kept in the repro folder (`probes-KIND.json`) across reductions, and the
+    first whole message of each failure seen."""
+
+    def __init__(self, folder: Path, kind: str):
+        self.path = folder / f"probes-{kind}.json"
+        try:
+            self.known: dict[str, str] = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            self.known = {}
+        self.messages: dict[str, str] = {}
+        self.counted = 0
+        self.sdk: str | None = None  # the EP's SDK version, as a compile that passed recorded it
+
+    def failed(self, message: str, log: Path) -> str:
+        """The outcome of a probe that failed with `message`; the first of each kind keeps its whole output."""
+        outcome = stem(message) or "failed"
+        if outcome not in self.messages:
+            first = re.sub(r"\s*\(full output: [^)]*\)", "", message.splitlines()[0])
+            output = log.read_text(errors="replace") if log.is_file() else "\n".join(message.splitlines()[1:])
+            self.messages[outcome] = f"{first}\n\n{output}"
+        return outcome
+
+    def keep(self, key: str, outcome: str) -> str:
+        self.known[key] = outcome
+        write_json(self.path, self.known)
+        return outcome
+
+
+def reduce_failure(build: Build, workspace: Workspace, folder: Path, budget_s: float,
                    say: Callable[[str], None] = print) -> Reduction:
-    """Reduce the failing compile of `build`'s single model into `folder` (the repro folder: probes.json and a
-    work folder for the probes, removed at the end). Raises BuildError when the full model compiles now."""
+    """Reduce what fails of `build`'s single model into `folder` (the repro folder; the probes' work folder is
+    removed at the end): its compile when that fails now, else a validation that failed by departing from CPU.
+    Raises BuildError when neither fails."""
     started = time.monotonic()
     deadline = started + budget_s
     member = build.members[0]
     elsewhere = member.weights.get(str(member.model.path))
-    graph = Subgraphs(member.model.path, resolved(member.model.path, elsewhere) if elsewhere else None)
+    weights = resolved(member.model.path, elsewhere) if elsewhere else None
+    graph = Subgraphs(member.model.path, weights)
     work = folder / "probes"
-    known_path = folder / "probes.json"
-    try:
-        known: dict[str, str] = json.loads(known_path.read_text())
-    except (OSError, ValueError):
-        known = {}
-    limits = build_limits(build, workspace, "compile")
-    counted = [0]
-    messages: dict[str, str] = {}
-
-    def probe(indices: list[int]) -> str:
-        key = graph.key(indices)
-        if key in known:
-            return known[key]
-        try:
-            path = save_model(graph.model_of(indices), work / key[:16] / member.model_file)
-        except ModelError as exc:  # no types to cut there: not the failure looked for
-            known[key] = f"cannot be cut: {exc}"
-            return known[key]
-        left = max(5.0, deadline - time.monotonic())
-        request = compile_request(build, path.parent / "out")
-        request["members"][0].update(model=str(path), inputs={}, weights=None, external_data=None)
-        counted[0] += 1
-        what = f"reduce {build.name}: probe {counted[0]} ({len(indices)} nodes)"
-        try:
-            run_child("epbuild.steps.compile", request, path.parent / "out",
-                      dataclasses.replace(limits, timeout_s=min(limits.timeout_s, left)), what,
-                      path.parent / "probe.log", ep=build.target.ep.fork_server, expect=workspace.provenance)
-            outcome = PASSES
-        except (BuildError, ModelError) as exc:
-            message = str(exc).removeprefix(f"{what}: ")  # the EP's words, and the child's output below them
-            outcome = stem(message) or "failed"
-            if outcome not in messages:  # the first probe that failed so: its whole output, for failure.log
-                log = path.parent / "probe.log"
-                first = re.sub(r"\s*\(full output: [^)]*\)", "", message.splitlines()[0])
-                output = log.read_text(errors="replace") if log.is_file() else "\n".join(message.splitlines()[1:])
-                messages[outcome] = f"{first}\n\n{output}"
-        finally:
-            shutil.rmtree(path.parent, ignore_errors=True)
-        known[key] = outcome
-        write_json(known_path, known)
-        return outcome
-
-    whole = probe(list(range(len(graph))))
+    everything = list(range(len(graph)))
+    probes = _Probes(folder, "compile")
+    whole = _compile_probe(build, workspace, graph, probes, work, deadline)(everything)
+    kind, thresholds, feeds = "compile", {}, {}
     if whole == PASSES:
-        raise BuildError(f"{build.task} compiles now: nothing to reduce")
-    said = (messages.get(whole) or whole).strip().splitlines()[0][:200]
-    say(f"reducing {build.task}: {len(graph)} nodes fail with: {said}")
+        thresholds = _failed_thresholds(build, workspace)
+        tensors = _tensors(build, workspace, graph, weights, folder, deadline)
+        probes = _Probes(folder, "divergence")
+        probe = _divergence_probe(build, workspace, graph, probes, work, tensors, thresholds, deadline)
+        whole, kind = probe(everything), "divergence"
+        if whole != DEPARTS:
+            raise BuildError(f"{build.task} compiles and its whole model holds the thresholds of the failed "
+                             f"{build.validate_task} on these values ({whole or 'passes'}): nothing to reduce")
+    else:
+        probe = _compile_probe(build, workspace, graph, probes, work, deadline)
+    said = (probes.messages.get(whole) or whole).strip().splitlines()[0][:200]
+    say(f"reducing {build.task if kind == 'compile' else build.validate_task}: {len(graph)} nodes "
+        f"{'fail with' if kind == 'compile' else 'give'}: {said}")
     kept, complete = search(len(graph), lambda indices: probe(indices) == whole, deadline)
     shutil.rmtree(work, ignore_errors=True)
-    message = messages.get(whole)
+    message = probes.messages.get(whole)
     if message is None:  # the whole model's outcome was known from an earlier reduction: its log is in the folder
         log = folder / "failure.log"
         message = log.read_text() if log.is_file() else whole
-    return Reduction(len(graph), kept, whole, message, counted[0], time.monotonic() - started, complete,
-                     graph.model_of(kept))
+    model = graph.model_of(kept)
+    if kind == "divergence":
+        import numpy as np
+
+        with np.load(folder / "tensors.npz") as saved:
+            feeds = {value.name: saved[value.name] for value in model.graph.input}
+        (folder / "tensors.npz").unlink()
+    sdk = probes.sdk
+    if sdk is None and kind == "divergence":
+        sdk = json.loads((build.out_dir(workspace.layout) / "artifact.json").read_text()).get("ep_sdk_version")
+    return Reduction(len(graph), kept, whole, message, probes.counted, time.monotonic() - started, complete, model,
+                     kind, sdk, feeds, thresholds)
+
+
+def _cut(graph: Subgraphs, indices: list[int], work: Path, name: str, probes: _Probes) -> tuple[str, Path | None]:
+    key = graph.key(indices)
+    if key in probes.known:
+        return key, None
+    try:
+        return key, save_model(graph.model_of(indices), work / key[:16] / name)
+    except ModelError as exc:  # no types to cut there: not the failure looked for
+        probes.keep(key, f"cannot be cut: {exc}")
+        return key, None
+
+
+def _compile_probe(build: Build, workspace: Workspace, graph: Subgraphs, probes: _Probes, work: Path,
+                   deadline: float) -> Callable[[list[int]], str]:
+    limits = build_limits(build, workspace, "compile")
+
+    def probe(indices: list[int]) -> str:
+        key, path = _cut(graph, indices, work, build.members[0].model_file, probes)
+        if path is None:
+            return probes.known[key]
+        request = compile_request(build, path.parent / "out")
+        request["members"][0].update(model=str(path), inputs={}, weights=None, external_data=None)
+        probes.counted += 1
+        what = f"reduce {build.name}: probe {probes.counted} ({len(indices)} nodes)"
+        left = max(5.0, deadline - time.monotonic())
+        try:
+            answer = run_child("epbuild.steps.compile", request, path.parent / "out",
+                               dataclasses.replace(limits, timeout_s=min(limits.timeout_s, left)), what,
+                               path.parent / "probe.log", ep=build.target.ep.fork_server,
+                               expect=workspace.provenance)
+            probes.sdk = probes.sdk or (answer.get("members") or [{}])[0].get("ep_sdk_version")
+            outcome = PASSES
+        except (BuildError, ModelError) as exc:
+            outcome = probes.failed(str(exc).removeprefix(f"{what}: "), path.parent / "probe.log")
+        finally:
+            shutil.rmtree(path.parent, ignore_errors=True)
+        return probes.keep(key, outcome)
+
+    return probe
+
+
+def _failed_thresholds(build: Build, workspace: Workspace) -> dict[str, float]:
+    """The thresholds of the build's failed validation (its validation.json), which a divergence must still miss."""
+    path = build.out_dir(workspace.layout) / "validation.json"
+    try:
+        recorded = json.loads(path.read_text())
+    except (OSError, ValueError):
+        recorded = {}
+    if recorded.get("status") != "failed" or not recorded.get("thresholds"):
+        raise BuildError(f"{build.task} compiles now and {build.validate_task} has not failed (run it first): "
+                         "nothing to reduce")
+    return recorded["thresholds"]
+
+
+def _validation_request(build: Build) -> dict[str, Any]:
+    member = build.members[0]
+    settings = member.validation
+    return {"inputs": {name: list(shape) for name, shape in member.model.inputs.items()},
+            "inputs_file": str(settings.inputs) if settings.inputs else None,
+            "frozen": {name: list(values) for name, values in (member.frozen or {}).items()}}
+
+
+def _tensors(build: Build, workspace: Workspace, graph: Subgraphs, weights: Path | None, folder: Path,
+             deadline: float) -> Path:
+    """Every tensor a node of the model computes, on CPU with the validation's inputs (`tensors.npz`)."""
+    out = folder / "tensors.npz"
+    names = list(dict.fromkeys(o for node in graph.nodes for o in node.output if o))
+    limits = build_limits(build, workspace, "validate")
+    run_child("epbuild.steps.reduce_probe", {"kind": "tensors", "model": str(build.members[0].model.path),
+                                             "weights": str(weights) if weights else None,
+                                             "validation": _validation_request(build), "names": names,
+                                             "out": str(out)},
+              folder / "probes" / "tensors", dataclasses.replace(limits, timeout_s=max(5.0, deadline -
+                                                                                         time.monotonic())),
+              f"reduce {build.name}: the model's tensors on CPU", folder / "probes" / "tensors.log",
+              expect=workspace.provenance)
+    return out
+
+
+def _divergence_probe(build: Build, workspace: Workspace, graph: Subgraphs, probes: _Probes, work: Path,
+                      tensors: Path, thresholds: dict[str, float], deadline: float) -> Callable[[list[int]], str]:
+    limits = build_limits(build, workspace, "validate")
+    target = build.target
+
+    def probe(indices: list[int]) -> str:
+        key, path = _cut(graph, indices, work, build.members[0].model_file, probes)
+        if path is None:
+            return probes.known[key]
+        probes.counted += 1
+        what = f"reduce {build.name}: probe {probes.counted} ({len(indices)} nodes)"
+        left = max(5.0, deadline - time.monotonic())
+        try:
+            answer = run_child("epbuild.steps.reduce_probe",
+                               {"kind": "departs", "model": str(path), "tensors": str(tensors),
+                                "ep": target.ep.alias, "device": target.device,
+                                "options": target.session_options(), "thresholds": thresholds},
+                               path.parent / "out", dataclasses.replace(limits, timeout_s=min(limits.timeout_s, left)),
+                               what, path.parent / "probe.log", ep=target.ep.fork_server, expect=workspace.provenance)
+            outcome = DEPARTS if answer["departs"] else PASSES
+            if outcome == DEPARTS and DEPARTS not in probes.messages:
+                probes.messages[DEPARTS] = f"{DEPARTS}: worst SNR {answer['snr_db']} dB, thresholds {thresholds}"
+        except (BuildError, ModelError) as exc:
+            outcome = probes.failed(str(exc).removeprefix(f"{what}: "), path.parent / "probe.log")
+        finally:
+            shutil.rmtree(path.parent, ignore_errors=True)
+        return probes.keep(key, outcome)
+
+    return probe

@@ -26,7 +26,7 @@ from ..steps.fingerprint import validation_fingerprint
 from ..steps.model_package import assemble, check_package, manifest_files, manifest_text, unvalidated
 from ..steps.model_package import fingerprint as package_fingerprint
 from ..steps.preprocess import run_stage
-from ..steps.reduce import reduce_compile, reducible
+from ..steps.reduce import reduce_failure, reducible
 from ..steps.repro import write_repro
 from ..steps.toolchains import check_operators, find_qaic, supported_operators
 from ..steps.validate import REPORT, cached_validation, summary, validate
@@ -127,6 +127,8 @@ def run_validate(build: Build, workspace: Workspace, config: dict[str, Any]) -> 
     line = f"{report['status']} validate:{build.name}: {summary(report)}"
     strict = any(member.get("inconclusive") == "fail" for member in config["members"])
     if report["status"] == Verdict.FAILED or (report["status"] == Verdict.INCONCLUSIVE and strict):
+        if report["status"] == Verdict.FAILED and report.get("thresholds") and reducible(build) is None:
+            line += f"\nreduce it to a repro for a bug report: epbuild reduce {build.validate_task}"
         return TaskFailed(line)
     reference = report.get("cpu_reference")  # from the cache when another validation computed it (a group: each)
     origins = {r["from"] for r in reference["members"].values()} if reference and "members" in reference else {
@@ -180,17 +182,19 @@ def run_reduce(build: Build, workspace: Workspace, budget_s: float) -> TaskFaile
         return TaskFailed(f"{task}: {why_not}")
     folder = workspace.layout.root / "repro" / build.name
     try:
-        reduction = reduce_compile(build, workspace, folder, budget_s)
-        write_repro(folder, build, reduction, workspace.provenance.for_ep(build.target.ep))
+        reduction = reduce_failure(build, workspace, folder, budget_s)
+        versions = {**workspace.provenance.for_ep(build.target.ep), "ep_sdk": reduction.ep_sdk_version}
+        write_repro(folder, build, reduction, versions)
     except (*FAILURES, ModelError) as exc:
         return failure(exc, f"{task}: ")
     ops = ", ".join(dict.fromkeys(node.op_type for node in reduction.model.graph.node))
-    print(f"reduced {build.task}: {reduction.nodes_before} -> {len(reduction.kept)} nodes ({ops}) in "
+    reduced = build.task if reduction.kind == "compile" else build.validate_task
+    print(f"reduced {reduced}: {reduction.nodes_before} -> {len(reduction.kept)} nodes ({ops}) in "
           f"{reduction.probes} compiles, {reduction.seconds:.0f} s"
           f"{'' if reduction.complete else ' (its time budget ran out: smaller may exist)'}; repro: "
           f"{os.path.relpath(folder)}/ (python repro.py)")
     return {"status": TaskStatus.REDUCED, "seconds": round(reduction.seconds, 3),
-            "reduction": {"compile": build.task, "nodes_before": reduction.nodes_before,
+            "reduction": {"task": reduced, "kind": reduction.kind, "nodes_before": reduction.nodes_before,
                           "nodes_after": len(reduction.kept), "probes": reduction.probes,
                           "complete": reduction.complete, "failure": reduction.stem,
                           "folder": os.path.relpath(folder, workspace.project_root)}}

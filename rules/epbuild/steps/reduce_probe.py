@@ -1,0 +1,83 @@
+"""The child job of a divergence reduction's probes (`steps.reduce`), in the EP's fork server like a validation:
+
+- `tensors`: the model run on CPU with the validation's inputs (from its .npz, else generated as the validation
+  generates them), every tensor a node computes saved beside the inputs, so any subgraph is fed the values it
+  reads in the whole model;
+- `departs`: one subgraph compiled for the EP (ModelCompiler, as the compile does), run there and on CPU with those
+  values, each output compared with the validation's thresholds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..errors import ModelError
+from ..execute.child import serve
+from ..files.weights import load_with_weights
+from .comparison import compare
+from .localise import _held, _run_with_outputs
+from .validation_inputs import make_inputs, signature_of
+
+
+def _cpu_options(ort: Any) -> Any:
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    return options
+
+
+def tensors(request: dict[str, Any]) -> dict[str, Any]:
+    import numpy as np
+    import onnxruntime as ort
+
+    weights = Path(request["weights"]) if request["weights"] else None
+    model = load_with_weights(request["model"], weights)
+    feeds, _ = make_inputs(signature_of(model), model, request["validation"])
+    values = _run_with_outputs(ort, model, request["names"], lambda: _cpu_options(ort), ["CPUExecutionProvider"],
+                               feeds)
+    np.savez(request["out"], **feeds, **values)
+    return {"saved": len(feeds) + len(values)}
+
+
+def departs(request: dict[str, Any]) -> dict[str, Any]:
+    import numpy as np
+    import onnxruntime as ort
+
+    from ..execute.host import register_plugin, select_ep_device
+    from ..manifest.eps import lookup
+
+    info = lookup(request["ep"])
+    register_plugin(ort, info)
+    device = select_ep_device(ort, info, request["device"])
+    model, compiled = Path(request["model"]), Path(request["model"]).with_name("compiled.onnx")
+    options = _cpu_options(ort)
+    options.add_provider_for_devices([device], request["options"])
+    flags = int(ort.OrtCompileApiFlags.ERROR_IF_NO_NODES_COMPILED)
+    ort.ModelCompiler(options, str(model), embed_compiled_data_into_model=False,
+                      flags=flags).compile_to_file(str(compiled))
+    ep_options = _cpu_options(ort)
+    ep_options.add_provider_for_devices([device], request["options"])
+    on_ep = ort.InferenceSession(str(compiled), ep_options)
+    on_cpu = ort.InferenceSession(str(model), _cpu_options(ort), providers=["CPUExecutionProvider"])
+    with np.load(request["tensors"]) as saved:
+        feeds = {i.name: saved[i.name] for i in on_cpu.get_inputs()}
+    got, want = on_ep.run(None, feeds), on_cpu.run(None, feeds)
+    metrics = {o.name: compare(g, w) for o, g, w in zip(on_cpu.get_outputs(), got, want, strict=True)}
+    if not metrics:
+        raise ModelError("the subgraph has no output")
+    worst = min(m.get("snr_db", 0.0) for m in metrics.values())
+    return {"departs": not all(_held(m, request["thresholds"]) for m in metrics.values()),
+            "snr_db": round(float(worst), 1)}
+
+
+def _job(request: dict[str, Any]) -> dict[str, Any]:
+    return tensors(request) if request["kind"] == "tensors" else departs(request)
+
+
+def main() -> None:
+    """`python -m` this module, or a fork server's child, runs this."""
+    serve(_job)
+
+
+if __name__ == "__main__":
+    main()
