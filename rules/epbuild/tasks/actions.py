@@ -3,6 +3,7 @@ returns what the build report keeps; a failure is doit's TaskFailed with one rea
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -183,7 +184,8 @@ def run_reduce(build: Build, workspace: Workspace, budget_s: float) -> TaskFaile
     folder = workspace.layout.root / "repro" / build.name
     try:
         reduction = reduce_failure(build, workspace, folder, budget_s)
-        versions = {**workspace.provenance.for_ep(build.target.ep), "ep_sdk": reduction.ep_sdk_version}
+        sdk = reduction.ep_sdk_version or _earlier_sdk(folder)  # every probe known: as the last reduction found it
+        versions = {**workspace.provenance.for_ep(build.target.ep), **({"ep_sdk": sdk} if sdk else {})}
         write_repro(folder, build, reduction, versions)
     except (*FAILURES, ModelError) as exc:
         return failure(exc, f"{task}: ")
@@ -198,6 +200,13 @@ def run_reduce(build: Build, workspace: Workspace, budget_s: float) -> TaskFaile
                           "nodes_after": len(reduction.kept), "probes": reduction.probes,
                           "complete": reduction.complete, "failure": reduction.stem,
                           "folder": os.path.relpath(folder, workspace.project_root)}}
+
+
+def _earlier_sdk(folder: Path) -> str | None:
+    try:
+        return json.loads((folder / "versions.json").read_text()).get("ep_sdk")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def refuse_blocked(task: str, why: str) -> TaskFailed:
