@@ -14,7 +14,7 @@ import onnx
 import pytest
 
 from conftest import build_report
-from real_models import cancellation_chain, rmsnorm_block, strided_after_conv
+from real_models import cancellation_chain, kv_decoder, rmsnorm_block, strided_after_conv
 
 QNN = '[targets.qnn-htp]\nep = "qnn"\noptions = { soc_model = 60 }\n[targets.cpu]\nep = "cpu"\n'
 
@@ -70,6 +70,45 @@ def test_a_qnn_finalize_failure_reduces_to_the_rmsnorm_and_its_repro_reproduces(
     again = _epbuild(project, "reduce", "rms@qnn-htp")  # every probe known by its subgraph's content
     assert f"17 -> {reduction['nodes_after']} nodes" in again.stdout and " in 0 compiles" in again.stdout
     assert json.loads((folder / "reduction.json").read_text())["kept"] == reduction["kept"]
+
+
+def _decoder_with_rsqrt_norms(path) -> None:
+    """The tests' LLaMA-like decoder (hidden 512) with each RMSNorm as torch's dynamo exporter writes it:
+    pow(x, 2), x * Reciprocal(Sqrt(...)), weight * normed: QNN HTP fails to finalize it."""
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    kv_decoder(path, hidden=512, heads=8)
+    model = onnx.load(str(path))
+    model.graph.initializer.append(numpy_helper.from_array(np.array([2.0], np.float32), "two"))
+    nodes = []
+    for node in model.graph.node:
+        if node.op_type == "Mul" and node.output[0].endswith(".squared"):
+            nodes.append(helper.make_node("Pow", [node.input[0], "two"], list(node.output)))
+        elif node.op_type == "Div" and node.input[1].endswith(".rms"):
+            rsqrt = f"{node.input[1][:-4]}.rsqrt"
+            nodes += [helper.make_node("Reciprocal", [node.input[1]], [rsqrt]),
+                      helper.make_node("Mul", [node.input[0], rsqrt], list(node.output))]
+        elif node.op_type == "Mul" and node.input[0].endswith(".normed"):
+            nodes.append(helper.make_node("Mul", [node.input[1], node.input[0]], list(node.output)))
+        else:
+            nodes.append(node)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    onnx.save(model, str(path), save_as_external_data=True, location=f"{path.name}.data")
+
+
+def test_the_rsqrt_rmsnorm_inside_a_decoder_reduces_to_one_norm(project):
+    _decoder_with_rsqrt_norms(project.root / "models" / "dec.onnx")
+    project.manifest('[models.dec]\npath = "models/dec.onnx"\ntargets = ["qnn-htp"]\ndims = { batch_size = 1, '
+                     'sequence_length = 128, past_sequence_length = 128, total_sequence_length = 256 }\n' + QNN)
+    done = _epbuild(project, "reduce", "compile:dec@qnn-htp")
+    assert done.returncode == 0, done.stdout + done.stderr
+    folder = project.artifacts / "repro" / "dec@qnn-htp"
+    reduction = json.loads((folder / "reduction.json").read_text())
+    assert reduction["nodes_before"] > 80 and reduction["nodes_after"] <= 8 and "Reciprocal" in reduction["ops"]
+    assert not {"MatMul", "Softmax", "Gather"} & set(reduction["ops"])  # no attention, no embedding: one norm
+    assert _repro(folder).returncode == 1
 
 
 def _inside_a_larger_graph(path) -> None:
