@@ -44,6 +44,9 @@ def test_a_qnn_finalize_failure_reduces_to_the_rmsnorm_and_its_repro_reproduces(
     failed = project.doit("compile:rms@qnn-htp", check=False)
     assert failed.returncode == 1
     assert "reduce it to a repro for a bug report: epbuild reduce compile:rms@qnn-htp" in failed.stdout
+    reason = build_report(project)["compile:rms@qnn-htp"]["reason"]  # the failure's one line ends with it
+    assert "\n" not in reason and reason.endswith("; reduce it to a repro for a bug report: epbuild reduce "
+                                                    "compile:rms@qnn-htp")
     done = _epbuild(project, "reduce", "compile:rms@qnn-htp")
     assert done.returncode == 0, done.stdout + done.stderr
     folder = project.artifacts / "repro" / "rms@qnn-htp"

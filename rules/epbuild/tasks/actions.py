@@ -58,7 +58,7 @@ def run_compile(build: Build, workspace: Workspace) -> TaskFailed | TaskResult:
         done = compile_build(build, workspace)
     except FAILURES as exc:
         if isinstance(exc, BuildError) and reducible(build) is None:  # the EP's failure: a repro is one command away
-            return TaskFailed(f"{exc}\nreduce it to a repro for a bug report: epbuild reduce {build.task}")
+            return TaskFailed(_suggest_reduce(str(exc), build.task))
         return failure(exc)
     nodes = done.nodes
     if build.shared:
@@ -129,7 +129,7 @@ def run_validate(build: Build, workspace: Workspace, config: dict[str, Any]) -> 
     strict = any(member.get("inconclusive") == "fail" for member in config["members"])
     if report["status"] == Verdict.FAILED or (report["status"] == Verdict.INCONCLUSIVE and strict):
         if report["status"] == Verdict.FAILED and report.get("thresholds") and reducible(build) is None:
-            line += f"\nreduce it to a repro for a bug report: epbuild reduce {build.validate_task}"
+            line = _suggest_reduce(line, build.validate_task)
         return TaskFailed(line)
     reference = report.get("cpu_reference")  # from the cache when another validation computed it (a group: each)
     origins = {r["from"] for r in reference["members"].values()} if reference and "members" in reference else {
@@ -200,6 +200,12 @@ def run_reduce(build: Build, workspace: Workspace, budget_s: float) -> TaskFaile
                           "nodes_after": len(reduction.kept), "probes": reduction.probes,
                           "complete": reduction.complete, "failure": reduction.stem,
                           "folder": os.path.relpath(folder, workspace.project_root)}}
+
+
+def _suggest_reduce(message: str, task: str) -> str:
+    """The failure's first line (the one reports keep) ends with the command that reduces it to a repro."""
+    first, newline, rest = message.partition("\n")
+    return f"{first}; reduce it to a repro for a bug report: epbuild reduce {task}{newline}{rest}"
 
 
 def _earlier_sdk(folder: Path) -> str | None:
