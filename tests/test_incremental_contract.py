@@ -291,7 +291,7 @@ def test_each_change_executes_exactly_its_tasks(steady, change, fast):
     undo = apply(project)
     try:
         executed, output = _run(project, fast)
-        assert executed == expected
+        assert executed == expected, output[-4000:]
         assert (HANDED in output) == (fast == "1" and change in RECORD_ROWS), output[-600:]
         assert _executed(project, fast) == set()  # and only once
     finally:

@@ -202,6 +202,7 @@ def test_n_1_runs_one_job_at_a_time_as_before(project):
     job fits beside another, no job ever waits, since none runs beside it."""
     project.manifest('[models.tinycnn]\npath = "models/tinycnn.onnx"\n[models.encoder]\npath = "models/encoder.onnx"\n'
                      '[targets.cpu]\nep = "cpu"\n[build]\nmemory_gb = 0.05\n')
+    project.env["EPBUILD_MEMORY_LEDGER"] = str(project.root / "ledger")  # not shared with other builds of the host
     done = project.doit("-n", "1")
     assert "waiting for memory" not in done.stdout, done.stdout
     assert ran(done) == {"compile:tinycnn@cpu", "compile:encoder@cpu", "validate:tinycnn@cpu", "validate:encoder@cpu"}
@@ -211,3 +212,15 @@ def test_n_1_runs_one_job_at_a_time_as_before(project):
     project.env.update(EPBUILD_JOBS="1", EPBUILD_CACHE_DIR=str(project.root / "empty-cache"))  # built again
     again = project.doit()
     assert "waiting for memory" not in again.stdout and "compile:encoder@cpu" in ran(again)
+
+
+def test_a_ledger_folder_is_made_or_refused_in_one_line(tmp_path, monkeypatch):
+    from epbuild.errors import UserError
+
+    monkeypatch.setenv("EPBUILD_MEMORY_LEDGER", str(tmp_path / "new" / "ledger"))
+    assert memory_ledger.ledger_path() == tmp_path / "new" / "ledger" / "memory.json"
+    assert (tmp_path / "new" / "ledger").is_dir()
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("EPBUILD_MEMORY_LEDGER", str(tmp_path / "file" / "ledger"))
+    with pytest.raises(UserError, match=r"cannot make the ledger's folder \(Not a directory\)"):
+        memory_ledger.ledger_path()

@@ -64,6 +64,13 @@ def warn_once(marker: Path | None, text: str) -> bool:
     return True
 
 
+def say(text: str) -> None:
+    """One console line for the user, written whole in one call: doit's `-n` workers share this stdout (a pipe in
+    CI), and `print` writes the text and its newline apart, so another worker's line could land between them."""
+    sys.stdout.write(f"{text}\n")
+    sys.stdout.flush()
+
+
 def warn(text: str) -> None:
     """A warning the user must see whatever EPBUILD_LOG says (a cache entry refused, the remote cache down): one
     `warning: ...` line on stderr (the debug log notes it too, in order with the rest)."""

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import BuildError, ModelError, plain
 from ..logs import configure as configure_logging
 from ..logs import log as log_line
+from ..logs import say
 from . import forked_jobs, provenance
 from .fork_server import ForkedJob, fork_job, leases_in_use
 from .forked_jobs import resident_bytes
@@ -102,14 +103,14 @@ def _wait(child: _PlainChild | ForkedJob, limits: Limits, what: str) -> tuple[in
             killed = f"timed out after {limits.timeout_s:g} s; killed"
             child.kill()
         if now >= next_progress:
-            print(f"still running {what}: {now - started:.0f} s, {resident / 2**30:.2f} GB resident", flush=True)
+            say(f"still running {what}: {now - started:.0f} s, {resident / 2**30:.2f} GB resident")
             next_progress += PROGRESS_EVERY_S
         pause = min(pause * 2, 0.1)
 
 
 def _waiting(what: str, limits: Limits, budget: float | None, seconds: float, held: float, jobs: int) -> None:
-    print(f"waiting for memory: {what} expects {limits.expected_mb:.0f} MB; {jobs} job(s) hold {held:.0f} MB of the "
-          f"{budget:.0f} MB budget ({seconds:.0f} s so far)", flush=True)
+    say(f"waiting for memory: {what} expects {limits.expected_mb:.0f} MB; {jobs} job(s) hold {held:.0f} MB of the "
+          f"{budget:.0f} MB budget ({seconds:.0f} s so far)")
 
 
 def run_child(module: str, request: dict[str, Any], workdir: Path, limits: Limits, what: str,

@@ -58,6 +58,11 @@ def ledger_path() -> Path | None:
     name: then no admission, as fork servers are off, with the same warning)."""
     chosen = os.environ.get(LEDGER)
     if chosen:
+        try:
+            Path(chosen).mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UserError(LEDGER, None, f"{chosen}: cannot make the ledger's folder ({exc.strerror or exc}): name "
+                            "a folder this user may write") from None
         return Path(chosen) / "memory.json"
     folder, _ = private_folder.find(tempfile.gettempdir(), os.environ.get("XDG_RUNTIME_DIR", ""))
     return folder / "memory.json" if folder is not None else None

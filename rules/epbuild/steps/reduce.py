@@ -29,6 +29,7 @@ from ..errors import BuildError, ModelError
 from ..execute.child import run_child
 from ..files.layout import write_json
 from ..files.weights import resolved
+from ..logs import say as say_line
 from ..manifest.builds import Build
 from ..store.cache import Workspace
 from .compilers.ort import compile_request
@@ -147,7 +148,7 @@ class _Probes:
 
 
 def reduce_failure(build: Build, workspace: Workspace, folder: Path, budget_s: float,
-                   say: Callable[[str], None] = print) -> Reduction:
+                   say: Callable[[str], None] = say_line) -> Reduction:
     """Reduce what fails of `build`'s single model into `folder` (the repro folder; the probes' work folder is
     removed at the end): its compile when that fails now, else a validation that failed by departing from CPU.
     Raises BuildError when neither fails."""

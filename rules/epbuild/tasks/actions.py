@@ -17,6 +17,7 @@ from ..contracts.task_result import PUBLISHED, TaskResult
 from ..errors import BuildError, ModelError, UserError
 from ..execute.executor import run_operator_list, run_validation
 from ..files.hashing import snapshot
+from ..logs import say
 from ..manifest.builds import Build
 from ..manifest.stage import Stage
 from ..plan.packages import PackagePlan
@@ -70,7 +71,7 @@ def run_compile(build: Build, workspace: Workspace) -> TaskFailed | TaskResult:
                        "members compiled alone")
     else:
         detail = compiler(build.target).describe(nodes)
-    print(f"{done.status} {done.build}: {detail}, {done.seconds:.1f} s{usage_text(done.usage)} -> "
+    say(f"{done.status} {done.build}: {detail}, {done.seconds:.1f} s{usage_text(done.usage)} -> "
           f"{os.path.relpath(done.out_dir)}/{_origin(done.outcome)}")
     return {"status": done.status, **done.outcome.report(), **({"worker": done.worker} if done.worker else {}),
             "fingerprint": done.fingerprint, "files": done.files,
@@ -86,16 +87,16 @@ def run_stage_task(stage: Stage, workspace: Workspace) -> TaskFailed | TaskResul
     except FAILURES as exc:
         return failure(exc)
     if dynamic:
-        print(f"warning: {stage.task}: {len(dynamic)} tensor(s) keep dynamic dimensions after shape inference "
+        say(f"warning: {stage.task}: {len(dynamic)} tensor(s) keep dynamic dimensions after shape inference "
               f"(sizes computed from input values): {', '.join(dynamic[:5])}{' ...' if len(dynamic) > 5 else ''}; "
               "an NPU EP compiles what it can and may leave the nodes around them on CPU: the compile line says "
               "where each node ran (placement), and validation fails if that is more than the compile reported")
     if stage.kind == "quantize" and stage.settings["random"]:
-        print(f"warning: {stage.task} calibrated on fixed-seed random data: for smoke tests only, the "
+        say(f"warning: {stage.task} calibrated on fixed-seed random data: for smoke tests only, the "
               "quantization ranges do not reflect real inputs")
     status = TaskStatus.RESTORED if outcome.restored else TaskStatus.COMPILED  # counted "staged" in the summary
     said = TaskStatus.RESTORED if outcome.restored else TaskStatus.STAGED
-    print(f"{said} {stage.task}: {seconds:.1f} s{usage_text(usage)} -> {os.path.relpath(stage.output)}"
+    say(f"{said} {stage.task}: {seconds:.1f} s{usage_text(usage)} -> {os.path.relpath(stage.output)}"
           f"{_origin(outcome)}")
     return {"status": status, **outcome.report(), **({"worker": worker} if worker else {}),
             "seconds": round(seconds, 3), **({"child": usage} if usage else {}),
@@ -134,7 +135,7 @@ def run_validate(build: Build, workspace: Workspace, config: dict[str, Any]) -> 
     reference = report.get("cpu_reference")  # from the cache when another validation computed it (a group: each)
     origins = {r["from"] for r in reference["members"].values()} if reference and "members" in reference else {
         reference["from"]} if reference else set()
-    print(line + (f" (restored from the {outcome.origin} cache)" if outcome.restored else
+    say(line + (f" (restored from the {outcome.origin} cache)" if outcome.restored else
                   f" (CPU reference{'s' if reference and 'members' in reference else ''} from the cache)"
                   if origins == {"cache"} else ""))
     status = (TaskStatus.RESTORED if outcome.restored else TaskStatus(report["status"])
@@ -160,7 +161,7 @@ def run_ops(build: Build, workspace: Workspace, report: Path) -> TaskFailed | No
             if isinstance(found, str):
                 return TaskFailed(f"{build.ops_task}: {found}")
             supported, version = supported_operators(found, build.log(workspace.layout, "ops")), found.version
-        print(f"{build.ops_task}: " + check_operators(supported, version, build.members[0].model.path, report))
+        say(f"{build.ops_task}: " + check_operators(supported, version, build.members[0].model.path, report))
     except BuildError as exc:
         return TaskFailed(f"{build.ops_task}: {exc}")
     return None
@@ -171,7 +172,7 @@ def refuse_unavailable(task: str, reason: str, named: bool) -> TaskFailed | dict
     `doit validate` it is skipped with its reason, like in the default run."""
     if named:
         return TaskFailed(f"{task} cannot be built on this host: {reason}")
-    print(f"skipped {task}: {reason}")
+    say(f"skipped {task}: {reason}")
     return {"status": Verdict.SKIPPED, "reason": reason}
 
 
@@ -191,7 +192,7 @@ def run_reduce(build: Build, workspace: Workspace, budget_s: float) -> TaskFaile
         return failure(exc, f"{task}: ")
     ops = ", ".join(dict.fromkeys(node.op_type for node in reduction.model.graph.node))
     reduced = build.task if reduction.kind == "compile" else build.validate_task
-    print(f"reduced {reduced}: {reduction.nodes_before} -> {len(reduction.kept)} nodes ({ops}) in "
+    say(f"reduced {reduced}: {reduction.nodes_before} -> {len(reduction.kept)} nodes ({ops}) in "
           f"{reduction.probes} compiles, {reduction.seconds:.0f} s"
           f"{'' if reduction.complete else ' (its time budget ran out: smaller may exist)'}; repro: "
           f"{os.path.relpath(folder)}/ (python repro.py)")
@@ -232,9 +233,9 @@ def fail_blocked(blocked: dict[str, str]) -> TaskFailed:
 
 def report_unavailable(reasons: dict[str, str]) -> None:
     for task, reason in reasons.items():
-        print(f"skipped {task}: {reason}")
+        say(f"skipped {task}: {reason}")
     if not reasons:
-        print("this host can build every task")
+        say("this host can build every task")
 
 
 
@@ -274,7 +275,7 @@ def run_package(plan: PackagePlan, workspace: Workspace) -> TaskFailed | TaskRes
     how = ("restored (checked when it was made)" if outcome.restored else
            "checked through ModelPackageContext: " + ", ".join(f"{n} {v['status']}" for n, v in checked.items()))
     left = f"; left out: {', '.join(name for name, _ in plan.left_out)}" if plan.left_out else ""
-    print(f"{status} {plan.task}: {len(variants)} variant(s), {how}{left}, {seconds:.1f} s -> "
+    say(f"{status} {plan.task}: {len(variants)} variant(s), {how}{left}, {seconds:.1f} s -> "
           f"{os.path.relpath(final)}/{_origin(outcome)}")
     return {"status": status, **outcome.report(), "fingerprint": key, "seconds": round(seconds, 3),
             "variants": {b.name: checked.get(b.name, {}) for b in variants},

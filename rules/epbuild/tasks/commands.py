@@ -11,6 +11,7 @@ from doit.exceptions import TaskFailed
 from ..errors import UserError
 from ..execute.host import capabilities
 from ..files.owners import sweep
+from ..logs import say
 from ..report.build_report import BuildReport
 from ..report.task_graph import write_graph
 from ..steps.compilers import COMPILERS, compiler
@@ -42,24 +43,24 @@ def show_backends(project: Project, json_output: bool) -> None:
             "execution_providers": eps, "toolchains": toolchains, "targets": targets,
             "openvino_vendor_shim": caps.get("vendor_shim", {})}
     if json_output:
-        print(json.dumps(data, indent=2))
+        say(json.dumps(data, indent=2))
         return
-    print(f"onnxruntime {data['onnxruntime']}; compiler backends: {', '.join(in_onnxruntime)}"
+    say(f"onnxruntime {data['onnxruntime']}; compiler backends: {', '.join(in_onnxruntime)}"
           f"{''.join(f', {n}' for n, t in toolchains.items() if t['found'])}")
     for name, entry in eps.items():
         devices = ", ".join(f"{d['type']} ({d.get('ov_device') or d['vendor']})" for d in entry["devices"]) or "none"
         error = f"; error: {entry['error']}" if entry["error"] else ""
-        print(f"  EP {name}: devices {devices}{error}")
+        say(f"  EP {name}: devices {devices}{error}")
     shim = data["openvino_vendor_shim"]
     if shim:
-        print(f"  OpenVINO runs through epbuild's vendor-id shim on this {caps.get('key', {}).get('cpu')} CPU: "
+        say(f"  OpenVINO runs through epbuild's vendor-id shim on this {caps.get('key', {}).get('cpu')} CPU: "
               f"{shim.get('library') or 'unavailable: ' + shim['reason']}")
     for name, entry in toolchains.items():
-        print(f"  toolchain {name}: " + (f"{entry['root']} (version {entry['version']})" if entry["found"]
+        say(f"  toolchain {name}: " + (f"{entry['root']} (version {entry['version']})" if entry["found"]
                                          else f"absent: {entry['reason']}"))
     for name, entry in targets.items():
         state = "buildable" if entry["buildable"] else f"not buildable: {entry['reason']}"
-        print(f"  target {name} ({entry['ep']}, {entry['device']}, {entry['compiler']}): {state}")
+        say(f"  target {name} ({entry['ep']}, {entry['device']}, {entry['compiler']}): {state}")
 
 
 def show_graph(project: Project, all_tasks: Callable[[], list[dict[str, Any]]], model: str) -> TaskFailed | None:
@@ -67,7 +68,7 @@ def show_graph(project: Project, all_tasks: Callable[[], list[dict[str, Any]]], 
     graph-M.svg, beside the full one)."""
     try:
         keep = project.model_tasks(model) if model else None
-        print("graph: " + write_graph(all_tasks(), BuildReport(project.layout.build_report).entries,
+        say("graph: " + write_graph(all_tasks(), BuildReport(project.layout.build_report).entries,
                                       project.layout.root, keep, f"graph-{model}" if model else "graph"))
     except (UserError, OSError) as exc:
         return TaskFailed(str(exc))
@@ -80,13 +81,13 @@ def run_prune(project: Project, dry_run: bool) -> None:
     if not dry_run:
         swept, freed = sweep([project.layout.scratch_root, project.workspace.cache_dir / "tmp"])
         if swept:
-            print(f"prune: removed {len(swept)} scratch folder(s) of killed builds, freed {freed / 1e6:.1f} MB")
+            say(f"prune: removed {len(swept)} scratch folder(s) of killed builds, freed {freed / 1e6:.1f} MB")
     found = orphans(project.layout, project.owned_paths())
     for path in found:
-        print(f"{'would remove' if dry_run else 'removed'} {project.rel(path)}{'/' if path.is_dir() else ''}")
+        say(f"{'would remove' if dry_run else 'removed'} {project.rel(path)}{'/' if path.is_dir() else ''}")
     freed = prune(found, dry_run)
     verb = "would free" if dry_run else "freed"
-    print(f"prune: {len(found)} orphaned output(s), {verb} {freed / 1e6:.1f} MB" if found else
+    say(f"prune: {len(found)} orphaned output(s), {verb} {freed / 1e6:.1f} MB" if found else
           "prune: nothing under artifacts/ is left over from removed models, targets, groups or stages")
 
 
@@ -96,16 +97,16 @@ def show_cache(workspace: Workspace) -> None:
     cap = (f"cap {workspace.cache_max_bytes / 1e6:.0f} MB, least-recently-used entries evicted beyond it"
            if workspace.cache_max_bytes else "no size cap (`[cache] max_size_mb`)")
     count = f"{entries} entr{'y' if entries == 1 else 'ies'}"
-    print(f"local cache: {workspace.cache_dir}: {count}, {size / 1e6:.1f} MB; {cap}")
+    say(f"local cache: {workspace.cache_dir}: {count}, {size / 1e6:.1f} MB; {cap}")
     remote = workspace.remote
     if remote is None:
-        print('remote cache: none (`[cache] remote` or EPBUILD_CACHE_REMOTE = "s3://BUCKET/PREFIX")')
+        say('remote cache: none (`[cache] remote` or EPBUILD_CACHE_REMOTE = "s3://BUCKET/PREFIX")')
         return
     settings = remote.settings()
     mode = "read-only (EPBUILD_CACHE_READONLY)" if settings["readonly"] else "read-write"
     signing = ("entries signed and checked with EPBUILD_CACHE_SIGNING_KEY" if settings["signed"] else
                "entries unsigned (EPBUILD_CACHE_SIGNING_KEY signs them and refuses unsigned ones)")
     reachable = "reachable" if settings["reachable"] is True else f"unreachable: {settings['reachable']}"
-    print(f"remote cache: {settings['url']} at {settings['endpoint']}: {reachable}; {mode}; {signing}")
+    say(f"remote cache: {settings['url']} at {settings['endpoint']}: {reachable}; {mode}; {signing}")
 
 

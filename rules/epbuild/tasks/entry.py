@@ -6,6 +6,7 @@ and no task is made, else the project is loaded in full (`definitions.load_full_
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import signal
@@ -45,6 +46,17 @@ def quiet_when_piped(invocation: Invocation) -> None:
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
 
 
+def whole_lines(stream: Any) -> None:
+    """Flush at every line: doit's `-n` workers (forked from this process, with this stream) and this process
+    write to one stdout, which is a pipe in CI and block-buffered there, so a block could end mid-line and another
+    process's line land inside it (a task's `.  name` line lost from the log). A whole line is one write, and a
+    pipe never splits a write that small."""
+    reconfigure = getattr(stream, "reconfigure", None)
+    if reconfigure is not None:
+        with contextlib.suppress(ValueError, OSError):  # a closed or foreign stream: as it is
+            reconfigure(line_buffering=True)
+
+
 def manifest_path() -> Path:
     """The manifest of the project in doit's working folder: models.toml, or EPBUILD_MANIFEST (relative to it)."""
     return Path.cwd() / (os.environ.get("EPBUILD_MANIFEST") or "models.toml")
@@ -60,6 +72,7 @@ def load(manifest: Path, invocation: Invocation) -> Any:
     leave."""
     sys.excepthook = interrupted
     quiet_when_piped(invocation)
+    whole_lines(sys.stdout)
     configure_logging()
     if "doit.loader" in sys.modules:  # a doit process, which consumes the generators
         gc.disable()
