@@ -224,3 +224,24 @@ def test_a_ledger_folder_is_made_or_refused_in_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("EPBUILD_MEMORY_LEDGER", str(tmp_path / "file" / "ledger"))
     with pytest.raises(UserError, match=r"cannot make the ledger's folder \(Not a directory\)"):
         memory_ledger.ledger_path()
+
+
+def test_a_job_behind_another_in_line_says_so_even_when_nothing_runs(ledger, capsys):
+    """First come, first admitted: a job that waits behind another build's queued job (nothing running) names the
+    line it waits in, not only what runs (`0 job(s) hold 0 MB` alone read as waiting for nothing)."""
+    import threading
+
+    from epbuild.execute.child import _waiting
+    from epbuild.files.owners import owner_tag
+    from epbuild.manifest.builds import Limits
+
+    path = ledger / "memory.json"
+    path.write_text(json.dumps({"running": [], "waiting": [{"id": "0", "owner": owner_tag(), "mb": 50, "what": "x"}]}))
+    threading.Timer(0.3, lambda: memory_ledger._leave(path, {"id": "0"})).start()
+    limits = Limits(60, expected_mb=80.0)
+    with memory_ledger.admitted(80.0, "compile m@t", 100.0, path,
+                                on_wait=lambda *said: _waiting("compile m@t", limits, 100.0, *said)) as waited:
+        assert waited > 0.2
+    assert capsys.readouterr().out.splitlines() == [
+        "waiting for memory: compile m@t expects 80 MB; 0 job(s) hold 0 MB of the 100 MB budget, 1 job(s) ahead in "
+        "line (0 s so far)"]

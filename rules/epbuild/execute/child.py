@@ -108,9 +108,12 @@ def _wait(child: _PlainChild | ForkedJob, limits: Limits, what: str) -> tuple[in
         pause = min(pause * 2, 0.1)
 
 
-def _waiting(what: str, limits: Limits, budget: float | None, seconds: float, held: float, jobs: int) -> None:
+def _waiting(what: str, limits: Limits, budget: float | None, seconds: float, held: float, jobs: int,
+             ahead: int = 0) -> None:
+    """The waiting line: what runs holds, and the jobs in line before this one (first come, first admitted)."""
+    line = f", {ahead} job(s) ahead in line" if ahead else ""
     say(f"waiting for memory: {what} expects {limits.expected_mb:.0f} MB; {jobs} job(s) hold {held:.0f} MB of the "
-          f"{budget:.0f} MB budget ({seconds:.0f} s so far)")
+        f"{budget:.0f} MB budget{line} ({seconds:.0f} s so far)")
 
 
 def run_child(module: str, request: dict[str, Any], workdir: Path, limits: Limits, what: str,

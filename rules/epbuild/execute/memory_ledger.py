@@ -129,8 +129,9 @@ def _fits(state: dict[str, list[dict[str, Any]]], entry: dict[str, Any], budget:
 def admitted(expected_mb: float, what: str, budget: float | None, path: Path | None = None,
              on_wait: Any = None) -> Iterator[float]:
     """Hold `expected_mb` of the budget while the block runs (the job), after waiting for it in line: yields the
-    seconds waited. `on_wait(seconds, held_mb, jobs)` is called when it first has to wait and every `SAY_EVERY_S`
-    after (a console line), with what the running jobs hold. With `budget` None, nothing is held."""
+    seconds waited. `on_wait(seconds, held_mb, jobs, ahead)` is called when it first has to wait and every
+    `SAY_EVERY_S` after (a console line), with what the running jobs hold and how many jobs wait before it (of
+    any build of this host). With `budget` None, nothing is held."""
     path = path or ledger_path()
     if budget is None or path is None:
         yield 0.0
@@ -149,9 +150,10 @@ def admitted(expected_mb: float, what: str, budget: float | None, path: Path | N
                     state["running"].append(entry)
                     break
                 held, jobs = sum(e["mb"] for e in state["running"]), len(state["running"])
+                ahead = next(i for i, e in enumerate(state["waiting"]) if e["id"] == entry["id"])
             now = time.monotonic()
             if on_wait is not None and (said is None or now - said >= SAY_EVERY_S):
-                on_wait(now - started, held, jobs)
+                on_wait(now - started, held, jobs, ahead)
                 said = now
             time.sleep(pause)
             pause = min(pause * 2, POLL_S[1])
