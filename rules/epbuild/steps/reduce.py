@@ -161,7 +161,8 @@ def reduce_failure(build: Build, workspace: Workspace, folder: Path, budget_s: f
     work = folder / "probes"
     everything = list(range(len(graph)))
     probes = _Probes(folder, "compile")
-    whole = _compile_probe(build, workspace, graph, probes, work, deadline)(everything)
+    probe = _compile_probe(build, workspace, graph, probes, work, deadline)
+    whole = probe(everything)
     kind, thresholds, feeds = "compile", {}, {}
     if whole == PASSES:
         thresholds = _failed_thresholds(build, workspace)
@@ -172,8 +173,6 @@ def reduce_failure(build: Build, workspace: Workspace, folder: Path, budget_s: f
         if whole != DEPARTS:
             raise BuildError(f"{build.task} compiles and its whole model holds the thresholds of the failed "
                              f"{build.validate_task} on these values ({whole or 'passes'}): nothing to reduce")
-    else:
-        probe = _compile_probe(build, workspace, graph, probes, work, deadline)
     said = (probes.messages.get(whole) or whole).strip().splitlines()[0][:200]
     say(f"reducing {build.task if kind == 'compile' else build.validate_task}: {len(graph)} nodes "
         f"{'fail with' if kind == 'compile' else 'give'}: {said}")
@@ -208,26 +207,26 @@ def _cut(graph: Subgraphs, indices: list[int], work: Path, name: str, probes: _P
         return key, None
 
 
-def _compile_probe(build: Build, workspace: Workspace, graph: Subgraphs, probes: _Probes, work: Path,
-                   deadline: float) -> Callable[[list[int]], str]:
-    limits = build_limits(build, workspace, "compile")
+def _probe_with(build: Build, workspace: Workspace, graph: Subgraphs, probes: _Probes, work: Path, deadline: float,
+                kind: str, module: str, request_for: Callable[[Path], dict[str, Any]],
+                judged: Callable[[dict[str, Any]], str]) -> Callable[[list[int]], str]:
+    """A probe: the subgraph cut and saved, `module`'s child job run on it in the EP's fork server within the `kind`
+    child's limits and the time left, its answer `judged` (a failure of the job is judged by its stem), the
+    outcome kept by the subgraph's content."""
+    limits = build_limits(build, workspace, kind)
 
     def probe(indices: list[int]) -> str:
         key, path = _cut(graph, indices, work, build.members[0].model_file, probes)
         if path is None:
             return probes.known[key]
-        request = compile_request(build, path.parent / "out")
-        request["members"][0].update(model=str(path), inputs={}, weights=None, external_data=None)
         probes.counted += 1
         what = f"reduce {build.name}: probe {probes.counted} ({len(indices)} nodes)"
         left = max(5.0, deadline - time.monotonic())
         try:
-            answer = run_child("epbuild.steps.compile", request, path.parent / "out",
-                               dataclasses.replace(limits, timeout_s=min(limits.timeout_s, left)), what,
-                               path.parent / "probe.log", ep=build.target.ep.fork_server,
-                               expect=workspace.provenance)
-            probes.sdk = probes.sdk or (answer.get("members") or [{}])[0].get("ep_sdk_version")
-            outcome = PASSES
+            outcome = judged(run_child(module, request_for(path), path.parent / "out",
+                                       dataclasses.replace(limits, timeout_s=min(limits.timeout_s, left)), what,
+                                       path.parent / "probe.log", ep=build.target.ep.fork_server,
+                                       expect=workspace.provenance))
         except (BuildError, ModelError) as exc:
             outcome = probes.failed(str(exc).removeprefix(f"{what}: "), path.parent / "probe.log")
         finally:
@@ -235,6 +234,21 @@ def _compile_probe(build: Build, workspace: Workspace, graph: Subgraphs, probes:
         return probes.keep(key, outcome)
 
     return probe
+
+
+def _compile_probe(build: Build, workspace: Workspace, graph: Subgraphs, probes: _Probes, work: Path,
+                   deadline: float) -> Callable[[list[int]], str]:
+    def request_for(path: Path) -> dict[str, Any]:
+        request = compile_request(build, path.parent / "out")
+        request["members"][0].update(model=str(path), inputs={}, weights=None, external_data=None)
+        return request
+
+    def judged(answer: dict[str, Any]) -> str:
+        probes.sdk = probes.sdk or (answer.get("members") or [{}])[0].get("ep_sdk_version")
+        return PASSES
+
+    return _probe_with(build, workspace, graph, probes, work, deadline, "compile", "epbuild.steps.compile",
+                       request_for, judged)
 
 
 def _failed_thresholds(build: Build, workspace: Workspace) -> dict[str, float]:
@@ -277,30 +291,17 @@ def _tensors(build: Build, workspace: Workspace, graph: Subgraphs, weights: Path
 
 def _divergence_probe(build: Build, workspace: Workspace, graph: Subgraphs, probes: _Probes, work: Path,
                       tensors: Path, thresholds: dict[str, float], deadline: float) -> Callable[[list[int]], str]:
-    limits = build_limits(build, workspace, "validate")
     target = build.target
 
-    def probe(indices: list[int]) -> str:
-        key, path = _cut(graph, indices, work, build.members[0].model_file, probes)
-        if path is None:
-            return probes.known[key]
-        probes.counted += 1
-        what = f"reduce {build.name}: probe {probes.counted} ({len(indices)} nodes)"
-        left = max(5.0, deadline - time.monotonic())
-        try:
-            answer = run_child("epbuild.steps.reduce_probe",
-                               {"kind": "departs", "model": str(path), "tensors": str(tensors),
-                                "ep": target.ep.alias, "device": target.device,
-                                "options": target.session_options(), "thresholds": thresholds},
-                               path.parent / "out", dataclasses.replace(limits, timeout_s=min(limits.timeout_s, left)),
-                               what, path.parent / "probe.log", ep=target.ep.fork_server, expect=workspace.provenance)
-            outcome = DEPARTS if answer["departs"] else PASSES
-            if outcome == DEPARTS and DEPARTS not in probes.messages:
-                probes.messages[DEPARTS] = f"{DEPARTS}: worst SNR {answer['snr_db']} dB, thresholds {thresholds}"
-        except (BuildError, ModelError) as exc:
-            outcome = probes.failed(str(exc).removeprefix(f"{what}: "), path.parent / "probe.log")
-        finally:
-            shutil.rmtree(path.parent, ignore_errors=True)
-        return probes.keep(key, outcome)
+    def request_for(path: Path) -> dict[str, Any]:
+        return {"kind": "departs", "model": str(path), "tensors": str(tensors), "ep": target.ep.alias,
+                "device": target.device, "options": target.session_options(), "thresholds": thresholds}
 
-    return probe
+    def judged(answer: dict[str, Any]) -> str:
+        if not answer["departs"]:
+            return PASSES
+        probes.messages.setdefault(DEPARTS, f"{DEPARTS}: worst SNR {answer['snr_db']} dB, thresholds {thresholds}")
+        return DEPARTS
+
+    return _probe_with(build, workspace, graph, probes, work, deadline, "validate", "epbuild.steps.reduce_probe",
+                       request_for, judged)

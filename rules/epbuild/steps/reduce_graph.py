@@ -104,7 +104,8 @@ class Subgraphs:
         return model
 
     def key(self, indices: Iterable[int]) -> str:
-        """A subgraph's content key: the nodes it holds (as the model orders them) and the model they come from."""
+        """A subgraph's content key: the nodes it holds, as the model orders them (weights are named by them; the
+        probes of one build's model share a repro folder)."""
         digest = hashlib.sha256()
         for index in sorted(set(indices)):
             digest.update(self.nodes[index].SerializeToString())
