@@ -9,6 +9,7 @@ import sys
 import time
 
 from epbuild.execute.child import serve
+from epbuild.execute.forked_jobs import Handoff
 
 
 def _misbehave(request: dict) -> dict:
@@ -37,9 +38,9 @@ def _misbehave(request: dict) -> dict:
     return {"pid": os.getpid(), "started": started, "ended": time.time()}
 
 
-def main() -> None:
+def main(handoff: Handoff | None = None) -> None:
     """`python -m` this module, or a fork server's child or warm worker, runs this."""
-    serve(_misbehave)
+    serve(_misbehave, handoff)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from conftest import REPO, SOURCE, Project
 from epbuild.errors import BuildError
 from epbuild.execute.child import run_child
 from epbuild.execute.fork_server import SWITCH, fork_job
+from epbuild.execute.links import Links
 from epbuild.manifest.builds import Limits
 from helpers import OPENVINO_CPU_TARGET, TWO_MODELS_CPU_QNN, WAIT_S, job_processes, tree_bytes, wait_for
 
@@ -56,6 +57,14 @@ def test_warm_workers_forked_and_fresh_children_give_byte_identical_artifacts(tm
 
 
 @pytest.fixture
+def links():
+    """A build's links (`execute.links`): its warm workers kept from job to job, let go at the end."""
+    made = Links()
+    yield made
+    made.close()
+
+
+@pytest.fixture
 def crash_child(monkeypatch):
     """tests/ on this process's path: the forked child gets it from the request, a fresh one from PYTHONPATH."""
     monkeypatch.setenv("PYTHONPATH", f"{REPO / 'tests'}{os.pathsep}{SOURCE}")
@@ -63,23 +72,26 @@ def crash_child(monkeypatch):
 
 @pytest.mark.parametrize("mode", ["1", "fork", "0"])
 @pytest.mark.parametrize("signal_name", ["SIGSEGV", "SIGABRT"])
-def test_a_crash_ends_only_its_job(tmp_path, monkeypatch, crash_child, mode, signal_name):
+def test_a_crash_ends_only_its_job(tmp_path, monkeypatch, crash_child, mode, signal_name, links):
     monkeypatch.setenv(SWITCH, mode)
-    before = run_child("crash_child", {"action": "sleep"}, tmp_path / "a", Limits(60), "validate m@t", reuse=True)
+    before = run_child("crash_child", {"action": "sleep"}, tmp_path / "a", Limits(60), "validate m@t", reuse=True,
+                       links=links)
     with pytest.raises(BuildError, match=f"validate m@t: the child process was killed by {signal_name}"):
         run_child("crash_child", {"action": "signal", "signal": signal_name}, tmp_path / "b", Limits(60),
-                  "validate m@t", reuse=True)
-    answer = run_child("crash_child", {"action": "sleep"}, tmp_path / "c", Limits(60), "validate m@t", reuse=True)
+                  "validate m@t", reuse=True, links=links)
+    answer = run_child("crash_child", {"action": "sleep"}, tmp_path / "c", Limits(60), "validate m@t", reuse=True,
+                       links=links)
     assert answer["usage"]["peak_mb"] > 0  # the server (or a fresh child) serves the next job
     assert answer["pid"] != before["pid"]  # a warm worker died with the crash: a new one runs the next job
 
 
 @pytest.mark.parametrize("mode", ["1", "fork", "0"])
 def test_a_crash_keeps_the_cpp_exception_and_the_eps_errors_without_colour_codes(tmp_path, monkeypatch, crash_child,
-                                                                                mode):
+                                                                                mode, links):
     monkeypatch.setenv(SWITCH, mode)
     with pytest.raises(BuildError) as raised:
-        run_child("crash_child", {"action": "cpp_abort"}, tmp_path / "a", Limits(60), "compile m@t", reuse=True)
+        run_child("crash_child", {"action": "cpp_abort"}, tmp_path / "a", Limits(60), "compile m@t", reuse=True,
+                  links=links)
     message = str(raised.value)
     assert message.startswith("compile m@t: the child process was killed by SIGABRT")
     assert "terminate called after throwing an instance of 'std::runtime_error'" in message
@@ -88,28 +100,31 @@ def test_a_crash_keeps_the_cpp_exception_and_the_eps_errors_without_colour_codes
 
 
 @pytest.mark.parametrize("mode", ["1", "fork", "0"])
-def test_a_job_that_ends_without_its_answer_is_a_failure_never_a_success(tmp_path, monkeypatch, crash_child, mode):
+def test_a_job_that_ends_without_its_answer_is_a_failure_never_a_success(tmp_path, monkeypatch, crash_child, mode,
+                                                                         links):
     monkeypatch.setenv(SWITCH, mode)
     with pytest.raises(BuildError, match="compile m@t: the child exited without its answer"):
-        run_child("crash_child", {"action": "vanish"}, tmp_path / "a", Limits(60), "compile m@t", reuse=True)
+        run_child("crash_child", {"action": "vanish"}, tmp_path / "a", Limits(60), "compile m@t", reuse=True,
+                  links=links)
 
 
 @pytest.mark.parametrize("mode", ["1", "fork"])
-def test_a_hung_job_is_killed_at_its_timeout(tmp_path, monkeypatch, crash_child, mode):
+def test_a_hung_job_is_killed_at_its_timeout(tmp_path, monkeypatch, crash_child, mode, links):
     monkeypatch.setenv(SWITCH, mode)
     started = time.monotonic()
     with pytest.raises(BuildError, match="timed out after 1 s; killed"):
         run_child("crash_child", {"action": "sleep", "seconds": 120}, tmp_path / "a", Limits(1), "compile m@t",
-                  reuse=True)
+                  reuse=True, links=links)
     assert time.monotonic() - started < 30
-    assert run_child("crash_child", {"action": "sleep"}, tmp_path / "b", Limits(60), "compile m@t", reuse=True)
+    assert run_child("crash_child", {"action": "sleep"}, tmp_path / "b", Limits(60), "compile m@t", reuse=True,
+                     links=links)
 
 
 def test_a_warm_worker_runs_job_after_job_each_with_its_own_environment_folder_and_peak(tmp_path, monkeypatch,
-                                                                                 crash_child):
+                                                                                 crash_child, links):
     def job(folder: str, request: dict, memory_gb: float | None = None) -> dict:
         return run_child("crash_child", request, tmp_path / folder, Limits(60, memory_gb), "validate m@t",
-                         reuse=True)
+                         reuse=True, links=links)
 
     monkeypatch.setenv(SWITCH, "1")
     monkeypatch.setenv("EPBUILD_TEST_MARK", "first")
@@ -130,12 +145,12 @@ def test_a_warm_worker_runs_job_after_job_each_with_its_own_environment_folder_a
     assert job("f", {"action": "sleep"})["pid"] != first["pid"]
 
 
-def test_a_job_that_leaves_a_thread_running_retires_its_warm_worker(tmp_path, monkeypatch, crash_child):
+def test_a_job_that_leaves_a_thread_running_retires_its_warm_worker(tmp_path, monkeypatch, crash_child, links):
     """A worker is forked with one thread; a job that leaves another behind (an EP's threads that outlive its
     session) ends the worker, threads and all, and the next job gets a new one."""
     def job(folder: str, action: str) -> dict:
         return run_child("crash_child", {"action": action}, tmp_path / folder, Limits(60), "validate m@t",
-                         reuse=True)
+                         reuse=True, links=links)
 
     monkeypatch.setenv(SWITCH, "1")
     first = job("a", "sleep")
@@ -150,22 +165,21 @@ def test_a_job_that_leaves_a_thread_running_retires_its_warm_worker(tmp_path, mo
         time.sleep(0.05)
 
 
-def test_a_warm_worker_is_leased_to_one_thread_at_a_time(tmp_path, monkeypatch, crash_child):
+def test_a_warm_worker_is_leased_to_one_thread_at_a_time(tmp_path, monkeypatch, crash_child, links):
     """Each thread's jobs go to a worker of its own (so a kill after a late end can only hit that thread's own
     worker); a worker its client let go serves the next client."""
     import threading
 
-    from epbuild.execute import fork_server
 
     monkeypatch.setenv(SWITCH, "1")
 
     def job(folder: str) -> int:
         return run_child("crash_child", {"action": "sleep"}, tmp_path / folder, Limits(60), "compile m@t",
-                         reuse=True)["pid"]
+                         reuse=True, links=links)["pid"]
 
     def in_thread(folder: str, holding: list) -> None:
         holding.append(job(folder))
-        lease = next(lease for lease in list(fork_server._LEASES.values())
+        lease = next(lease for lease in list(links.leases.values())
                      if lease.key[1:] == (os.getpid(), threading.get_ident()))
         holding.append(lease)
 
@@ -236,13 +250,13 @@ def test_a_lease_peek_leaves_the_connection_blocking_for_the_worker_that_reads_i
         sock.close()
 
 
-def test_a_forked_job_starts_in_milliseconds(tmp_path, crash_child):
+def test_a_forked_job_starts_in_milliseconds(tmp_path, crash_child, links):
     (tmp_path / "request.json").write_text(json.dumps({"action": "sleep", "seconds": 0}))
-    first = fork_job("crash_child", "", ["request.json", "result.json"], tmp_path / "out.txt", tmp_path)
+    first = fork_job(links, "crash_child", "", ["request.json", "result.json"], tmp_path / "out.txt", tmp_path)
     assert first is not None  # a server answers on Linux
     while first.poll() is None:
         time.sleep(0.01)
-    job = fork_job("crash_child", "", ["request.json", "result.json"], tmp_path / "out.txt", tmp_path)
+    job = fork_job(links, "crash_child", "", ["request.json", "result.json"], tmp_path / "out.txt", tmp_path)
     while (ended := job.poll()) is None:
         time.sleep(0.002)
     assert ended[0] == 0 and json.loads((tmp_path / "result.json").read_text())["pid"] == job.pid
@@ -274,17 +288,17 @@ def test_a_server_whose_socket_is_replaced_leaves(tmp_path):
             server.wait()
 
 
-def test_without_fork_the_plain_child_path_runs(tmp_path, monkeypatch, crash_child):
+def test_without_fork_the_plain_child_path_runs(tmp_path, monkeypatch, crash_child, links):
     monkeypatch.delattr(os, "fork")  # as on Windows
-    assert fork_job("crash_child", "", ["r.json", "s.json"], tmp_path / "o.txt", tmp_path) is None
+    assert fork_job(links, "crash_child", "", ["r.json", "s.json"], tmp_path / "o.txt", tmp_path) is None
     assert run_child("crash_child", {"action": "sleep", "seconds": 0}, Path(tmp_path), Limits(60), "x")["usage"]
 
 
-def test_a_first_full_build_starts_its_fork_servers_while_it_loads(project, monkeypatch):
+def test_a_first_full_build_starts_its_fork_servers_while_it_loads(project, monkeypatch, links):
     import epbuild.tasks.loading
 
     started: list[set[str]] = []
-    monkeypatch.setattr(epbuild.tasks.loading, "prestart", lambda servers, expect=None: started.append(servers))
+    monkeypatch.setattr(epbuild.tasks.loading, "prestart", lambda links, servers, expect=None: started.append(servers))
     monkeypatch.chdir(project.root)
     project.manifest(TWO_MODELS_CPU_QNN)
     manifest = project.root / "models.toml"
@@ -297,7 +311,7 @@ def test_a_first_full_build_starts_its_fork_servers_while_it_loads(project, monk
     assert len(started) == 1
 
 
-def test_a_prestarted_server_serves_the_first_job(monkeypatch, crash_child):
+def test_a_prestarted_server_serves_the_first_job(monkeypatch, crash_child, links):
     import shutil
     import tempfile
 
@@ -306,14 +320,15 @@ def test_a_prestarted_server_serves_the_first_job(monkeypatch, crash_child):
     servers = Path(tempfile.mkdtemp(prefix="epb", dir="/tmp"))  # a server of this test's own (socket paths are short)
     monkeypatch.setattr(tempfile, "tempdir", str(servers))
     try:
-        fork_server.prestart({""})
+        fork_server.prestart(links, {""})
         log = next((servers / f"epbuild-fork-{os.getuid()}").glob("*.log"))
         deadline = time.monotonic() + 120
         while not log.with_suffix(".sock").exists() and time.monotonic() < deadline and "Traceback" not in \
                 log.read_text():
             time.sleep(0.05)
         assert log.with_suffix(".sock").exists(), log.read_text()  # serving before any job asked for it
-        answer = run_child("crash_child", {"action": "sleep"}, servers / "job", Limits(60), "compile m@t", reuse=True)
+        answer = run_child("crash_child", {"action": "sleep"}, servers / "job", Limits(60), "compile m@t", reuse=True,
+                           links=links)
         assert answer["pid"] > 0
     finally:
         shutil.rmtree(servers)  # its socket gone, the server leaves
@@ -330,10 +345,10 @@ def test_a_long_tmpdir_keeps_the_sockets_under_tmp(tmp_path, monkeypatch):
     assert fork_server._folder() == Path("/tmp") / f"epbuild-fork-{os.getuid()}"  # a socket path fits in 107 bytes
 
 
-def test_a_warm_worker_takes_its_request_and_answers_over_the_lease(tmp_path, monkeypatch, crash_child):
+def test_a_warm_worker_takes_its_request_and_answers_over_the_lease(tmp_path, monkeypatch, crash_child, links):
     monkeypatch.setenv(SWITCH, "1")
     absent = [str(tmp_path / "no-request.json"), str(tmp_path / "no-result.json")]  # never read nor written
-    job = fork_job("crash_child", "", absent, tmp_path / "out.txt", tmp_path, reuse=True,
+    job = fork_job(links, "crash_child", "", absent, tmp_path / "out.txt", tmp_path, reuse=True,
                    job={"action": "env", "name": SWITCH})
     while (ended := job.wait(0.1)) is None:
         pass
@@ -369,7 +384,8 @@ def test_a_killed_build_leaves_no_job_running(project, mode, signal_name):
 
 @pytest.mark.parametrize("reuse", [False, True], ids=["forked child", "warm worker"])
 @pytest.mark.parametrize("limit", ["time", "memory"])
-def test_the_server_holds_a_jobs_limits_when_its_client_does_not(tmp_path, monkeypatch, crash_child, reuse, limit):
+def test_the_server_holds_a_jobs_limits_when_its_client_does_not(tmp_path, monkeypatch, crash_child, reuse, limit,
+                                                                 links):
     """A client that never polls (as a build process stopped or stuck would): the server kills the job itself."""
     monkeypatch.setenv(SWITCH, "1")
     request = {"action": "allocate", "mb": 600, "seconds": 60} if limit == "memory" else {"action": "sleep",
@@ -377,7 +393,8 @@ def test_the_server_holds_a_jobs_limits_when_its_client_does_not(tmp_path, monke
     limits = {"max_memory_gb": 0.2} if limit == "memory" else {"timeout_s": 1}
     (tmp_path / "request.json").write_text(json.dumps(request))
     started = time.monotonic()
-    job = fork_job("crash_child", "", ["request.json", "result.json"], tmp_path / "out.txt", tmp_path, reuse=reuse,
+    job = fork_job(links, "crash_child", "", ["request.json", "result.json"], tmp_path / "out.txt", tmp_path,
+                   reuse=reuse,
                    job=request, limits=limits)
     while (ended := job.wait(0.2)) is None and time.monotonic() - started < 30:
         pass

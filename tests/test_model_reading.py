@@ -168,7 +168,7 @@ def test_a_run_after_a_model_changed_starts_its_targets_servers_while_it_reads(p
                                                 'path = "models/tinycnn.onnx"\ntargets = ["cpu"]'))
     project.doit()
     started: list[set[str]] = []
-    monkeypatch.setattr(loading, "prestart", lambda aliases, expect=None: started.append(set(aliases)))
+    monkeypatch.setattr(loading, "prestart", lambda links, aliases, expect=None: started.append(set(aliases)))
     monkeypatch.chdir(project.root)
     for name, value in project.env.items():
         monkeypatch.setenv(name, value)

@@ -24,12 +24,16 @@ import sys
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import BuildError, UserError
 from .execute.executor import cpu_class
 from .execute.python_path import child_import_path
 from .files.layout import Layout
+
+if TYPE_CHECKING:
+    from .execute.links import Links
+    from .store.cache import Workspace
 
 RESOURCE_AMOUNT = 1000  # resources route jobs; the worker's thread count limits concurrency
 LOG_CAP = 1 << 20  # bytes of each log a job sends back: its end, where the errors are
@@ -98,14 +102,14 @@ def _outputs(folder: Path) -> dict[str, bytes]:
     return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def _through_remote(job: dict[str, Any], scratch: Path) -> bool:
+def _through_remote(job: dict[str, Any], scratch: Path, links: Links) -> bool:
     """Upload the outputs as the entry of the job's fingerprint (this worker's AWS settings and signing key);
     False when the remote is read-only here, and the outputs travel in the result instead. A remote this worker
     cannot use fails the job, so the coordinator shows why (a worker without the bucket's credentials)."""
     from .files.hashing import sha256_file
     from .store.remote_cache import connect
 
-    remote = connect(job["remote"])
+    remote = connect(links, job["remote"])
     names = sorted(p.relative_to(scratch).as_posix() for p in scratch.rglob("*") if p.is_file())
     digests = {name: sha256_file(scratch / name) for name in names}
     remote.upload(job["fingerprint"], scratch, digests, job["identity"], job["task"])
@@ -141,10 +145,6 @@ def _logs(artifacts: Path) -> dict[str, bytes]:
 
 
 def _run_job(job: dict[str, Any], base: Path, root: Path) -> dict[str, Any]:
-    from .steps.compilers import compiler
-    from .steps.preprocess import produce_stage
-    from .steps.toolchains import supported_operators
-    from .steps.validate import validate
     from .store.cache import Workspace
 
     _check_versions(job)
@@ -156,7 +156,18 @@ def _run_job(job: dict[str, Any], base: Path, root: Path) -> dict[str, Any]:
     if job["kind"] != "stage" and what.target.compiler in ("qaic", "qairt"):  # this host's SDK, as advertised
         what = dataclasses.replace(what, target=dataclasses.replace(what.target, sdk_root=None))
     workspace = Workspace(root / "artifacts", base / "cache", None)
-    scratch = root / ".job-output"
+    try:  # the job's leases and remote connection are its own, let go when it ends
+        return _produce(job, what, workspace, root / ".job-output")
+    finally:
+        workspace.links.close()
+
+
+def _produce(job: dict[str, Any], what: Any, workspace: Workspace, scratch: Path) -> dict[str, Any]:
+    from .steps.compilers import compiler
+    from .steps.preprocess import produce_stage
+    from .steps.toolchains import supported_operators
+    from .steps.validate import validate
+
     scratch.mkdir(parents=True)
     result: dict[str, Any] = {}
     if job["kind"] == "compile":
@@ -169,7 +180,7 @@ def _run_job(job: dict[str, Any], base: Path, root: Path) -> dict[str, Any]:
         return {"answer": sorted(operators), "version": toolchain.version, "files": {}, "digests": {}}
     else:
         result["report"] = validate(what, workspace, scratch)
-    if job.get("remote") and _through_remote(job, scratch):
+    if job.get("remote") and _through_remote(job, scratch, workspace.links):
         return {**result, "files": {}, "digests": {}, "via_remote": True}
     files = _outputs(scratch)
     size = sum(len(data) for data in files.values())

@@ -33,6 +33,7 @@ from .fork_server import ForkedJob, fork_job, leases_in_use
 from .forked_jobs import resident_bytes
 from .job_environment import job_environment
 from .lifelines import DIE_WITH, die_with_parent
+from .links import Links
 from .memory_ledger import admitted, budget_mb
 from .provenance import Provenance
 
@@ -118,18 +119,21 @@ def _waiting(what: str, limits: Limits, budget: float | None, seconds: float, he
 
 def run_child(module: str, request: dict[str, Any], workdir: Path, limits: Limits, what: str,
               log: Path | None = None, *, ep: str = "", reuse: bool = False,
-              expect: Provenance | None = None) -> dict[str, Any]:
+              expect: Provenance | None = None, links: Links | None = None) -> dict[str, Any]:
     """Run `python -m module request.json result.json` within `limits`, forked by the fork server of EP alias
     `ep` ("" for CPU-only work) where it serves (with `reuse`, in one of its warm workers), else as a fresh
     process; return its result with `usage` (seconds, peak_mb) added, or raise BuildError naming `what` and the
     cause. The request carries what the build's fingerprints name (`expect`; None: what this process reads),
-    and the job refuses a process that loaded other versions or code."""
+    and the job refuses a process that loaded other versions or code. `links`: the build's (`execute.links`);
+    without them the job gets links of its own, let go when it ends."""
     workdir.mkdir(parents=True, exist_ok=True)
     # removed before returning, so `workdir` may be the folder the child writes its outputs into
     request_file, result_file = workdir / ".request.json", workdir / ".result.json"
     output_file = log if log is not None else workdir / ".output.txt"  # the child writes its log directly
     output_file.parent.mkdir(parents=True, exist_ok=True)
     request = {**request, "provenance": (expect.expected() if expect else provenance.expected())}
+    own_links = links is None
+    links = Links() if links is None else links
     inline = reuse and leases_in_use()  # a warm worker gets the request and answers over its lease
     if not inline:
         request_file.write_text(json.dumps(request))
@@ -142,7 +146,7 @@ def run_child(module: str, request: dict[str, Any], workdir: Path, limits: Limit
             if waited >= 0.05:
                 log_line(__name__, "debug", "%s: admitted after %.2f s waiting for %.0f MB", what, waited,
                          limits.expected_mb)
-            child = fork_job(module, ep, arguments, output_file, workdir, reuse, request if inline else None,
+            child = fork_job(links, module, ep, arguments, output_file, workdir, reuse, request if inline else None,
                              {"timeout_s": limits.timeout_s, "max_memory_gb": limits.max_memory_gb}, expect)
             if child is None:
                 if inline:
@@ -165,6 +169,8 @@ def run_child(module: str, request: dict[str, Any], workdir: Path, limits: Limit
         request_file.unlink(missing_ok=True)
         if log is None:
             output_file.unlink(missing_ok=True)
+        if own_links:
+            links.close()
     see_log = f" (full output: {log})" if log is not None else ""
     answer: dict[str, Any] | None = getattr(child, "result", None)
     if answer is None and result_file.exists():
@@ -209,15 +215,16 @@ def describe(exc: BaseException) -> dict[str, Any]:
     return {"error": f"{type(exc).__name__}: {text}", "internal": True}
 
 
-def serve(function: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
-    """The child's main: read the request, call `function`, write its result or its error as JSON."""
+def serve(function: Callable[[dict[str, Any]], dict[str, Any]], handoff: forked_jobs.Handoff | None = None) -> None:
+    """The child's main: read the request, call `function`, write its result or its error as JSON. In a warm
+    worker (`handoff`), the request may have come over the lease and the answer goes back so."""
     parent = os.environ.pop(DIE_WITH, None)  # a plain child: tied to the build process that started it
     if parent and parent.isdigit():
         die_with_parent(int(parent))
     configure_logging()
     request_file, result_file = Path(sys.argv[1]), Path(sys.argv[2])
-    inline = forked_jobs.INLINE_JOB  # in a warm worker: the request came over the lease, the answer goes back so
-    request = inline["request"] if inline is not None else json.loads(request_file.read_text())
+    inline = handoff.request if handoff is not None else None  # it came over the lease: no request file
+    request = inline if inline is not None else json.loads(request_file.read_text())
     try:
         refused = provenance.check(request.get("provenance"))
         if refused:
@@ -228,12 +235,12 @@ def serve(function: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
         traceback.print_exc()
         result = describe(exc)
         status = 1
-    if inline is not None:
-        inline["result"] = result
+    if handoff is not None and inline is not None:
+        handoff.result = result
     else:
         result_file.write_text(json.dumps(result))
     sys.stdout.flush()
     sys.stderr.flush()
-    if forked_jobs.REUSED_PROCESS:
+    if handoff is not None:
         sys.exit(status)  # back to the fork server's warm worker, which runs the next job
     os._exit(status)  # skip EP library teardown at exit, which can abort after a good compile

@@ -16,7 +16,6 @@ import os
 import pickle
 import platform
 import socket
-import threading
 import time
 import uuid
 from concurrent.futures import CancelledError
@@ -31,6 +30,7 @@ if TYPE_CHECKING:
     from ..manifest.builds import Build
     from ..manifest.stage import Stage
     from ..store.cache import Workspace
+    from .links import Links
 
 RESULT_CAP = 1 << 30  # bytes of outputs one Dask result may carry
 OUTSIDE = "_outside"  # where files from outside the coordinator's project land on a worker
@@ -68,17 +68,14 @@ def unreachable(settings: ExecutorSettings) -> str | None:
     return None
 
 
-_CLIENTS: dict[str, Any] = {}
-_CLIENTS_LOCK = threading.Lock()
-
-
-def _client(settings: ExecutorSettings) -> Any:
-    with _CLIENTS_LOCK:
-        if settings.address not in _CLIENTS:
+def _client(links: Links, settings: ExecutorSettings) -> Any:
+    """The build's client of the scheduler, made on its first job (never before doit forks its workers)."""
+    with links.lock:
+        if settings.address not in links.dask:
             from distributed import Client
 
-            _CLIENTS[settings.address] = Client(settings.address, timeout="10s", set_as_default=False)
-        return _CLIENTS[settings.address]
+            links.dask[settings.address] = Client(settings.address, timeout="10s", set_as_default=False)
+        return links.dask[settings.address]
 
 
 async def _identity(address: str) -> dict[str, Any]:
@@ -170,7 +167,7 @@ def _run(workspace: Workspace, kind: str, task: str, what: Any, inputs: list[Pat
 
     settings, root = workspace.executor, workspace.project_root
     assert settings is not None
-    client = _client(settings)
+    client = _client(workspace.links, settings)
     _wait_for_worker(client, needs, settings, task)
     files = {_relative(path, root): path.read_bytes() for path in dict.fromkeys(inputs)}
     job = {"kind": kind, "task": task, "what": what, "root": str(root), "files": files, "resources": needs,

@@ -45,7 +45,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..files.layout import stat_key
 from ..files.locks import file_lock
@@ -55,6 +55,9 @@ from . import private_folder
 from .forked_jobs import JobGuard, WorkerHandle, run_many, run_one
 from .job_environment import job_environment
 from .provenance import Provenance, record_loaded, versions
+
+if TYPE_CHECKING:
+    from .links import Links
 from .python_path import IMPORT_ROOT
 
 SWITCH = "EPBUILD_FORK_SERVER"  # "0": a plain child for every job; "fork": a forked child for every job, no warm
@@ -85,10 +88,7 @@ def _threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
-# ---- the client: in the build process ----
-
-_REFUSED: dict[str, str] = {}  # server key -> why it cannot serve (this process then uses plain children)
-_PRESTARTED: dict[str, tuple[subprocess.Popen, float]] = {}  # server key -> its starter, when it was run
+# ---- the client: in the build process, its state on the build's `Links` ----
 
 
 class _Lease:
@@ -96,27 +96,13 @@ class _Lease:
     server; the server only forks it, and reports its end should it die. Dropped after a failed job, a kill, or
     when the worker retires."""
 
-    def __init__(self, key: tuple[str, int, int], connection: socket.socket, pid: int):
-        self.key, self.connection, self.pid = key, connection, pid
+    def __init__(self, key: tuple[str, int, int], connection: socket.socket, pid: int, links: Links):
+        self.key, self.connection, self.pid, self.links = key, connection, pid, links
         self.killed = False
 
     def drop(self) -> None:
-        _LEASES.pop(self.key, None)
+        self.links.leases.pop(self.key, None)
         self.connection.close()
-
-
-_LEASES: dict[tuple[str, int, int], _Lease] = {}  # (server socket, process, thread) -> its warm worker
-
-
-def _forget_inherited_leases() -> None:
-    """In a child forked from the build process (doit -n): the parent's leases are not this process's to use, and
-    their copies here would keep the workers leased after the parent let them go."""
-    for lease in _LEASES.values():
-        lease.connection.close()
-    _LEASES.clear()
-
-
-os.register_at_fork(after_in_child=_forget_inherited_leases)
 
 
 class ForkedJob:
@@ -250,29 +236,29 @@ def _launch(alias: str, path: Path, log: Path) -> subprocess.Popen:
                                 cwd=path.parent)
 
 
-def prestart(aliases: set[str], expect: Provenance | None = None) -> None:
+def prestart(links: Links, aliases: set[str], expect: Provenance | None = None) -> None:
     """Start these EPs' servers now without waiting for them, so that their imports overlap the build's own
     start-up (the first job then finds its server ready, or waits less)."""
     if not enabled():
         return
     for alias in sorted(aliases):
         key = _server_key(alias, expect)
-        if key in _REFUSED or key in _PRESTARTED:
+        if key in links.refused or key in links.prestarted:
             continue
         path, log, _ = _paths(key)
         connection = _connect(path)
         if connection is not None:
             connection.close()
             continue
-        _PRESTARTED[key] = _launch(alias, path, log), time.monotonic()
+        links.prestarted[key] = _launch(alias, path, log), time.monotonic()
 
 
-def serving(alias: str, expect: Provenance | None = None) -> bool:
+def serving(links: Links, alias: str, expect: Provenance | None = None) -> bool:
     """Whether the EP's server is running, or was started by this process (its warm workers are cheap to use)."""
     if not enabled():
         return False
     key = _server_key(alias, expect)
-    if key in _PRESTARTED:
+    if key in links.prestarted:
         return True
     connection = _connect(_paths(key)[0])
     if connection is not None:
@@ -280,12 +266,12 @@ def serving(alias: str, expect: Provenance | None = None) -> bool:
     return connection is not None
 
 
-def _server(alias: str, expect: Provenance | None = None) -> socket.socket | None:
+def _server(links: Links, alias: str, expect: Provenance | None = None) -> socket.socket | None:
     """A connection to the EP's server, starting it when none answers; None when it refuses (not fork-safe)."""
     key = _server_key(alias, expect)
-    if key in _REFUSED:
+    if key in links.refused:
         return None
-    for starter, _ in _PRESTARTED.values():
+    for starter, _ in list(links.prestarted.values()):
         starter.poll()  # reaps a starter that has exited
     path, log, lock = _paths(key)
     connection = _connect(path)
@@ -295,7 +281,7 @@ def _server(alias: str, expect: Provenance | None = None) -> socket.socket | Non
         connection = _connect(path)
         if connection is not None:
             return connection
-        starter, started = _PRESTARTED.pop(key, (None, 0.0))
+        starter, started = links.prestarted.pop(key, (None, 0.0))
         # a server lives at least IDLE_S: prestarted since and not answering, it is still starting (or refused)
         if starter is None or time.monotonic() - started > IDLE_S:
             starter = _launch(alias, path, log)
@@ -307,10 +293,10 @@ def _server(alias: str, expect: Provenance | None = None) -> socket.socket | Non
                 return connection
             text = log.read_text(errors="replace")
             if "refused:" in text or "Traceback" in text:
-                _REFUSED[key] = text.strip().splitlines()[-1]
+                links.refused[key] = text.strip().splitlines()[-1]
                 return None
             time.sleep(0.01)
-    _REFUSED[key] = f"the fork server did not start within {START_TIMEOUT_S:.0f} s (log: {log})"
+    links.refused[key] = f"the fork server did not start within {START_TIMEOUT_S:.0f} s (log: {log})"
     return None
 
 
@@ -333,16 +319,16 @@ def _ask(connection: socket.socket, request: dict[str, Any]) -> ForkedJob | None
     return job
 
 
-def _lease(alias: str, expect: Provenance | None = None) -> _Lease | None:
+def _lease(links: Links, alias: str, expect: Provenance | None = None) -> _Lease | None:
     """This thread's warm worker on the EP's server, leased now if it holds none."""
     key = (str(_paths(_server_key(alias, expect))[0]), os.getpid(), threading.get_ident())
-    if key in _LEASES:
-        return _LEASES[key]
-    connection = _server(alias, expect)
+    if key in links.leases:
+        return links.leases[key]
+    connection = _server(links, alias, expect)
     answer = _ask(connection, {"lease": True, "client": owner_tag()}) if connection is not None else None
     if answer is None:
         return None
-    lease = _LEASES[key] = _Lease(key, connection, answer.pid)
+    lease = links.leases[key] = _Lease(key, connection, answer.pid, links)
     return lease
 
 
@@ -351,8 +337,8 @@ def leases_in_use() -> bool:
     return enabled() and os.environ.get(SWITCH) != "fork"
 
 
-def fork_job(module: str, alias: str, arguments: list[str], output: Path, workdir: Path, reuse: bool = False,
-             job: dict[str, Any] | None = None, limits: dict[str, float | None] | None = None,
+def fork_job(links: Links, module: str, alias: str, arguments: list[str], output: Path, workdir: Path,
+             reuse: bool = False, job: dict[str, Any] | None = None, limits: dict[str, float | None] | None = None,
              expect: Provenance | None = None) -> ForkedJob | None:
     """Ask the EP's server (alias "" for CPU-only work) to fork `python -m module *arguments` in `workdir` with
     stdout and stderr into `output`, or with `reuse` to run it in this thread's warm worker (which takes `job`,
@@ -366,7 +352,7 @@ def fork_job(module: str, alias: str, arguments: list[str], output: Path, workdi
         if job is not None:
             request["job"] = job
         for _ in range(2):  # a worker that retired or died since its last job: lease another once
-            lease = _lease(alias, expect)
+            lease = _lease(links, alias, expect)
             if lease is None:
                 return None
             try:
@@ -375,7 +361,7 @@ def fork_job(module: str, alias: str, arguments: list[str], output: Path, workdi
             except OSError:
                 lease.drop()
         return None
-    connection = _server(alias, expect)
+    connection = _server(links, alias, expect)
     return _ask(connection, request) if connection is not None else None
 
 

@@ -28,9 +28,18 @@ from typing import Any
 WORKER_MAX_JOBS = 200
 WORKER_MAX_GROWTH_MB = 256
 ALARM_GRACE_S = 2.0  # a warm worker's own time limit trails its client's, so a living client reports first
-REUSED_PROCESS = False  # set in a warm worker, which runs one job after another (`child.serve` returns there)
-# In a warm worker, the job's request as its client sent it over the lease, and serve()'s answer for it: no files.
-INLINE_JOB: dict[str, Any] | None = None
+
+
+class Handoff:
+    """A warm worker's job as the worker hands it to the job module's main() (`run_module`): the request when it
+    came over the lease (None: the module reads its request file) and the answer the module leaves for it (no
+    files). Its presence tells `child.serve` that the process runs one job after another: return, never exit."""
+
+    __slots__ = ("request", "result")
+
+    def __init__(self, request: dict[str, Any] | None = None):
+        self.request = request
+        self.result: dict[str, Any] | None = None
 
 
 def enter_job(request: dict[str, Any]) -> None:
@@ -58,12 +67,16 @@ def leave_server(server_sockets: list[socket.socket], wake: tuple[int, int]) -> 
         server_socket.close()
 
 
-def run_module(name: str) -> None:
+def run_module(name: str, handoff: Handoff | None = None) -> None:
     """What `python -m name` runs: the module's main() (every child module has one; it is not re-executed, so a
-    warm worker does not rebuild its classes for every job)."""
+    warm worker does not rebuild its classes for every job), given the warm worker's `handoff`."""
     import importlib
 
-    importlib.import_module(name).main()
+    main = importlib.import_module(name).main
+    if handoff is None:
+        main()
+    else:
+        main(handoff)
 
 
 def run_one(request: dict[str, Any], server_sockets: list[socket.socket], wake: tuple[int, int]) -> None:
@@ -100,17 +113,16 @@ def _status_kb(field: str) -> int:
 def _one_of_many(request: dict[str, Any]) -> tuple[int, int, dict[str, Any] | None]:
     """Run one job in this warm worker as `python -m module arguments` would: (exit code, its peak resident kB,
     its result when the request came inline)."""
-    global INLINE_JOB
     with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w", encoding="ascii") as clear:
         clear.write("5")  # reset the peak (VmHWM) so that it is this job's own
-    INLINE_JOB = {"request": request["job"]} if "job" in request else None
+    handoff = Handoff(request.get("job"))
     code = 0
     timeout = (request.get("limits") or {}).get("timeout_s")
     try:
         enter_job(request)
         if timeout:  # the job's time limit holds here too, should its client die: SIGALRM ends this worker
             signal.alarm(math.ceil(timeout + ALARM_GRACE_S))
-        run_module(request["module"])
+        run_module(request["module"], handoff)
     except SystemExit as exc:  # `child.serve` ends every job this way here
         code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
     except BaseException:  # noqa: BLE001 - a job's failure is its exit code, the worker goes on or retires
@@ -127,18 +139,15 @@ def _one_of_many(request: dict[str, Any]) -> tuple[int, int, dict[str, Any] | No
         os.dup2(quiet, 2)
         os.close(quiet)
         os.chdir("/")  # nor does the worker hold on to the job's folder (a busy mount, a deleted folder kept)
-    inline, INLINE_JOB = INLINE_JOB, None
-    return code, _status_kb("VmHWM:"), inline.get("result") if inline else None
+    return code, _status_kb("VmHWM:"), handoff.result if handoff.request is not None else None
 
 
 def run_many(control: socket.socket, server_sockets: list[socket.socket], wake: tuple[int, int]) -> None:
     """A warm worker forked from the server: leased to one client at a time (the server passes the client's
     connection), it runs the jobs that client sends, one at a time, answering each directly; when the client lets
     it go it tells the server and waits for the next lease, until it retires."""
-    global REUSED_PROCESS
     try:
         leave_server(server_sockets, wake)
-        REUSED_PROCESS = True
         bound_kb = _status_kb("VmRSS:") + WORKER_MAX_GROWTH_MB * 1024
         jobs = 0
         while True:

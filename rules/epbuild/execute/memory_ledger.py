@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import itertools
 import json
 import os
 import tempfile
@@ -36,7 +35,6 @@ JOBS = "EPBUILD_JOBS"
 SHARE = 0.8  # of MemTotal: what the jobs may hold together by default (the build process and the OS keep the rest)
 SAY_EVERY_S = 30.0
 POLL_S = (0.02, 0.5)  # a waiting job looks again after this long, doubling up to the second figure
-_TICKETS = itertools.count()
 
 
 def default_jobs(environ: dict[str, str] | None = None, configured: int | str | None = None) -> int:
@@ -136,7 +134,7 @@ def admitted(expected_mb: float, what: str, budget: float | None, path: Path | N
     if budget is None or path is None:
         yield 0.0
         return
-    entry = {"id": f"{time.time_ns():020d}.{os.getpid()}.{threading.get_ident()}.{next(_TICKETS)}",
+    entry = {"id": f"{time.time_ns():020d}.{os.getpid()}.{threading.get_ident()}.{os.urandom(4).hex()}",
              "owner": owner_tag(), "mb": round(max(expected_mb, 1.0), 1), "what": what}
     started, pause, said = time.monotonic(), POLL_S[0], None
     try:

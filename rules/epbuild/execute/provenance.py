@@ -27,7 +27,6 @@ DATA_FILES = ("steps/shims/*.c",)  # compiled into the OpenVINO vendor shim
 # Every distribution a job may load; a version that differs from the build's is refused.
 DISTRIBUTIONS = ("onnxruntime", "onnx", "numpy", "sympy", "onnxruntime-qnn", "onnxruntime-ep-openvino")
 
-_LOADED: dict[str, Any] | None = None  # what this process loaded, recorded when it imported the toolchain
 
 
 # `from ..store.cache import X`, `from . import (a, b)`, `from epbuild.x import y`, `import epbuild.x`: a text scan,
@@ -127,20 +126,18 @@ class Provenance:
         return {"versions": self.of(*DISTRIBUTIONS), "code": self.code}
 
 
-def record_loaded() -> None:
-    """Called by a process once it has imported the toolchain (a fork server after its preloads; a fresh child
-    at its start): its forked children inherit the record."""
-    global _LOADED
-    _LOADED = expected()
+@functools.cache
+def record_loaded() -> dict[str, Any]:
+    """What this process loaded: called once it has imported the toolchain (a fork server after its preloads; a
+    fresh child at its first check), and kept, so that its forked children inherit the record."""
+    return expected()
 
 
 def check(wanted: dict[str, Any] | None) -> str | None:
     """Why this process must not run a job that expects `wanted`, or None."""
     if wanted is None:
         return None
-    if _LOADED is None:
-        record_loaded()
-    loaded = _LOADED or {}
+    loaded = record_loaded()
     differ = [f"{name} {have or 'absent'} (the build expects {wanted['versions'].get(name) or 'it absent'})"
               for name, have in loaded["versions"].items() if have != wanted["versions"].get(name)]
     if loaded["code"] != wanted["code"]:

@@ -20,6 +20,8 @@ from ..files.state import state_file
 from ..logs import log
 
 if TYPE_CHECKING:
+    from ..execute.forked_jobs import Handoff
+    from ..execute.links import Links
     from ..execute.provenance import Provenance
 
 READ_TIMEOUT_S = 600.0  # a multi-GB protobuf takes seconds to parse and check
@@ -213,7 +215,7 @@ def check_location(model_path: Path, location: str, needs: int | None = None) ->
 
 
 def read_models(paths: list[str], server: str | None, workdir: Path | None = None,
-                expect: Provenance | None = None) -> dict[str, dict[str, Any]]:
+                expect: Provenance | None = None, links: Links | None = None) -> dict[str, dict[str, Any]]:
     """Per model path: {"locations": [...]} or {"error": why it cannot be used}. With `server` (a fork server's
     alias), in one job in its warm worker working in `workdir` (removed after), and in one job per model should
     that job crash or time out, so that the error names its model."""
@@ -224,21 +226,23 @@ def read_models(paths: list[str], server: str | None, workdir: Path | None = Non
 
     try:
         return run_child(__name__, {"models": paths}, workdir, Limits(READ_TIMEOUT_S), "reading the models",
-                         ep=server, reuse=True, expect=expect)["models"]
+                         ep=server, reuse=True, expect=expect, links=links)["models"]
     except BuildError as exc:
         if len(paths) == 1:
             return {paths[0]: {"error": f"reading it failed: {exc}"}}
     finally:
         discard(workdir)
-    return {path: answer for one in paths for path, answer in read_models([one], server, workdir, expect).items()}
+    return {path: answer for one in paths
+            for path, answer in read_models([one], server, workdir, expect, links).items()}
 
 
 class ExternalDataIndex:
     """Per-model external-data file lists, cached by file identity; `save()` writes only when something changed."""
 
-    def __init__(self, state_dir: Path, expect: Provenance | None = None):
+    def __init__(self, state_dir: Path, expect: Provenance | None = None, links: Links | None = None):
         self.path = state_file(state_dir, "external-data.json")
         self.expect = expect  # what the build's reading jobs expect (its Provenance)
+        self.links = links  # the build's fork-server leases (`execute.links`)
         # one line per model: a run that read one model rewrites its line, the others' as read (`files.entry_lines`)
         self.entries = read_entries(self.path) or LazyEntries()
         self.errors: dict[str, str] = {}  # not remembered: a model in error is read again next time
@@ -262,7 +266,7 @@ class ExternalDataIndex:
     def read(self, model_paths: list[Path], server: str | None = None, workdir: Path | None = None) -> None:
         """Read these models (`read_models`) and remember what they reference."""
         stats = {str(path): stat_key(path.stat()) for path in model_paths}
-        for path, answer in read_models(list(stats), server, workdir, self.expect).items():
+        for path, answer in read_models(list(stats), server, workdir, self.expect, self.links).items():
             if "error" in answer:
                 self.errors[path] = answer["error"]
             else:
@@ -314,10 +318,10 @@ def _read_in_child(request: dict[str, Any]) -> dict[str, Any]:
     return {"models": answers}
 
 
-def main() -> None:
+def main(handoff: Handoff | None = None) -> None:
     from ..execute.child import serve
 
-    serve(_read_in_child)
+    serve(_read_in_child, handoff)
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ def run_against_reference(build: Build, workspace: Workspace, request: Validatio
 
     def artifact_child(extra: dict[str, Any]) -> ValidationReport:
         return run_child("epbuild.steps.validate", {**request, **extra}, workdir, limits, what, log,
-                         ep=target.ep.fork_server, reuse=reuse, expect=workspace.provenance)
+                         ep=target.ep.fork_server, reuse=reuse, expect=workspace.provenance, links=workspace.links)
 
     def kept(answer: dict[str, Any]) -> list[str] | None:
         if _saved(answer, step.label):
@@ -68,7 +68,8 @@ def run_against_reference(build: Build, workspace: Workspace, request: Validatio
         computed, outcome = through_cache(
             step, workspace, folder, lambda into: run_child(
                 "epbuild.steps.validate", {**request, "phase": "reference", "reference_to": str(into)}, into, limits,
-                f"{what}: the CPU reference", log.with_suffix(".ref.log"), expect=workspace.provenance),
+                f"{what}: the CPU reference", log.with_suffix(".ref.log"), expect=workspace.provenance,
+                links=workspace.links),
             lambda answer: kept(answer) if answer["status"] != Verdict.FAILED else None, lambda _, __, ran: ran)
         if computed is not None and computed["status"] == Verdict.FAILED:
             return computed
@@ -101,7 +102,7 @@ def run_group_against_references(build: Build, workspace: Workspace, request: Va
             **request, "references": {name: str(folders[name]) for name in restored},
             "references_to": {name: str(folders[name]) for name in keys if name not in restored}},
             workdir, build_limits(build, workspace, "validate", timeout), what, log, ep=build.target.ep.fork_server,
-            reuse=build.target.ep.warm_validations, expect=workspace.provenance)
+            reuse=build.target.ep.warm_validations, expect=workspace.provenance, links=workspace.links)
         answers = report.pop("references", {})
         for name, answer in answers.items():
             _keep(answer, folders[name], keys[name], label, inputs, workspace)
@@ -127,7 +128,7 @@ def run_pipeline_against_cache(build: Build, workspace: Workspace, request: Vali
     def group_child(cpu: dict[str, str]) -> ValidationReport:
         return run_child("epbuild.steps.validate", {**request, "pipeline": {**request["pipeline"], **cpu}}, workdir,
                          build_limits(build, workspace, "validate", timeout), what, log, ep=build.target.ep.fork_server,
-                         reuse=build.target.ep.warm_validations, expect=workspace.provenance)
+                         reuse=build.target.ep.warm_validations, expect=workspace.provenance, links=workspace.links)
 
     try:
         report, outcome = through_cache(

@@ -19,6 +19,7 @@ from ..contracts.statuses import TaskStatus
 from ..errors import BuildError, ModelError, located
 from ..execute.child import serve
 from ..execute.executor import run_build
+from ..execute.forked_jobs import Handoff
 from ..files.hashing import snapshot
 from ..files.layout import Layout, write_json
 from ..files.weights import FOLDER_OPTION
@@ -318,9 +319,9 @@ def _opens(ort: Any, info: Any, device: Any, request: CompileRequest, output: Pa
                          f"open it: {' '.join(str(exc).split())[:400]}{cause}") from None
 
 
-def main() -> None:
+def main(handoff: Handoff | None = None) -> None:
     """`python -m` this module, or a fork server's child or warm worker, runs this."""
-    serve(_compile_in_child)
+    serve(_compile_in_child, handoff)
 
 
 if __name__ == "__main__":

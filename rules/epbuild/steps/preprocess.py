@@ -15,6 +15,7 @@ from ..errors import ModelError, located
 from ..execute.child import run_child, serve
 from ..execute.executor import run_stage as run_stage_remotely
 from ..execute.fork_server import SHAPE_STAGE
+from ..execute.forked_jobs import Handoff
 from ..files.hashing import snapshot
 from ..files.layout import STAGES
 from ..files.publish import discard
@@ -364,7 +365,8 @@ def produce_stage(stage: Stage, workspace: Workspace, scratch: Path) -> dict[str
         log = workspace.layout.log(STAGES, stage.task.replace(":", "."))
         return run_child("epbuild.steps.preprocess", stage_request(stage, scratch / stage.output.name), workdir,
                          stage_limits(stage, workspace, STAGE_TIMEOUT_S), stage.task, log,
-                         ep=SHAPE_STAGE if stage.kind == "shape" else "", expect=workspace.provenance)
+                         ep=SHAPE_STAGE if stage.kind == "shape" else "", expect=workspace.provenance,
+                         links=workspace.links)
     finally:
         discard(workdir)
 
@@ -392,9 +394,9 @@ def run_stage(stage: Stage, workspace: Workspace) -> tuple[Outcome, float, list[
             answer.get("worker"), child.get("usage"))
 
 
-def main() -> None:
+def main(handoff: Handoff | None = None) -> None:
     """`python -m` this module, or a fork server's child or warm worker, runs this."""
-    serve(_run_stage)
+    serve(_run_stage, handoff)
 
 
 if __name__ == "__main__":

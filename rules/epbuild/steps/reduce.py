@@ -226,7 +226,7 @@ def _probe_with(build: Build, workspace: Workspace, graph: Subgraphs, probes: _P
             outcome = judged(run_child(module, request_for(path), path.parent / "out",
                                        dataclasses.replace(limits, timeout_s=min(limits.timeout_s, left)), what,
                                        path.parent / "probe.log", ep=build.target.ep.fork_server,
-                                       expect=workspace.provenance))
+                                       expect=workspace.provenance, links=workspace.links))
         except (BuildError, ModelError) as exc:
             outcome = probes.failed(str(exc).removeprefix(f"{what}: "), path.parent / "probe.log")
         finally:
@@ -285,7 +285,7 @@ def _tensors(build: Build, workspace: Workspace, graph: Subgraphs, weights: Path
               folder / "probes" / "tensors", dataclasses.replace(limits, timeout_s=max(5.0, deadline -
                                                                                          time.monotonic())),
               f"reduce {build.name}: the model's tensors on CPU", folder / "probes" / "tensors.log",
-              expect=workspace.provenance)
+              expect=workspace.provenance, links=workspace.links)
     return out
 
 

@@ -18,8 +18,8 @@ from typing import Any
 from ..errors import ModelError
 
 # what differs between two failures that are the same one: numbers, hex addresses, quoted names, paths
-_NOISE = [(re.compile(r"0x[0-9a-fA-F]+"), "0x#"), (re.compile(r"(['\"`]).*?\1"), "'…'"),
-          (re.compile(r"(/[\w.+-]+)+"), "/…"), (re.compile(r"\d+"), "#"), (re.compile(r"\s+"), " ")]
+_NOISE = ((re.compile(r"0x[0-9a-fA-F]+"), "0x#"), (re.compile(r"(['\"`]).*?\1"), "'…'"),
+          (re.compile(r"(/[\w.+-]+)+"), "/…"), (re.compile(r"\d+"), "#"), (re.compile(r"\s+"), " "))
 STEM_CHARS = 120
 
 

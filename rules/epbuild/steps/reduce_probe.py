@@ -14,6 +14,7 @@ from typing import Any
 
 from ..errors import ModelError
 from ..execute.child import serve
+from ..execute.forked_jobs import Handoff
 from ..files.weights import load_with_weights
 from .comparison import compare
 from .localise import _held, _run_with_outputs
@@ -74,9 +75,9 @@ def _job(request: dict[str, Any]) -> dict[str, Any]:
     return tensors(request) if request["kind"] == "tensors" else departs(request)
 
 
-def main() -> None:
+def main(handoff: Handoff | None = None) -> None:
     """`python -m` this module, or a fork server's child, runs this."""
-    serve(_job)
+    serve(_job, handoff)
 
 
 if __name__ == "__main__":

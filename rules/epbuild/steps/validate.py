@@ -20,6 +20,7 @@ from ..contracts.requests import MemberValidation, ValidationReport, ValidationR
 from ..contracts.statuses import ValidationMode, Verdict
 from ..errors import BuildError, located, plain
 from ..execute.child import run_child, serve
+from ..execute.forked_jobs import Handoff
 from ..files.layout import write_json
 from ..files.owners import owner_tag
 from ..files.publish import discard
@@ -151,7 +152,7 @@ def validate(build: Build, workspace: Workspace, workdir: Path, folder: Path | N
                 report = run_child("epbuild.steps.validate", request, workdir,
                                    build_limits(build, workspace, "validate", timeout), what, log,
                                    ep=target.ep.fork_server, reuse=target.ep.warm_validations and not package,
-                                   expect=workspace.provenance)
+                                   expect=workspace.provenance, links=workspace.links)
             else:
                 report = run_against_reference(build, workspace, request, workdir, what, log, timeout,
                                                reuse=target.ep.warm_validations and not package)
@@ -459,9 +460,9 @@ def _validate_in_child(request: ValidationRequest) -> ValidationReport:
     return {**validate_member(member, reference), **saved}
 
 
-def main() -> None:
+def main(handoff: Handoff | None = None) -> None:
     """`python -m` this module, or a fork server's child or warm worker, runs this."""
-    serve(_validate_in_child)
+    serve(_validate_in_child, handoff)
 
 
 if __name__ == "__main__":

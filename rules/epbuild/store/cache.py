@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..contracts.task_result import recorded_peaks
 from ..errors import BuildError, UserError
+from ..execute.links import Links
 from ..execute.provenance import Provenance
 from ..files.hashing import FileHashes, changed_inputs
 from ..files.layout import RECORD, Layout, size_of
@@ -266,6 +267,8 @@ class Workspace:
     # the build's process (this one's mark, taken where the build starts; doit's workers get a copy): what its
     # processes said once is marked under it, in a folder swept when that process is gone
     run: str = dataclasses.field(default_factory=owner_tag)
+    # the build's fork-server leases, Dask clients and remote connections (`execute.links`), made with it
+    links: Links = dataclasses.field(default_factory=Links)
 
     def said(self, what: str) -> Path:
         """The marker of a warning this build says once (`logs.warn_once`), whichever of its processes meets it."""
@@ -301,7 +304,8 @@ class Workspace:
             return None
         from .remote_cache import connect
 
-        return connect(self.remote_url, self.remote_budget_s, self.remote_timeout_s, self.said("remote-cache"))
+        return connect(self.links, self.remote_url, self.remote_budget_s, self.remote_timeout_s,
+                       self.said("remote-cache"))
 
 
 @record

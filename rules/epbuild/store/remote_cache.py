@@ -34,6 +34,7 @@ from ..files.publish import discard
 from ..logs import warn, warn_once
 
 if TYPE_CHECKING:
+    from ..execute.links import Links
     from .cache import ArtifactCache
 
 FORMAT = 1
@@ -437,15 +438,13 @@ class RemoteCache:
                 "reachable": reachable}
 
 
-_OPEN: dict[str, RemoteCache] = {}
-_OPEN_LOCK = threading.Lock()
-
-
-def connect(url: str, budget_s: float = 60.0, timeout_s: float = 10.0, said: Path | None = None) -> RemoteCache:
-    """The process's one `RemoteCache` for `url`, so a failure warns once and then stays quiet, and its waiting
-    is counted against one budget."""
-    with _OPEN_LOCK:
-        if url not in _OPEN:
-            _OPEN[url] = RemoteCache(url, budget_s, timeout_s)
-        _OPEN[url].said = said
-        return _OPEN[url]
+def connect(links: Links, url: str, budget_s: float = 60.0, timeout_s: float = 10.0,
+            said: Path | None = None) -> RemoteCache:
+    """The build's one `RemoteCache` for `url` (kept on its `links`), so a failure warns once and then stays
+    quiet, and its waiting is counted against one budget."""
+    with links.lock:
+        if url not in links.remote:
+            links.remote[url] = RemoteCache(url, budget_s, timeout_s)
+        opened: RemoteCache = links.remote[url]
+        opened.said = said
+        return opened

@@ -16,6 +16,7 @@ from ..errors import BuildError, UserError
 from ..execute.executor import ExecutorSettings, executor_settings, unreachable
 from ..execute.fork_server import prestart, serving
 from ..execute.host import capabilities
+from ..execute.links import Links
 from ..execute.provenance import Provenance
 from ..fast_path import DEP_FILE, LEGACY_DEP_FILE, project_key
 from ..fast_path import enabled as fast_path_enabled
@@ -63,9 +64,10 @@ def load_project(manifest_path: Path, invocation: Invocation | list[str]) -> Pro
     manifest, resolved = read_manifest(manifest_path, last)  # nothing is written before it is known good
     layout, writable, workspace, executor = prepare_folders(manifest, invocation, rel, provenance)
     builds_here = invocation.default_run and not executor
-    servers = start_fork_servers(manifest, layout, builds_here, provenance)
-    index = ExternalDataIndex(layout.state, provenance)
-    facts = read_models(manifest, layout, index, servers, builds_here and not servers, provenance)
+    links = workspace.links
+    servers = start_fork_servers(manifest, layout, builds_here, provenance, links)
+    index = ExternalDataIndex(layout.state, provenance, links)
+    facts = read_models(manifest, layout, index, servers, builds_here and not servers, provenance, links)
     external, shapes, graphs = facts
     fresh = None
     if last is not None and last.facts == facts:  # planned from the same manifest, files and facts
@@ -159,18 +161,19 @@ def executor_error(manifest: Manifest, reason: str) -> UserError:
     return UserError(manifest.path.name, "executor.scheduler", reason)
 
 
-def start_fork_servers(manifest: Manifest, layout: Layout, default_run: bool, expect: Provenance) -> set[str]:
+def start_fork_servers(manifest: Manifest, layout: Layout, default_run: bool, expect: Provenance,
+                       links: Links) -> set[str]:
     """On a first full build here (no settings record yet), the fork servers it will use, started now: their
     imports overlap this process's start-up."""
     if not default_run or layout.configs.exists():
         return set()
     servers = first_build_servers(manifest)
-    prestart(servers, expect)
+    prestart(links, servers, expect)
     return servers
 
 
 def read_models(manifest: Manifest, layout: Layout, index: ExternalDataIndex, servers: set[str],
-                changes_build: bool, expect: Provenance) -> Facts:
+                changes_build: bool, expect: Provenance, links: Links) -> Facts:
     """The external-data files of each model and `validation.reference` (by path), each model's input shapes
     and graph facts (`plan.external_data._ready`), from the index; changed models are read by a fork server
     running or starting anyway (it has onnx loaded), the CPU-only one first. `changes_build`: a default run
@@ -180,11 +183,11 @@ def read_models(manifest: Manifest, layout: Layout, index: ExternalDataIndex, se
     references = {m.validation["reference"]: m.name for m in models if "reference" in m.validation}
     unread = index.unread(list(dict.fromkeys([*(model.path for model in models), *references])))
     if unread:
-        reader = next((alias for alias in sorted(servers | {""}) if serving(alias, expect)), None)
+        reader = next((alias for alias in sorted(servers | {""}) if serving(links, alias, expect)), None)
         if changes_build:
             changed = set(unread)
-            prestart(first_build_servers(manifest, {name for m in models if m.path in changed
-                                                    for name in m.targets}), expect)
+            prestart(links, first_build_servers(manifest, {name for m in models if m.path in changed
+                                                           for name in m.targets}), expect)
         made = [p for p in (layout.scratch_root, *layout.scratch_root.parents) if not p.exists()]
         with template_prepared_meanwhile() if servers else contextlib.nullcontext():
             index.read(unread, reader, layout.scratch(f"read-models.{owner_tag()}"))

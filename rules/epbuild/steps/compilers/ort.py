@@ -44,7 +44,7 @@ class OrtCompiler(Compiler):
         answer = run_child("epbuild.steps.compile", compile_request(build, scratch), scratch,
                            build_limits(build, workspace, "compile"), what,
                            build.log(layout, "compile"), ep=target.ep.fork_server, reuse=target.ep.warm_compiles,
-                           expect=workspace.provenance)
+                           expect=workspace.provenance, links=workspace.links)
         for key, name in target.runtime_files().items():
             shutil.copyfile(target.option_files[key], scratch / name)
         if build.shared and target.ep.shared_weights_outside:

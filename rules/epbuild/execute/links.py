@@ -1,0 +1,45 @@
+"""A build's links to the helpers its jobs run through: which fork servers refused it, which it started, the warm
+worker each of its threads leases, its Dask clients and its remote-cache connections. One object, made where the
+build starts (`tasks.loading`, a Dask worker's job), carried on the `Workspace` and handed to every job
+(`execute.child.run_child(links=...)`): nothing of it lives in a module, so two builds in one process (tests, an
+embedding program) never share a lease or a refusal, and a job run without a build's links leases nothing that
+outlives it.
+
+A process forked from the one that made the links (doit's `-n` workers) keeps the refusals and the started
+servers (facts about the host) but not the leases: those are the parent's connections, and their copies would keep
+its warm workers leased after the parent let them go."""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from typing import Any
+
+
+class Links:
+    """Mutable by design: connections are made on first use and dropped when they fail. Compared by identity."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()  # doit's `-P thread` workers share one build's links
+        self.refused: dict[str, str] = {}  # fork server key -> why it cannot serve (jobs use plain children)
+        self.prestarted: dict[str, tuple[Any, float]] = {}  # fork server key -> its starter (Popen), when run
+        self.leases: dict[tuple[str, int, int], Any] = {}  # (server socket, process, thread) -> its warm worker
+        self.dask: dict[str, Any] = {}  # scheduler address -> client (made on first job, never before doit forks)
+        self.remote: dict[str, Any] = {}  # remote cache URL -> its `RemoteCache` (one warning and budget per build)
+        forget = weakref.WeakMethod(self._forget_inherited)
+        os.register_at_fork(after_in_child=lambda: (method := forget()) is not None and method())
+
+    def _forget_inherited(self) -> None:
+        leases, self.leases = list(self.leases.values()), {}
+        for lease in leases:
+            lease.connection.close()
+        self.dask = {}  # a client's threads do not survive a fork
+        self.lock = threading.Lock()
+
+    def close(self) -> None:
+        """Let go of the warm workers and the Dask clients (a Dask worker's job, at its end)."""
+        clients = list(self.dask.values())
+        self._forget_inherited()
+        for client in clients:
+            client.close()
