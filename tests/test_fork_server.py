@@ -401,3 +401,29 @@ def test_the_server_holds_a_jobs_limits_when_its_client_does_not(tmp_path, monke
     # the server's kill, or for a warm worker's time its own alarm (both trail the client's limit by 2 s)
     assert ended is not None and ended[0] in (-signal.SIGKILL, -signal.SIGALRM if reuse else -signal.SIGKILL)
     assert time.monotonic() - started < 15
+
+
+def test_two_builds_in_one_process_keep_their_own_warm_workers(tmp_path, monkeypatch, crash_child):
+    """A build's leases live on its links (`execute.links`), not in the process: two builds in one process (an
+    embedding program, these tests) never share a warm worker, and a process forked from them (doit's `-n`
+    workers) holds neither's."""
+    monkeypatch.setenv(SWITCH, "1")
+    first, second = Links(), Links()
+
+    def job(links: Links, folder: str) -> int:
+        return run_child("crash_child", {"action": "sleep"}, tmp_path / folder, Limits(60), "compile m@t",
+                         reuse=True, links=links)["pid"]
+
+    try:
+        mine, theirs = job(first, "a"), job(second, "b")
+        assert mine != theirs and job(first, "c") == mine and job(second, "d") == theirs
+        assert len(first.leases) == len(second.leases) == 1
+        child = os.fork()
+        if child == 0:
+            os._exit(0 if not first.leases and not second.leases else 1)
+        assert os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]) == 0
+        first.close()
+        assert not first.leases and job(second, "e") == theirs  # one build letting go leaves the other's worker
+    finally:
+        first.close()
+        second.close()
