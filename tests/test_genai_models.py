@@ -18,7 +18,7 @@ from onnx import TensorProto, helper
 from conftest import build_report
 from epbuild.files.weights import FOLDER_OPTION
 from epbuild.steps import vendor_shim
-from genai_models import built, genai_tokens
+from genai_models import built, genai_folder_check, genai_tokens
 
 MISSING = [name for name in ("torch", "transformers", "onnxruntime_genai") if importlib.util.find_spec(name) is None]
 pytestmark = pytest.mark.skipif(bool(MISSING), reason=f"the genai tests need the test extras (requirements-dev.txt): "
@@ -154,3 +154,99 @@ def test_openvino_refusing_int4_ops_says_which_in_one_line(project, builder_outp
     line = next(x for x in text.splitlines() if x.startswith("compile qwen@ov"))
     assert "OpenVINO cannot convert 2 op type(s): " in line and "com.microsoft.GatherBlockQuantized (" in line
     assert "[E:onnxruntime:" not in text and "Failed operations detailed log" not in text
+
+
+SHARED_CACHE = f'''
+[models.llama]
+path = "models/llama/model.onnx"
+
+[models.llama.variants.prompt]
+dims = {{ {DIMS}, sequence_length = 8, past_sequence_length = 32 }}
+
+[models.llama.variants.token]
+dims = {{ {DIMS}, sequence_length = 1, past_sequence_length = 32 }}
+
+[targets.ov]
+ep = "openvino"
+options = {{ load_config = "configs/ov.json" }}
+option_files = ["load_config"]
+
+[targets.qnn-htp]
+ep = "qnn"
+options = {{ soc_model = 60 }}
+
+[groups.llm-ov]
+target = "ov"
+models = ["llama.prompt", "llama.token"]
+pipeline = {{ tokens = 4 }}
+
+[groups.llm-qnn]
+target = "qnn-htp"
+models = ["llama.prompt", "llama.token"]
+pipeline = {{ tokens = 4 }}
+'''
+
+
+@pytest.mark.skipif(not vendor_shim.needed(), reason="an Intel CPU: OpenVINO runs without the shim")
+def test_a_pipeline_group_of_a_genai_model_is_a_folder_genai_runs(project, builder_output):
+    """Prompt and token variants over the whole cache (past = total: genai's static cache is one buffer): the
+    group's folder gets a decoder-pipeline genai_config.json (each stage the target's provider options, OpenVINO's
+    load_config inline so the folder can move, and ep.share_ep_contexts) and the tokenizer; the validation runs
+    genai's generator on the folder with the EP registered and gets the pipeline's tokens, which are genai's own on
+    the source. QNN's shared context cannot load on x86_64: its folder is written, genai's run on it not checked."""
+    _with_model(project, builder_output["llama"])
+    (project.root / "configs").mkdir(exist_ok=True)
+    (project.root / "configs" / "ov.json").write_text('{"CPU": {"INFERENCE_PRECISION_HINT": "f32"}}\n')
+    project.manifest(SHARED_CACHE)
+    done = project.doit("--continue", "group:llm-ov", "validate:llm-ov", "group:llm-qnn", "validate:llm-qnn",
+                        check=False)
+    tasks = build_report(project)
+    assert tasks["validate:llm-ov"]["status"] == "validated", done.stdout
+    assert "the folder is what onnxruntime-genai loads" in next(
+        line for line in done.stdout.splitlines() if line.startswith("compiled group:llm-ov"))
+    folder = project.artifacts / "ov" / "groups" / "llm-ov"
+    assert {"genai_config.json", "tokenizer.json", "tokenizer_config.json"} <= {p.name for p in folder.iterdir()}
+    config = json.loads((folder / "genai_config.json").read_text())
+    model = config["model"]
+    assert model["type"] == "decoder-pipeline" and model["context_length"] == 32 and "filename" not in model["decoder"]
+    assert model["decoder"]["sliding_window"]["window_size"] == 8 and config["search"]["past_present_share_buffer"]
+    stages = [next(iter(stage.items())) for stage in model["decoder"]["pipeline"]]
+    assert [(name, s["filename"], s["run_on_prompt"], s["run_on_token_gen"]) for name, s in stages] == [
+        ("llama.prompt", "llama.prompt.onnx", True, False), ("llama.token", "llama.token.onnx", False, True)]
+    session = stages[0][1]["session_options"]
+    assert session["ep.share_ep_contexts"] == "1"
+    inline = '{"CPU": {"INFERENCE_PRECISION_HINT": "f32"}}'
+    assert session["provider_options"] == [{"OpenVINO": {"load_config": inline}}]
+    pipeline = json.loads((folder / "validation.json").read_text())["pipeline"]
+    assert pipeline["genai_folder"]["status"] == "agrees", pipeline
+    assert pipeline["tokens_cpu"] == pipeline["tokens_ep"] == genai_tokens(project.root / "models" / "llama",
+                                                                          pipeline["prompt"], 5)
+
+    qnn = project.artifacts / "qnn-htp" / "groups" / "llm-qnn"
+    providers = json.loads((qnn / "genai_config.json").read_text())["model"]["decoder"]["pipeline"][0][
+        "llama.prompt"]["session_options"]["provider_options"]
+    assert list(providers[0]) == ["qnn"]
+    report = json.loads((qnn / "validation.json").read_text())
+    assert report["status"] == "skipped" and report["pipeline"]["genai_folder"]["status"] == "not checked", report
+
+    # genai's check judges: the folder's own tokens pass, other tokens or a config the graphs cannot take depart
+    assert genai_folder_check(folder, pipeline["prompt"], pipeline["tokens_cpu"])["status"] == "agrees"
+    other = [(t + 1) % 512 for t in pipeline["tokens_cpu"]]
+    assert genai_folder_check(folder, pipeline["prompt"], other)["status"] == "departs"
+    wrong = project.root / "wrong"
+    shutil.copytree(folder, wrong)
+    config["model"]["decoder"]["sliding_window"]["window_size"] = 4  # the prompt graph takes 8 tokens
+    (wrong / "genai_config.json").write_text(json.dumps(config))
+    checked = genai_folder_check(wrong, pipeline["prompt"], pipeline["tokens_cpu"])
+    assert checked["status"] == "departs" and "cannot run the folder" in checked["detail"], checked
+
+
+def test_a_pipeline_group_whose_cache_genai_cannot_feed_says_why_it_has_no_genai_folder(project, builder_output):
+    """past < total (a window the pipeline validation handles): the group builds, and its compile line says why
+    its folder has no genai_config.json and what would give it one."""
+    _with_model(project, builder_output["llama"])
+    project.manifest(VARIANTS)
+    done = project.doit("group:llm", check=False)
+    line = next(line for line in done.stdout.splitlines() if line.startswith("compiled group:llm"))
+    assert "no onnxruntime-genai folder" in line and "past_sequence_length = total_sequence_length" in line, line
+    assert not (project.artifacts / "qnn-htp" / "groups" / "llm" / "genai_config.json").exists()

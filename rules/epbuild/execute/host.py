@@ -139,15 +139,21 @@ def unavailable_reason(info: EpInfo, source: str, device: str, caps: dict[str, A
 
 # ---- in the child process only: these import onnxruntime ----
 
+def plugin_library(info: EpInfo) -> str:
+    """The library to register for a PyPI plugin EP: the plugin's, or on a host that needs it the vendor-id shim,
+    which then loads the plugin from SHIM_PLUGIN."""
+    library: str = __import__(info.module).get_library_path()
+    if info.vendor_shim and os.environ.get(SHIM_LIBRARY):
+        os.environ[SHIM_PLUGIN] = library
+        library = os.environ[SHIM_LIBRARY]
+    return library
+
+
 def register_plugin(ort: Any, info: EpInfo) -> None:
     """Register a PyPI plugin EP library with this process's onnxruntime (no-op for built-in EPs)."""
     if info.module is None or any(d.ep_name == info.name for d in ort.get_ep_devices()):
         return
-    library = __import__(info.module).get_library_path()
-    if info.vendor_shim and os.environ.get(SHIM_LIBRARY):  # the shim loads the plugin from SHIM_PLUGIN
-        os.environ[SHIM_PLUGIN] = library
-        library = os.environ[SHIM_LIBRARY]
-    ort.register_execution_provider_library(info.name, library)
+    ort.register_execution_provider_library(info.name, plugin_library(info))
 
 
 def select_ep_device(ort: Any, info: EpInfo, device: str) -> Any:

@@ -17,7 +17,7 @@ from ..manifest.eps import DEFAULT_EP, QAIC, REGISTRY, SOURCES, EpInfo, lookup, 
 from ..manifest.parse import GroupSpec, Manifest, ModelSpec, TableReader, TargetSpec, not_a_file
 from ..manifest.qaic import check_qaic
 from ..steps.compilers import COMPILERS, Compiler
-from ..steps.package import genai_files
+from ..steps.package import genai_files, pipeline_files
 from .stages import Chain, stage_chain
 
 CPU_DEFAULT_LEVEL = "extended"  # portable across CPUs; "all" adds layout transforms tied to this host's ISA
@@ -223,6 +223,9 @@ def _build(name: str, target: ResolvedTarget, models: list[ModelSpec], manifest:
     members = tuple(member for member, _ in pairs)
     if shared:
         _distinct_file_names(name, members, manifest.path.name)
+        package, _ = pipeline_files(members, pipeline_tokens)
+        if package:  # a genai model's prompt and token graphs: the group's folder is what genai loads
+            members = (dataclasses.replace(members[0], package=package), *members[1:])
     else:  # genai grows the cache: only a graph that keeps the builder's dynamic shapes runs as genai's model
         (model,) = models
         dynamic = not model.dims and not model.inputs and ".variants." not in model.entry

@@ -31,9 +31,9 @@ from .compilers import compiler
 from .diagnosis import compile_hints, input_branches, plain_ep_error
 from .fingerprint import compile_fingerprint, target_identity
 from .graph import EP_CONTEXT, check_ep_contexts, dims, missing_files, names_read, placement, static_dims
-from .package import write_package
+from .package import write_package, write_pipeline_package
 from .preprocess import always_written, external_output
-from .shared_context import loading_contract
+from .shared_context import SHARED_SESSION, loading_contract
 from .worker_needs import target_resources
 
 CPU_LEVELS = {"basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
@@ -79,10 +79,13 @@ def compile_build(build: Build, workspace: Workspace) -> Compiled:
             usage.update(ran["usage"])
         else:
             usage.update(compiler(build.target).produce(build, workspace, scratch) or {})
-        for member in build.members:
-            if member.package:
-                write_package(member.package, scratch, member.model_file, build.target.ep.alias,
-                              build.target.runtime_options())
+        package = build.members[0].package
+        if package and build.shared:
+            write_pipeline_package(package, scratch, [(m.name, m.model_file, m.model.dims) for m in build.members],
+                                   build.target.ep.alias, build.target.runtime_options(), SHARED_SESSION)
+        elif package:
+            write_package(package, scratch, build.members[0].model_file, build.target.ep.alias,
+                          build.target.runtime_options())
 
     expected = list(build.outputs) if compiler(build.target).exact_outputs else None
     try:

@@ -22,7 +22,8 @@ from ..files.weights import read_weights_from, weights_folder
 from ..manifest.eps import lookup
 from .artifact_session import is_qdq, open_session
 from .comparison import DEFAULT_THRESHOLDS, compare
-from .pipeline_checks import genai_run, growing_run
+from .package import GENAI_CONFIG
+from .pipeline_checks import genai_folder_run, genai_run, growing_run
 from .reference import NO_TIME, session_options
 from .validation_inputs import SEED, dtype_of
 
@@ -280,6 +281,9 @@ def validate_pipeline(request: ValidationRequest) -> ValidationReport:
                 return {**refused, "structural": Verdict.PASSED, **answer}
             sessions.append(session)
         steps, ep_tokens = ep_run(sessions[0], sessions[1], cpu, layout)
+        del sessions  # genai opens the shared context again, in the members' order
+        folder = Path(next(iter(request["members"].values()))["artifact"]).parent
+        packaged = genai_folder_run(info, folder, cpu, blocked) if (folder / GENAI_CONFIG).is_file() else None
     except ModelError as exc:
         return {"status": Verdict.FAILED, "structural": Verdict.PASSED, "reason": exc.message, **answer}
     cpu_tokens = cpu["tokens"]
@@ -287,15 +291,19 @@ def validate_pipeline(request: ValidationRequest) -> ValidationReport:
     thresholds = {**DEFAULT_THRESHOLDS[kind], **members[0]["thresholds"]}
     failures = judge(steps, thresholds) + [f"{check['detail']}: the pipeline's cache layout ({layout}) is not the "
                                            "model's" for check in cpu["checks"] if check["status"] == "departs"]
+    if packaged is not None and packaged["status"] == "departs":
+        failures.append(packaged["detail"])
     where = "the members compiled alone" if blocked else "the shared context"
     figures = (f"pipeline on {where}: prompt + {pipeline['tokens']} token steps, logits SNR >= "
                f"{min(s['snr_db'] for s in steps):.1f} dB, greedy tokens "
                f"{'equal' if cpu_tokens == ep_tokens else 'differ'} ({ep_tokens} on the EP, {cpu_tokens} on CPU); "
-               f"the CPU run against {', '.join(c['kind'] + ': ' + c['status'] for c in cpu['checks']) or 'nothing'}")
+               f"the CPU run against {', '.join(c['kind'] + ': ' + c['status'] for c in cpu['checks']) or 'nothing'}"
+               + (f"; the folder in onnxruntime-genai: {packaged['status']}" if packaged else ""))
     report: ValidationReport = {"structural": Verdict.PASSED, "precision": kind, "thresholds": thresholds,
                                 "pipeline": {"ran_on": where, "layout": layout, "prompt": cpu["prompt"], "steps": steps,
                                              "tokens_cpu": cpu_tokens, "tokens_ep": ep_tokens,
-                                             "cpu_checked": cpu["checks"]}}
+                                             "cpu_checked": cpu["checks"],
+                                             **({"genai_folder": packaged} if packaged else {})}}
     if failures:
         return {**report, **answer, "status": Verdict.FAILED, "reason": f"{figures}: " + "; ".join(failures)}
     if blocked:

@@ -104,6 +104,33 @@ def genai_greedy(og: Any, folder: Path, prompt: list[int], count: int) -> list[i
     return produced
 
 
+def genai_folder_run(info: Any, folder: Path, cpu: dict[str, Any], blocked: str | None) -> dict[str, Any]:
+    """onnxruntime-genai's greedy generator on a group's folder (its decoder-pipeline config, `steps.package`),
+    with the target's EP registered with genai, against the pipeline's CPU tokens. Not checked where the shared
+    context cannot load here (`blocked`) or genai is not installed; any other failure to run is the folder's."""
+    if blocked:
+        return {"status": "not checked", "detail": f"the shared context cannot load here ({blocked})"}
+    try:
+        import onnxruntime_genai as og
+    except ImportError:
+        return {"status": "not checked", "detail": "onnxruntime-genai is not installed here: pip install "
+                                                   "'epbuild[genai]'"}
+    from ..execute.host import plugin_library
+
+    try:
+        if info.module:
+            og.register_execution_provider_library(info.name, plugin_library(info))
+        tokens = genai_greedy(og, folder, cpu["prompt"], len(cpu["tokens"]))
+    except Exception as exc:  # noqa: BLE001 - genai's refusal of the folder is the finding
+        return {"status": "departs", "detail": f"onnxruntime-genai cannot run the folder: "
+                                               f"{str(exc).strip().splitlines()[-1]}"}
+    if tokens != cpu["tokens"][: len(tokens)]:
+        return {"status": "departs", "detail": f"onnxruntime-genai's greedy decoding of the folder gives {tokens}, "
+                                               f"the pipeline's CPU run {cpu['tokens']}"}
+    return {"status": "agrees", "detail": f"onnxruntime-genai loads the folder on {info.name} and gives the "
+                                          f"pipeline's tokens {tokens}"}
+
+
 GENAI_PROMPT, GENAI_TOKENS = 8, 8  # a fixed-seed prompt and the greedy tokens compared
 
 

@@ -15,6 +15,8 @@ from ..files.layout import Layout
 from ..manifest.builds import SIDECAR, Build
 from .compilers.base import shared_weights
 
+SHARED_SESSION = {"ep.share_ep_contexts": "1"}  # what every member's session sets: the later ones reuse the first's
+
 
 def _binary_bytes(folder: Path, names: list[str]) -> int:
     return sum((folder / name).stat().st_size for name in names)
@@ -28,7 +30,7 @@ def loading_contract(build: Build, folder: Path, recorded: ArtifactRecord, layou
     weights = shared_weights(list(build.members)) if target.ep.shared_weights_outside else []
     shared = _binary_bytes(folder, binaries + weights)
     contract: dict[str, Any] = {
-        "session_options": {"ep.share_ep_contexts": "1"}, "order": [m.name for m in build.members],
+        "session_options": dict(SHARED_SESSION), "order": [m.name for m in build.members],
         "one_binary": len(binaries) == 1, "binaries": {name: (folder / name).stat().st_size for name in binaries},
         **({"weights": {name: (folder / name).stat().st_size for name in weights}} if weights else {}),
         "how": "create the members' sessions in this order, each with these session options (the first loads the "

@@ -27,6 +27,7 @@ from ..steps.compilers import compiler
 from ..steps.fingerprint import validation_fingerprint
 from ..steps.model_package import assemble, check_package, manifest_files, manifest_text, unvalidated
 from ..steps.model_package import fingerprint as package_fingerprint
+from ..steps.package import pipeline_files
 from ..steps.preprocess import run_stage
 from ..steps.reduce import reduce_failure, reducible
 from ..steps.repro import write_repro
@@ -69,6 +70,9 @@ def run_compile(build: Build, workspace: Workspace) -> TaskFailed | TaskResult:
         if sharing.get("ratio") is not None:
             detail += (f"; shared context {sharing['shared_bytes'] / 1e6:.2f} MB, {sharing['ratio']:.2f} of the "
                        "members compiled alone")
+        why_not = None if build.members[0].package else pipeline_files(build.members, build.pipeline_tokens)[1]
+        detail += ("; the folder is what onnxruntime-genai loads (genai_config.json: decoder-pipeline)"
+                   if build.members[0].package else f"; {why_not}" if why_not else "")
     else:
         detail = compiler(build.target).describe(nodes)
     say(f"{done.status} {done.build}: {detail}, {done.seconds:.1f} s{usage_text(done.usage)} -> "
