@@ -4,7 +4,7 @@ named in the registry, docs/state.md is the registry, and a folder of another la
 from __future__ import annotations
 
 from conftest import REPO, ran
-from epbuild.files.state import FORMAT, STATE_FILES, settle_format, table, unlisted
+from epbuild.files.state import FORMAT, FORMAT_FILE, STATE_FILES, settle_format, table, unlisted
 
 MANIFEST = """
 [models.tinycnn]
@@ -83,3 +83,37 @@ def test_every_path_under_state_is_made_through_the_registry(tmp_path):
                  for number, line in enumerate(path.read_text().splitlines(), 1)
                  if joined.search(line.split("#")[0]) and not {'"""', "`", "artifacts/.state/"} & set(_words(line))]
     assert offenders == []
+
+
+def test_losing_any_state_file_costs_a_check_never_a_wrong_answer(project):
+    """Every file under `.state/` is a shortcut or a record a full check rebuilds (the registry's promise): each one
+    deleted in turn after a build, the next run does what the registry's `lost` says (nothing, or every task runs
+    again and restores its outputs from the cache, never compiling anew), and every artifact keeps its bytes."""
+    from epbuild.files.state import NOTHING_RUNS
+    from helpers import tree_bytes
+
+    project.manifest(MANIFEST)
+    project.doit()
+    project.doit("list")
+    assert ran(project.doit()) <= {"unavailable"}
+    state = project.artifacts / ".state"
+    artifacts = tree_bytes(project.artifacts)  # the reports aside: they hold timings
+    tasks = {"compile:tinycnn@cpu", "validate:tinycnn@cpu", "compile:tinycnn@qnn-htp", "validate:tinycnn@qnn-htp"}
+    # the layout marker has a test of its own (above) and a contract row
+    present = [f for f in STATE_FILES if f.pattern != FORMAT_FILE and any(state.glob(f.pattern))]
+    assert len(present) >= 13, [f.pattern for f in present]
+    for entry in present:
+        for path in state.glob(entry.pattern):
+            path.unlink()
+        again = project.doit()
+        executed = ran(again) - {"unavailable"}
+        lines = [line for line in again.stdout.splitlines() if line.startswith(("compiled ", "staged ", "restored "))]
+        if entry.lost == NOTHING_RUNS:
+            assert executed == set(), f".state/{entry.pattern} lost: {again.stdout[-2000:]}"
+        else:
+            assert executed == tasks and all(line.startswith("restored ") for line in lines), again.stdout[-2000:]
+        assert tree_bytes(project.artifacts) == artifacts, f".state/{entry.pattern} lost: artifacts changed"
+        project.env["EPBUILD_FAST_PATH"] = "0"  # a full load: what a no-op's shortcut skipped is made again
+        project.doit("list")
+        project.doit()
+        project.env.pop("EPBUILD_FAST_PATH")

@@ -16,24 +16,31 @@ FORMAT_FILE = "format"
 RECORDS_LOCK = "records.lock"
 
 
+NOTHING_RUNS = "nothing runs"  # what the next run does without the file (tests/test_state.py checks each)
+RESTORED = "every task runs again, restoring its outputs from the cache"
+
+
 class StateFile:
     """One entry of the registry (a plain class: the registry is read by every run, the no-op included)."""
 
-    __slots__ = ("earned_by", "holds", "owner", "pattern", "stale_when")
+    __slots__ = ("earned_by", "holds", "lost", "owner", "pattern", "stale_when")
 
-    def __init__(self, pattern: str, owner: str, holds: str, stale_when: str, earned_by: str):
+    def __init__(self, pattern: str, owner: str, holds: str, stale_when: str, earned_by: str,
+                 lost: str = NOTHING_RUNS):
         self.pattern = pattern  # relative to .state/ (glob)
         self.owner = owner  # the module that reads and writes it
         self.holds = holds
         self.stale_when = stale_when
         self.earned_by = earned_by  # the figure that keeps it (bench/results/...), or why it is not a shortcut
+        self.lost = lost  # what a run does when it is missing: never a wrong answer
 
 
 STATE_FILES = (
     StateFile(RECORDS_LOCK, "files.state", "the lock a build holds while it writes the run record or the settings "
               "record (two builds ending together)", "never read", "not a shortcut: concurrent builds"),
     StateFile(FORMAT_FILE, "files.state", "this folder's layout version", "epbuild changes the layout",
-              "not a shortcut: what makes every other file safe to read"),
+              "not a shortcut: what makes every other file safe to read",
+              "the next full load takes the folder for another layout's and empties it: " + RESTORED),
     StateFile("noop.pickle", "fast_path", "the last full no-op: its project key and every checked file's identity",
               "the key (manifest, epbuild's code, environment, host probe) or any file's identity differs",
               "scale.json: no-op at 1000 targets, fast path against full path"),
@@ -49,7 +56,7 @@ STATE_FILES = (
               "merged into the base when it outgrows it", "scale-change.json (as last-run.pickle)"),
     StateFile("configs.json", "store.task_configs", "each task's settings digest at its last success and the "
               "files it published", "a task's settings or published files change",
-              "not a shortcut: the settings doit's own record does not hold (incremental contract rows)"),
+              "not a shortcut: the settings doit's own record does not hold (incremental contract rows)", RESTORED),
     StateFile("configs.journal", "store.task_configs", "lines appended since the base", "merged when outgrown",
               "scale-change.json (a run writes its lines, not the whole record)"),
     StateFile("configs.sha256", "store.task_configs", "the base's per-entry digests", "the base is rewritten",
@@ -133,13 +140,16 @@ def settle_format(state: Path) -> bool:
 
 def table() -> str:
     """docs/state.md's body."""
-    rows = "\n".join(f"| `{f.pattern}` | `{f.owner}` | {f.holds} | {f.stale_when} | {f.earned_by} |"
+    rows = "\n".join(f"| `{f.pattern}` | `{f.owner}` | {f.holds} | {f.stale_when} | {f.earned_by} | {f.lost} |"
                      for f in STATE_FILES)
     return ("# What epbuild remembers between runs\n\nEverything under `artifacts/.state/` (generated from "
             "`rules/epbuild/files/state.py`: `python -m epbuild.files.state > docs/state.md`). Deleting the folder "
-            "is always safe: the next run checks everything in full and writes it again. Every path under it is made "
+            "is always safe: the next run checks everything in full and writes it again; the last column says what "
+            "a run does without each file (`tests/test_state.py` deletes each in turn after a build and checks it, and "
+            "that every artifact keeps its bytes). Every path under it is made "
             "through `files.state.state_file`, which refuses a name this table does not declare. Layout format "
-            f"{FORMAT}.\n\n| file | owner | holds | stale when | earns its place |\n|---|---|---|---|---|\n{rows}\n")
+            f"{FORMAT}.\n\n| file | owner | holds | stale when | earns its place | when lost |\n"
+            f"|---|---|---|---|---|---|\n{rows}\n")
 
 
 if __name__ == "__main__":
