@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -335,3 +336,25 @@ def test_the_cap_never_evicts_an_entry_another_builder_holds(tmp_path):
         builder.join(30)
     cache.store("dd" * 32, tmp_path / "out", ["validation.json"])
     assert sorted(p.name for p in entries.iterdir()) == ["dd" * 32]  # no longer held: evicted as usual
+
+
+def test_an_entry_evicted_while_it_is_copied_is_a_miss(tmp_path, monkeypatch):
+    """A restore that holds no lock (small CPU references: two targets may compute one at once) met another
+    builder's store under a cap below one entry: the entry vanished between its check and its copy, and the
+    validation failed on `No such file or directory`. It is a miss: nothing is restored, the caller computes it."""
+    from epbuild.store import cache as cache_module
+
+    cache = ArtifactCache(tmp_path / "cache", FileHashes(tmp_path / "state"))
+    (tmp_path / "out").mkdir()
+    for name in ("a.json", "reference.json"):
+        (tmp_path / "out" / name).write_text("{}")
+    cache.store("ab" * 32, tmp_path / "out", ["a.json", "reference.json"])
+    entry = tmp_path / "cache" / ENTRIES / ("ab" * 32)
+    copy = cache_module.copy_file
+
+    def evicting(source, target, hard_links):
+        copy(source, target, hard_links)
+        shutil.rmtree(entry)  # another builder's store evicts it after the first file
+    monkeypatch.setattr(cache_module, "copy_file", evicting)
+    assert cache.restore("ab" * 32, tmp_path / "restored") is None
+    assert list((tmp_path / "restored").iterdir()) == []

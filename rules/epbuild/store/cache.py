@@ -129,12 +129,21 @@ class ArtifactCache:
                 self._evict(entry, f"{name} does not match its recorded sha256")
                 return None
         destination.mkdir(parents=True, exist_ok=True)
-        for name in recorded:
-            target = destination / name
-            if "/" in name:
-                target.parent.mkdir(parents=True, exist_ok=True)
-            copy_file(entry / name, target, self.hard_links)
-            self.hashes.copied(target, recorded[name])
+        copied: list[Path] = []
+        try:
+            for name in recorded:
+                target = destination / name
+                if "/" in name:
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                copy_file(entry / name, target, self.hard_links)
+                copied.append(target)
+                self.hashes.copied(target, recorded[name])
+        except FileNotFoundError:
+            # evicted meanwhile: a restore that holds no lock (a small CPU reference, which two targets may compute
+            # at once) can meet another builder's store under the cap. A miss, like any other: nothing restored
+            for target in copied:
+                target.unlink(missing_ok=True)
+            return None
         with contextlib.suppress(OSError):  # a read-only cache restores all the same
             os.utime(entry)  # recency for least-recently-used eviction
         return sorted(recorded)
