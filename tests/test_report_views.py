@@ -185,11 +185,12 @@ def test_progress_on_a_terminal_and_plain_lines_elsewhere(tmp_path, host_cache, 
     for task in ("compile:tinycnn@cpu", "compile:encoder@cpu", "validate:encoder@cpu"):
         assert len(re.findall(rf"(compiled|passed) {task}:", live)) == 1, live  # each task's line, once
     assert "summary: " in live
-    durations = json.loads((project.artifacts / ".state" / "durations.json").read_text())
-    assert set(durations) >= {"compile:tinycnn@cpu", "validate:encoder@cpu"}
+    seconds = json.loads((project.artifacts / "build-report.json").read_text())["tasks"]
+    assert all(isinstance(seconds[task]["seconds"], float) for task in ("compile:tinycnn@cpu", "validate:encoder@cpu"))
+    assert not (project.artifacts / ".state" / "durations.json").exists()  # the report holds them
     project.doit("forget")
     again = run_on_terminal(project, "-n", "2", "-P", parallel)
-    assert re.search(r"ETA \d+:\d\d", again), again  # from the durations of the first build
+    assert re.search(r"ETA \d+:\d\d", again), again  # from the first build's durations in the report
     project.doit("forget")
     plain = project.doit("-n", "2", "-P", parallel)  # a pipe: CI logs
     assert "\x1b" not in plain.stdout + plain.stderr and "\r" not in plain.stdout

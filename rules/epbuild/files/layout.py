@@ -8,7 +8,7 @@ shares (atomic writes, a file's identity).
     artifacts/.stages/<model>/<stage>/    stage outputs (shape, optimize, quantize, squash, freeze)
     artifacts/.logs/<target>/             child and tool output, one file per task
     artifacts/.scratch/                   private work folders, renamed into place or deleted
-    artifacts/.state/                     host probe, hash memory, external-data index, operator checks, durations,
+    artifacts/.state/                     host probe, hash memory, external-data index, operator checks,
                                           the settings each task last succeeded with, the no-op stamp, the last
                                           run's record, the reports' remembered parts, the last plan
 """
@@ -64,10 +64,6 @@ class Layout:
     @property
     def configs(self) -> Path:
         return self.state_file("configs.json")
-
-    @property
-    def durations(self) -> Path:
-        return self.state_file("durations.json")
 
     def build_dir(self, target: str, name: str, shared: bool) -> Path:
         """A published compile (`shared`: a shared-context group)."""

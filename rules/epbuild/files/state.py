@@ -78,8 +78,6 @@ STATE_FILES = (
               "package versions or the machine change", "doit.json: the probe is a child process each run else"),
     StateFile("hashes/*.tsv", "files.hashing", "the sha256 of each file hashed, by its identity (ctime included)",
               "the file's identity changes", "cache.json: unchanged files are not re-hashed"),
-    StateFile("durations.json", "report.progress", "how long each task last took, for the ETA", "a task runs again",
-              "not a shortcut: the progress line's estimate"),
     StateFile("ops/*/*.json", "tasks.actions", "a qaic target's operator check result", "the model or qaic changes",
               "not a shortcut: the `ops:` task's output"),
 )

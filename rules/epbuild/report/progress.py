@@ -1,5 +1,5 @@
 """Live progress on a terminal: done/total per kind of task, the running tasks with their elapsed time, and an ETA
-from how long each task took when it last ran (kept in `artifacts/.state/durations.json`).
+from how long each task took when it last ran (the build report's `seconds`).
 
 Drawn with `rich` by the build reporter in doit's main process, so it works with `-n N` in both `-P process` and
 `-P thread`. On anything but a terminal (CI logs, pipes) nothing here runs and the output stays plain lines.
@@ -9,17 +9,15 @@ Drawn with `rich` by the build reporter in doit's main process, so it works with
 from __future__ import annotations
 
 import io
-import json
 import os
 import sys
 import threading
 import time
 from collections import Counter
-from pathlib import Path
+from collections.abc import Mapping
 from typing import IO, Any
 
 from ..errors import UserError
-from ..files.layout import write_json
 
 MODE_VARIABLE = "EPBUILD_PROGRESS"
 STAGE_KINDS = frozenset({"freeze", "shape", "fold", "optimize", "quantize", "squash"})
@@ -43,23 +41,16 @@ def kind_of(task: str) -> str:
     return "stage" if basename in STAGE_KINDS else basename
 
 
-def load_durations(path: Path) -> dict[str, float]:
-    try:
-        return {k: float(v) for k, v in json.loads(path.read_text()).items()}
-    except (OSError, ValueError, AttributeError):
-        return {}
-
-
-def save_durations(path: Path, known: dict[str, float], entries: dict[str, dict[str, Any]], ran: set[str]) -> None:
-    """Remember how long each task that did its work this run took."""
-    updated = dict(known)
-    for name in ran:
-        entry = entries.get(name, {})
-        if entry.get("status") in SUCCESS and isinstance(entry.get("seconds"), (int, float)):
-            updated[name] = entry["seconds"]
-    if updated != known:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_json(path, updated, indent=None)
+def durations(entries: Mapping[str, Any], tasks: list[str]) -> dict[str, float]:
+    """How long each of `tasks` took when it last did its work, as the build report's entries hold it (read only
+    for the live status area, so only on a terminal, and only the entries of this run's tasks)."""
+    known = {}
+    for task in tasks:
+        entry = entries.get(task)
+        if isinstance(entry, dict) and entry.get("status") in SUCCESS and isinstance(entry.get("seconds"),
+                                                                                   (int, float)):
+            known[task] = float(entry["seconds"])
+    return known
 
 
 def memory_line() -> str:

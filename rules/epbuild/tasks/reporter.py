@@ -18,7 +18,7 @@ from ..fast_path import Stamp
 from ..files.owners import sweep
 from ..report.build_report import BuildReport
 from ..report.cells import cell_tasks
-from ..report.progress import LiveProgress, load_durations, save_durations
+from ..report.progress import LiveProgress, durations
 from ..report.views import templates_prepared_in_background, write_views
 from .actions import fail_blocked
 from .checker import saw
@@ -94,10 +94,10 @@ class BuildReporter(ConsoleReporter):
         self.started: dict[str, float] = {}
         self.blocked: set[str] = set()  # not run: a task they need failed
         self.uptodate: set[str] = set()
-        self.durations = load_durations(self.project.layout.durations)
         self.live = None
         if self.project.live and not {"backends", "cache"} & set(selected_tasks):
-            self.live = LiveProgress(self.outstream, _closure(tasks, selected_tasks), self.durations,
+            closure = _closure(tasks, selected_tasks)
+            self.live = LiveProgress(self.outstream, closure, durations(self.report.entries, closure),
                                      catch_prints=self.project.threads)
 
     def write(self, text):
@@ -259,7 +259,6 @@ class BuildReporter(ConsoleReporter):
                 Stamp(layout).path.unlink(missing_ok=True)  # it to find that out (45,000 identities at 10,000 targets)
             if self.project.key and self.project.command != "list":
                 self._write_run_record()
-            save_durations(layout.durations, self.durations, self.report.entries, set(self.started))
             if self.project.writable and set(self.started) - {"unavailable"}:
                 # again at the end: a killed build's jobs may still have been writing into their folders when
                 # this run swept at its start
