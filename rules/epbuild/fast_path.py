@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import pickle
 import platform
 import sys
 from collections.abc import Iterator
@@ -29,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from .files.journal import journal_of
-from .files.layout import Layout, file_identity, settled, stat_key, write_atomic, write_json
+from .files.layout import Layout, file_identity, settled, stat_key, write_json
+from .files.state_record import identities_hold, read_record, write_record
 from .invocation import Invocation
 from .logs import log
 
@@ -85,16 +85,8 @@ class Stamp:
 
     def still_valid(self, key: str) -> dict[str, Any] | None:
         """The stamp when the key and every file's identity still match, else None."""
-        try:
-            stamp = pickle.loads(self.path.read_bytes())
-        except Exception:  # noqa: BLE001 - absent, torn or foreign: no stamp
-            return None
-        if not isinstance(stamp, dict) or stamp.get("key") != key:
-            return None
-        for path, identity in stamp["files"].items():
-            if file_identity(path) != identity:
-                return None
-        return stamp
+        stamp = read_record(self.path, "key", key)
+        return stamp if stamp is not None and identities_hold(stamp["files"]) else None
 
     def write(self, key: str, checked: dict[str, list[int]], looked_at: list[Path], tasks: int,
               skipped: dict[str, str]) -> None:
@@ -115,8 +107,7 @@ class Stamp:
                 return
             if stat_key(stat) != checked[path] or not settled(stat):
                 return  # a file changed while this run checked it, or may still change under the same identity
-        write_atomic(self.path, pickle.dumps({"key": key, "files": files, "tasks": tasks, "skipped": skipped},
-                                             protocol=pickle.HIGHEST_PROTOCOL))
+        write_record(self.path, {"key": key, "files": files, "tasks": tasks, "skipped": skipped})
         self.path.with_suffix(".json").unlink(missing_ok=True)  # the stamp as earlier versions wrote it
 
 

@@ -21,8 +21,9 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from ..files.layout import file_identity, write_atomic
+from ..files.layout import file_identity
 from ..files.state import state_file
+from ..files.state_record import identities_hold, read_record, write_record
 from ..manifest.builds import Build, ResolvedTarget
 from ..manifest.parse import Manifest
 from ..manifest.stage import Stage
@@ -85,13 +86,8 @@ class SavedPlan:
 
     def load(self) -> Plan | None:
         """The saved plan when its key and every file's identity match, else None (absent, unreadable, torn)."""
-        try:
-            saved = pickle.loads(self.path.read_bytes())
-        except Exception:  # noqa: BLE001 - a torn or foreign file is only a missing plan
-            return None
-        if not isinstance(saved, dict) or saved.get("key") != self.key:
-            return None
-        if any(file_identity(path) != identity for path, identity in saved["files"].items()):
+        saved = read_record(self.path, "key", self.key)
+        if saved is None or not identities_hold(saved["files"]):
             return None
         if not all(_is_plain_file(path) for path in saved["models"]):
             return None
@@ -114,7 +110,5 @@ class SavedPlan:
                 return
             files[path] = identity
         folders = {path: _folder(path) for path in _folders_above(models)}
-        blob = pickle.dumps({"key": self.key, "files": files, "models": models, "folders": folders, "plan": plan},
-                            protocol=pickle.HIGHEST_PROTOCOL)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(self.path, blob)
+        write_record(self.path, {"key": self.key, "files": files, "models": models, "folders": folders,
+                                 "plan": plan})

@@ -14,7 +14,6 @@ import functools
 import hashlib
 import json
 import os
-import pickle
 import re
 import threading
 import xml.etree.ElementTree as ElementTree
@@ -29,6 +28,7 @@ from markupsafe import Markup, escape
 
 from ..files.journal import append_line, outgrown, read_lines
 from ..files.layout import Layout, file_identity, write_atomic
+from ..files.state_record import decode_record, write_record
 from ..manifest.builds import Build
 from .build_report import statuses
 from .cells import PENDING, Cell, source_of
@@ -198,10 +198,10 @@ class PartStore:
         made_from, unsettled = None, []
         try:
             data = path.read_bytes()
-            stored = pickle.loads(data)
-        except Exception:  # noqa: BLE001 - absent, torn or foreign: nothing remembered
-            stored = None
-        if isinstance(stored, dict) and stored.get("version") == self.version:
+        except OSError:
+            data = b""
+        stored = decode_record(data, "version", self.version) if data else None
+        if stored is not None:
             self.old, self.base_size = stored.get("parts", {}), len(data)
             made_from, unsettled = stored.get("made_from"), stored.get("unsettled", [])
         # a journal extends its base: without one, everything is rendered afresh
@@ -250,7 +250,7 @@ class PartStore:
         if self.base_size and not outgrown(self.base_size, self.journal_size + len(line)):
             append_line(self.journal, line)
             return
-        write_atomic(self.path, pickle.dumps({**record, "parts": self.new}, protocol=pickle.HIGHEST_PROTOCOL))
+        write_record(self.path, {**record, "parts": self.new})
         self.journal.unlink(missing_ok=True)
 
 

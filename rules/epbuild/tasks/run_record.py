@@ -17,14 +17,14 @@ import itertools
 import json
 import operator
 import os
-import pickle
 from pathlib import Path
 from typing import Any
 
 from ..fast_path import DEP_FILE, file_identity
 from ..files.journal import append_line, journal_of, outgrown, read_lines
-from ..files.layout import Layout, write_atomic
+from ..files.layout import Layout
 from ..files.state import records_lock
+from ..files.state_record import read_record, write_record
 from .checker import SEEN_CHANGING
 from .selection import Identity, Recorded
 
@@ -86,11 +86,8 @@ class RunRecord:
         """The record as base and journal make it, and what was read (the base's identity, its generation, the
         journal's size); None when absent, unreadable, torn or mixed."""
         before = file_identity(str(self.path))
-        try:
-            record = pickle.loads(self.path.read_bytes())
-        except Exception:  # noqa: BLE001 - absent, torn or foreign: no record
-            return None
-        if not isinstance(record, dict) or record.get("format") != FORMAT:
+        record = read_record(self.path, "format", FORMAT)
+        if record is None:
             return None
         lines, size = read_lines(self.journal)
         for line in lines:
@@ -130,7 +127,7 @@ class RunRecord:
             record = {"format": FORMAT, "key": key, "generation": os.urandom(8).hex(), "watched": watched,
                       "tasks": recorded.tasks, "files": recorded.files, "task_deps": recorded.task_deps,
                       "looked_at": recorded.looked_at}
-            write_atomic(self.path, pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL))
+            write_record(self.path, record)
 
     def _append(self, recorded: Recorded, before: Recorded, watched: dict[str, Any]) -> bool:
         """Append what changed since `before`, when base and journal are still as it was read and the journal
