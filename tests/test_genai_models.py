@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
 
 import onnx
@@ -15,7 +16,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from conftest import build_report
+from conftest import build_report, ran
 from epbuild.files.weights import FOLDER_OPTION
 from epbuild.steps import vendor_shim
 from genai_models import built, genai_folder_check, genai_tokens
@@ -87,6 +88,13 @@ def test_a_builder_model_builds_into_a_folder_onnxruntime_genai_loads(project, b
     again = project.doit()
     assert "compiled compile:llama@cpu" in again.stdout
     assert json.loads((folder / "tokenizer_config.json").read_text()) == {"model_max_length": 64}
+
+    # the verdict is genai's generator's: another onnxruntime-genai runs the validation again, not the compile
+    meta = project.root.parent / "genai-meta" / "onnxruntime_genai-99.0.dist-info"
+    meta.mkdir(parents=True)
+    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: onnxruntime-genai\nVersion: 99.0\n")
+    project.env["PYTHONPATH"] = f"{meta.parent}{os.pathsep}{project.env['PYTHONPATH']}"
+    assert ran(project.doit()) == {"validate:llama@cpu"}
 
 
 def test_the_pipeline_decodes_as_onnxruntime_genai_does(project, builder_output):

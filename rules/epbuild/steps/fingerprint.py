@@ -29,6 +29,8 @@ from ..manifest.stage import Stage
 from ..version import RULES_FORMAT
 from . import vendor_shim
 from .compilers import compiler
+from .package import GENAI_DISTRIBUTION as GENAI
+from .package import genai_files
 
 
 @functools.cache
@@ -82,7 +84,9 @@ def validate_config(build: Build, root: Path, provenance: Provenance) -> dict[st
                          "reference": relative(v.reference, root) if v.reference else None,
                          **({"inconclusive": v.inconclusive} if v.inconclusive != "report" else {})}
                         for v in (m.validation for m in build.members)],
-            **({"pipeline": {"tokens": build.pipeline_tokens}} if build.pipeline_tokens else {})}
+            **({"pipeline": {"tokens": build.pipeline_tokens}} if build.pipeline_tokens else {}),
+            # a genai folder's verdict is onnxruntime-genai's generator run on it
+            **({"genai": provenance.version(GENAI)} if build.members[0].package else {})}
 
 
 def _digest(payload: dict[str, Any]) -> str:
@@ -141,7 +145,10 @@ def pipeline_fingerprint(build: Build, request: dict[str, Any], hashes: FileHash
     libraries, this host's CPU), in the group's order, and the number of token steps. Not the target."""
     members = [reference_fingerprint(member, request["members"][member.name], hashes, provenance)
                for member in build.members]
-    return _digest({"kind": "pipeline", "members": members, "tokens": request["pipeline"]["tokens"]})
+    first = build.members[0]
+    checked = genai_files(first.declared or first.model.path)  # the CPU run is checked against genai's generator
+    return _digest({"kind": "pipeline", "members": members, "tokens": request["pipeline"]["tokens"],
+                    **({"genai": provenance.version(GENAI)} if checked else {})})
 
 
 def stage_config(stage: Stage, provenance: Provenance) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 GENAI_CONFIG = "genai_config.json"
+GENAI_DISTRIBUTION = "onnxruntime-genai"  # its generator judges these folders: its version is in their verdicts' keys
 MODEL_SUFFIXES = (".onnx", ".data", ".onnx_data", ".bin")  # the builder's graphs and weights: not packaged
 PROVIDER_NAMES = {"qnn": "qnn", "openvino": "OpenVINO", "dml": "dml", "nvtensorrtrtx": "NvTensorRtRtx",
                   "vitisai": "VitisAI", "migraphx": "MIGraphX"}  # genai_config's provider_options keys
