@@ -65,7 +65,12 @@ def write_package(files: tuple[Path, ...], folder: Path, model_file: str, ep_ali
     decoder["filename"] = model_file
     session = decoder.setdefault("session_options", {})
     session["provider_options"] = _providers(folder, ep_alias, options)
-    (folder / GENAI_CONFIG).write_text(json.dumps(data, indent=4, sort_keys=True) + "\n")
+    _write(folder, data, others)
+
+
+def _write(folder: Path, config: dict[str, Any], others: list[Path]) -> None:
+    """The rewritten config and the processing files, copied (never linked) into the artifact folder."""
+    (folder / GENAI_CONFIG).write_text(json.dumps(config, indent=4, sort_keys=True) + "\n")
     for path in others:
         shutil.copyfile(path, folder / path.name)
 
@@ -119,6 +124,4 @@ def write_pipeline_package(files: tuple[Path, ...], folder: Path, stages: list[t
                                 "inputs": [i.name for i in graph.input], "outputs": [o.name for o in graph.output],
                                 "run_on_prompt": index == 0, "run_on_token_gen": index == 1}})
     decoder["pipeline"] = pipeline
-    (folder / GENAI_CONFIG).write_text(json.dumps(data, indent=4, sort_keys=True) + "\n")
-    for path in others:
-        shutil.copyfile(path, folder / path.name)
+    _write(folder, data, others)
