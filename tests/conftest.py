@@ -24,7 +24,7 @@ class Project:
         shutil.copy(REPO / "dodo.py", root / "dodo.py")
         shutil.copytree(REPO / "models", root / "models", ignore=shutil.ignore_patterns("*.py", "__pycache__"))
         shutil.copytree(REPO / "configs", root / "configs")
-        from epbuild.files.state import settle_format
+        from epbuild.state.registry import settle_format
 
         state = root / "artifacts" / ".state"
         settle_format(state)  # a project of this epbuild's state layout, seeded with this host's probe

@@ -16,7 +16,8 @@ import pytest
 
 from conftest import Project, ran
 from epbuild.errors import BuildError
-from epbuild.files.hashing import FileHashes
+from epbuild.files.hashing import sha256_file
+from epbuild.state.hash_memory import FileHashes
 from epbuild.store.cache import ENTRIES, RECORD, ArtifactCache
 from helpers import TWO_MODELS_CPU_QNN, perturb_weights, tree_bytes
 
@@ -173,7 +174,7 @@ def test_no_op_run_hashes_nothing_and_a_touched_tree_is_hashed_once(tmp_path, ho
 
 def _same_shard(folder: Path, count: int) -> list[Path]:
     """`count` file names in one folder whose paths fall in one shard of the memory."""
-    from epbuild.files.hashing import shard_of
+    from epbuild.state.hash_memory import shard_of
 
     by_shard: dict[str, list[Path]] = {}
     for at in range(10_000):
@@ -186,7 +187,7 @@ def _same_shard(folder: Path, count: int) -> list[Path]:
 
 
 def test_the_hash_memory_is_compacted_when_superseded_lines_pile_up(tmp_path, monkeypatch):
-    from epbuild.files import hashing
+    from epbuild.state import hash_memory as hashing
 
     monkeypatch.setattr(hashing, "COMPACT_SLACK", 5)
     kept, gone = _same_shard(tmp_path, 2)
@@ -204,15 +205,15 @@ def test_the_hash_memory_is_compacted_when_superseded_lines_pile_up(tmp_path, mo
     shard = tmp_path / "state" / "hashes" / hashing.shard_of(str(kept))
     assert len(shard.read_text().splitlines()) == 11
     fresh = hashing.FileHashes(tmp_path / "state")
-    assert fresh.sha256(kept) == hashing.sha256_file(kept)  # loads, compacts
+    assert fresh.sha256(kept) == sha256_file(kept)  # loads, compacts
     lines = shard.read_text().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"{kept}\t") and lines[0].endswith(hashing.sha256_file(kept))
+    assert len(lines) == 1 and lines[0].startswith(f"{kept}\t") and lines[0].endswith(sha256_file(kept))
 
 
 def test_a_lookup_reads_its_own_shard_of_the_memory_and_passes_over_a_torn_line(tmp_path, monkeypatch):
     """One model changed among 10,000: its lookup reads the shard its path falls in, not the whole memory; its
     latest whole line counts, a line cut short by a killed process is passed over."""
-    from epbuild.files import hashing
+    from epbuild.state import hash_memory as hashing
 
     model, other = tmp_path / "model.onnx", tmp_path / "model.onnx.data"
     memory = hashing.FileHashes(tmp_path / "state")
@@ -235,7 +236,7 @@ def test_a_lookup_reads_its_own_shard_of_the_memory_and_passes_over_a_torn_line(
 def test_a_file_under_several_names_is_read_once_until_it_changes(tmp_path, monkeypatch):
     """With `[cache] hard_links` the cache stores, publishes and restores by hard links: one read per file, not one
     per name."""
-    from epbuild.files import hashing
+    from epbuild.state import hash_memory as hashing
 
     reads: list[str] = []
     real = hashing.sha256_file

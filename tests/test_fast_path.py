@@ -77,7 +77,7 @@ def test_every_change_that_matters_takes_the_full_path(steady, tmp_path):
     assert ran(project.doit(), "compile:") == {"compile:tinycnn@cpu"}
     no_op(project)
 
-    (project.artifacts / ".state" / "configs.json").unlink()  # the settings record: every task runs again
+    (project.artifacts / ".state" / "configs.journaled").unlink()  # the settings record: every task runs again
     assert "compile:encoder@cpu" in ran(project.doit())
     no_op(project)
 

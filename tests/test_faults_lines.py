@@ -49,7 +49,7 @@ def test_a_corrupt_doit_database_is_set_aside_with_one_warning(project):
 def test_a_file_the_checker_cannot_read_makes_its_task_run(tmp_path, monkeypatch):
     """As a user without root: a model made unreadable. doit's file checker says "changed" (its task then runs
     and fails with one line naming the file) instead of raising PermissionError inside doit."""
-    from epbuild.files.hashing import FileHashes
+    from epbuild.state.hash_memory import FileHashes
     from epbuild.tasks.checker import HashChecker
 
     model = tmp_path / "m.onnx"

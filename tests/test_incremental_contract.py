@@ -164,7 +164,7 @@ def _other_onnx(project: Project) -> Callable[[], None]:
 
 def _foreign_state(project: Project) -> Callable[[], None]:
     """`.state/` as an older epbuild's layout left it (another format; its no-op stamp keyed by other code, so never
-    this code's shortcut): emptied before use (files.state), every task checked in full, restored from the cache."""
+    this code's shortcut): emptied before use (state.registry), every task checked in full, restored from the cache."""
     (project.artifacts / ".state" / "format").write_text("0\n")
     (project.artifacts / ".state" / "noop.pickle").unlink()
     return lambda: None

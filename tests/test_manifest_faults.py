@@ -134,7 +134,7 @@ def _mutants(seed: int = 26) -> list[str]:
 def test_a_fuzzed_manifest_is_built_or_refused_in_one_line_never_a_traceback(folder, host_cache):
     """300 fixed-seed mutations through everything task creation does (`epbuild.tasks.loading.load_project`, as
     `doit list`; in the default suite)."""
-    from epbuild.files.state import settle_format
+    from epbuild.state.registry import settle_format
     from epbuild.tasks.loading import load_project
 
     state = folder / "artifacts" / ".state"

@@ -16,7 +16,8 @@ import pytest
 from conftest import REPO
 from epbuild.execute.fork_server import SWITCH
 from epbuild.plan import external_data
-from epbuild.plan.external_data import ExternalDataIndex, read_models
+from epbuild.plan.external_data import INDEX, ExternalDataIndex, read_models
+from epbuild.state.journaled import read_journaled, write_journaled
 from helpers import TWO_MODELS_CPU_QNN, model_with_location, perturb_weights, setup_failing_checker
 
 EXPECTED = {
@@ -94,7 +95,12 @@ def test_a_first_build_never_imports_onnx_in_the_doit_process(project):
     assert done.returncode == 0, done.stdout + done.stderr
     imported = {line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines() if line.startswith("import time")}
     assert "epbuild.tasks" in imported and not {"onnx", "numpy", "onnxruntime"} & imported
-    assert (project.artifacts / ".state" / "external-data.json").is_file()
+    assert (project.artifacts / ".state" / INDEX).is_file()
+
+
+def _base(folder: Path) -> str:
+    """The index's entries as its record holds them (`state.journaled`)."""
+    return read_journaled(folder / "state" / INDEX).base.decode()
 
 
 def test_the_index_reads_a_model_again_only_when_it_has_changed(tmp_path):
@@ -124,17 +130,17 @@ def test_the_index_forgets_models_the_manifest_no_longer_names(tmp_path):
     again = ExternalDataIndex(tmp_path / "state")
     assert set(again.entries) == {str(kept), str(gone)} and again.unread([kept]) == []
     again.save()  # only the manifest's models were looked up: the other's entry goes
-    assert set(json.loads((tmp_path / "state" / "external-data.json").read_text())) == {str(kept)}
-    written = (tmp_path / "state" / "external-data.json").stat().st_mtime_ns
+    assert set(json.loads(_base(tmp_path))) == {str(kept)}
+    written = (tmp_path / "state" / INDEX).stat().st_mtime_ns
     third = ExternalDataIndex(tmp_path / "state")
     assert third.unread([kept]) == [] and third.save() is None
-    assert (tmp_path / "state" / "external-data.json").stat().st_mtime_ns == written  # nothing new: not written
+    assert (tmp_path / "state" / INDEX).stat().st_mtime_ns == written  # nothing new: not written
 
 
 def test_the_index_is_one_line_per_model_and_a_run_that_read_one_model_rewrites_only_its_line(tmp_path):
     """At 1,000 targets decoding and encoding the whole index took ~3 ms of the run after one model changed: the
-    other models' lines are written back as they were read; an index without its digest (an older epbuild's,
-    one line) is decoded whole."""
+    other models' lines are written back as they were read; an index its digest does not vouch for (one line) is
+    decoded whole."""
     (tmp_path / "models").mkdir()
     paths = [tmp_path / "models" / f"m{i}.onnx" for i in range(3)]
     for path in paths:
@@ -142,7 +148,7 @@ def test_the_index_is_one_line_per_model_and_a_run_that_read_one_model_rewrites_
     index = ExternalDataIndex(tmp_path / "state")
     index.read(index.unread(paths))
     index.save()
-    written = (tmp_path / "state" / "external-data.json").read_text()
+    written = _base(tmp_path)
     assert written.count("\n") == len(paths) + 2 and set(json.loads(written)) == {str(p) for p in paths}
     perturb_weights(paths[1], 3)
     again = ExternalDataIndex(tmp_path / "state")
@@ -150,10 +156,10 @@ def test_the_index_is_one_line_per_model_and_a_run_that_read_one_model_rewrites_
     assert again.unread(paths) == [paths[1]]
     again.read([paths[1]])
     again.save()
-    now = (tmp_path / "state" / "external-data.json").read_text().splitlines()
+    now = _base(tmp_path).splitlines()
     assert [line for line in now if str(paths[1]) not in line] == [line for line in written.splitlines()
                                                                     if str(paths[1]) not in line]
-    (tmp_path / "state" / "external-data.json").write_text(json.dumps(json.loads(written), sort_keys=True))
+    write_journaled(tmp_path / "state" / INDEX, json.dumps(json.loads(written), sort_keys=True).encode())
     older = ExternalDataIndex(tmp_path / "state")  # no digest names this text: decoded whole
     assert older.unread([paths[0]]) == [] and older.files(paths[0]) == []
 

@@ -16,7 +16,7 @@ from test_cache import MANIFEST as CACHE_MANIFEST
 
 from conftest import Project, build_report, ran
 from conftest import clone as clone_project
-from epbuild.files.hashing import FileHashes
+from epbuild.state.hash_memory import FileHashes
 from epbuild.store import remote_cache
 from epbuild.store.cache import RECORD, ArtifactCache
 from helpers import perturb_weights, tree_bytes

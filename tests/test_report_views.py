@@ -285,7 +285,8 @@ def test_a_build_no_task_of_which_ran_shows_the_part_the_last_page_showed_withou
     makes. A torn last journal line, or a build report rewritten since, makes every part keyed again."""
     from epbuild.files.layout import stat_key
     from epbuild.report import cells
-    from epbuild.report.views import PARTS, PartStore, write_views
+    from epbuild.report.views import PARTS, write_views
+    from epbuild.state.folder import StateFolder
     from epbuild.tasks.loading import load_project as Loaded
 
     project = Project(tmp_path, host_cache)
@@ -306,8 +307,7 @@ def test_a_build_no_task_of_which_ran_shows_the_part_the_last_page_showed_withou
     now = stat_key(os.stat(report))
     assert write_views(loaded.layout, loaded.builds, entries, untouched={"tinycnn@cpu"}, made_from=now) <= 1
     assert keyed == ["encoder@cpu"] and _written(project) == by_the_build
-    store = PartStore(loaded.layout.state / PARTS)
-    with open(store.journal, "a") as handle:  # a torn line, after the base or the lines before it
+    with open(StateFolder(loaded.layout.state).path(PARTS), "a") as handle:  # a torn line, after the base or lines
         handle.write('{"version": "torn')
     keyed.clear()
     write_views(loaded.layout, loaded.builds, entries, untouched={"tinycnn@cpu"}, made_from=now)
@@ -319,51 +319,54 @@ def test_a_build_no_task_of_which_ran_shows_the_part_the_last_page_showed_withou
 
 def test_a_part_rendered_while_its_files_could_change_is_never_taken_as_shown(tmp_path):
     from epbuild.report.views import PARTS, PartStore
+    from epbuild.state.folder import StateFolder
+    from epbuild.state.journaled import read_journaled
 
-    path, report = tmp_path / PARTS, tmp_path / "build-report.json"
+    state, report = StateFolder(tmp_path), tmp_path / "build-report.json"
     report.write_text("{}")
-    store = PartStore(path, report)
+    store = PartStore(state, report)
     store.get("a", "a1", lambda: {"html": "a"})
     store.get("b", None, lambda: {"html": "b"})  # rendered, not remembered
     store.save()
-    identity = pickle.loads(path.read_bytes())["made_from"]
-    again = PartStore(path, report, identity)
+    identity = pickle.loads(read_journaled(state.path(PARTS)).base)["made_from"]
+    again = PartStore(state, report, identity)
     assert again.current("a") == {"html": "a", "key": "a1"} and again.current("b") is None
-    assert PartStore(path, report, None).current("a") is None  # no build report was read: nothing is known
+    assert PartStore(state, report, None).current("a") is None  # no build report was read: nothing is known
 
 
-def test_a_run_appends_the_parts_it_rendered_and_the_base_is_rewritten_when_the_journal_outgrows_it(
-        tmp_path):
-    """10,000 builds' parts are 30 MB: a run that rendered two appends them to the journal; a torn line (a killed
-    build) is skipped; without its base the journal is ignored."""
+def test_a_run_appends_the_parts_it_rendered_and_the_base_is_rewritten_when_the_lines_outgrow_it(tmp_path):
+    """10,000 builds' parts are 30 MB: a run that rendered two appends them to the record as a line; a torn line (a
+    killed build) is skipped; a record of another renderer is not read."""
     from epbuild.report.views import PARTS, PartStore
+    from epbuild.state.folder import StateFolder
+    from epbuild.state.journaled import read_journaled, write_journaled
 
-    path = tmp_path / PARTS
-    store = PartStore(path)
+    state = StateFolder(tmp_path)
+    path = state.path(PARTS)
+    store = PartStore(state)
     names = "abcdefghijklmnop"
     for name in names:
         store.get(name, f"{name}1", lambda n=name: {"html": n * 400})
     store.save()
     base = path.read_bytes()
-    assert not store.journal.exists() and store.rendered == len(names)  # the first save writes the base
-    store = PartStore(path)
+    assert read_journaled(path).lines == [] and store.rendered == len(names)  # the first save writes the base
+    store = PartStore(state)
     assert store.get("a", "a1", lambda: pytest.fail("remembered")) == {"html": "a" * 400, "key": "a1"}
     store.get("b", "b2", lambda: {"html": "B" * 400})
     store.save()
-    assert path.read_bytes() == base and len(store.journal.read_text().splitlines()) == 1  # appended, not rewritten
-    with open(store.journal, "a") as handle:
+    assert path.read_bytes().startswith(base) and len(read_journaled(path).lines) == 1  # appended, not rewritten
+    with open(path, "a") as handle:
         handle.write('{"version": "torn')
-    store = PartStore(path)
+    store = PartStore(state)
     assert store.get("b", "b2", lambda: pytest.fail("remembered")) == {"html": "B" * 400, "key": "b2"}
-    store.get("c", "c2", lambda: {"html": "C" * 400})  # this line takes the journal past an eighth of the base
+    store.get("c", "c2", lambda: {"html": "C" * 400})  # this line takes the lines past an eighth of the base
     store.save()
-    assert not store.journal.exists() and set(pickle.loads(path.read_bytes())["parts"]) == {"b", "c"}  # this run's
-    store.get("d", "d2", lambda: {"html": "D" * 400})
-    store.journal.write_text(json.dumps({"version": store.version, "parts": {"x": {"key": "x1"}}}) + "\n")
-    path.unlink()
-    store = PartStore(path)
+    read = read_journaled(path)
+    assert read.lines == [] and set(pickle.loads(read.base)["parts"]) == {"b", "c"}  # this run's
+    write_journaled(path, pickle.dumps({"version": "another renderer", "parts": {"x": {"key": "x1"}}}))
+    store = PartStore(state)
     store.get("x", "x1", lambda: {"html": "x"})
-    assert store.rendered == 1  # no base: the journal is not read
+    assert store.rendered == 1
 
 
 def test_the_build_report_keeps_unchanged_entries_text_and_reads_a_file_of_any_layout(tmp_path):

@@ -1,7 +1,7 @@
-"""The last run's record as base and journal (`epbuild.tasks.run_record`): what is loaded is exactly what the last
-run recorded, whether it appended a line or rewrote the whole; a torn or foreign line, or a change to what the
-record watches, leaves no record (the full path). `test_selection.py` and the incrementality contract test take it
-through real builds."""
+"""The last run's record as base and lines (`epbuild.tasks.run_record`, `state.journaled`): what is loaded is
+exactly what the last run recorded, whether it appended a line or rewrote the whole; a torn or foreign line, or a
+change to what the record watches, leaves no record (the full path). `test_selection.py` and the incrementality
+contract test take it through real builds."""
 
 from __future__ import annotations
 
@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 from epbuild.fast_path import DEP_FILE
-from epbuild.files.journal import outgrown
 from epbuild.files.layout import Layout
+from epbuild.state.journaled import outgrown, read_journaled, write_journaled
+from epbuild.state.registry import CONFIGS
 from epbuild.tasks.checker import SEEN_CHANGING, saw
-from epbuild.tasks.run_record import RunRecord, _changes, next_record
+from epbuild.tasks.run_record import RECORD, RunRecord, _changes, next_record
 from epbuild.tasks.selection import Recorded
 
 
@@ -24,7 +25,7 @@ def layout(tmp_path, monkeypatch) -> Layout:
     monkeypatch.chdir(tmp_path)
     found = Layout(tmp_path / "artifacts")
     found.state.mkdir(parents=True)
-    for path in (found.configs, found.build_report, Path(DEP_FILE)):
+    for path in (found.state / CONFIGS, found.build_report, Path(DEP_FILE)):
         path.write_text("{}")
     return found
 
@@ -37,6 +38,10 @@ def _record(count: int, changed: int = -1) -> Recorded:
     return Recorded(tasks, files, {"group:g": ["compile:m0@cpu"]} if count else {}, {"configs/x.json": [1, 2, 3, 4]})
 
 
+def _lines(records: RunRecord) -> list:
+    return read_journaled(records.state.path(RECORD)).lines
+
+
 def _same(loaded: Recorded | None, written: Recorded) -> None:
     assert loaded is not None
     assert (loaded.tasks, loaded.files, loaded.task_deps, loaded.looked_at) == \
@@ -47,20 +52,21 @@ def test_a_run_that_read_the_record_appends_what_changed_and_the_next_loads_exac
     records = RunRecord(layout)
     first = _record(200)
     records.write("key", first, None)
-    assert not records.journal.exists()
-    base = records.path.read_bytes()
+    path = records.state.path(RECORD)
+    assert _lines(records) == []
+    base = path.read_bytes()
     loaded = records.load("key")
     _same(loaded, first)
     second = _record(199, changed=5)  # one task gone, one file's identity changed
     second.task_deps.clear()
     second.looked_at["configs/y.json"] = None
     records.write("key", second, loaded)
-    assert records.path.read_bytes() == base and len(records.journal.read_text().splitlines()) == 1
+    assert path.read_bytes().startswith(base) and len(_lines(records)) == 1
     again = records.load("key")
     _same(again, second)
     third = _record(201)
     records.write("key", third, again)
-    assert len(records.journal.read_text().splitlines()) == 2
+    assert len(_lines(records)) == 2
     _same(records.load("key"), third)
     assert records.load("other key") is None
 
@@ -69,13 +75,20 @@ def test_a_torn_or_foreign_line_leaves_no_record(layout):
     records = RunRecord(layout)
     records.write("key", _record(200), None)
     records.write("key", _record(200, changed=1), records.load("key"))
-    line = records.journal.read_text()
-    records.journal.write_text(line[:-20])  # a killed writer
+    path = records.state.path(RECORD)
+    whole = path.read_bytes()
+    cut = len(whole) - read_journaled(path).lines_size  # where the lines begin
+    path.write_bytes(whole[:-20])  # a killed writer
     assert records.load("key") is None
-    records.journal.write_text(line.replace(json.loads(line)["base"], "0" * 16))  # a line of another base
+    generation = _lines_of(whole)["base"]
+    path.write_bytes(whole[:cut] + whole[cut:].replace(generation.encode(), b"0" * 16))  # a line of another base
     assert records.load("key") is None
-    records.journal.unlink()  # the base alone: the watched files are those after the journal's line was written
+    write_journaled(path, read_journaled(path).base)  # the base alone: the watched files are as the line has them
     assert records.load("key") is not None
+
+
+def _lines_of(data: bytes) -> dict:
+    return json.loads(data.rstrip(b"\n").rsplit(b"\n", 1)[1])
 
 
 def test_a_record_another_run_wrote_meanwhile_is_rewritten_whole(layout):
@@ -85,7 +98,7 @@ def test_a_record_another_run_wrote_meanwhile_is_rewritten_whole(layout):
     records.write("key", _record(200, changed=1), theirs)  # the other run appended first
     mine = _record(200, changed=2)
     records.write("key", mine, ours)
-    assert not records.journal.exists()
+    assert _lines(records) == []
     _same(records.load("key"), mine)
 
 
@@ -95,15 +108,16 @@ def test_a_journal_outgrowing_the_record_is_merged_into_it(layout):
     rewritten = 0
     for count in range(201, 240):
         records.write("key", _record(count), records.load("key"))
-        if not records.journal.exists():
+        read = read_journaled(records.state.path(RECORD))
+        if not read.lines:
             rewritten += 1
         else:
-            assert not outgrown(records.path.stat().st_size, records.journal.stat().st_size)
+            assert not outgrown(len(read.base), read.lines_size)
         _same(records.load("key"), _record(count))
     assert 1 <= rewritten < 39
 
 
-@pytest.mark.parametrize("written", ["build report", "settings journal"])
+@pytest.mark.parametrize("written", ["build report", "settings record"])
 def test_a_watched_file_written_since_leaves_no_record(layout, written):
     records = RunRecord(layout)
     records.write("key", _record(20), None)
@@ -111,8 +125,9 @@ def test_a_watched_file_written_since_leaves_no_record(layout, written):
     assert records.load("key") is not None
     if written == "build report":
         layout.build_report.write_text('{"tasks": {}}')
-    else:  # present or not, it counts
-        (layout.state / "configs.journal").write_text("{}\n")
+    else:  # a line appended to it
+        with open(layout.state / CONFIGS, "a") as handle:
+            handle.write("{}\n")
     assert records.load("key") is None
 
 

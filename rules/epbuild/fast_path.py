@@ -27,11 +27,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .files.journal import journal_of
-from .files.layout import Layout, file_identity, settled, stat_key, write_json
-from .files.state_record import identities_hold, read_record, write_record
+from .files.layout import Layout, file_identity, settled, stat_key
 from .invocation import Invocation
 from .logs import log
+from .state.folder import StateFolder
+from .state.records import identities_hold
+from .state.registry import CONFIGS
 
 PACKAGE = Path(__file__).resolve().parent
 # not doit's default name: a dodo.py without epbuild's DOIT_CONFIG opens `.doit.db` with doit's default dbm backend,
@@ -61,7 +62,7 @@ def project_key(manifest: Path) -> str:
     for source in sorted({path for pattern in SOURCES for path in PACKAGE.glob(pattern)}):
         digest.update(str(source.relative_to(PACKAGE)).encode() + b"\0" + _file_bytes(source) + b"\0")
     layout = Layout(manifest.parent / "artifacts")
-    for path in (manifest, manifest.parent / "dodo.py", layout.state_file("host.json")):
+    for path in (manifest, manifest.parent / "dodo.py", StateFolder(layout.state).path("host.json")):
         digest.update(str(path).encode() + b"\0" + _file_bytes(path) + b"\0")
     environment = sorted((k, v) for k, v in os.environ.items() if k.startswith(ENVIRONMENT) and k not in OUTPUT_ONLY)
     # an import folder's identity changes when a package is installed, upgraded or removed there; the project's
@@ -73,19 +74,21 @@ def project_key(manifest: Path) -> str:
     return digest.hexdigest()
 
 
+STAMP, LISTING = "noop.pickle", "listing.json"
+
+
 class Stamp:
     """`artifacts/.state/noop.pickle`: the key and file identities of the last full no-op (pickled: tens of
     thousands of identities load several times faster than as JSON, on every run)."""
 
     def __init__(self, layout: Layout):
-        self.path = layout.state_file("noop.pickle")
-        self.watched = [layout.configs, layout.build_report, layout.html_report, layout.junit_report,
-                        layout.state_file("host.json"), Path(DEP_FILE)]
-        self.journal = journal_of(layout.configs)  # present or not
+        self.state = StateFolder(layout.state)
+        self.watched = [self.state.path(CONFIGS), layout.build_report, layout.html_report,
+                        layout.junit_report, self.state.path("host.json"), Path(DEP_FILE)]
 
     def still_valid(self, key: str) -> dict[str, Any] | None:
         """The stamp when the key and every file's identity still match, else None."""
-        stamp = read_record(self.path, "key", key)
+        stamp = self.state.read_record(STAMP, "key", key)
         return stamp if stamp is not None and identities_hold(stamp["files"]) else None
 
     def write(self, key: str, checked: dict[str, list[int]], looked_at: list[Path], tasks: int,
@@ -99,7 +102,6 @@ class Stamp:
             if identity is None:
                 return  # a run without them is not a steady state
             files[str(path)] = identity
-        files[str(self.journal)] = file_identity(str(self.journal))
         for path in checked:
             try:
                 stat = os.stat(path)
@@ -107,8 +109,7 @@ class Stamp:
                 return
             if stat_key(stat) != checked[path] or not settled(stat):
                 return  # a file changed while this run checked it, or may still change under the same identity
-        write_record(self.path, {"key": key, "files": files, "tasks": tasks, "skipped": skipped})
-        self.path.with_suffix(".json").unlink(missing_ok=True)  # the stamp as earlier versions wrote it
+        self.state.write_record(STAMP, {"key": key, "files": files, "tasks": tasks, "skipped": skipped})
 
 
 class Listing:
@@ -117,13 +118,10 @@ class Listing:
     toolchains): a model re-exported with other shapes changes which stages exist."""
 
     def __init__(self, layout: Layout):
-        self.path = layout.state_file("listing.json")
+        self.state = StateFolder(layout.state)
 
     def load(self, key: str) -> dict[str, list[dict[str, Any]]] | None:
-        try:
-            listing = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            return None
+        listing = self.state.read_json(LISTING)
         if not isinstance(listing, dict) or listing.get("key") != key or not isinstance(listing.get("files"), dict):
             return None
         if any(file_identity(path) != identity for path, identity in listing["files"].items()):
@@ -141,11 +139,10 @@ class Listing:
                 files[str(path)] = None
                 continue
             if not settled(stat):
-                self.path.unlink(missing_ok=True)
+                self.state.drop(LISTING)
                 return
             files[str(path)] = stat_key(stat)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_json(self.path, {"key": key, "tasks": tasks, "files": files}, indent=None)
+        self.state.write_json(LISTING, {"key": key, "tasks": tasks, "files": files})
 
 
 def listed(task: dict[str, Any]) -> dict[str, Any]:

@@ -8,6 +8,7 @@ and validation children.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib.metadata
@@ -20,9 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..files.layout import write_json
-from ..files.state import state_file
 from ..manifest.eps import REGISTRY, EpInfo, platform_reason
+from ..state.folder import StateFolder
 from .python_path import child_import_path
 
 SHIM_LIBRARY = "EPBUILD_OPENVINO_SHIM"  # the built vendor-id shim (epbuild.steps.vendor_shim), for children
@@ -74,17 +74,17 @@ def probe_key(version: Callable[[str], str | None] = package_version) -> dict[st
             "vendor_shim": Path(os.environ[SHIM_LIBRARY]).parent.name if os.environ.get(SHIM_LIBRARY) else None}
 
 
+HOST = "host.json"
+
+
 def capabilities(state_dir: Path, version: Callable[[str], str | None] = package_version) -> dict[str, Any]:
     """The cached probe result, probing in a child process when the key changed; `version`: the distributions'
     versions as this run names them (`Provenance.version`)."""
-    cache = state_file(state_dir, "host.json")
+    state = StateFolder(state_dir)
     key = probe_key(version)
-    try:
-        cached = json.loads(cache.read_text())
-        if cached.get("key") == key:
-            return cached
-    except (OSError, ValueError):
-        pass
+    cached = state.read_json(HOST)
+    if isinstance(cached, dict) and cached.get("key") == key:
+        return cached
     done = subprocess.run([sys.executable, "-m", "epbuild.execute.host"], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHONPATH": child_import_path()})
     if done.returncode != 0:
@@ -92,11 +92,8 @@ def capabilities(state_dir: Path, version: Callable[[str], str | None] = package
     else:
         result = json.loads(done.stdout)
     result["key"] = key
-    try:
-        state_dir.mkdir(parents=True, exist_ok=True)
-        write_json(cache, result, indent=1)
-    except OSError:
-        pass  # a read-only artifacts folder (`doit list` there): probed again next time
+    with contextlib.suppress(OSError):  # a read-only artifacts folder (`doit list` there): probed again next time
+        state.write_json(HOST, result, indent=1)
     return result
 
 

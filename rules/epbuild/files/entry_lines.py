@@ -3,9 +3,10 @@ entry: the build report and the settings record hold one entry per task, the ext
 and a run decodes or encodes only the few it needs or changes (decoding every entry on every run was a large
 share of a run that changed one model).
 
-The writer leaves the sha256 of the text it wrote in a file of its own (`vouch`); a text with that digest is
-exactly what `entry_lines` made, so its lines are split without decoding the whole (`plain_texts`). Any other
-text (edited, torn, an older epbuild's) is decoded whole by the caller, as before.
+The writer keeps the sha256 of the text it wrote (in the record's header, `state.journaled`; for the build report,
+the user's file, in a file of its own: `vouch`); a text with that digest is exactly what `entry_lines` made, so its
+lines are split without decoding the whole (`plain_texts`). Any other text (edited, torn, an older epbuild's) is
+decoded whole by the caller.
 """
 
 from __future__ import annotations
@@ -71,7 +72,6 @@ class LazyEntries(MutableMapping):
     def __init__(self, texts: dict[str, str] | None = None, decoded: dict[str, Any] | None = None):
         self._items: dict[str, str | Any] = {**(texts or {}), **(decoded or {})}  # a str: not decoded yet
         self._texts = dict(texts or {})
-        self.in_lines = False  # read from a text `write_entries` wrote (`read_entries`)
 
     def __getitem__(self, name: str) -> Any:
         found = self._items[name]
@@ -110,32 +110,3 @@ class LazyEntries(MutableMapping):
         kept._items = {name: item for name, item in self._items.items() if name in names}
         kept._texts = {name: text for name, text in self._texts.items() if name in names}
         return kept
-
-
-def _digest_file(path: Path) -> Path:
-    """Where `write_entries` leaves the digest of `path`'s text: `configs.json` -> `configs.sha256`."""
-    return path.with_suffix(".sha256")
-
-
-def read_entries(path: Path) -> LazyEntries | None:
-    """A JSON object of entries `write_entries` wrote (decoded entry by entry when asked for), or any other JSON
-    object (decoded whole, as an older epbuild's); None when it cannot be read or is no object."""
-    try:
-        text = path.read_text()
-        texts = plain_texts(text) if vouched(_digest_file(path), text) else None
-        if texts is not None:
-            found = LazyEntries(texts)
-            found.in_lines = True
-            return found
-        data = json.loads(text)
-    except (OSError, ValueError):
-        return None
-    return LazyEntries(decoded=data) if isinstance(data, dict) else None
-
-
-def write_entries(path: Path, entries: LazyEntries) -> None:
-    """The entries as a JSON object of one entry per line, atomically, then its digest: those not set since they
-    were read are written as read, without encoding them again."""
-    text = "{\n" + entry_lines({name: entries.text(name) for name in entries}) + "\n}\n"
-    write_atomic(path, text)
-    vouch(_digest_file(path), text)

@@ -1,12 +1,6 @@
-"""Content hashes (sha256) remembered per (path, size, mtime, ctime, inode): an unchanged file is never hashed twice.
-
-The memory is append-only tab-separated files in `artifacts/.state/hashes/`, one per shard of the paths (256, by a
-hash of the path), so it survives a doit run that was killed and is shared by concurrent builders (each appended
-line is one small write). A lookup reads its path's shard alone: one model changed among 10,000 targets costs a few
-small reads, not a search of one memory that grows with every file ever hashed. doit's file checker uses it too
-(`epbuild.tasks`): after a fresh clone doit's own md5 checker re-hashes every file on every run, this one once. A file
-changed within the last clock tick (`layout.settled`) is hashed but its identity is not remembered.
-"""
+"""Content hashes and file identities that jobs take before and after reading their inputs: sha256 read in chunks
+(memory stays flat for multi-GB models), and the identity snapshot that says whether an input changed while a job
+read it. The memory of hashes by identity, kept between runs, is `state.hash_memory`."""
 
 from __future__ import annotations
 
@@ -14,13 +8,9 @@ import hashlib
 import os
 from pathlib import Path
 
-from .layout import settled, stat_key, write_atomic
-from .state import state_file
+from .layout import stat_key
 
 CHUNK = 1 << 20
-COMPACT_SLACK = 64  # superseded lines a shard tolerates before it is rewritten
-
-Remembered = dict[str, tuple[list[int], str]]  # path -> (identity, sha256)
 
 
 def sha256_file(path: str | Path) -> str:
@@ -32,83 +22,6 @@ def sha256_file(path: str | Path) -> str:
         while count := handle.readinto(buffer):
             digest.update(view[:count])
     return digest.hexdigest()
-
-
-def shard_of(absolute: str) -> str:
-    """The shard file of a path: one of 256, by the first byte of a hash of the path."""
-    return f"{hashlib.blake2b(absolute.encode(errors='surrogateescape'), digest_size=1).digest()[0]:02x}.tsv"
-
-
-class FileHashes:
-    """sha256 by file identity. A shard of the memory is read on its first lookup, so a no-op run, whose file
-    checks all match by identity, reads none."""
-
-    def __init__(self, state_dir: Path):
-        self.state = state_dir
-        self.folder = state_file(state_dir, "hashes")
-        self._shards: dict[str, Remembered] = {}
-        # digests by (device, size, mtime, ctime, inode) seen in this process: a file stored into the cache, published
-        # or restored by hard links is read once, not once per name (a 1 GB artifact took 0.6 s per name)
-        self._by_identity: dict[tuple[int, ...], str] = {}
-
-    def _shard(self, name: str) -> Remembered:
-        """The shard's last line per path, read in order; rewritten with one line per file that still exists
-        when superseded lines pile up (a line another builder appends meanwhile may be lost: that file is then
-        hashed once more)."""
-        found = self._shards.get(name)
-        if found is None:
-            found = self._shards[name] = {}
-            lines = 0
-            try:
-                with open(self.folder / name, encoding="utf-8", errors="surrogateescape") as handle:
-                    for line in handle:
-                        lines += 1
-                        fields = line.rstrip("\n").split("\t")
-                        if len(fields) == 6 and len(fields[5]) == 64:  # else a line cut short by a killed process
-                            found[fields[0]] = ([int(f) for f in fields[1:5]], fields[5])
-            except FileNotFoundError:
-                pass
-            if lines > 2 * len(found) + COMPACT_SLACK:
-                kept = {path: entry for path, entry in found.items() if os.path.exists(path)}
-                write_atomic(self.folder / name, "".join(_line(path, *entry) for path, entry in kept.items()))
-                self._shards[name] = found = kept
-        return found
-
-    def _remember(self, absolute: str, key: list[int], digest: str) -> None:
-        name = shard_of(absolute)
-        self._shard(name)[absolute] = (key, digest)
-        if "\t" in absolute or "\n" in absolute:
-            return  # not a line the memory can hold: hashed again by the next process
-        if not self.folder.is_dir():
-            self.folder.mkdir(parents=True, exist_ok=True)
-        with open(self.folder / name, "a", encoding="utf-8", errors="surrogateescape") as handle:
-            handle.write(_line(absolute, key, digest))  # one write of one line
-
-    def copied(self, path: Path, digest: str) -> None:
-        """`path` was just copied from a file whose sha256 was verified as `digest`: not read again in this
-        process (a copy is new, so its identity is not remembered across processes yet)."""
-        stat = os.stat(path)
-        self._by_identity[(stat.st_dev, *stat_key(stat))] = digest
-
-    def sha256(self, path: str | Path, stat: os.stat_result | None = None) -> str:
-        absolute = os.path.abspath(path)
-        stat = stat or os.stat(absolute)
-        key = stat_key(stat)
-        identity = (stat.st_dev, *key)  # the same file under another name: a hard link (cache entry, artifact)
-        remembered = self._shard(shard_of(absolute)).get(absolute)
-        if remembered and remembered[0] == key:
-            self._by_identity[identity] = remembered[1]
-            return remembered[1]
-        digest = self._by_identity.get(identity) or sha256_file(absolute)
-        if not settled(stat):
-            return digest  # it may change again under this identity: hashed again next time
-        self._by_identity[identity] = digest
-        self._remember(absolute, key, digest)
-        return digest
-
-
-def _line(path: str, key: list[int], digest: str) -> str:
-    return "\t".join([path, *map(str, key), digest]) + "\n"
 
 
 def snapshot(paths: list[Path]) -> dict[Path, list[int] | None]:

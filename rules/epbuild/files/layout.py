@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from ..records import record
-from .state import state_file
 
 GROUPS = "groups"  # artifacts/<target>/groups/ holds shared-context groups: no model may be named so
 PACKAGES = "packages"  # artifacts/packages/ holds model packages: no target may be named so
@@ -57,14 +56,6 @@ class Layout:
     def junit_report(self) -> Path:
         return self.root / "junit.xml"
 
-    def state_file(self, name: str) -> Path:
-        """A file (or folder) under `.state/` that `files.state` declares."""
-        return state_file(self.state, name)
-
-    @property
-    def configs(self) -> Path:
-        return self.state_file("configs.json")
-
     def build_dir(self, target: str, name: str, shared: bool) -> Path:
         """A published compile (`shared`: a shared-context group)."""
         return self.root / target / GROUPS / name if shared else self.root / target / name
@@ -86,9 +77,6 @@ class Layout:
 
     def scratch(self, label: str) -> Path:
         return self.scratch_root / label
-
-    def ops_report(self, target: str, model: str) -> Path:
-        return self.state_file(f"ops/{target}/{model}.json")
 
 
 # The kernel stamps ctime from its coarse clock, which ticks every few milliseconds: a file changed within the

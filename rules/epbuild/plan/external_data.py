@@ -1,6 +1,6 @@
 """Which external-data files a model references, and its inputs' shapes, without parsing models at every `doit list`.
 
-The answer for each model is cached in `artifacts/.state/external-data.json` under the model's (size, mtime_ns,
+The answer for each model is cached in `artifacts/.state/external-data.journaled` under the model's (size, mtime_ns,
 inode); a model is read (with `onnx`, tensors not loaded, then `onnx.checker`) only when it changed. The models that
 changed are read in one job: in a warm worker of a fork server that is running or starting anyway, which has
 `onnx` loaded (importing it here would slow a first build), else in this process. Locations that escape the
@@ -13,17 +13,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BuildError, UserError
-from ..files.entry_lines import LazyEntries, read_entries, write_entries
+from ..files.entry_lines import LazyEntries
 from ..files.layout import stat_key
 from ..files.publish import discard
-from ..files.state import state_file
 from ..logs import log
+from ..state.folder import StateFolder
 
 if TYPE_CHECKING:
     from ..execute.forked_jobs import Handoff
     from ..execute.links import Links
     from ..execute.provenance import Provenance
 
+INDEX = "external-data.journaled"
 READ_TIMEOUT_S = 600.0  # a multi-GB protobuf takes seconds to parse and check
 
 
@@ -240,11 +241,12 @@ class ExternalDataIndex:
     """Per-model external-data file lists, cached by file identity; `save()` writes only when something changed."""
 
     def __init__(self, state_dir: Path, expect: Provenance | None = None, links: Links | None = None):
-        self.path = state_file(state_dir, "external-data.json")
+        self.state = StateFolder(state_dir)
         self.expect = expect  # what the build's reading jobs expect (its Provenance)
         self.links = links  # the build's fork-server leases (`execute.links`)
         # one line per model: a run that read one model rewrites its line, the others' as read (`files.entry_lines`)
-        self.entries = read_entries(self.path) or LazyEntries()
+        found = self.state.read_entries(INDEX)
+        self.entries = found[0] if found is not None else LazyEntries()
         self.errors: dict[str, str] = {}  # not remembered: a model in error is read again next time
         self.current: set[str] = set()  # models whose entry matches the file, checked by this process
         self.changed = False
@@ -301,8 +303,7 @@ class ExternalDataIndex:
         kept = self.entries.only(self.current)
         if not self.changed and len(kept) == len(self.entries):
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_entries(self.path, kept)
+        self.state.write_entries(INDEX, kept)
         self.entries, self.changed = kept, False
 
 

@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from ..files.layout import file_identity
-from ..files.state import state_file
-from ..files.state_record import identities_hold, read_record, write_record
 from ..manifest.builds import Build, ResolvedTarget
 from ..manifest.parse import Manifest
 from ..manifest.stage import Stage
 from ..records import record
+from ..state.folder import StateFolder
+from ..state.records import identities_hold
 
 
 def _is_plain_file(path: str) -> bool:
@@ -77,16 +77,19 @@ class Plan:
         return pickle.loads(self.read)
 
 
+PLAN = "plan.pickle"
+
+
 class SavedPlan:
     """Load the plan that still holds under `key`, or save a new one."""
 
     def __init__(self, state: Path, key: str):
-        self.path = state_file(state, "plan.pickle")
+        self.state = StateFolder(state)
         self.key = key
 
     def load(self) -> Plan | None:
         """The saved plan when its key and every file's identity match, else None (absent, unreadable, torn)."""
-        saved = read_record(self.path, "key", self.key)
+        saved = self.state.read_record(PLAN, "key", self.key)
         if saved is None or not identities_hold(saved["files"]):
             return None
         if not all(_is_plain_file(path) for path in saved["models"]):
@@ -110,5 +113,5 @@ class SavedPlan:
                 return
             files[path] = identity
         folders = {path: _folder(path) for path in _folders_above(models)}
-        write_record(self.path, {"key": self.key, "files": files, "models": models, "folders": folders,
+        self.state.write_record(PLAN, {"key": self.key, "files": files, "models": models, "folders": folders,
                                  "plan": plan})

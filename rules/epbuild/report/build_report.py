@@ -17,7 +17,7 @@ from ..contracts.statuses import TaskStatus
 from ..errors import plain
 from ..files.entry_lines import LazyEntries, entry_lines, plain_texts, quoted, vouch, vouched
 from ..files.layout import file_identity, write_atomic
-from ..files.state import state_file
+from ..state.folder import StateFolder
 from ..version import RULES_FORMAT
 
 
@@ -97,7 +97,7 @@ class BuildReport:
 
     def __init__(self, path: Path, state: Path | None = None):
         self.path = path
-        self.digest_path = state_file(state, "build-report.sha256") if state is not None else None
+        self.digest_path = StateFolder(state).path("build-report.sha256") if state is not None else None
         self.modified: set[str] = set()  # the tasks whose entries this run changed
         try:
             before = file_identity(str(path))

@@ -3,7 +3,7 @@
 
 Everything comes from files a build leaves (`report.cells`); nothing here imports onnxruntime, so the pages are
 written after every run, restores included. Each build's parts of both files are kept in
-`artifacts/.state/report-parts.pickle` (and its journal) under the digest of what they show, and the files are
+`artifacts/.state/report-parts.journaled` under the digest of what they show, and the files are
 assembled from them: a run that changed one model of 10,000 renders that model's parts, not every cell.
 """
 
@@ -26,10 +26,9 @@ from typing import Any, NamedTuple
 
 from markupsafe import Markup, escape
 
-from ..files.journal import append_line, outgrown, read_lines
 from ..files.layout import Layout, file_identity, write_atomic
-from ..files.state_record import decode_record, write_record
 from ..manifest.builds import Build
+from ..state.folder import StateFolder
 from .build_report import statuses
 from .cells import PENDING, Cell, source_of
 
@@ -38,7 +37,7 @@ TEMPLATES = Path(__file__).resolve().parent / "templates"
 TONE = {"compiled": "good", "validated": "good", "restored": "good", "up-to-date": "good", "passed": "good",
         "failed": "bad", "skipped": "muted", "pending": "muted", "not built": "warn", "interrupted": "warn",
         "inconclusive": "unsure"}
-PARTS = "report-parts.pickle"
+PARTS = "report-parts.journaled"
 
 
 def _environment() -> Any:
@@ -178,40 +177,35 @@ def junit_case(cell: Cell) -> tuple[str, str]:
 
 
 class PartStore:
-    """`.state/report-parts.pickle`: each build's rendered parts under the digest of what they show, and each
+    """`.state/report-parts.journaled`: each build's rendered parts under the digest of what they show, and each
     stage's task row under its entry's; dropped whole when the templates or this code change (pickled: tens of MB of
-    parts at 10,000 builds load several times faster than as JSON). A run appends the parts it rendered to
-    `report-parts.journal` (one JSON line) instead of writing the whole store again; the base is rewritten, with only
-    the parts of this run, when the journal outgrows it (`files.journal.outgrown`). A part is a function of its key, so
-    a line read twice, lost or torn (skipped) costs a rendering, never a wrong page.
+    parts at 10,000 builds load several times faster than as JSON). A run appends the parts it rendered to the record
+    (one JSON line, `state.journaled`) instead of writing the whole store again; the base is rewritten, with only the
+    parts of this run, when the lines outgrow it or another run wrote it since this one read it. A part is a function
+    of its key, so a line read twice, lost or torn (skipped) costs a rendering, never a wrong page.
 
     Each save also names the build report the pages were made from (its identity) and the parts it could not
     remember (rendered while their files could still change): while that build report is still the current one,
     every other part of that save is the one its page showed, which `current` hands out without keying it."""
 
-    def __init__(self, path: Path, report: Path | None = None, before: list[int] | None = None):
+    def __init__(self, state: StateFolder, report: Path | None = None, before: list[int] | None = None):
         """`report`: the build report the pages are made from; `before`: its identity when this run read it."""
-        self.path, self.journal = path, path.with_suffix(".journal")
+        self.state = state
         self.version = _renderer_version()
         self.old: dict[str, dict[str, Any]] = {}
-        self.base_size = self.journal_size = 0
         made_from, unsettled = None, []
-        try:
-            data = path.read_bytes()
-        except OSError:
-            data = b""
-        stored = decode_record(data, "version", self.version) if data else None
-        if stored is not None:
-            self.old, self.base_size = stored.get("parts", {}), len(data)
+        found = state.read_journaled(PARTS, "version", self.version)
+        self.read_as = found[1] if found is not None else None
+        if found is not None:
+            stored, read = found
+            self.old = stored.get("parts", {})
             made_from, unsettled = stored.get("made_from"), stored.get("unsettled", [])
-        # a journal extends its base: without one, everything is rendered afresh
-        lines, self.journal_size = read_lines(self.journal) if self.base_size else ([], 0)
-        for added in lines:  # None: a line torn by a killed build
-            if isinstance(added, dict) and added.get("version") == self.version:
-                self.old.update({name: _from_json(part) for name, part in added.get("parts", {}).items()})
-                made_from, unsettled = added.get("made_from"), added.get("unsettled", [])
-            else:  # what the last save said is not known for sure
-                made_from = None
+            for added in read.lines:  # None: a line torn by a killed build
+                if isinstance(added, dict) and added.get("version") == self.version:
+                    self.old.update({name: _from_json(part) for name, part in added.get("parts", {}).items()})
+                    made_from, unsettled = added.get("made_from"), added.get("unsettled", [])
+                else:  # what the last save said is not known for sure
+                    made_from = None
         self.report = report
         # the last save's parts are those its page showed, and nothing had rewritten its build report since
         self.shown = made_from is not None and made_from == before
@@ -246,12 +240,10 @@ class PartStore:
         added = {name: part for name, part in self.new.items() if self.old.get(name) != part}
         made_from = file_identity(str(self.report)) if self.report else None
         record = {"version": self.version, "made_from": made_from, "unsettled": self.unremembered}
-        line = json.dumps({**record, "parts": {name: _as_json(part) for name, part in added.items()}}) + "\n"
-        if self.base_size and not outgrown(self.base_size, self.journal_size + len(line)):
-            append_line(self.journal, line)
+        line = {**record, "parts": {name: _as_json(part) for name, part in added.items()}}
+        if self.read_as is not None and self.state.append(PARTS, self.read_as, line):
             return
-        write_record(self.path, {**record, "parts": self.new})
-        self.journal.unlink(missing_ok=True)
+        self.state.write_journaled(PARTS, {**record, "parts": self.new})
 
 
 @functools.cache
@@ -359,7 +351,7 @@ def write_views(layout: Layout, builds: list[Build], entries: dict[str, dict[str
     is unchanged; returns how many parts were rendered. `untouched` (`parts`) with `made_from`, the build report's
     identity before this run rewrote it: the last page's parts are those of the build report as it was then."""
     entry_text = entry_text or (lambda name: json.dumps(entries.get(name)))
-    store = PartStore(layout.state_file(PARTS), layout.build_report, made_from)
+    store = PartStore(StateFolder(layout.state), layout.build_report, made_from)
     page_parts = parts(layout, builds, entries, store, entry_text, untouched)
     if pages:
         page = render_html(page_parts, stage_rows(entries, store, entry_text), entries, layout.root.parent.name)

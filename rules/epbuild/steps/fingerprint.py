@@ -22,10 +22,10 @@ from typing import Any
 
 from ..execute.host import cpu_flags
 from ..execute.provenance import Provenance
-from ..files.hashing import FileHashes
 from ..files.weights import resolved
 from ..manifest.builds import Build, Member, ResolvedTarget
 from ..manifest.stage import Stage
+from ..state.hash_memory import FileHashes
 from ..version import RULES_FORMAT
 from . import vendor_shim
 from .compilers import compiler

@@ -35,10 +35,10 @@ from typing import Any
 from ..contracts.artifact import OMIT, read_artifact
 from ..contracts.statuses import Verdict
 from ..errors import BuildError
-from ..files.hashing import FileHashes
 from ..files.layout import PACKAGES, Layout
 from ..files.publish import copy_file, discard
 from ..manifest.builds import Build
+from ..state.hash_memory import FileHashes
 from ..version import RULES_FORMAT
 
 FORMAT = 1

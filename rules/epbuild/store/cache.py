@@ -31,7 +31,7 @@ from ..contracts.task_result import recorded_peaks
 from ..errors import BuildError, UserError
 from ..execute.links import Links
 from ..execute.provenance import Provenance
-from ..files.hashing import FileHashes, changed_inputs
+from ..files.hashing import changed_inputs
 from ..files.layout import RECORD, Layout, size_of
 from ..files.locks import fingerprint_lock, fingerprint_lock_if_free
 from ..files.owners import owner_tag
@@ -40,6 +40,7 @@ from ..logs import log, warn, warn_once
 from ..manifest.parse import CacheSpec
 from ..manifest.schema import s3_url
 from ..records import record
+from ..state.hash_memory import FileHashes
 
 if TYPE_CHECKING:
     from ..execute.executor import ExecutorSettings

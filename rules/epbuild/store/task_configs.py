@@ -1,13 +1,13 @@
-"""The settings each task last succeeded with, as digests in one file (`artifacts/.state/configs.json`, one line
-per task: a run decodes the lines of only the tasks it creates, `files.entry_lines`).
+"""The settings each task last succeeded with, as digests in one record (`artifacts/.state/configs.journaled`, one
+line per task: a run decodes the lines of only the tasks it creates, `files.entry_lines`).
 
 doit re-runs a task when its files change, not when its settings do; `doit.tools.config_changed` covers settings
 but costs an `inspect.signature` call and a JSON decode of saved values per task on every run, which dominated a
 no-op `doit` at 1000 targets. Here task creation compares each task's digest with this record once and hands doit
 a plain bool. The build's reporter records a task's digest when it succeeds; a task with no record, or another
 digest, runs. Two builds at once merge their records under a lock, each writing only the tasks it ran. A run
-appends the tasks it changed to `configs.journal` (one JSON line: 7 MB were rewritten per run at 10,000 targets);
-the record is rewritten whole, journal merged, when the journal outgrows it (`journal.outgrown`). A line lost or
+appends the tasks it changed to the record (one JSON line: 7 MB were rewritten per run at 10,000 targets); the
+record is rewritten whole, lines merged, when they outgrow it (`state.journaled.outgrown`). A line lost or
 torn (a killed build) leaves its tasks' older entries: older settings or published files, so those tasks run
 again, never the reverse.
 
@@ -30,11 +30,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ..files.entry_lines import LazyEntries, read_entries, write_entries
-from ..files.hashing import FileHashes
-from ..files.journal import append_line, journal_of, outgrown, read_lines
-from ..files.layout import stat_key, write_atomic
-from ..files.state import records_lock, state_file
+from ..files.entry_lines import LazyEntries
+from ..files.layout import stat_key
+from ..state.folder import StateFolder
+from ..state.hash_memory import FileHashes
+from ..state.registry import CONFIGS
 
 Published = dict[str, list]  # path (relative to the project) -> [*identity, sha256] of each file a task published
 
@@ -46,6 +46,7 @@ def digest(config: dict[str, Any]) -> str:
 
 
 MISSING = "(unset)"
+RECORD = CONFIGS
 
 
 def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
@@ -64,35 +65,15 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _read(path: Path) -> LazyEntries | None:
-    """The record: its base, then each journal line over it; None when the base cannot be read (its journal is
-    not read either). The base is decoded entry by entry when asked for (`files.entry_lines`)."""
-    data = read_entries(path)
-    if data is None:
-        return None
-    for added in read_lines(journal_of(path))[0]:  # None: a line torn by a killed build
-        if isinstance(added, dict):
-            data.update(added)
-    return data
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
-
-
 class ConfigRecord:
     """Task name -> [the digest of the settings it last succeeded with, the files it published then]."""
 
-    def __init__(self, path: Path):
-        self.path = path
-        found = _read(path)
-        self.recorded = found if found is not None else LazyEntries()
+    def __init__(self, state: StateFolder):
+        self.state = state
+        found = state.read_entries(RECORD)
+        self.recorded, self.read_as = found if found is not None else (LazyEntries(), None)
         self.current: dict[str, str] = {}  # this run's digest of every task created
         self.settings: dict[str, dict[str, Any]] = {}  # this run's settings of every task created
-        self.settings_folder = state_file(path.parent, "settings")
         self.succeeded: dict[str, Published] = {}
 
     def explained(self, task: str) -> str:
@@ -116,7 +97,7 @@ class ConfigRecord:
         return isinstance(recorded, list) and recorded[0] == value
 
     def settings_file(self, task: str) -> Path:
-        return self.settings_folder / f"{task.replace(':', '.')}.json"
+        return self.state.path(_settings_name(task))
 
     def previous_settings(self, task: str) -> dict[str, Any] | None:
         """The settings `task` last succeeded with, where they were kept."""
@@ -142,23 +123,22 @@ class ConfigRecord:
                    if self.recorded.get(task) != [self.current[task], published]}
         if not changed:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with records_lock(self.path.parent):
-            line = json.dumps(changed) + "\n"
-            base_size, journal_size = _size(self.path), _size(journal_of(self.path))
-            # a base decoded whole (an older epbuild's) is rewritten one line per task at once, not when the
-            # journal outgrows it: until then every run would decode all of it (7 MB at 10,000 targets)
-            if self.recorded.in_lines and base_size and not outgrown(base_size, journal_size + len(line)):
-                append_line(journal_of(self.path), line)
-            else:
-                merged = _read(self.path) or LazyEntries()
+        with self.state.lock():
+            # a base decoded whole (not vouched for) is rewritten one line per task at once, not when the lines
+            # outgrow it: until then every run would decode all of it (7 MB at 10,000 targets)
+            read = self.read_as
+            if read is None or not read.vouched or not self.state.append(RECORD, read, changed):
+                found = self.state.read_entries(RECORD)
+                merged = found[0] if found is not None else LazyEntries()
                 merged.update(changed)
-                write_entries(self.path, merged)
-                journal_of(self.path).unlink(missing_ok=True)
+                self.state.write_entries(RECORD, merged)
         self.recorded.update(changed)
-        self.settings_folder.mkdir(exist_ok=True)
         for task in changed:
-            write_atomic(self.settings_file(task), json.dumps(self.settings[task], default=str, sort_keys=True))
+            self.state.write_text(_settings_name(task), json.dumps(self.settings[task], default=str, sort_keys=True))
+
+
+def _settings_name(task: str) -> str:
+    return f"settings/{task.replace(':', '.')}.json"
 
 
 def published(paths: list[Path], hashes: FileHashes, root: Path) -> Published:

@@ -1,4 +1,4 @@
-"""doit's file checker on epbuild's hash memory (`files.hashing`) and published-file record."""
+"""doit's file checker on epbuild's hash memory (`state.hash_memory`) and published-file record."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import os
 
 from doit.dependency import FileChangedChecker
 
-from ..files.hashing import FileHashes
 from ..files.layout import settled, stat_key
+from ..state.hash_memory import FileHashes
 
 SEEN_CHANGING = [-1]  # no file has this identity
 

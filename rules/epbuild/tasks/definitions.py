@@ -16,12 +16,13 @@ from ..errors import UserError, closest
 from ..execute.memory_ledger import default_jobs
 from ..fast_path import DOIT_BASE, Listing, listed
 from ..fast_path import enabled as fast_path_enabled
-from ..files.hashing import FileHashes
 from ..files.publish import discard
 from ..invocation import Invocation
 from ..manifest.builds import Build, compile_task
 from ..manifest.stage import Stage
 from ..plan.packages import PackagePlan, plan_packages
+from ..state.folder import StateFolder
+from ..state.hash_memory import FileHashes
 from ..steps.compilers import compiler
 from ..steps.fingerprint import compile_config, stage_config, validate_config
 from ..steps.model_package import package_files
@@ -339,7 +340,7 @@ class Tasks:
         if (not backend.operator_check or build.target.name in self.project.unavailable
                 or build.ops_task in self.project.blocked):
             return None
-        report = self.project.layout.ops_report(build.target.name, build.members[0].name)
+        report = StateFolder(self.project.layout.state).path(f"ops/{build.target.name}/{build.members[0].name}.json")
         return self._task("ops", build.name, f"operators of {build.members[0].name} supported by qaic-compile?",
                           run_ops, [build, self.project.workspace, report], [build.members[0].model.path], [report],
                           {"toolchain": backend.identity(build.target)})

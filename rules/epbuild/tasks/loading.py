@@ -22,7 +22,6 @@ from ..fast_path import DEP_FILE, LEGACY_DEP_FILE, project_key
 from ..fast_path import enabled as fast_path_enabled
 from ..files.layout import Layout, now_ns
 from ..files.owners import owner_tag, sweep
-from ..files.state import settle_format
 from ..invocation import Invocation
 from ..logs import log
 from ..manifest.builds import Build, ResolvedTarget
@@ -35,6 +34,8 @@ from ..plan.saved_plan import Plan, SavedPlan
 from ..plan.targets import default_memory_gb, plan, resolve_targets
 from ..report.progress import live_wanted
 from ..report.views import template_prepared_meanwhile
+from ..state.folder import StateFolder
+from ..state.registry import CONFIGS
 from ..steps import vendor_shim
 from ..steps.compilers import COMPILERS, compiler
 from ..steps.worker_needs import with_worker_toolchains
@@ -90,7 +91,7 @@ def load_project(manifest_path: Path, invocation: Invocation | list[str]) -> Pro
     if executor:
         key = None  # the workers' toolchains count: no shortcut
     return Project(invocation, key, manifest, layout, writable, workspace, external, builds, stages, availability,
-                   ConfigRecord(layout.configs), shard, live, rel, blocked_tasks(builds, blocked))
+                   ConfigRecord(StateFolder(layout.state)), shard, live, rel, blocked_tasks(builds, blocked))
 
 
 def read_manifest(manifest_path: Path, last: Plan | None) -> tuple[Manifest, dict[str, ResolvedTarget]]:
@@ -119,7 +120,7 @@ def prepare_folders(manifest: Manifest, invocation: Invocation, rel: Relative,
                         f"{os.readlink(layout.root)}); outputs are written only inside the project: "
                         "make artifacts/ a plain folder")
     writable = check_writable(manifest, layout, invocation, rel)
-    if writable and settle_format(layout.state):
+    if writable and StateFolder(layout.state).settle():
         log(__name__, "info", "%s held another layout's state: emptied (one full check)", layout.state)
     if writable and migrate_doit_database(Path(DEP_FILE).absolute(), Path(LEGACY_DEP_FILE).absolute()):
         log(__name__, "info", "doit's database moved from %s to %s", LEGACY_DEP_FILE, DEP_FILE)
@@ -165,7 +166,7 @@ def start_fork_servers(manifest: Manifest, layout: Layout, default_run: bool, ex
                        links: Links) -> set[str]:
     """On a first full build here (no settings record yet), the fork servers it will use, started now: their
     imports overlap this process's start-up."""
-    if not default_run or layout.configs.exists():
+    if not default_run or StateFolder(layout.state).path(CONFIGS).exists():
         return set()
     servers = first_build_servers(manifest)
     prestart(links, servers, expect)

@@ -14,12 +14,13 @@ from doit.reporter import ConsoleReporter
 
 from ..contracts.task_result import PUBLISHED
 from ..execute.lifelines import WorkerLost, WorkerWatch, tie_forked_children
-from ..fast_path import Stamp
+from ..fast_path import STAMP, Stamp
 from ..files.owners import sweep
 from ..report.build_report import BuildReport
 from ..report.cells import cell_tasks
 from ..report.progress import LiveProgress, durations
 from ..report.views import templates_prepared_in_background, write_views
+from ..state.folder import StateFolder
 from .actions import fail_blocked
 from .checker import saw
 from .run_record import RunRecord, next_record
@@ -256,7 +257,7 @@ class BuildReporter(ConsoleReporter):
                 Stamp(layout).write(self.project.key, self.project.checked, self.project.looked_at, len(up_to_date),
                                     skipped)
             elif set(self.started) - {"unavailable"}:  # what ran changed what the stamp watches: no next run reads
-                Stamp(layout).path.unlink(missing_ok=True)  # it to find that out (45,000 identities at 10,000 targets)
+                StateFolder(layout.state).drop(STAMP)  # it to find that out (45,000 identities at 10,000 targets)
             if self.project.key and self.project.command != "list":
                 self._write_run_record()
             if self.project.writable and set(self.started) - {"unavailable"}:

@@ -1,34 +1,32 @@
-"""`artifacts/.state/last-run.pickle` and its journal `last-run.journal`: the record of the last default run
-(`tasks.selection`), written at the end of every one.
+"""`artifacts/.state/last-run.journaled`: the record of the last default run (`tasks.selection`), written at the end
+of every one.
 
 At 10,000 targets the record is several MB, and rewriting it whole was a large share of a run that changed four
 tasks (its base is pickled: faster to read than JSON). A run
-whose record was the one it read (the base and journal as it read them, no other run wrote since: checked under
-a lock) appends one JSON line of what changed instead: tasks, files and task_deps added, changed or gone, and the
-new watched identities. The record is rewritten whole (the journal removed first, so that its lines never lie over
-a newer base) when the journal outgrows it (`files.journal.outgrown`), or when another run wrote meanwhile. Each
-line names the base it extends; a torn line (a killed build) or a line of another base makes the record unusable:
-the next run takes the full path, never a record that lost a change.
+whose record was the one it read (no other run wrote since: its identity, checked under a lock) appends one JSON
+line of what changed instead (`state.journaled`): tasks, files and task_deps added, changed or gone, and the new
+watched identities. The record is rewritten whole when its lines outgrow it (`state.journaled.outgrown`), or when
+another run wrote meanwhile. Each line names the base it extends; a torn line (a killed build) or a line of
+another base makes the record unusable: the next run takes the full path, never a record that lost a change.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 import operator
 import os
 from pathlib import Path
 from typing import Any
 
 from ..fast_path import DEP_FILE, file_identity
-from ..files.journal import append_line, journal_of, outgrown, read_lines
 from ..files.layout import Layout
-from ..files.state import records_lock
-from ..files.state_record import read_record, write_record
+from ..state.folder import StateFolder
+from ..state.registry import CONFIGS
 from .checker import SEEN_CHANGING
 from .selection import Identity, Recorded
 
-FORMAT = 3
+FORMAT = 4  # 4: one journaled file (`state.journaled`)
+RECORD = "last-run.journaled"
 PARTS = ("tasks", "files", "task_deps")  # laid over the base key by key; looked_at and watched are replaced
 _ABSENT = object()
 
@@ -74,23 +72,19 @@ def next_record(old: Recorded | None, kept: list[str], found: dict[str, list[str
 
 
 class RunRecord:
-    """The record: loaded as base plus journal, written as a journal line where it can be."""
+    """The record: loaded as base plus lines, written as a line where it can be."""
 
     def __init__(self, layout: Layout):
-        self.path = layout.state_file("last-run.pickle")
-        self.journal = journal_of(self.path)
-        self.watched = [layout.configs, layout.build_report, Path(DEP_FILE)]
-        self.settings_journal = journal_of(layout.configs)  # present or not
+        self.state = StateFolder(layout.state)
+        self.watched = [self.state.path(CONFIGS), layout.build_report, Path(DEP_FILE)]
 
-    def _read(self) -> tuple[dict[str, Any], tuple[Any, ...]] | None:
-        """The record as base and journal make it, and what was read (the base's identity, its generation, the
-        journal's size); None when absent, unreadable, torn or mixed."""
-        before = file_identity(str(self.path))
-        record = read_record(self.path, "format", FORMAT)
-        if record is None:
+    def _read(self) -> tuple[dict[str, Any], Any] | None:
+        """The record as base and lines make it, and what was read; None when absent, unreadable, torn or mixed."""
+        found = self.state.read_journaled(RECORD, "format", FORMAT)
+        if found is None:
             return None
-        lines, size = read_lines(self.journal)
-        for line in lines:
+        record, read = found
+        for line in read.lines:
             if not isinstance(line, dict) or line.get("base") != record["generation"]:
                 return None
             for part in PARTS:
@@ -98,10 +92,10 @@ class RunRecord:
                 for gone in line["gone"][part]:
                     record[part].pop(gone, None)
             record["looked_at"], record["watched"] = line["looked_at"], line["watched"]
-        return record, (before, record["generation"], size)
+        return record, read
 
     def _now(self) -> dict[str, Any]:
-        return {str(path): file_identity(str(path)) for path in [*self.watched, self.settings_journal]}
+        return {str(path): file_identity(str(path)) for path in self.watched}
 
     def load(self, key: str) -> Recorded | None:
         """The record when it was written under `key` and no run wrote doit's database, the settings record or the
@@ -112,36 +106,27 @@ class RunRecord:
         record, read_as = found
         if record.get("key") != key or record["watched"] != self._now():
             return None
-        return Recorded(record["tasks"], record["files"], record["task_deps"], record["looked_at"], read_as)
+        return Recorded(record["tasks"], record["files"], record["task_deps"], record["looked_at"],
+                        (read_as, record["generation"]))
 
     def write(self, key: str, recorded: Recorded, before: Recorded | None) -> None:
         """Record this run (`before`: the record it loaded, if any)."""
         watched = self._now()
-        if any(watched[str(path)] is None for path in self.watched):
+        if any(identity is None for identity in watched.values()):
             return  # a run without them left no state to compare with
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with records_lock(self.path.parent):
+        with self.state.lock():
             if before is not None and before.read_as is not None and self._append(recorded, before, watched):
                 return
-            self.journal.unlink(missing_ok=True)
             record = {"format": FORMAT, "key": key, "generation": os.urandom(8).hex(), "watched": watched,
                       "tasks": recorded.tasks, "files": recorded.files, "task_deps": recorded.task_deps,
                       "looked_at": recorded.looked_at}
-            write_record(self.path, record)
+            self.state.write_journaled(RECORD, record)
 
     def _append(self, recorded: Recorded, before: Recorded, watched: dict[str, Any]) -> bool:
-        """Append what changed since `before`, when base and journal are still as it was read and the journal
-        is not due to be merged (`files.journal.outgrown`); False when the record is to be written whole."""
-        then, generation, size = before.read_as
-        base = file_identity(str(self.path))
-        journal_size = os.path.getsize(self.journal) if os.path.exists(self.journal) else 0
-        if base is None or base != then or journal_size != size:
-            return False
+        """Append what changed since `before`, when the record is still as it was read and its lines are not due
+        to be merged (`state.journaled.append`); False when the record is to be written whole."""
+        read, generation = before.read_as
         line: dict[str, Any] = {"base": generation, "gone": {}, "looked_at": recorded.looked_at, "watched": watched}
         for part in PARTS:
             line[part], line["gone"][part] = _changes(getattr(before, part), getattr(recorded, part))
-        text = json.dumps(line) + "\n"
-        if outgrown(base[0], size + len(text)):
-            return False
-        append_line(self.journal, text)
-        return True
+        return self.state.append(RECORD, read, line)

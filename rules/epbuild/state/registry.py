@@ -3,7 +3,7 @@ makes it stale and which measured figure earns its place (`bench/results/`). The
 (`format`): a run that finds another format (an older epbuild's, or none in a non-empty folder) empties it first,
 so no file is ever read under a layout it was not written in; losing it costs one full check, never a wrong answer
 (every file here is a shortcut or a record that a full check rebuilds). `docs/state.md` is this table, generated
-(`python -m epbuild.files.state`), and a test keeps both and a built project's folder in step."""
+(`python -m epbuild.state.registry`), and a test keeps both and a built project's folder in step."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import fnmatch
 from contextlib import AbstractContextManager
 from pathlib import Path
 
-FORMAT = 1
+FORMAT = 2  # 2: journals and digests inside their records (`state.journaled`)
 FORMAT_FILE = "format"
 RECORDS_LOCK = "records.lock"
+CONFIGS = "configs.journaled"  # watched by the no-op stamp and the run record: its owner is `store.task_configs`
 
 
 NOTHING_RUNS = "nothing runs"  # what the next run does without the file (tests/test_state.py checks each)
@@ -36,9 +37,9 @@ class StateFile:
 
 
 STATE_FILES = (
-    StateFile(RECORDS_LOCK, "files.state", "the lock a build holds while it writes the run record or the settings "
-              "record (two builds ending together)", "never read", "not a shortcut: concurrent builds"),
-    StateFile(FORMAT_FILE, "files.state", "this folder's layout version", "epbuild changes the layout",
+    StateFile(RECORDS_LOCK, "state.registry", "the lock a build holds while it merges into the run record or the "
+              "settings record (two builds ending together)", "never read", "not a shortcut: concurrent builds"),
+    StateFile(FORMAT_FILE, "state.registry", "this folder's layout version", "epbuild changes the layout",
               "not a shortcut: what makes every other file safe to read",
               "the next full load takes the folder for another layout's and empties it: " + RESTORED),
     StateFile("noop.pickle", "fast_path", "the last full no-op: its project key and every checked file's identity",
@@ -50,34 +51,28 @@ STATE_FILES = (
     StateFile("plan.pickle", "plan.saved_plan", "the last plan: the manifest as read and checked, resolved targets, "
               "builds and stages", "the project key, or any file the plan was made from",
               "scale-change.json: the first run after one model changed"),
-    StateFile("last-run.pickle", "tasks.run_record", "the last default run's record: what it found up to date",
-              "its files' identities", "scale-change.json: tasks handed to doit after one change"),
-    StateFile("last-run.journal", "tasks.run_record", "lines appended to the record since its base",
-              "merged into the base when it outgrows it", "scale-change.json (as last-run.pickle)"),
-    StateFile("configs.json", "store.task_configs", "each task's settings digest at its last success and the "
-              "files it published", "a task's settings or published files change",
+    StateFile("last-run.journaled", "tasks.run_record", "the last default run's record (what it found up to date), "
+              "with a line per run since of what changed", "its format, or its watched files' identities; rewritten "
+              "whole when its lines outgrow it", "scale-change.json: tasks handed to doit after one change"),
+    StateFile(CONFIGS, "store.task_configs", "each task's settings digest at its last success and the "
+              "files it published, one line per task (decoded only for the tasks a run creates), with a line per "
+              "run since of the tasks it changed", "a task's settings or published files change",
               "not a shortcut: the settings doit's own record does not hold (incremental contract rows)", RESTORED),
-    StateFile("configs.journal", "store.task_configs", "lines appended since the base", "merged when outgrown",
-              "scale-change.json (a run writes its lines, not the whole record)"),
-    StateFile("configs.sha256", "store.task_configs", "the base's per-entry digests", "the base is rewritten",
-              "scale.json (a run decodes only the entries of the tasks it creates)"),
     StateFile("settings/*.json", "store.task_configs", "each task's settings themselves, for `epbuild explain`",
               "the task's settings change", "not a shortcut: what explain shows"),
-    StateFile("build-report.sha256", "report.build_report", "build-report.json's per-entry digests",
-              "the report is rewritten", "scale.json (the report is rewritten by the entries a run changed)"),
-    StateFile("report-parts.pickle", "report.views", "each build's rendered report parts under the digest of what "
-              "they show", "a part's inputs change", "scale-change.json (report.html re-rendered in part)"),
-    StateFile("report-parts.journal", "report.views", "parts rendered since the base", "merged when outgrown",
-              "scale-change.json (as report-parts.pickle)"),
-    StateFile("external-data.json", "plan.external_data", "each model's external-data files, inputs and graph "
-              "facts, by the model file's identity", "the model file's identity (ctime included) changes",
-              "reference.json / large.json: a 3 GiB model is not read again by an unchanged run"),
-    StateFile("external-data.sha256", "plan.external_data", "the index's per-entry digests", "the index is "
-              "rewritten", "as external-data.json"),
+    StateFile("build-report.sha256", "report.build_report", "build-report.json's per-entry digests (the report "
+              "is the user's file: its digest stays out of it)", "the report is rewritten",
+              "scale.json (the report is rewritten by the entries a run changed)"),
+    StateFile("report-parts.journaled", "report.views", "each build's rendered report parts under the digest of "
+              "what they show, with a line per run since of the parts it rendered", "the renderer's version, or a "
+              "part's inputs change", "scale-change.json (report.html re-rendered in part)"),
+    StateFile("external-data.journaled", "plan.external_data", "each model's external-data files, inputs and graph "
+              "facts, one line per model, by the model file's identity", "the model file's identity (ctime "
+              "included) changes", "reference.json / large.json: a 3 GiB model is not read again by an unchanged run"),
     StateFile("host.json", "execute.host", "the EP probe of this host (devices, packages)",
               "package versions or the machine change", "doit.json: the probe is a child process each run else"),
-    StateFile("hashes/*.tsv", "files.hashing", "the sha256 of each file hashed, by its identity (ctime included)",
-              "the file's identity changes", "cache.json: unchanged files are not re-hashed"),
+    StateFile("hashes/*.tsv", "state.hash_memory", "the sha256 of each file hashed, by its identity (ctime "
+              "included)", "the file's identity changes", "cache.json: unchanged files are not re-hashed"),
     StateFile("ops/*/*.json", "tasks.actions", "a qaic target's operator check result", "the model or qaic changes",
               "not a shortcut: the `ops:` task's output"),
 )
@@ -90,17 +85,17 @@ _GLOBS = tuple(f.pattern for f in STATE_FILES if "*" in f.pattern)
 
 def state_file(state: Path, name: str) -> Path:
     """The one way to a path under `.state/`: a file (or a folder of files) this registry declares, so that nothing
-    is remembered that the page does not name. Its owner reads and writes it (`files.layout.write_atomic`,
-    `files.journal`), never another module."""
+    is remembered that the page does not name. Its owner reads and writes it through `state.StateFolder`, never
+    another module."""
     if name not in _EXACT and name not in _FOLDERS and not any(fnmatch.fnmatchcase(name, p) for p in _GLOBS):
-        raise ValueError(f".state/{name} is not declared in epbuild.files.state.STATE_FILES")
+        raise ValueError(f".state/{name} is not declared in epbuild.state.registry.STATE_FILES")
     return state / name
 
 
 def records_lock(state: Path) -> AbstractContextManager[None]:
     """Held while a build writes a record other builds merge into (`tasks.run_record`, `store.task_configs`): one
     lock for both, taken one after the other, never nested."""
-    from .locks import file_lock
+    from ..files.locks import file_lock
 
     return file_lock(state_file(state, RECORDS_LOCK))
 
@@ -141,11 +136,13 @@ def table() -> str:
     rows = "\n".join(f"| `{f.pattern}` | `{f.owner}` | {f.holds} | {f.stale_when} | {f.earned_by} | {f.lost} |"
                      for f in STATE_FILES)
     return ("# What epbuild remembers between runs\n\nEverything under `artifacts/.state/` (generated from "
-            "`rules/epbuild/files/state.py`: `python -m epbuild.files.state > docs/state.md`). Deleting the folder "
-            "is always safe: the next run checks everything in full and writes it again; the last column says what "
-            "a run does without each file (`tests/test_state.py` deletes each in turn after a build and checks it, and "
-            "that every artifact keeps its bytes). Every path under it is made "
-            "through `files.state.state_file`, which refuses a name this table does not declare. Layout format "
+            "`rules/epbuild/state/registry.py`: `python -m epbuild.state.registry > docs/state.md`). Deleting the "
+            "folder is always safe: the next run checks everything in full and writes it again; the last column says "
+            "what a run does without each file (`tests/test_state.py` deletes each in turn after a build and checks "
+            "it, and that every artifact keeps its bytes). Every path under it is made through `state.StateFolder` "
+            "(`state.registry.state_file`), which refuses a name this table does not declare, and every file is read "
+            "and written there in one of four forms: a pickled record, a journaled record (its base, then a line per "
+            "run that changed it: `state.journaled`), a JSON document, the hash memory's shards. Layout format "
             f"{FORMAT}.\n\n| file | owner | holds | stale when | earns its place | when lost |\n"
             f"|---|---|---|---|---|---|\n{rows}\n")
 

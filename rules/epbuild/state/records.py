@@ -1,7 +1,8 @@
-"""The records under `.state/` (the no-op stamp, the saved plan, the last run's record, the report's parts): one
-way to read, check and write them. Each names what makes it stale in one field (the project key, its format, the
-renderer's version) and, where it vouches for files, their identities (ctime included); whatever does not match is
-a miss, never an error, and a full check writes the record again (`files.state`)."""
+"""The pickled records under `.state/` (the no-op stamp, the saved plan; the bases of the last run's record and the
+report's parts, `journaled`): one way to read, check and write them. Each names what makes it stale in one field
+(the project key, its format, the renderer's version) and, where it vouches for files, their identities (ctime
+included); whatever does not match is a miss, never an error, and a full check writes the record again
+(`state.registry`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pickle
 from pathlib import Path
 from typing import Any
 
-from .layout import file_identity, write_atomic
+from ..files.layout import file_identity, write_atomic
 
 
 def decode_record(data: bytes, field: str, expected: Any) -> dict[str, Any] | None:

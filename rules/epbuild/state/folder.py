@@ -1,0 +1,129 @@
+"""`StateFolder`: the one interface to `artifacts/.state/`. Every file under it is declared in `state.registry` and
+read and written here, in one of four forms: a pickled record (`records`), a journaled record (a base with lines
+appended since: `journaled`), a JSON document, and the hash memory's shards (`hash_memory`). Whatever cannot be
+read as its form, or is stale by its record's key, is a miss, never an error: a full check writes it again.
+
+Each record says what makes it stale in one place: a key field (the project key for the no-op stamp, the listing
+and the plan; the record's format or the renderer's version for the others) checked on read, and, where it vouches
+for files, their identities (ctime included). One key for all would be wrong: a change of epbuild's code must
+drop the plan, not make a run hash a 3 GiB model again (the hash memory and the external-data index are keyed by
+the files they describe)."""
+
+from __future__ import annotations
+
+import json
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+from ..files.entry_lines import LazyEntries, entry_lines, plain_texts
+from ..files.layout import file_identity, write_atomic, write_json
+from .journaled import Journaled, append, read_journaled, write_journaled
+from .records import decode_record, read_record, write_record
+from .registry import records_lock, settle_format, state_file
+
+
+class StateFolder:
+    """`artifacts/.state/` of one project (a plain object: made wherever a module needs it, no state of its own)."""
+
+    __slots__ = ("root",)
+
+    def __init__(self, root: Path):
+        self.root = root
+
+    def path(self, name: str) -> Path:
+        """A declared file's path (`state.registry` refuses any other name): to watch its identity, or for the
+        forms that keep their own format (the hash shards, the build report's digest)."""
+        return state_file(self.root, name)
+
+    def identity(self, name: str) -> list[int] | None:
+        return file_identity(str(self.path(name)))
+
+    def drop(self, name: str) -> None:
+        """Forget a record (the next run takes the full path for what it would have shortened)."""
+        self.path(name).unlink(missing_ok=True)
+
+    def lock(self) -> AbstractContextManager[None]:
+        """Held while a build merges into a record other builds write too (the run record, the settings record)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        return records_lock(self.root)
+
+    def settle(self) -> bool:
+        """Make the folder this layout's (`registry.settle_format`): True when it was emptied."""
+        return settle_format(self.root)
+
+    # pickled records: one staleness field, checked on read
+
+    def read_record(self, name: str, field: str, expected: Any) -> dict[str, Any] | None:
+        return read_record(self.path(name), field, expected)
+
+    def write_record(self, name: str, record: dict[str, Any]) -> None:
+        write_record(self.path(name), record)
+
+    # journaled records: a base and the lines appended since
+
+    def read_journaled(self, name: str, field: str, expected: Any) -> tuple[dict[str, Any], Journaled] | None:
+        """A journaled record whose pickled base has `field` = `expected`, and what was read (for `append`)."""
+        found = read_journaled(self.path(name))
+        base = decode_record(found.base, field, expected) if found is not None else None
+        return (base, found) if base is not None else None
+
+    def write_journaled(self, name: str, record: dict[str, Any]) -> None:
+        import pickle
+
+        write_journaled(self.path(name), pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL))
+
+    def append(self, name: str, read: Journaled, line: dict[str, Any]) -> bool:
+        """Append `line` to the record as it was read; False when it is to be written whole (it changed since, or
+        its lines outgrew the base)."""
+        return append(self.path(name), read, json.dumps(line))
+
+    # entry records: a JSON object of one entry per line, decoded entry by entry, with lines of changed entries
+
+    def read_entries(self, name: str) -> tuple[LazyEntries, Journaled] | None:
+        """The entries, with each appended line's laid over them (a torn line is skipped: its entries keep their
+        older values), and what was read."""
+        found = read_journaled(self.path(name), vouch=True)
+        if found is None:
+            return None
+        try:
+            text = found.base.decode()
+            texts = plain_texts(text) if found.vouched else None
+            if texts is not None:
+                entries = LazyEntries(texts)
+            else:
+                data = json.loads(text)
+                if not isinstance(data, dict):
+                    return None
+                entries = LazyEntries(decoded=data)
+        except ValueError:
+            return None
+        for added in found.lines:
+            if isinstance(added, dict):
+                entries.update(added)
+        return entries, found
+
+    def write_entries(self, name: str, entries: LazyEntries) -> None:
+        """The entries as the base of a record with no lines: those not set since they were read are written as
+        read, without encoding them again."""
+        text = "{\n" + entry_lines({key: entries.text(key) for key in entries}) + "\n}\n"
+        write_journaled(self.path(name), text.encode(), vouch=True)
+
+    # JSON documents
+
+    def read_json(self, name: str) -> Any:
+        """The document, None when absent or not JSON."""
+        try:
+            return json.loads(self.path(name).read_text())
+        except (OSError, ValueError):
+            return None
+
+    def write_json(self, name: str, data: Any, indent: int | None = None) -> None:
+        path = self.path(name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json(path, data, indent=indent)
+
+    def write_text(self, name: str, text: str) -> None:
+        path = self.path(name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, text)
