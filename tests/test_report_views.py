@@ -356,14 +356,14 @@ def test_a_run_appends_the_parts_it_rendered_and_the_base_is_rewritten_when_the_
     store.save()
     assert path.read_bytes().startswith(base) and len(read_journaled(path).lines) == 1  # appended, not rewritten
     with open(path, "a") as handle:
-        handle.write('{"version": "torn')
+        handle.write('{"key": "torn')
     store = PartStore(state)
     assert store.get("b", "b2", lambda: pytest.fail("remembered")) == {"html": "B" * 400, "key": "b2"}
     store.get("c", "c2", lambda: {"html": "C" * 400})  # this line takes the lines past an eighth of the base
     store.save()
     read = read_journaled(path)
     assert read.lines == [] and set(pickle.loads(read.base)["parts"]) == {"b", "c"}  # this run's
-    write_journaled(path, pickle.dumps({"version": "another renderer", "parts": {"x": {"key": "x1"}}}))
+    write_journaled(path, pickle.dumps({"key": "another renderer", "parts": {"x": {"key": "x1"}}}))
     store = PartStore(state)
     store.get("x", "x1", lambda: {"html": "x"})
     assert store.rendered == 1

@@ -118,3 +118,30 @@ def test_losing_any_state_file_costs_a_check_never_a_wrong_answer(project):
         project.doit("list")
         project.doit()
         project.env.pop("EPBUILD_FAST_PATH")
+
+
+def test_one_rule_judges_every_record_its_key_and_the_files_it_vouches_for(tmp_path):
+    """`state.records.current`, for pickled records and JSON documents alike: a record is read only under the key
+    its owner passes and while every file it vouches for (present or absent) is as it was; anything else, torn or
+    foreign bytes included, is a miss."""
+    from epbuild.files.layout import file_identity
+    from epbuild.state.folder import StateFolder
+    from epbuild.state.records import VOUCHES
+
+    state = StateFolder(tmp_path / "state")
+    model, absent = tmp_path / "model.onnx", tmp_path / "absent.json"
+    model.write_bytes(b"1")
+    vouches = {str(model): file_identity(str(model)), str(absent): None}
+    state.write_record("plan.pickle", {"key": "k", VOUCHES: vouches, "plan": 1})
+    state.write_document("listing.json", {"key": "k", VOUCHES: vouches, "tasks": {}})
+    readers = [lambda key: state.read_record("plan.pickle", key), lambda key: state.read_document("listing.json", key)]
+    assert all(read("k") is not None and read("another key") is None for read in readers)
+    absent.write_text("{}")  # a file that was absent appears
+    assert all(read("k") is None for read in readers)
+    absent.unlink()
+    assert all(read("k") is not None for read in readers)
+    model.write_bytes(b"2")
+    assert all(read("k") is None for read in readers)
+    state.path("plan.pickle").write_bytes(b"torn")
+    state.path("listing.json").write_text('{"key": "k", "vouches_for": [')
+    assert all(read("k") is None for read in readers)

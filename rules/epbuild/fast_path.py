@@ -31,7 +31,7 @@ from .files.layout import Layout, file_identity, settled, stat_key
 from .invocation import Invocation
 from .logs import log
 from .state.folder import StateFolder
-from .state.records import identities_hold
+from .state.records import VOUCHES
 from .state.registry import CONFIGS
 
 PACKAGE = Path(__file__).resolve().parent
@@ -88,8 +88,7 @@ class Stamp:
 
     def still_valid(self, key: str) -> dict[str, Any] | None:
         """The stamp when the key and every file's identity still match, else None."""
-        stamp = self.state.read_record(STAMP, "key", key)
-        return stamp if stamp is not None and identities_hold(stamp["files"]) else None
+        return self.state.read_record(STAMP, key)
 
     def write(self, key: str, checked: dict[str, list[int]], looked_at: list[Path], tasks: int,
               skipped: dict[str, str]) -> None:
@@ -109,7 +108,7 @@ class Stamp:
                 return
             if stat_key(stat) != checked[path] or not settled(stat):
                 return  # a file changed while this run checked it, or may still change under the same identity
-        self.state.write_record(STAMP, {"key": key, "files": files, "tasks": tasks, "skipped": skipped})
+        self.state.write_record(STAMP, {"key": key, VOUCHES: files, "tasks": tasks, "skipped": skipped})
 
 
 class Listing:
@@ -121,12 +120,8 @@ class Listing:
         self.state = StateFolder(layout.state)
 
     def load(self, key: str) -> dict[str, list[dict[str, Any]]] | None:
-        listing = self.state.read_json(LISTING)
-        if not isinstance(listing, dict) or listing.get("key") != key or not isinstance(listing.get("files"), dict):
-            return None
-        if any(file_identity(path) != identity for path, identity in listing["files"].items()):
-            return None
-        return listing["tasks"]
+        listing = self.state.read_document(LISTING, key)
+        return listing["tasks"] if listing is not None else None
 
     def write(self, key: str, tasks: dict[str, list[dict[str, Any]]], read: list[Path]) -> None:
         """`read`: the files task creation read, present or not; none written while one may still change under
@@ -142,7 +137,7 @@ class Listing:
                 self.state.drop(LISTING)
                 return
             files[str(path)] = stat_key(stat)
-        self.state.write_json(LISTING, {"key": key, "tasks": tasks, "files": files})
+        self.state.write_document(LISTING, {"key": key, "tasks": tasks, VOUCHES: files})
 
 
 def listed(task: dict[str, Any]) -> dict[str, Any]:
@@ -191,7 +186,7 @@ def _reporter(stamp: dict[str, Any]) -> type:
             self.write(f"skipped {task}: {reason}\n")
         counts = f"{len(stamp['skipped'])} skipped, " if stamp["skipped"] else ""
         self.write(f"summary: {counts}{stamp['tasks']} up-to-date (no input, output or setting changed since the last "
-                   f"full check of {len(stamp['files'])} files)\n")
+                   f"full check of {len(stamp[VOUCHES])} files)\n")
         ConsoleReporter.complete_run(self)
 
     return type("UpToDateReporter", (ConsoleReporter,), {"complete_run": complete_run})

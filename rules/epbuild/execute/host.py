@@ -82,8 +82,8 @@ def capabilities(state_dir: Path, version: Callable[[str], str | None] = package
     versions as this run names them (`Provenance.version`)."""
     state = StateFolder(state_dir)
     key = probe_key(version)
-    cached = state.read_json(HOST)
-    if isinstance(cached, dict) and cached.get("key") == key:
+    cached = state.read_document(HOST, key)
+    if cached is not None:
         return cached
     done = subprocess.run([sys.executable, "-m", "epbuild.execute.host"], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHONPATH": child_import_path()})
@@ -93,7 +93,7 @@ def capabilities(state_dir: Path, version: Callable[[str], str | None] = package
         result = json.loads(done.stdout)
     result["key"] = key
     with contextlib.suppress(OSError):  # a read-only artifacts folder (`doit list` there): probed again next time
-        state.write_json(HOST, result, indent=1)
+        state.write_document(HOST, result, indent=1)
     return result
 
 

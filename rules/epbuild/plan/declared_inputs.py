@@ -10,6 +10,7 @@ import dataclasses
 from ..errors import UserError, closest
 from ..manifest.builds import Build
 from ..manifest.parse import Manifest
+from ..records import record
 from ..steps.graph import PLACEHOLDER
 
 Shapes = dict[str, list[int | None]]  # input -> dimensions: a size, or None where symbolic
@@ -51,10 +52,23 @@ def resolve_dims(manifest: Manifest, read: dict[str, ModelInputs]) -> Manifest:
     return dataclasses.replace(manifest, models=models)
 
 
-def check_declared_inputs(manifest: Manifest, builds: list[Build], read: dict[str, ModelInputs]) -> dict[str, str]:
+@record
+class Blocked:
+    """Why a model's builds that need static shapes wait: the manifest key to fix, and the one line that says how
+    (what every message and report shows: `str`)."""
+
+    key_path: str
+    line: str
+
+    def __str__(self) -> str:
+        return self.line
+
+
+def check_declared_inputs(manifest: Manifest, builds: list[Build],
+                          read: dict[str, ModelInputs]) -> dict[str, Blocked]:
     """`read` holds each model's inputs by model name (`plan.external_data.ExternalDataIndex.inputs`). A mistake in
     `inputs` or `freeze` is refused (UserError); a model that leaves open a dimension its NPU targets need fixed is
-    not: its message is returned by model name, so only those targets' tasks wait for the fix (`blocked_tasks`)
+    not: why is returned by model name, so only those targets' tasks wait for the fix (`blocked_tasks`)
     while every other build goes on."""
     file = manifest.path.name
     shapes = {name: found for name, (found, _, _) in read.items()}
@@ -83,7 +97,7 @@ def check_declared_inputs(manifest: Manifest, builds: list[Build], read: dict[st
                         f"the model has no input '{input_name}'")
                 raise UserError(file, f"{model.key}.freeze.{input_name}", f"{what}; its inputs: "
                                 f"{', '.join(found) or 'none'}")
-    blocked: dict[str, str] = {}
+    blocked: dict[str, Blocked] = {}
     needs_static: dict[str, str] = {}  # model -> the first of its targets that needs static shapes
     for build in builds:
         if any(stage.kind == "shape" for stage in build.stages):
@@ -106,17 +120,18 @@ def check_declared_inputs(manifest: Manifest, builds: list[Build], read: dict[st
                 fix = (f"dims = {{ {', '.join(f'{_toml_key(key)} = ...' for key in keys)} }} (every input with "
                        f"{those}) or inputs = {{ {input_name} = [...] }}" if None not in keys
                        else f"inputs = {{ {input_name} = [...] }}")
-                blocked[name] = str(UserError(file, f"{model.key}.inputs", f"input '{input_name}' ({_shown(dims)}) "
-                                              f"has symbolic dimension{'s' * (len(left) > 1)} {which}; target "
-                                              f"'{target}' needs static shapes: set {fix}"))
+                key = f"{model.key}.inputs"
+                blocked[name] = Blocked(key, str(UserError(file, key, f"input '{input_name}' ({_shown(dims)}) has "
+                                                           f"symbolic dimension{'s' * (len(left) > 1)} {which}; "
+                                                           f"target '{target}' needs static shapes: set {fix}")))
                 break
     return blocked
 
 
-def blocked_tasks(builds: list[Build], blocked: dict[str, str]) -> dict[str, str]:
+def blocked_tasks(builds: list[Build], blocked: dict[str, Blocked]) -> dict[str, Blocked]:
     """Task name -> the manifest line it waits for: each build that needs static shapes of a model in `blocked`
     (its compile, validation and operator check), and the stages only such builds use."""
-    waiting: dict[str, str] = {}
+    waiting: dict[str, Blocked] = {}
     used: set[str] = set()
     for build in builds:
         why = next((blocked[m.name] for m in build.members if m.name in blocked), None)

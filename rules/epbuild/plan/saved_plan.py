@@ -27,7 +27,8 @@ from ..manifest.parse import Manifest
 from ..manifest.stage import Stage
 from ..records import record
 from ..state.folder import StateFolder
-from ..state.records import identities_hold
+from ..state.records import VOUCHES
+from .declared_inputs import Blocked
 
 
 def _is_plain_file(path: str) -> bool:
@@ -71,7 +72,7 @@ class Plan:
     stages: dict[str, Stage]
     code: str  # the jobs' code digest (`execute.provenance.code_digest`), a function of the key's sources
     versions: dict[str, str | None]  # the distributions a job may load (`execute.provenance.versions`), likewise
-    blocked: dict[str, str]  # model -> why its NPU builds wait (`plan.declared_inputs.check_declared_inputs`)
+    blocked: dict[str, Blocked]  # model -> why its NPU builds wait (`plan.declared_inputs.check_declared_inputs`)
 
     def as_read(self) -> Manifest:
         return pickle.loads(self.read)
@@ -89,8 +90,8 @@ class SavedPlan:
 
     def load(self) -> Plan | None:
         """The saved plan when its key and every file's identity match, else None (absent, unreadable, torn)."""
-        saved = self.state.read_record(PLAN, "key", self.key)
-        if saved is None or not identities_hold(saved["files"]):
+        saved = self.state.read_record(PLAN, self.key)
+        if saved is None:
             return None
         if not all(_is_plain_file(path) for path in saved["models"]):
             return None
@@ -113,5 +114,5 @@ class SavedPlan:
                 return
             files[path] = identity
         folders = {path: _folder(path) for path in _folders_above(models)}
-        self.state.write_record(PLAN, {"key": self.key, "files": files, "models": models, "folders": folders,
+        self.state.write_record(PLAN, {"key": self.key, VOUCHES: files, "models": models, "folders": folders,
                                  "plan": plan})

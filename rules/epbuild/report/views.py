@@ -194,14 +194,14 @@ class PartStore:
         self.version = _renderer_version()
         self.old: dict[str, dict[str, Any]] = {}
         made_from, unsettled = None, []
-        found = state.read_journaled(PARTS, "version", self.version)
+        found = state.read_journaled(PARTS, self.version)
         self.read_as = found[1] if found is not None else None
         if found is not None:
             stored, read = found
             self.old = stored.get("parts", {})
             made_from, unsettled = stored.get("made_from"), stored.get("unsettled", [])
             for added in read.lines:  # None: a line torn by a killed build
-                if isinstance(added, dict) and added.get("version") == self.version:
+                if isinstance(added, dict) and added.get("key") == self.version:
                     self.old.update({name: _from_json(part) for name, part in added.get("parts", {}).items()})
                     made_from, unsettled = added.get("made_from"), added.get("unsettled", [])
                 else:  # what the last save said is not known for sure
@@ -239,7 +239,7 @@ class PartStore:
         """After the pages are written from the build report (`report`, as it is now)."""
         added = {name: part for name, part in self.new.items() if self.old.get(name) != part}
         made_from = file_identity(str(self.report)) if self.report else None
-        record = {"version": self.version, "made_from": made_from, "unsettled": self.unremembered}
+        record = {"key": self.version, "made_from": made_from, "unsettled": self.unremembered}
         line = {**record, "parts": {name: _as_json(part) for name, part in added.items()}}
         if self.read_as is not None and self.state.append(PARTS, self.read_as, line):
             return

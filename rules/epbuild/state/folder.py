@@ -1,17 +1,20 @@
 """`StateFolder`: the one interface to `artifacts/.state/`. Every file under it is declared in `state.registry` and
 read and written here, in one of four forms: a pickled record (`records`), a journaled record (a base with lines
-appended since: `journaled`), a JSON document, and the hash memory's shards (`hash_memory`). Whatever cannot be
-read as its form, or is stale by its record's key, is a miss, never an error: a full check writes it again.
+appended since: `journaled`), a JSON document, and the hash memory's shards (`hash_memory`). Whatever cannot be read
+as its form, or is stale by its record's key, is a miss, never an error: a full check writes it again.
 
-Each record says what makes it stale in one place: a key field (the project key for the no-op stamp, the listing
-and the plan; the record's format or the renderer's version for the others) checked on read, and, where it vouches
-for files, their identities (ctime included). One key for all would be wrong: a change of epbuild's code must
-drop the plan, not make a run hash a 3 GiB model again (the hash memory and the external-data index are keyed by
-the files they describe)."""
+Each record says what makes it stale by one rule (`records.current`): its `key` (the project key for the no-op
+stamp, the listing and the plan; the record's format with it for the run record; the renderer's version for the
+report's parts; the probe's inputs for the host probe) checked on read, and, where it vouches for files, their
+identities (`vouches_for`, ctime included). The entry records (settings, external-data index) are judged entry by
+entry: a task's settings digest, a model file's identity. One key for all would be wrong: a change of epbuild's code
+must drop the plan, not make a run hash a 3 GiB model again (the hash memory and the external-data index are keyed
+by the files they describe)."""
 
 from __future__ import annotations
 
 import json
+import pickle
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -19,7 +22,7 @@ from typing import Any
 from ..files.entry_lines import LazyEntries, entry_lines, plain_texts
 from ..files.layout import file_identity, write_atomic, write_json
 from .journaled import Journaled, append, read_journaled, write_journaled
-from .records import decode_record, read_record, write_record
+from .records import current, decode_record, read_record, write_record
 from .registry import records_lock, settle_format, state_file
 
 
@@ -52,25 +55,24 @@ class StateFolder:
         """Make the folder this layout's (`registry.settle_format`): True when it was emptied."""
         return settle_format(self.root)
 
-    # pickled records: one staleness field, checked on read
+    # pickled records and JSON documents: current by one rule (`records.current`: their key, their files)
 
-    def read_record(self, name: str, field: str, expected: Any) -> dict[str, Any] | None:
-        return read_record(self.path(name), field, expected)
+    def read_record(self, name: str, key: Any) -> dict[str, Any] | None:
+        return read_record(self.path(name), key)
 
     def write_record(self, name: str, record: dict[str, Any]) -> None:
         write_record(self.path(name), record)
 
     # journaled records: a base and the lines appended since
 
-    def read_journaled(self, name: str, field: str, expected: Any) -> tuple[dict[str, Any], Journaled] | None:
-        """A journaled record whose pickled base has `field` = `expected`, and what was read (for `append`)."""
+    def read_journaled(self, name: str, key: Any) -> tuple[dict[str, Any], Journaled] | None:
+        """A journaled record whose pickled base is current under `key` (the files it vouches for are judged by its
+        owner, after its lines), and what was read (for `append`)."""
         found = read_journaled(self.path(name))
-        base = decode_record(found.base, field, expected) if found is not None else None
+        base = decode_record(found.base, key) if found is not None else None
         return (base, found) if base is not None else None
 
     def write_journaled(self, name: str, record: dict[str, Any]) -> None:
-        import pickle
-
         write_journaled(self.path(name), pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL))
 
     def append(self, name: str, read: Journaled, line: dict[str, Any]) -> bool:
@@ -109,16 +111,16 @@ class StateFolder:
         text = "{\n" + entry_lines({key: entries.text(key) for key in entries}) + "\n}\n"
         write_journaled(self.path(name), text.encode(), vouch=True)
 
-    # JSON documents
+    # JSON documents: records people may read (the host probe, the listing), and the settings kept for `explain`
 
-    def read_json(self, name: str) -> Any:
-        """The document, None when absent or not JSON."""
+    def read_document(self, name: str, key: Any) -> dict[str, Any] | None:
+        """A JSON record (`write_document`), when current under `key`."""
         try:
-            return json.loads(self.path(name).read_text())
+            return current(json.loads(self.path(name).read_text()), key)
         except (OSError, ValueError):
             return None
 
-    def write_json(self, name: str, data: Any, indent: int | None = None) -> None:
+    def write_document(self, name: str, data: Any, indent: int | None = None) -> None:
         path = self.path(name)
         path.parent.mkdir(parents=True, exist_ok=True)
         write_json(path, data, indent=indent)

@@ -12,29 +12,42 @@ from typing import Any
 
 from ..files.layout import file_identity, write_atomic
 
+KEY, VOUCHES = "key", "vouches_for"  # every record's staleness fields: one rule for all (`current`)
 
-def decode_record(data: bytes, field: str, expected: Any) -> dict[str, Any] | None:
-    """A record this epbuild wrote (`write_record`) whose `field` holds `expected` (the project key, the record's
-    format, the renderer's version: what makes it stale), else None. Torn, foreign, stale and absent are one case
-    for every record under `.state/`: a miss, which a full check makes good."""
+
+def current(record: Any, key: Any) -> dict[str, Any] | None:
+    """The one invalidation rule of `.state/`: a record is current when its `key` is the reader's (the project key,
+    a record format with it, the renderer's version: whatever its owner says makes it stale) and every file it
+    vouches for (`vouches_for`: path -> identity, ctime included; None for one that was absent) still has that identity.
+    Torn, foreign, stale and absent are one case: a miss (None), which a full check makes good."""
+    if not isinstance(record, dict) or record.get(KEY) != key:
+        return None
+    files = record.get(VOUCHES, {})
+    return record if isinstance(files, dict) and identities_hold(files) else None
+
+
+def decode_record(data: bytes, key: Any) -> dict[str, Any] | None:
+    """A pickled record (`write_record`), when `current` under `key`."""
     try:
         record = pickle.loads(data)
     except Exception:  # noqa: BLE001 - whatever an unpickler raises on bytes it did not write
         return None
-    return record if isinstance(record, dict) and record.get(field) == expected else None
+    return current(record, key)
 
 
-def read_record(path: Path, field: str, expected: Any) -> dict[str, Any] | None:
+def read_record(path: Path, key: Any) -> dict[str, Any] | None:
     """`decode_record` of the file at `path`; None when it cannot be read."""
     try:
         data = path.read_bytes()
     except OSError:
         return None
-    return decode_record(data, field, expected)
+    return decode_record(data, key)
 
 
 def write_record(path: Path, record: dict[str, Any]) -> None:
-    """A record under `.state/`, written atomically (a reader sees the old one or this one, whole)."""
+    """A record under `.state/` (it names its `key`), written atomically (a reader sees the old one or this one,
+    whole)."""
+    assert KEY in record, "a record names what makes it stale"
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL))
 

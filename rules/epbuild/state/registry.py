@@ -52,8 +52,9 @@ STATE_FILES = (
               "builds and stages", "the project key, or any file the plan was made from",
               "scale-change.json: the first run after one model changed"),
     StateFile("last-run.journaled", "tasks.run_record", "the last default run's record (what it found up to date), "
-              "with a line per run since of what changed", "its format, or its watched files' identities; rewritten "
-              "whole when its lines outgrow it", "scale-change.json: tasks handed to doit after one change"),
+              "with a line per run since of what changed", "its key (its format and the project key), or the "
+              "identity of the settings record, the build report or doit's database; rewritten whole when its lines "
+              "outgrow it", "scale-change.json: tasks handed to doit after one change"),
     StateFile(CONFIGS, "store.task_configs", "each task's settings digest at its last success and the "
               "files it published, one line per task (decoded only for the tasks a run creates), with a line per "
               "run since of the tasks it changed", "a task's settings or published files change",
@@ -64,13 +65,15 @@ STATE_FILES = (
               "is the user's file: its digest stays out of it)", "the report is rewritten",
               "scale.json (the report is rewritten by the entries a run changed)"),
     StateFile("report-parts.journaled", "report.views", "each build's rendered report parts under the digest of "
-              "what they show, with a line per run since of the parts it rendered", "the renderer's version, or a "
-              "part's inputs change", "scale-change.json (report.html re-rendered in part)"),
+              "what they show, with a line per run since of the parts it rendered", "its key (the renderer's "
+              "version: templates and code), or a part's inputs change",
+              "scale-change.json (report.html re-rendered in part)"),
     StateFile("external-data.journaled", "plan.external_data", "each model's external-data files, inputs and graph "
               "facts, one line per model, by the model file's identity", "the model file's identity (ctime "
               "included) changes", "reference.json / large.json: a 3 GiB model is not read again by an unchanged run"),
     StateFile("host.json", "execute.host", "the EP probe of this host (devices, packages)",
-              "package versions or the machine change", "doit.json: the probe is a child process each run else"),
+              "its key: package versions, Python, the machine",
+              "doit.json: the probe is a child process each run else"),
     StateFile("hashes/*.tsv", "state.hash_memory", "the sha256 of each file hashed, by its identity (ctime "
               "included)", "the file's identity changes", "cache.json: unchanged files are not re-hashed"),
     StateFile("ops/*/*.json", "tasks.actions", "a qaic target's operator check result", "the model or qaic changes",
@@ -142,7 +145,10 @@ def table() -> str:
             "it, and that every artifact keeps its bytes). Every path under it is made through `state.StateFolder` "
             "(`state.registry.state_file`), which refuses a name this table does not declare, and every file is read "
             "and written there in one of four forms: a pickled record, a journaled record (its base, then a line per "
-            "run that changed it: `state.journaled`), a JSON document, the hash memory's shards. Layout format "
+            "run that changed it: `state.journaled`), a JSON document, the hash memory's shards. A record is read by "
+            "one rule (`state.records.current`): its key is the one its reader passes (the column *stale when* says "
+            "what each key holds) and every file it vouches for still has the identity it had (ctime included); the "
+            "settings and the external-data index are judged entry by entry. Layout format "
             f"{FORMAT}.\n\n| file | owner | holds | stale when | earns its place | when lost |\n"
             f"|---|---|---|---|---|---|\n{rows}\n")
 

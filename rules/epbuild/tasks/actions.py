@@ -20,6 +20,7 @@ from ..files.hashing import snapshot
 from ..logs import say
 from ..manifest.builds import Build
 from ..manifest.stage import Stage
+from ..plan.declared_inputs import Blocked
 from ..plan.packages import PackagePlan
 from ..report.build_report import usage_text
 from ..steps.compile import compile_build, file_records
@@ -220,12 +221,12 @@ def _earlier_sdk(folder: Path) -> str | None:
         return None
 
 
-def refuse_blocked(task: str, why: str) -> TaskFailed:
+def refuse_blocked(task: str, why: Blocked) -> TaskFailed:
     """A task that waits for a fix to the manifest fails with that fix, whichever way it was reached."""
     return TaskFailed(f"{task} waits for a fix: {why}")
 
 
-def fail_blocked(blocked: dict[str, str]) -> TaskFailed:
+def fail_blocked(blocked: dict[str, Blocked]) -> TaskFailed:
     """The default run's last task: the other builds are done; what the manifest must fix, once per line, with
     the tasks that wait for it."""
     waiting: dict[str, list[str]] = {}

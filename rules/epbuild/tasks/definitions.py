@@ -370,7 +370,7 @@ class Tasks:
 
     def _blocked(self, basename: str, name: str, doc: str) -> Task:
         why = self.project.blocked[f"{basename}:{name}"]
-        return self._task(basename, name, f"{doc} [blocked: {why.split(': ', 2)[1]} needs a fix]", refuse_blocked,
+        return self._task(basename, name, f"{doc} [blocked: {why.key_path} needs a fix]", refuse_blocked,
                           [f"{basename}:{name}", why])
 
     def _stage_task(self, stage: Stage) -> Task:

@@ -17,6 +17,7 @@ from ..invocation import Invocation
 from ..manifest.builds import Build, package_task
 from ..manifest.parse import Manifest
 from ..manifest.stage import Stage
+from ..plan.declared_inputs import Blocked
 from ..store.cache import Workspace
 from ..store.task_configs import ConfigRecord
 
@@ -67,7 +68,7 @@ class Project:
     shard: tuple[int, int] | None
     live: bool  # a status area under the tasks
     rel: Relative
-    blocked: dict[str, str]  # task -> the manifest line it waits for (a model without its NPU targets' static shapes)
+    blocked: dict[str, Blocked]  # task -> the manifest fix it waits for (a model's NPU targets need static shapes)
     checked: dict[str, list[int]] = dataclasses.field(default_factory=dict)  # unchanged, as the checker saw them
     edited: set[str] = dataclasses.field(default_factory=set)  # published files found changed since
 
@@ -107,7 +108,7 @@ class Project:
         """The builds a default run takes: those this host can build and whose manifest holds."""
         return [b for b in self.builds if b.target.name not in self.unavailable and b.task not in self.blocked]
 
-    def blocked_builds(self) -> dict[str, str]:
+    def blocked_builds(self) -> dict[str, Blocked]:
         """The compile and validation tasks of this shard's builds that wait for a fix to the manifest, and why."""
         keys = shard_keys(self.builds) if self.shard else {}
         return {name: self.blocked[name] for b in self.builds if in_shard(b, self.shard, keys)

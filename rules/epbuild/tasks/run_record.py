@@ -78,9 +78,10 @@ class RunRecord:
         self.state = StateFolder(layout.state)
         self.watched = [self.state.path(CONFIGS), layout.build_report, Path(DEP_FILE)]
 
-    def _read(self) -> tuple[dict[str, Any], Any] | None:
-        """The record as base and lines make it, and what was read; None when absent, unreadable, torn or mixed."""
-        found = self.state.read_journaled(RECORD, "format", FORMAT)
+    def _read(self, key: str) -> tuple[dict[str, Any], Any] | None:
+        """The record as base and lines make it, and what was read; None when absent, unreadable, torn, mixed or
+        written under another key."""
+        found = self.state.read_journaled(RECORD, f"{FORMAT}:{key}")
         if found is None:
             return None
         record, read = found
@@ -100,11 +101,11 @@ class RunRecord:
     def load(self, key: str) -> Recorded | None:
         """The record when it was written under `key` and no run wrote doit's database, the settings record or the
         build report since; else None."""
-        found = self._read()
+        found = self._read(key)
         if found is None:
             return None
         record, read_as = found
-        if record.get("key") != key or record["watched"] != self._now():
+        if record["watched"] != self._now():
             return None
         return Recorded(record["tasks"], record["files"], record["task_deps"], record["looked_at"],
                         (read_as, record["generation"]))
@@ -117,7 +118,7 @@ class RunRecord:
         with self.state.lock():
             if before is not None and before.read_as is not None and self._append(recorded, before, watched):
                 return
-            record = {"format": FORMAT, "key": key, "generation": os.urandom(8).hex(), "watched": watched,
+            record = {"key": f"{FORMAT}:{key}", "generation": os.urandom(8).hex(), "watched": watched,
                       "tasks": recorded.tasks, "files": recorded.files, "task_deps": recorded.task_deps,
                       "looked_at": recorded.looked_at}
             self.state.write_journaled(RECORD, record)
