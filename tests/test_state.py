@@ -145,3 +145,16 @@ def test_one_rule_judges_every_record_its_key_and_the_files_it_vouches_for(tmp_p
     state.path("plan.pickle").write_bytes(b"torn")
     state.path("listing.json").write_text('{"key": "k", "vouches_for": [')
     assert all(read("k") is None for read in readers)
+
+
+def test_every_shortcut_names_its_measured_figure():
+    """A file that is a shortcut earns its place by a figure (`bench/bench_state.py`: the run it shortens, with it and
+    without it); a file that is not one says why it is kept. No timing is judged here, only that it was measured."""
+    import json
+
+    measured = json.loads((REPO / "bench" / "results" / "state.json").read_text())["rows"]
+    for entry in STATE_FILES:
+        if entry.earned_by.startswith("state.json"):
+            assert any(what.startswith(f"`.state/{entry.pattern}` ") for what, _ in measured), entry.pattern
+        else:
+            assert entry.earned_by.startswith("not a shortcut"), entry.pattern

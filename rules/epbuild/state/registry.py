@@ -44,17 +44,18 @@ STATE_FILES = (
               "the next full load takes the folder for another layout's and empties it: " + RESTORED),
     StateFile("noop.pickle", "fast_path", "the last full no-op: its project key and every checked file's identity",
               "the key (manifest, epbuild's code, environment, host probe) or any file's identity differs",
-              "scale.json: no-op at 1000 targets, fast path against full path"),
+              "state.json: a no-op `doit` with it and without (scale.json: the fast path against the full path)"),
     StateFile("listing.json", "fast_path", "the last full `doit list` output by generator",
               "the project key differs, or a model's (or probed file's) identity: its shapes decide the stages",
-              "scale.json: `doit list` at 1000 targets, fast against full path"),
+              "state.json: `doit list` with it and without"),
     StateFile("plan.pickle", "plan.saved_plan", "the last plan: the manifest as read and checked, resolved targets, "
               "builds and stages", "the project key, or any file the plan was made from",
-              "scale-change.json: the first run after one model changed"),
+              "state.json: a full-path no-op with it and without"),
     StateFile("last-run.journaled", "tasks.run_record", "the last default run's record (what it found up to date), "
               "with a line per run since of what changed", "its key (its format and the project key), or the "
               "identity of the settings record, the build report or doit's database; rewritten whole when its lines "
-              "outgrow it", "scale-change.json: tasks handed to doit after one change"),
+              "outgrow it", "state.json: a full-path no-op with it and without (scale-change.json: the tasks "
+              "handed to doit after one change)"),
     StateFile(CONFIGS, "store.task_configs", "each task's settings digest at its last success and the "
               "files it published, one line per task (decoded only for the tasks a run creates), with a line per "
               "run since of the tasks it changed", "a task's settings or published files change",
@@ -63,19 +64,21 @@ STATE_FILES = (
               "the task's settings change", "not a shortcut: what explain shows"),
     StateFile("build-report.sha256", "report.build_report", "build-report.json's per-entry digests (the report "
               "is the user's file: its digest stays out of it)", "the report is rewritten",
-              "scale.json (the report is rewritten by the entries a run changed)"),
+              "state.json: the first run after one model changed, with it and without"),
     StateFile("report-parts.journaled", "report.views", "each build's rendered report parts under the digest of "
               "what they show, with a line per run since of the parts it rendered", "its key (the renderer's "
               "version: templates and code), or a part's inputs change",
-              "scale-change.json (report.html re-rendered in part)"),
+              "state.json: the first run after one model changed, with it and without"),
     StateFile("external-data.journaled", "plan.external_data", "each model's external-data files, inputs and graph "
               "facts, one line per model, by the model file's identity", "the model file's identity (ctime "
-              "included) changes", "reference.json / large.json: a 3 GiB model is not read again by an unchanged run"),
+              "included) changes", "state.json: a full-path no-op without the saved plan, with it and without (a "
+              "3 GiB model is read again without it)"),
     StateFile("host.json", "execute.host", "the EP probe of this host (devices, packages)",
               "its key: package versions, Python, the machine",
-              "doit.json: the probe is a child process each run else"),
+              "state.json: a full-path no-op with it and without (the probe is a child process)"),
     StateFile("hashes/*.tsv", "state.hash_memory", "the sha256 of each file hashed, by its identity (ctime "
-              "included)", "the file's identity changes", "cache.json: unchanged files are not re-hashed"),
+              "included)", "the file's identity changes", "state.json: a full-path no-op after every model was "
+              "touched, with it and without (cache.json: files hashed by a no-op)"),
     StateFile("ops/*/*.json", "tasks.actions", "a qaic target's operator check result", "the model or qaic changes",
               "not a shortcut: the `ops:` task's output"),
 )
@@ -148,7 +151,9 @@ def table() -> str:
             "run that changed it: `state.journaled`), a JSON document, the hash memory's shards. A record is read by "
             "one rule (`state.records.current`): its key is the one its reader passes (the column *stale when* says "
             "what each key holds) and every file it vouches for still has the identity it had (ctime included); the "
-            "settings and the external-data index are judged entry by entry. Layout format "
+            "settings and the external-data index are judged entry by entry. A shortcut earns its place by a figure "
+            "in `bench/results/state.json` (`bench/bench_state.py`: the run it shortens, with it and without it; "
+            "the performance page lists them). Layout format "
             f"{FORMAT}.\n\n| file | owner | holds | stale when | earns its place | when lost |\n"
             f"|---|---|---|---|---|---|\n{rows}\n")
 
