@@ -23,7 +23,6 @@ import json
 import os
 import platform
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -162,17 +161,14 @@ def listing_text(listing: dict[str, list[dict[str, Any]]]) -> str:
 
 
 class UpToDate:
-    """Stands in for the project when the no-op stamp holds: the same generator methods as
-    `epbuild.tasks.Tasks`, yielding nothing; the reporter says what was checked."""
+    """Stands in for the project when the no-op stamp holds: it wants no task of any kind made (`tasks.entry`
+    reads `wants`), and its reporter says what was checked."""
 
     def __init__(self, stamp: dict[str, Any]):
         self.stamp = stamp
 
-    def _nothing(self, *_: Any) -> Iterator[dict[str, Any]]:
-        return iter(())
-
-    stage_tasks = build_tasks = validate_tasks = ops_tasks = package_tasks = backends_task = cache_task = \
-        unavailable_task = graph_task = prune_task = _nothing
+    def wants(self, kind: str) -> bool:
+        return False
 
     def doit_config(self) -> dict[str, Any]:
         return {**DOIT_BASE, "default_tasks": [], "reporter": _reporter(self.stamp)}
@@ -181,15 +177,18 @@ class UpToDate:
 def _reporter(stamp: dict[str, Any]) -> type:
     from doit.reporter import ConsoleReporter
 
-    def complete_run(self) -> None:
-        for task, reason in stamp["skipped"].items():
-            self.write(f"skipped {task}: {reason}\n")
-        counts = f"{len(stamp['skipped'])} skipped, " if stamp["skipped"] else ""
-        self.write(f"summary: {counts}{stamp['tasks']} up-to-date (no input, output or setting changed since the last "
-                   f"full check of {len(stamp[VOUCHES])} files)\n")
-        ConsoleReporter.complete_run(self)
+    class UpToDateReporter(ConsoleReporter):
+        """doit's console reporter, ending with what the stamp vouched for."""
 
-    return type("UpToDateReporter", (ConsoleReporter,), {"complete_run": complete_run})
+        def complete_run(self) -> None:
+            for task, reason in stamp["skipped"].items():
+                self.write(f"skipped {task}: {reason}\n")
+            counts = f"{len(stamp['skipped'])} skipped, " if stamp["skipped"] else ""
+            self.write(f"summary: {counts}{stamp['tasks']} up-to-date (no input, output or setting changed since the "
+                       f"last full check of {len(stamp[VOUCHES])} files)\n")
+            super().complete_run()
+
+    return UpToDateReporter
 
 
 def enabled() -> bool:
