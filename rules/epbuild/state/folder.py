@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..files.entry_lines import LazyEntries, entry_lines, plain_texts
-from ..files.layout import file_identity, write_atomic, write_json
+from ..files.layout import write_atomic, write_json
 from .journaled import Journaled, append, read_journaled, write_journaled
 from .records import current, decode_record, read_record, write_record
 from .registry import records_lock, settle_format, state_file
@@ -38,9 +38,6 @@ class StateFolder:
         """A declared file's path (`state.registry` refuses any other name): to watch its identity, or for the
         forms that keep their own format (the hash shards, the build report's digest)."""
         return state_file(self.root, name)
-
-    def identity(self, name: str) -> list[int] | None:
-        return file_identity(str(self.path(name)))
 
     def drop(self, name: str) -> None:
         """Forget a record (the next run takes the full path for what it would have shortened)."""
