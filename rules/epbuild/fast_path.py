@@ -31,7 +31,7 @@ from .invocation import Invocation
 from .logs import log
 from .state.folder import StateFolder
 from .state.records import VOUCHES
-from .state.registry import CONFIGS
+from .state.registry import CONFIGS, HOST
 
 PACKAGE = Path(__file__).resolve().parent
 # not doit's default name: a dodo.py without epbuild's DOIT_CONFIG opens `.doit.db` with doit's default dbm backend,
@@ -61,7 +61,7 @@ def project_key(manifest: Path) -> str:
     for source in sorted({path for pattern in SOURCES for path in PACKAGE.glob(pattern)}):
         digest.update(str(source.relative_to(PACKAGE)).encode() + b"\0" + _file_bytes(source) + b"\0")
     layout = Layout(manifest.parent / "artifacts")
-    for path in (manifest, manifest.parent / "dodo.py", StateFolder(layout.state).path("host.json")):
+    for path in (manifest, manifest.parent / "dodo.py", StateFolder(layout.state).path(HOST)):
         digest.update(str(path).encode() + b"\0" + _file_bytes(path) + b"\0")
     environment = sorted((k, v) for k, v in os.environ.items() if k.startswith(ENVIRONMENT) and k not in OUTPUT_ONLY)
     # an import folder's identity changes when a package is installed, upgraded or removed there; the project's
@@ -83,7 +83,7 @@ class Stamp:
     def __init__(self, layout: Layout):
         self.state = StateFolder(layout.state)
         self.watched = [self.state.path(CONFIGS), layout.build_report, layout.html_report,
-                        layout.junit_report, self.state.path("host.json"), Path(DEP_FILE)]
+                        layout.junit_report, self.state.path(HOST), Path(DEP_FILE)]
 
     def still_valid(self, key: str) -> dict[str, Any] | None:
         """The stamp when the key and every file's identity still match, else None."""

@@ -23,6 +23,7 @@ from typing import Any
 
 from ..manifest.eps import REGISTRY, EpInfo, platform_reason
 from ..state.folder import StateFolder
+from ..state.registry import HOST
 from .python_path import child_import_path
 
 SHIM_LIBRARY = "EPBUILD_OPENVINO_SHIM"  # the built vendor-id shim (epbuild.steps.vendor_shim), for children
@@ -73,8 +74,6 @@ def probe_key(version: Callable[[str], str | None] = package_version) -> dict[st
             "node": platform.node(), "cpu": cpu_model(), "packages": {p: version(p) for p in packages},
             "vendor_shim": Path(os.environ[SHIM_LIBRARY]).parent.name if os.environ.get(SHIM_LIBRARY) else None}
 
-
-HOST = "host.json"
 
 
 def capabilities(state_dir: Path, version: Callable[[str], str | None] = package_version) -> dict[str, Any]:

@@ -14,7 +14,6 @@ by the files they describe)."""
 from __future__ import annotations
 
 import json
-import pickle
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from typing import Any
 from ..files.entry_lines import LazyEntries, entry_lines, plain_texts
 from ..files.layout import write_atomic, write_json
 from .journaled import Journaled, append, read_journaled, write_journaled
-from .records import current, decode_record, read_record, write_record
+from .records import current, decode_record, encode_record, read_record, write_record
 from .registry import records_lock, settle_format, state_file
 
 
@@ -70,7 +69,7 @@ class StateFolder:
         return (base, found) if base is not None else None
 
     def write_journaled(self, name: str, record: dict[str, Any]) -> None:
-        write_journaled(self.path(name), pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL))
+        write_journaled(self.path(name), encode_record(record))
 
     def append(self, name: str, read: Journaled, line: dict[str, Any]) -> bool:
         """Append `line` to the record as it was read; False when it is to be written whole (it changed since, or

@@ -44,12 +44,17 @@ def read_record(path: Path, key: Any) -> dict[str, Any] | None:
     return decode_record(data, key)
 
 
-def write_record(path: Path, record: dict[str, Any]) -> None:
-    """A record under `.state/` (it names its `key`), written atomically (a reader sees the old one or this one,
-    whole)."""
+def encode_record(record: dict[str, Any]) -> bytes:
+    """A record's bytes, as `decode_record` reads them (alone, or as a journaled record's base): it names its
+    `key`."""
     assert KEY in record, "a record names what makes it stale"
+    return pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def write_record(path: Path, record: dict[str, Any]) -> None:
+    """A record under `.state/`, written atomically (a reader sees the old one or this one, whole)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL))
+    write_atomic(path, encode_record(record))
 
 
 def identities_hold(files: dict[str, Any]) -> bool:

@@ -15,6 +15,7 @@ FORMAT = 2  # 2: journals and digests inside their records (`state.journaled`)
 FORMAT_FILE = "format"
 RECORDS_LOCK = "records.lock"
 CONFIGS = "configs.journaled"  # watched by the no-op stamp and the run record: its owner is `store.task_configs`
+HOST = "host.json"  # in the project key and watched by the no-op stamp: its owner is `execute.host`
 
 
 NOTHING_RUNS = "nothing runs"  # what the next run does without the file (tests/test_state.py checks each)
@@ -73,7 +74,7 @@ STATE_FILES = (
               "facts, one line per model, by the model file's identity", "the model file's identity (ctime "
               "included) changes", "state.json: a full-path no-op without the saved plan, with it and without (a "
               "3 GiB model is read again without it)"),
-    StateFile("host.json", "execute.host", "the EP probe of this host (devices, packages)",
+    StateFile(HOST, "execute.host", "the EP probe of this host (devices, packages)",
               "its key: package versions, Python, the machine",
               "state.json: a full-path no-op with it and without (the probe is a child process)"),
     StateFile("hashes/*.tsv", "state.hash_memory", "the sha256 of each file hashed, by its identity (ctime "
