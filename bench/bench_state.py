@@ -32,14 +32,14 @@ from record import save  # noqa: E402
 
 DOIT = [sys.executable, "-m", "doit"]
 # file (a glob under .state/), what the run is, its arguments, its environment, files deleted in both conditions
-STAMP = ["noop.pickle"]  # without it a no-op is the full check: what the records below shorten
+STAMP = ["noop.record"]  # without it a no-op is the full check: what the records below shorten
 ROWS = [
-    ("noop.pickle", "a no-op `doit`", [], {}, []),
+    ("noop.record", "a no-op `doit`", [], {}, []),
     ("listing.json", "`doit list`", ["list"], {}, []),
-    ("plan.pickle", "a no-op `doit` without the no-op stamp (the full check)", [], {}, STAMP),
+    ("plan.record", "a no-op `doit` without the no-op stamp (the full check)", [], {}, STAMP),
     ("last-run.journaled", "a no-op `doit` without the no-op stamp (the full check)", [], {}, STAMP),
     ("external-data.journaled", "a no-op `doit` without the no-op stamp and the saved plan", [], {},
-     [*STAMP, "plan.pickle"]),
+     [*STAMP, "plan.record"]),
     ("host.json", "a no-op `doit` without the no-op stamp (without it: the probe, a child process, and a new plan, "
      "as the key names the probe)", [], {}, STAMP),
     ("hashes/*.tsv", "a no-op `doit` without the no-op stamp, every model touched since doit's record (same bytes, "

@@ -99,7 +99,7 @@ def test_every_change_that_matters_takes_the_full_path(steady, tmp_path):
 
 def test_a_failed_or_working_run_writes_no_stamp_and_removes_the_last(steady):
     project = steady
-    stamp = project.artifacts / ".state" / "noop.pickle"
+    stamp = project.artifacts / ".state" / "noop.record"
     assert stamp.exists()
     perturb_weights(project.root / "models" / "tinycnn.onnx", seed=4)
     project.doit()

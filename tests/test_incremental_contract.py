@@ -166,7 +166,7 @@ def _foreign_state(project: Project) -> Callable[[], None]:
     """`.state/` as an older epbuild's layout left it (another format; its no-op stamp keyed by other code, so never
     this code's shortcut): emptied before use (state.registry), every task checked in full, restored from the cache."""
     (project.artifacts / ".state" / "format").write_text("0\n")
-    (project.artifacts / ".state" / "noop.pickle").unlink()
+    (project.artifacts / ".state" / "noop.record").unlink()
     return lambda: None
 
 

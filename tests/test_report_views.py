@@ -6,7 +6,6 @@ from __future__ import annotations
 import html
 import json
 import os
-import pickle
 import re
 import select
 import shutil
@@ -328,7 +327,7 @@ def test_a_part_rendered_while_its_files_could_change_is_never_taken_as_shown(tm
     store.get("a", "a1", lambda: {"html": "a"})
     store.get("b", None, lambda: {"html": "b"})  # rendered, not remembered
     store.save()
-    identity = pickle.loads(read_journaled(state.path(PARTS)).base)["made_from"]
+    identity = json.loads(read_journaled(state.path(PARTS)).base.split(b"\n")[3])["made_from"]
     again = PartStore(state, report, identity)
     assert again.current("a") == {"html": "a", "key": "a1"} and again.current("b") is None
     assert PartStore(state, report, None).current("a") is None  # no build report was read: nothing is known
@@ -340,6 +339,7 @@ def test_a_run_appends_the_parts_it_rendered_and_the_base_is_rewritten_when_the_
     from epbuild.report.views import PARTS, PartStore
     from epbuild.state.folder import StateFolder
     from epbuild.state.journaled import read_journaled, write_journaled
+    from epbuild.state.records import encode_record
 
     state = StateFolder(tmp_path)
     path = state.path(PARTS)
@@ -362,8 +362,8 @@ def test_a_run_appends_the_parts_it_rendered_and_the_base_is_rewritten_when_the_
     store.get("c", "c2", lambda: {"html": "C" * 400})  # this line takes the lines past an eighth of the base
     store.save()
     read = read_journaled(path)
-    assert read.lines == [] and set(pickle.loads(read.base)["parts"]) == {"b", "c"}  # this run's
-    write_journaled(path, pickle.dumps({"key": "another renderer", "parts": {"x": {"key": "x1"}}}))
+    assert read.lines == [] and set(json.loads(read.base.split(b"\n")[3])["parts"]) == {"b", "c"}  # this run's
+    write_journaled(path, encode_record({"key": "another renderer", "parts": {"x": {"key": "x1"}}}))
     store = PartStore(state)
     store.get("x", "x1", lambda: {"html": "x"})
     assert store.rendered == 1

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import time
 from pathlib import Path
 
@@ -86,7 +85,7 @@ def _taken(folder: Project, monkeypatch) -> bool:
 
 def test_a_plan_is_taken_while_nothing_it_was_made_from_changed_and_equals_a_fresh_one(folder, monkeypatch):
     assert not _taken(folder, monkeypatch)  # the first reading saves it
-    assert (folder.artifacts / ".state" / "plan.pickle").is_file()
+    assert (folder.artifacts / ".state" / "plan.record").is_file()
     assert _taken(folder, monkeypatch)
     perturb_weights(folder.root / "models" / "tinycnn.onnx", 3)  # other weights, the same facts: still taken
     assert _taken(folder, monkeypatch)
@@ -165,10 +164,10 @@ def test_the_host_memory_or_the_full_path_leaves_the_plan_unused(folder, monkeyp
 
 def test_a_torn_or_foreign_plan_file_is_only_a_missing_plan(folder, monkeypatch):
     assert not _taken(folder, monkeypatch)
-    saved = folder.artifacts / ".state" / "plan.pickle"
+    saved = folder.artifacts / ".state" / "plan.record"
     saved.write_bytes(saved.read_bytes()[:1000])
     assert not _taken(folder, monkeypatch)
-    saved.write_text("not a pickle")
+    saved.write_text("not a record")
     assert not _taken(folder, monkeypatch)
     assert _taken(folder, monkeypatch)
 
@@ -176,10 +175,10 @@ def test_a_torn_or_foreign_plan_file_is_only_a_missing_plan(folder, monkeypatch)
 def test_a_file_changed_after_the_reading_began_is_not_vouched_for(folder, monkeypatch):
     """Its bytes may not be those read: the plan is not saved (the next reading saves it)."""
     loaded = _load([], monkeypatch)
-    saved = folder.artifacts / ".state" / "plan.pickle"
+    saved = folder.artifacts / ".state" / "plan.record"
     saved.unlink()
     plans = SavedPlan(saved.parent, "key")
-    plan = Plan(pickle.dumps(loaded.manifest), {}, None, loaded.manifest, loaded.builds, loaded.stages, "digest", {},
+    plan = Plan(Plan.text(loaded.manifest), {}, None, loaded.manifest, loaded.builds, loaded.stages, "digest", {},
                 {})
     plans.save(plan, started_ns=os.stat(folder.root / "configs" / "qnn.json").st_ctime_ns)
     assert not saved.exists()
@@ -193,4 +192,40 @@ def test_a_refused_manifest_saves_no_plan(folder, monkeypatch):
     folder.manifest(MANIFEST.replace("x = [1, 3, 32, 32]", "x = [1, 3, 32]"))
     with pytest.raises(UserError, match=r"models\.dyn\.inputs\.x"):
         _load([], monkeypatch)
-    assert not (folder.artifacts / ".state" / "plan.pickle").exists()
+    assert not (folder.artifacts / ".state" / "plan.record").exists()
+
+
+def test_the_shipped_examples_plan_reads_back_equal_from_typed_json(folder, monkeypatch):
+    """The plan is typed JSON, not a pickle (issue 60): every object of the shipped example's plan (stages, groups,
+    packages, option files, quantization, symbolic dims) and of a few more keys reads back equal, with the same
+    types (repr), and the plan taken from the file equals one made afresh."""
+    from conftest import REPO
+    from epbuild.plan.saved_plan import PLAN, PLAN_CLASSES
+    from epbuild.state import codec
+    from epbuild.state.folder import StateFolder
+
+    shipped = (REPO / "models.toml").read_text()
+    folder.manifest(shipped + """
+[models.encoder_squashed]
+path = "models/encoder.onnx"
+squash = true
+optimize = "basic"
+targets = ["cpu", "qnn-htp"]
+validation = { max_abs_error = 0.5, timeout_s = 30, targets = { qnn-htp = { min_snr_db = 25 } } }
+
+[build]
+reduce_budget_s = 60
+
+[cache]
+max_size_mb = 4096
+""")
+    assert not _taken(folder, monkeypatch)
+    state = StateFolder(folder.artifacts / ".state")
+    assert state.path(PLAN).read_bytes().startswith(b"epbuild-record 1\n")
+    assert _taken(folder, monkeypatch)  # and equal to a plan made afresh
+    assert state.read_record(PLAN, "another key", PLAN_CLASSES) is None
+    fresh = _fresh(monkeypatch)
+    for value in (fresh.manifest, fresh.builds, fresh.stages, fresh.external):
+        again = codec.loads(codec.dumps(value, PLAN_CLASSES), PLAN_CLASSES)
+        assert again == value and repr(again) == repr(value)
+    assert {stage.kind for stage in fresh.stages.values()} >= {"quantize", "shape", "squash", "optimize"}

@@ -29,7 +29,7 @@ def test_every_file_a_build_remembers_is_in_the_registry(project):
     state = project.artifacts / ".state"
     assert unlisted(state) == []
     written = {f.pattern for f in STATE_FILES if any(state.glob(f.pattern))}
-    assert {"format", "noop.pickle", "listing.json", "plan.pickle", "last-run.journaled", "configs.journaled",
+    assert {"format", "noop.record", "listing.json", "plan.record", "last-run.journaled", "configs.journaled",
             "settings/*.json", "host.json", "hashes/*.tsv", "external-data.journaled", "report-parts.journaled",
             "build-report.sha256", "records.lock"} <= written
 
@@ -41,7 +41,7 @@ def test_docs_state_page_is_the_registry():
 def test_a_state_folder_of_another_layout_is_emptied_before_use(project, tmp_path):
     loose = tmp_path / "old"
     (loose / "hashes").mkdir(parents=True)
-    (loose / "plan.pickle").write_bytes(b"an older epbuild's")
+    (loose / "plan.record").write_bytes(b"an older epbuild's")
     (loose / "hashes" / "00.tsv").write_text("x\n")
     assert settle_format(loose) is True
     assert sorted(p.name for p in loose.iterdir()) == ["format"] and (loose / "format").read_text() == f"{FORMAT}\n"
@@ -73,7 +73,7 @@ def test_every_path_under_state_is_made_through_the_registry(tmp_path):
 
     from epbuild.state.registry import state_file
 
-    assert state_file(tmp_path, "plan.pickle") == tmp_path / "plan.pickle"
+    assert state_file(tmp_path, "plan.record") == tmp_path / "plan.record"
     assert state_file(tmp_path, "ops/qaic/m.json") == tmp_path / "ops" / "qaic" / "m.json"
     assert state_file(tmp_path, "hashes") == tmp_path / "hashes"
     with pytest.raises(ValueError, match=r"\.state/cache\.pickle is not declared"):
@@ -132,9 +132,9 @@ def test_one_rule_judges_every_record_its_key_and_the_files_it_vouches_for(tmp_p
     model, absent = tmp_path / "model.onnx", tmp_path / "absent.json"
     model.write_bytes(b"1")
     vouches = {str(model): file_identity(str(model)), str(absent): None}
-    state.write_record("plan.pickle", {"key": "k", VOUCHES: vouches, "plan": 1})
+    state.write_record("plan.record", {"key": "k", VOUCHES: vouches, "plan": 1})
     state.write_document("listing.json", {"key": "k", VOUCHES: vouches, "tasks": {}})
-    readers = [lambda key: state.read_record("plan.pickle", key), lambda key: state.read_document("listing.json", key)]
+    readers = [lambda key: state.read_record("plan.record", key), lambda key: state.read_document("listing.json", key)]
     assert all(read("k") is not None and read("another key") is None for read in readers)
     absent.write_text("{}")  # a file that was absent appears
     assert all(read("k") is None for read in readers)
@@ -142,7 +142,7 @@ def test_one_rule_judges_every_record_its_key_and_the_files_it_vouches_for(tmp_p
     assert all(read("k") is not None for read in readers)
     model.write_bytes(b"2")
     assert all(read("k") is None for read in readers)
-    state.path("plan.pickle").write_bytes(b"torn")
+    state.path("plan.record").write_bytes(b"torn")
     state.path("listing.json").write_text('{"key": "k", "vouches_for": [')
     assert all(read("k") is None for read in readers)
 

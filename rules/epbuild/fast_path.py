@@ -73,12 +73,12 @@ def project_key(manifest: Path) -> str:
     return digest.hexdigest()
 
 
-STAMP, LISTING = "noop.pickle", "listing.json"
+STAMP, LISTING = "noop.record", "listing.json"
 
 
 class Stamp:
-    """`artifacts/.state/noop.pickle`: the key and file identities of the last full no-op (pickled: tens of
-    thousands of identities load several times faster than as JSON, on every run)."""
+    """`artifacts/.state/noop.record`: the key and file identities of the last full no-op (a record: its key is
+    compared before its identities are decoded)."""
 
     def __init__(self, layout: Layout):
         self.state = StateFolder(layout.state)

@@ -97,7 +97,7 @@ def file_identity(path: str) -> list[int] | None:
     """A file's identity (`stat_key`), None when it does not exist."""
     try:
         return stat_key(os.stat(path))
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a NUL in a path a record named
         return None
 
 

@@ -1,4 +1,4 @@
-"""`artifacts/.state/plan.pickle`: the last run's plan (the manifest read and checked, its targets resolved, the
+"""`artifacts/.state/plan.record`: the last run's plan (the manifest read and checked, its targets resolved, the
 builds and stages planned from it and the models' facts), taken instead of reading and planning again while
 nothing it was made from changed. At 10,000 targets that work is most of task creation's own time.
 
@@ -11,21 +11,37 @@ byte: its facts are compared instead), so an edited model keeps the plan when it
 be a regular file still, and each folder above it the same folder, not a symbolic link (a resolved path, such as a
 validation reference's, would change). A file changed after this run began reading is not vouched for: the plan
 is then not saved.
+
+The plan is typed JSON (`state.codec`), never a pickle: a checkout can bring this file, and reading it makes only
+the manifest's, the builds' and the stages' own classes (`PLAN_CLASSES`), after its key and files checked out.
 """
 
 from __future__ import annotations
 
 import os
-import pickle
 import stat
 from pathlib import Path
 from typing import Any
 
 from ..files.layout import file_identity
-from ..manifest.builds import Build, ResolvedTarget
-from ..manifest.parse import Manifest
-from ..manifest.stage import Stage
+from ..logs import log
+from ..manifest.builds import Build, Limits, Member, ResolvedTarget, ValidationSettings
+from ..manifest.eps import QAIC, REGISTRY, EpInfo
+from ..manifest.packages import PackageSpec
+from ..manifest.parse import (
+    BuildSpec,
+    CacheSpec,
+    ExecutorSpec,
+    GroupSpec,
+    Manifest,
+    ModelSpec,
+    QuantizeSpec,
+    TargetSpec,
+)
+from ..manifest.qaic import QaicOptions
+from ..manifest.stage import Stage, StageKind
 from ..records import record
+from ..state import codec
 from ..state.folder import StateFolder
 from ..state.records import VOUCHES
 from .declared_inputs import Blocked
@@ -59,12 +75,12 @@ def _folders_above(paths: list[str]) -> list[str]:
 
 @record
 class Plan:
-    """A manifest as read (`read`, pickled, with its resolved targets) and as planned (`manifest`, with the
-    models' facts and dims applied), the builds (before an executor's toolchains) and stages, and the facts planned
-    from. The manifest as read is needed only to plan again when the facts changed: kept pickled, a taken plan does
-    not load it (its size grows with the manifest)."""
+    """A manifest as read (`read`, typed JSON text, with its resolved targets) and as planned (`manifest`, with
+    the models' facts and dims applied), the builds (before an executor's toolchains) and stages, and the facts
+    planned from. The manifest as read is needed only to plan again when the facts changed: kept as text, a taken
+    plan does not decode it (its size grows with the manifest)."""
 
-    read: bytes
+    read: str | None  # None: a manifest typed JSON cannot hold (the plan is not saved)
     resolved: dict[str, ResolvedTarget]
     facts: Any  # (external-data files by path, inputs by model, graph facts by model)
     manifest: Manifest
@@ -75,10 +91,26 @@ class Plan:
     blocked: dict[str, Blocked]  # model -> why its NPU builds wait (`plan.declared_inputs.check_declared_inputs`)
 
     def as_read(self) -> Manifest:
-        return pickle.loads(self.read)
+        return codec.loads(self.read, PLAN_CLASSES)
+
+    @staticmethod
+    def text(read: Manifest) -> str | None:
+        """`read` as the plan keeps it; None when it holds a value typed JSON cannot (a TOML date in a model's
+        settings): such a plan is not saved."""
+        try:
+            return codec.dumps(read, PLAN_CLASSES)
+        except TypeError as exc:
+            log(__name__, "debug", "plan not saved: %s", exc)
+            return None
 
 
-PLAN = "plan.pickle"
+PLAN = "plan.record"
+# Every class a plan holds: reading one makes these and nothing else (the EPs by their name in the code's table)
+PLAN_CLASSES = codec.Classes(
+    Plan, Manifest, ModelSpec, QuantizeSpec, TargetSpec, GroupSpec, BuildSpec, CacheSpec, ExecutorSpec, PackageSpec,
+    ResolvedTarget, QaicOptions, ValidationSettings, Member, Build, Limits, Stage, StageKind, Blocked,
+    constants={EpInfo: {**REGISTRY, "qaic-compile": QAIC}},
+)
 
 
 class SavedPlan:
@@ -90,7 +122,7 @@ class SavedPlan:
 
     def load(self) -> Plan | None:
         """The saved plan when its key and every file's identity match, else None (absent, unreadable, torn)."""
-        saved = self.state.read_record(PLAN, self.key)
+        saved = self.state.read_record(PLAN, self.key, PLAN_CLASSES)
         if saved is None:
             return None
         if not all(_is_plain_file(path) for path in saved["models"]):
@@ -102,6 +134,8 @@ class SavedPlan:
     def save(self, plan: Plan, started_ns: int) -> None:
         """Save the plan, unless a file it was made from changed at or after `started_ns` (`now_ns` when this run
         began reading): its bytes then may not be those read."""
+        if plan.read is None:
+            return
         # the planned manifest has the models and files of the one read (planning sets only the models' facts)
         models = [path for path in dict.fromkeys(str(m.path) for m in plan.manifest.models.values())
                   if _is_plain_file(path)]
@@ -114,5 +148,8 @@ class SavedPlan:
                 return
             files[path] = identity
         folders = {path: _folder(path) for path in _folders_above(models)}
-        self.state.write_record(PLAN, {"key": self.key, VOUCHES: files, "models": models, "folders": folders,
-                                 "plan": plan})
+        try:
+            self.state.write_record(PLAN, {"key": self.key, VOUCHES: files, "models": models, "folders": folders,
+                                           "plan": plan}, PLAN_CLASSES)
+        except TypeError as exc:  # a value typed JSON cannot hold (a TOML date in a model's settings): no shortcut
+            log(__name__, "debug", "plan not saved: %s", exc)

@@ -29,6 +29,7 @@ from markupsafe import Markup, escape
 from ..files.layout import Layout, file_identity, write_atomic
 from ..manifest.builds import Build
 from ..state.folder import StateFolder
+from ..state.records import BLOB
 from .build_report import statuses
 from .cells import PENDING, Cell, source_of
 
@@ -122,6 +123,7 @@ class Part(NamedTuple):
 
 
 HTML = ("summary", "tasks", "section", "case", "row")  # a part's pieces of the pages, as UTF-8 bytes
+PIECES = "@html"  # in the stored parts: each HTML piece's name and size in the record's blob
 
 
 def render_part(cell: Cell) -> dict[str, Any]:
@@ -133,11 +135,42 @@ def render_part(cell: Cell) -> dict[str, Any]:
 
 
 def _as_json(part: dict[str, Any]) -> dict[str, Any]:
-    return {key: value.decode() if isinstance(value, bytes) else value for key, value in part.items()}
+    return {key: bytes(value).decode() if isinstance(value, (bytes, memoryview)) else value
+            for key, value in part.items()}
 
 
 def _from_json(part: dict[str, Any]) -> dict[str, Any]:
     return {key: value.encode() if key in HTML and isinstance(value, str) else value for key, value in part.items()}
+
+
+def _packed(parts: dict[str, dict[str, Any]]) -> tuple[dict[str, dict[str, Any]], bytes]:
+    """Parts as a record's body and blob: the HTML pieces' bytes one after another in the blob, each part's
+    `@html` listing its pieces and their sizes (JSON would escape and unescape every quote of 30 MB of HTML)."""
+    index, pieces = {}, []
+    for name, part in parts.items():
+        entry = {key: value for key, value in part.items() if key not in HTML}
+        entry[PIECES] = [[key, len(part[key])] for key in HTML if key in part]
+        pieces.extend(part[key] for key in HTML if key in part)
+        index[name] = entry
+    return index, b"".join(pieces)
+
+
+def _unpacked(index: Any, blob: memoryview | None) -> dict[str, dict[str, Any]]:
+    """What `_packed` wrote, its HTML as views of the blob (spliced into the pages as they are, never copied); {}
+    for anything else (a part is a function of its key: a lost one is rendered again)."""
+    if not isinstance(index, dict) or blob is None:
+        return {}
+    at, size_of_blob = 0, len(blob)
+    try:
+        for part in index.values():
+            for key, size in part.pop(PIECES):
+                if key not in HTML or type(size) is not int or not 0 <= size <= size_of_blob - at:
+                    return {}
+                part[key] = blob[at:at + size]
+                at += size
+    except (AttributeError, KeyError, TypeError, ValueError):  # not what `_packed` writes
+        return {}
+    return index if at == size_of_blob else {}
 
 
 # what XML 1.0 forbids in a document (C0 controls but tab, newline and return; lone surrogates; U+FFFE, U+FFFF):
@@ -178,9 +211,9 @@ def junit_case(cell: Cell) -> tuple[str, str]:
 
 class PartStore:
     """`.state/report-parts.journaled`: each build's rendered parts under the digest of what they show, and each
-    stage's task row under its entry's; dropped whole when the templates or this code change (pickled: tens of MB of
-    parts at 10,000 builds load several times faster than as JSON). A run appends the parts it rendered to the record
-    (one JSON line, `state.journaled`) instead of writing the whole store again; the base is rewritten, with only the
+    stage's task row under its entry's; dropped whole when the templates or this code change (JSON, its pages as
+    text). A run appends the parts it rendered to the record (one JSON line, `state.journaled`) instead of writing
+    the whole store again; the base is rewritten, with only the
     parts of this run, when the lines outgrow it or another run wrote it since this one read it. A part is a function
     of its key, so a line read twice, lost or torn (skipped) costs a rendering, never a wrong page.
 
@@ -198,7 +231,7 @@ class PartStore:
         self.read_as = found[1] if found is not None else None
         if found is not None:
             stored, read = found
-            self.old = stored.get("parts", {})
+            self.old = _unpacked(stored.get("parts"), stored.get(BLOB))
             made_from, unsettled = stored.get("made_from"), stored.get("unsettled", [])
             for added in read.lines:  # None: a line torn by a killed build
                 if isinstance(added, dict) and added.get("key") == self.version:
@@ -243,7 +276,8 @@ class PartStore:
         line = {**record, "parts": {name: _as_json(part) for name, part in added.items()}}
         if self.read_as is not None and self.state.append(PARTS, self.read_as, line):
             return
-        self.state.write_journaled(PARTS, {**record, "parts": self.new})
+        parts, blob = _packed(self.new)
+        self.state.write_journaled(PARTS, {**record, "parts": parts, BLOB: blob})
 
 
 @functools.cache

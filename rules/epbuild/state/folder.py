@@ -1,7 +1,9 @@
 """`StateFolder`: the one interface to `artifacts/.state/`. Every file under it is declared in `state.registry` and
-read and written here, in one of four forms: a pickled record (`records`), a journaled record (a base with lines
-appended since: `journaled`), a JSON document, and the hash memory's shards (`hash_memory`). Whatever cannot be read
-as its form, or is stale by its record's key, is a miss, never an error: a full check writes it again.
+read and written here, in one of four forms: a record (`records`: key, vouched files, then a JSON body, typed where it
+holds epbuild's objects), a journaled record (a base with lines appended since: `journaled`), a JSON document, and
+the hash memory's shards (`hash_memory`). Every form is data: nothing read here is unpickled, imported or run, since a
+checkout can bring any file under `artifacts/`. Whatever cannot be read as its form, or is stale by its record's key,
+is a miss, never an error: a full check writes it again.
 
 Each record says what makes it stale by one rule (`records.current`): its `key` (the project key for the no-op
 stamp, the listing and the plan; the record's format with it for the run record; the renderer's version for the
@@ -20,6 +22,7 @@ from typing import Any
 
 from ..files.entry_lines import LazyEntries, entry_lines, plain_texts
 from ..files.layout import write_atomic, write_json
+from .codec import Classes
 from .journaled import Journaled, append, read_journaled, write_journaled
 from .records import current, decode_record, encode_record, read_record, write_record
 from .registry import records_lock, settle_format, state_file
@@ -51,21 +54,22 @@ class StateFolder:
         """Make the folder this layout's (`registry.settle_format`): True when it was emptied."""
         return settle_format(self.root)
 
-    # pickled records and JSON documents: current by one rule (`records.current`: their key, their files)
+    # records and JSON documents: current by one rule (`records.current`: their key, their files)
 
-    def read_record(self, name: str, key: Any) -> dict[str, Any] | None:
-        return read_record(self.path(name), key)
+    def read_record(self, name: str, key: Any, classes: Classes | None = None) -> dict[str, Any] | None:
+        """`classes`: the objects the record's body may hold (typed JSON, `codec`); else plain JSON."""
+        return read_record(self.path(name), key, classes)
 
-    def write_record(self, name: str, record: dict[str, Any]) -> None:
-        write_record(self.path(name), record)
+    def write_record(self, name: str, record: dict[str, Any], classes: Classes | None = None) -> None:
+        write_record(self.path(name), record, classes)
 
     # journaled records: a base and the lines appended since
 
     def read_journaled(self, name: str, key: Any) -> tuple[dict[str, Any], Journaled] | None:
-        """A journaled record whose pickled base is current under `key` (the files it vouches for are judged by its
-        owner, after its lines), and what was read (for `append`)."""
+        """A journaled record whose base (a plain record) is current under `key` (the files it vouches for are judged
+        by its owner, after its lines), and what was read (for `append`)."""
         found = read_journaled(self.path(name))
-        base = decode_record(found.base, key) if found is not None else None
+        base = decode_record(found.data, key, None, found.start, found.end) if found is not None else None
         return (base, found) if base is not None else None
 
     def write_journaled(self, name: str, record: dict[str, Any]) -> None:

@@ -8,7 +8,7 @@ identity) as one.
     epbuild-journaled <base size> <sha256 of the base, or ->\\n<base><line>\\n<line>\\n...
 
 The digest vouches that a text base is exactly what its writer made (`files.entry_lines`: its entries are then
-split without decoding the whole); a pickled base names none (its record's own fields say whether it is stale).
+split without decoding the whole); a record's base (`records`) names none (its own key says whether it is stale).
 A line a killed writer tore is read as None, and a line appended after it starts on a line of its own.
 """
 
@@ -38,17 +38,23 @@ def outgrown(base_size: int, journal_size: int) -> bool:
 
 
 class Journaled:
-    """A record as read: its base, its lines (parsed; None for a torn one) and what was read (the file's identity,
-    taken before it was read, and its sizes), which `append` checks so that a line never extends a base it was not
-    computed against."""
+    """A record as read: its base (`data[start:end]`: found, not copied, as a base may be tens of MB), its lines
+    (parsed; None for a torn one) and what was read (the file's identity, taken before it was read, and its sizes),
+    which `append` checks so that a line never extends a base it was not computed against."""
 
-    __slots__ = ("base", "identity", "lines", "lines_size", "vouched")
+    __slots__ = ("data", "end", "identity", "lines", "lines_size", "start", "vouched")
 
-    def __init__(self, base: bytes, lines: list[Any], lines_size: int, identity: list[int] | None, vouched: bool):
-        self.base, self.lines, self.lines_size, self.identity, self.vouched = base, lines, lines_size, identity, vouched
+    def __init__(self, data: bytes, start: int, end: int, lines: list[Any], lines_size: int,
+                 identity: list[int] | None, vouched: bool):
+        self.data, self.start, self.end = data, start, end
+        self.lines, self.lines_size, self.identity, self.vouched = lines, lines_size, identity, vouched
+
+    @property
+    def base(self) -> bytes:
+        return self.data[self.start:self.end]
 
 
-def _digest(base: bytes) -> str:
+def _digest(base: bytes | memoryview) -> str:
     return hashlib.sha256(base).hexdigest()
 
 
@@ -59,14 +65,14 @@ def read_journaled(path: Path, vouch: bool = False) -> Journaled | None:
         data = path.read_bytes()
     except OSError:
         return None
-    header, _, rest = data.partition(b"\n")
-    fields = header.split(b" ")
-    if len(fields) != 3 or fields[0] != MAGIC or not fields[1].isdigit():
+    start = data.find(b"\n") + 1
+    fields = data[:start].rstrip(b"\n").split(b" ")
+    if start == 0 or len(fields) != 3 or fields[0] != MAGIC or not fields[1].isdigit():
         return None
-    size = int(fields[1])
-    if len(rest) < size:
+    end = start + int(fields[1])
+    if len(data) < end:
         return None
-    base, tail = rest[:size], rest[size:]
+    tail = data[end:]
     lines = []
     for line in tail.split(b"\n"):
         if line:
@@ -74,8 +80,8 @@ def read_journaled(path: Path, vouch: bool = False) -> Journaled | None:
                 lines.append(json.loads(line))
             except ValueError:
                 lines.append(None)
-    vouched = vouch and fields[2].decode(errors="replace") == _digest(base)
-    return Journaled(base, lines, len(tail), identity, vouched)
+    vouched = vouch and fields[2].decode(errors="replace") == _digest(memoryview(data)[start:end])
+    return Journaled(data, start, end, lines, len(tail), identity, vouched)
 
 
 def write_journaled(path: Path, base: bytes, vouch: bool = False) -> None:
@@ -92,7 +98,7 @@ def append(path: Path, read: Journaled, line: str) -> bool:
     if read.identity is None or file_identity(str(path)) != read.identity:
         return False
     data = line.encode()
-    if outgrown(len(read.base), read.lines_size + len(data) + 1):
+    if outgrown(read.end - read.start, read.lines_size + len(data) + 1):
         return False
     with open(path, "a+b") as handle:
         handle.seek(-1, os.SEEK_END)  # the header ends in a newline: never empty

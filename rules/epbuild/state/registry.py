@@ -11,7 +11,7 @@ import fnmatch
 from contextlib import AbstractContextManager
 from pathlib import Path
 
-FORMAT = 2  # 2: journals and digests inside their records (`state.journaled`)
+FORMAT = 3  # 2: journals and digests inside their records (`state.journaled`); 3: records are JSON, never pickles
 FORMAT_FILE = "format"
 RECORDS_LOCK = "records.lock"
 CONFIGS = "configs.journaled"  # watched by the no-op stamp and the run record: its owner is `store.task_configs`
@@ -43,13 +43,13 @@ STATE_FILES = (
     StateFile(FORMAT_FILE, "state.registry", "this folder's layout version", "epbuild changes the layout",
               "not a shortcut: what makes every other file safe to read",
               "the next full load takes the folder for another layout's and empties it: " + RESTORED),
-    StateFile("noop.pickle", "fast_path", "the last full no-op: its project key and every checked file's identity",
+    StateFile("noop.record", "fast_path", "the last full no-op: its project key and every checked file's identity",
               "the key (manifest, epbuild's code, environment, host probe) or any file's identity differs",
               "state.json: a no-op `doit` with it and without (scale.json: the fast path against the full path)"),
     StateFile("listing.json", "fast_path", "the last full `doit list` output by generator",
               "the project key differs, or a model's (or probed file's) identity: its shapes decide the stages",
               "state.json: `doit list` with it and without"),
-    StateFile("plan.pickle", "plan.saved_plan", "the last plan: the manifest as read and checked, resolved targets, "
+    StateFile("plan.record", "plan.saved_plan", "the last plan: the manifest as read and checked, resolved targets, "
               "builds and stages", "the project key, or any file the plan was made from",
               "state.json: a full-path no-op with it and without"),
     StateFile("last-run.journaled", "tasks.run_record", "the last default run's record (what it found up to date), "
@@ -148,8 +148,11 @@ def table() -> str:
             "what a run does without each file (`tests/test_state.py` deletes each in turn after a build and checks "
             "it, and that every artifact keeps its bytes). Every path under it is made through `state.StateFolder` "
             "(`state.registry.state_file`), which refuses a name this table does not declare, and every file is read "
-            "and written there in one of four forms: a pickled record, a journaled record (its base, then a line per "
-            "run that changed it: `state.journaled`), a JSON document, the hash memory's shards. A record is read by "
+            "and written there in one of four forms: a record (JSON: its key, the files it vouches for, its body), a "
+            "journaled record (its base, then a line per "
+            "run that changed it: `state.journaled`), a JSON document, the hash memory's shards. Every form is data: a "
+            "checkout can bring any file here, so nothing is unpickled, imported or run (the saved plan is typed JSON "
+            "that makes only epbuild's own record classes: `state.codec`). A record is read by "
             "one rule (`state.records.current`): its key is the one its reader passes (the column *stale when* says "
             "what each key holds) and every file it vouches for still has the identity it had (ctime included); the "
             "settings and the external-data index are judged entry by entry. A shortcut earns its place by a figure "

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import pickle
 import sys
 from pathlib import Path
 
@@ -78,7 +77,7 @@ def load_project(manifest_path: Path, invocation: Invocation | list[str]) -> Pro
         manifest = with_graph_facts(resolve_dims(read, shapes), graphs)
         builds, stages = plan_builds(manifest, external, resolved)
         blocked = check_declared_inputs(manifest, builds, shapes)
-        fresh = Plan(pickle.dumps(read, protocol=pickle.HIGHEST_PROTOCOL), resolved, facts, manifest, builds,
+        fresh = Plan(Plan.text(read), resolved, facts, manifest, builds,
                      stages, provenance.code, provenance.versions, blocked)
     builds = with_workers(manifest, builds, executor)
     log(__name__, "debug", "%d builds and %d stages, %s", len(builds), len(stages),

@@ -2,7 +2,7 @@
 of every one.
 
 At 10,000 targets the record is several MB, and rewriting it whole was a large share of a run that changed four
-tasks (its base is pickled: faster to read than JSON). A run
+tasks (its base is a JSON record, `state.records`). A run
 whose record was the one it read (no other run wrote since: its identity, checked under a lock) appends one JSON
 line of what changed instead (`state.journaled`): tasks, files and task_deps added, changed or gone, and the new
 watched identities. The record is rewritten whole when its lines outgrow it (`state.journaled.outgrown`), or when

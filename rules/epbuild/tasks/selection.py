@@ -1,7 +1,7 @@
 """A default run hands doit only the tasks that can run, when the last run's record proves the rest up to date.
 
 doit checks every task it is given (its database record, every file's state), and at 1,000 targets that was most of
-the run after one model changed. The record (`artifacts/.state/last-run.pickle`, `tasks.run_record`), written at the
+the run after one model changed. The record (`artifacts/.state/last-run.journaled`, `tasks.run_record`), written at the
 end of every default run, holds each task that run found up to date: its files (file_dep, sorted, then targets), the
 identity each had when doit judged it and the tasks it names in `task_dep`; and the identity of every other file
 task creation read (option files, calibration folders, probed toolchains). The next default run under the same

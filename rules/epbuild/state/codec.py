@@ -1,0 +1,135 @@
+"""Typed JSON: how a record that holds epbuild's own objects (the saved plan: the manifest, its targets, builds and
+stages) is written as data and read back equal, without `pickle`. A checkout or a pull request can bring any file
+under `artifacts/.state/`; unpickling one runs whatever it names, while this reader only ever makes JSON values,
+tuples, sets, paths, and instances of the classes its caller names (`Classes`), by setting their declared fields:
+no code of the file's choosing runs, whatever the bytes.
+
+    tuple (1, 2)          {"$t": "tuple", "v": [1, 2]}
+    Path("m.onnx")        {"$t": "path", "v": "m.onnx"}
+    {Path("a"): 1}        {"$t": "map", "v": [[{"$t": "path", "v": "a"}, 1]]}   (keys other than strings, or "$t")
+    StageKind.FOLD        {"$t": "StageKind", "v": "fold"}
+    EP table's QNN entry  {"$t": "EpInfo", "v": "qnn"}                      (a constant of the code, by name)
+    Stage(kind=..., ...)  {"$t": "Stage", "kind": ..., ...}                    (every field, by name)
+
+A value of any other type is not written (`TypeError`: the record is not saved, a full check does its work), and
+a file that does not decode to what was written (an unknown class, a missing or extra field, a value its enum lacks)
+is `ValueError`: a miss to the reader."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from pathlib import Path
+from typing import Any
+
+TAG = "$t"
+_PATH = type(Path())
+_PLAIN = frozenset({str, int, float, bool, type(None)})
+
+
+class Classes:
+    """The classes a record may hold (dataclasses and enums), by name: nothing else is ever made from a file.
+    `constants`: classes whose instances are the code's own (a table such as the EPs'), held by their name in that
+    table and read back as the very object (the code that reads the record is the code that wrote it: its key says
+    so)."""
+
+    __slots__ = ("by_name", "constants", "fields", "named", "names")
+
+    def __init__(self, *classes: type, constants: dict[type, dict[str, Any]] | None = None):
+        self.by_name: dict[str, type] = {}
+        self.fields: dict[str, tuple[str, ...]] = {}
+        self.constants: dict[str, dict[str, Any]] = {}
+        self.named: dict[int, str] = {}  # id of a constant -> its name in its table
+        for cls, table in (constants or {}).items():
+            self.by_name[cls.__name__] = cls
+            self.constants[cls.__name__] = dict(table)
+            self.named.update({id(value): name for name, value in table.items()})
+        for cls in classes:
+            if cls.__name__ in self.by_name or cls.__name__ in ("tuple", "path", "map", "set", "frozenset"):
+                raise ValueError(f"two classes named {cls.__name__}")
+            if dataclasses.is_dataclass(cls):
+                self.fields[cls.__name__] = tuple(f.name for f in dataclasses.fields(cls))
+            elif not issubclass(cls, enum.Enum):
+                raise TypeError(f"{cls.__name__} is neither a dataclass nor an enum")
+            self.by_name[cls.__name__] = cls
+        self.names = {cls: name for name, cls in self.by_name.items()}
+
+
+def encode(value: Any, classes: Classes) -> Any:
+    """`value` as JSON values (see the module's docstring); TypeError for a type it cannot hold."""
+    kind = type(value)
+    if kind in _PLAIN:
+        return value
+    if kind is list:
+        return [encode(item, classes) for item in value]
+    if kind is dict:
+        if TAG not in value and all(type(key) is str for key in value):
+            return {key: encode(item, classes) for key, item in value.items()}
+        return {TAG: "map", "v": [[encode(key, classes), encode(item, classes)] for key, item in value.items()]}
+    if kind is tuple or kind is set or kind is frozenset:
+        return {TAG: kind.__name__, "v": [encode(item, classes) for item in value]}
+    if kind is _PATH:
+        return {TAG: "path", "v": str(value)}
+    name = classes.names.get(kind)
+    if name is None:
+        raise TypeError(f"a record cannot hold a {kind.__qualname__}")
+    if isinstance(value, enum.Enum):
+        return {TAG: name, "v": encode(value.value, classes)}
+    if name in classes.constants:
+        if id(value) not in classes.named:
+            raise TypeError(f"a {name} that is not one of the code's own")
+        return {TAG: name, "v": classes.named[id(value)]}
+    found = {TAG: name}
+    for field in classes.fields[name]:
+        found[field] = encode(getattr(value, field), classes)
+    return found
+
+
+def _hook(classes: Classes) -> Any:
+    by_name, fields, constants = classes.by_name, classes.fields, classes.constants
+
+    def made(found: dict[str, Any]) -> Any:
+        tag = found.get(TAG)
+        if tag is None:
+            return found
+        if tag == "tuple":
+            return tuple(found["v"])
+        if tag == "path":
+            return _PATH(found["v"])
+        if tag == "map":
+            return {key: item for key, item in found["v"]}
+        if tag == "set" or tag == "frozenset":
+            return (set if tag == "set" else frozenset)(found["v"])
+        cls = by_name.get(tag)
+        if cls is None:
+            raise ValueError(f"a record names {tag!r}, which it may not hold")
+        table = constants.get(tag)
+        if table is not None:
+            if found["v"] not in table:
+                raise ValueError(f"no {tag} named {found['v']!r}")
+            return table[found["v"]]
+        names = fields.get(tag)
+        if names is None:  # an enum: a member by value, never a new one
+            return cls(found["v"])
+        if len(found) != len(names) + 1:
+            raise ValueError(f"a {tag} with fields {sorted(found)}")
+        made = object.__new__(cls)  # as pickle makes it: no __init__, only the declared fields set
+        for name in names:
+            object.__setattr__(made, name, found[name])
+        return made
+
+    return made
+
+
+def loads(text: str | bytes, classes: Classes) -> Any:
+    """What `dumps` wrote (ValueError for anything else: malformed, or naming a class `classes` lacks)."""
+    try:
+        return json.loads(text, object_hook=_hook(classes))
+    except (KeyError, TypeError, RecursionError) as exc:  # a tag without its fields, an unhashable key, nesting
+        raise ValueError(f"not a record: {exc}") from None
+
+
+def dumps(value: Any, classes: Classes) -> str:
+    """`value` as typed JSON text (`loads` reads it back equal)."""
+    return json.dumps(encode(value, classes), separators=(",", ":"))
