@@ -18,6 +18,7 @@ from ..errors import UserError, closest
 from ..files.layout import GROUPS, PACKAGES
 from ..records import record
 from .packages import PackageSpec, read_package
+from .roots import Roots, check_named_files
 from .schema import THRESHOLDS, keys
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
@@ -356,9 +357,11 @@ def parse(data: dict[str, Any], path: Path) -> Manifest:
                   for name in toolchains_table.table}
     executor = top.child("executor").read("executor")
     build = top.child("build").read("build")
-    return Manifest(path, models, targets, groups, cache_spec, toolchains,
-                    ExecutorSpec(executor["scheduler"], executor["wait_s"]), tuple(dict.fromkeys(reads)), packages,
-                    BuildSpec(build["jobs"], build["memory_gb"], build["reduce_budget_s"]))
+    manifest = Manifest(path, models, targets, groups, cache_spec, toolchains,
+                        ExecutorSpec(executor["scheduler"], executor["wait_s"]), tuple(dict.fromkeys(reads)), packages,
+                        BuildSpec(build["jobs"], build["memory_gb"], build["reduce_budget_s"]))
+    check_named_files(manifest)
+    return manifest
 
 
 def _group(table: TableReader, name: str, models: dict[str, ModelSpec], targets: dict[str, TargetSpec]) -> GroupSpec:
@@ -570,6 +573,7 @@ def _winml_config(target: TableReader) -> tuple[dict[str, Any], list[str]]:
     import os
 
     config_path = _looked_at(target, target.file.parent / target.get("config", str))
+    Roots(target.file).check(f"{target.path}.config", config_path)
     try:
         data = json.loads(config_path.read_text())
     except FileNotFoundError:

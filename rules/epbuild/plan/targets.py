@@ -16,6 +16,7 @@ from ..manifest.builds import Build, Member, ResolvedTarget, ValidationSettings
 from ..manifest.eps import DEFAULT_EP, QAIC, REGISTRY, SOURCES, EpInfo, lookup, valid_ep_names
 from ..manifest.parse import GroupSpec, Manifest, ModelSpec, TableReader, TargetSpec, not_a_file
 from ..manifest.qaic import check_qaic
+from ..manifest.roots import Roots
 from ..steps.compilers import COMPILERS, Compiler
 from ..steps.package import genai_files, pipeline_files
 from .stages import Chain, stage_chain
@@ -144,6 +145,7 @@ def _unknown_values(options: dict[str, str], ep: EpInfo, file: str, where: str) 
 def _option_files(spec: TargetSpec, options: dict[str, str], manifest: Manifest) -> dict[str, Path]:
     file, where = manifest.path.name, f"targets.{spec.name}"
     option_files: dict[str, Path] = {}
+    roots = Roots(manifest.path) if spec.option_files else None
     for index, key in enumerate(spec.option_files):
         if key not in options:
             raise UserError(file, f"{where}.option_files[{index}]",
@@ -151,7 +153,7 @@ def _option_files(spec: TargetSpec, options: dict[str, str], manifest: Manifest)
         path = manifest.root / options[key]
         if not path.is_file():
             raise UserError(file, f"{where}.options.{key}", f"option file {not_a_file(path)}: {path}")
-        option_files[key] = path.resolve()
+        option_files[key] = roots.check(f"{where}.options.{key}", path).resolve()
     return option_files
 
 
