@@ -347,3 +347,51 @@ def test_a_groups_verdict_file_holds_no_answer_of_this_hosts_devices(project):
     shutil.rmtree(project.artifacts / ".state")  # every task checked again: the verdict comes from the cache
     project.doit("validate:pair-openvino")
     assert verdict.read_bytes() == fresh
+
+
+STALE = '''
+[models.tinycnn]
+path = "models/tinycnn.onnx"
+targets = ["cpu"]
+
+[models.encoder]
+path = "models/encoder.onnx"
+targets = ["cpu", "qnn-htp"]{validation}
+
+[targets.cpu]
+ep = "cpu"
+
+[targets.qnn-htp]
+ep = "qnn"
+options = {{ backend_type = "htp", soc_model = 60 }}
+
+[packages.vision]
+models = ["tinycnn", "encoder"]
+'''
+
+
+@pytest.mark.parametrize("fails", ["compile", "validation"])
+def test_a_package_that_cannot_be_rebuilt_is_removed_never_served_stale(project, fails):
+    """The encoder retrained and its QNN compile fails (or its validation): the package built from the old encoder
+    is removed with one line, so neither ONNX Runtime nor `epbuild run` loads the old model through it; it is
+    published again once every variant passes."""
+    from helpers import single_op_model
+
+    project.manifest(STALE.format(validation=""))
+    project.doit()
+    package = project.artifacts / "packages" / "vision"
+    assert (package / "manifest.json").is_file()
+    if fails == "compile":
+        single_op_model(project.root / "models" / "encoder.onnx", "Det")  # the HTP compiles nothing of it
+    else:
+        project.manifest(STALE.format(validation='\nvalidation = { targets = { qnn-htp = { min_snr_db = 1000 } } }'))
+    done = project.doit("--continue", check=False)
+    assert done.returncode != 0
+    failed = "compile:encoder@qnn-htp" if fails == "compile" else "validate:encoder@qnn-htp"
+    assert f"removed artifacts/packages/vision/: {failed} failed" in done.stdout, done.stdout
+    assert not package.exists()
+    again = project.doit(check=False)  # without --continue, stopping at the failure: still nothing published
+    assert again.returncode != 0 and not package.exists()
+    project.manifest(STALE.format(validation="").replace('targets = ["cpu", "qnn-htp"]', 'targets = ["cpu"]'))
+    project.doit()
+    assert (package / "manifest.json").is_file()  # every variant passes: published again

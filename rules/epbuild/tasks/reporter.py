@@ -16,6 +16,8 @@ from ..contracts.task_result import PUBLISHED
 from ..execute.lifelines import WorkerLost, WorkerWatch, tie_forked_children
 from ..fast_path import STAMP, Stamp
 from ..files.owners import sweep
+from ..files.publish import discard
+from ..manifest.builds import package_task
 from ..report.build_report import BuildReport
 from ..report.cells import cell_tasks
 from ..report.progress import LiveProgress, durations
@@ -207,6 +209,27 @@ class BuildReporter(ConsoleReporter):
                               if path not in recorded.files and path not in read}
         RunRecord(self.project.layout).write(self.project.key, recorded, self.record)
 
+    def _withdraw_packages(self) -> None:
+        """A package is published only from this build's passed variants: one whose task this run tried and did not
+        end built or up to date (a variant failed or was not built, the build stopped before it), or any of whose
+        variants' tasks failed in this run, is removed with one line. An application that loads it would otherwise
+        get a model older than its source (the encoder retrained, its QNN compile failed: the old one served)."""
+        failed = {result["task"].name for result in self.failures}
+        tried = set(_closure(self.doit_tasks, self.selected))
+        for name in sorted(n for n in self.doit_tasks if n.startswith(package_task(""))):
+            needs = [dep for dep in _closure(self.doit_tasks, [name]) if dep in failed and dep != name]
+            current = name in self.uptodate or (name in self.done and name not in failed | self.blocked)
+            if current or (name not in tried and not needs):
+                continue
+            folder = self.project.layout.package_dir(name.split(":", 1)[1])
+            if not folder.exists():
+                continue
+            why = (f"{', '.join(needs)} failed" if needs else f"{name} failed" if name in failed
+                   else "the build stopped before it")
+            discard(folder)
+            self.write(f"removed {os.path.relpath(folder)}/: {why}, and it would serve artifacts older than their "
+                       "sources; it is published again when every variant passes\n")
+
     def complete_run(self):
         if self.watch is not None:
             self.watch.stop()  # doit ends its workers itself now
@@ -234,6 +257,7 @@ class BuildReporter(ConsoleReporter):
             if "blocked" not in self.started:  # it did not run (a task before it failed): its lines anyway
                 self.write(fail_blocked(blocked).get_msg() + "\n")
         layout = self.project.layout
+        self._withdraw_packages()
         self.report.keep_only(self.project.declared_tasks())  # a removed model's entries would keep CI red
         try:  # the views are for people: one that cannot be written is a warning, never a failed build
             pages = self.report.write() or not layout.html_report.exists()
