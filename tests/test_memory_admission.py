@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, SOURCE, ran
+from epbuild.errors import UserError
 from epbuild.execute import memory_ledger
 from epbuild.execute.child import run_child
 from epbuild.manifest.builds import Limits
@@ -119,8 +120,9 @@ def test_a_job_of_a_process_that_died_is_not_waited_for(tmp_path, ledger, monkey
     monkeypatch.setenv(memory_ledger.SWITCH, str(300 / 1024))
     gone = subprocess.run([sys.executable, "-c", "from epbuild.files.owners import owner_tag; print(owner_tag())"],
                           capture_output=True, text=True, check=True, env=dict(os.environ)).stdout.strip()
-    (ledger / "memory.json").write_text(json.dumps({"running": [{"id": "0", "owner": gone, "mb": 10_000, "what": "x"}],
-                                                    "waiting": []}))
+    claim = {"id": "0", "owner": gone, "mb": 10_000, "what": "x", "since": time.time(), "seen": time.time(),
+             "timeout_s": 3600}
+    (ledger / "memory.json").write_text(json.dumps({"running": [claim], "waiting": []}))
     started = time.monotonic()
     answer = run_child("crash_child", {"action": "sleep"}, tmp_path / "a", Limits(60, expected_mb=100.0), "compile a@t")
     assert "pid" in answer and time.monotonic() - started < 30
@@ -139,7 +141,7 @@ def test_a_budget_that_is_no_number_is_one_line(monkeypatch):
     from epbuild.errors import UserError
 
     monkeypatch.setenv(memory_ledger.SWITCH, "lots")
-    with pytest.raises(UserError, match=r"'lots' is not a number: give the build's memory budget in GB"):
+    with pytest.raises(UserError, match=r"'lots' is not 0 or a positive number of GB: give the build's memory budget"):
         memory_ledger.budget_mb()
     monkeypatch.setenv(memory_ledger.SWITCH, "0")
     assert memory_ledger.budget_mb() is None  # no admission
@@ -236,7 +238,9 @@ def test_a_job_behind_another_in_line_says_so_even_when_nothing_runs(ledger, cap
     from epbuild.manifest.builds import Limits
 
     path = ledger / "memory.json"
-    path.write_text(json.dumps({"running": [], "waiting": [{"id": "0", "owner": owner_tag(), "mb": 50, "what": "x"}]}))
+    claim = {"id": "0", "owner": owner_tag(), "mb": 50, "what": "x", "since": time.time(), "seen": time.time(),
+             "timeout_s": 60}
+    path.write_text(json.dumps({"running": [], "waiting": [claim]}))
     threading.Timer(0.3, lambda: memory_ledger._leave(path, {"id": "0"})).start()
     limits = Limits(60, expected_mb=80.0)
     with memory_ledger.admitted(80.0, "compile m@t", 100.0, path,
@@ -245,3 +249,72 @@ def test_a_job_behind_another_in_line_says_so_even_when_nothing_runs(ledger, cap
     assert capsys.readouterr().out.splitlines() == [
         "waiting for memory: compile m@t expects 80 MB; 0 job(s) hold 0 MB of the 100 MB budget, 1 job(s) ahead in "
         "line (0 s so far)"]
+
+
+def _claim(owner: str, mb: float, since_ago: float = 0.0, timeout_s: float = 3600.0, seen_ago: float = 0.0) -> dict:
+    now = time.time()
+    return {"id": f"{now - since_ago:.6f}", "owner": owner, "mb": mb, "what": "compile x@t", "since": now - since_ago,
+            "seen": now - seen_ago, "timeout_s": timeout_s}
+
+
+@pytest.mark.parametrize("owner", ["~deadbeef-1-1~", "no mark at all"])
+def test_no_claim_of_an_owner_this_host_cannot_check_is_waited_for_without_bound(ledger, owner):
+    """A ledger shared by containers (`EPBUILD_MEMORY_LEDGER`) holds claims whose owner this host cannot look up: an
+    absurd one is honoured at most for its job's own time limit, and never past `UNJUDGED_CLAIM_S` whatever limit it
+    names; then it expires and the job runs (before: every build waited forever)."""
+    path = ledger / "memory.json"
+    absurd = _claim(owner, 1e9, timeout_s=1e12)
+    now = time.time()
+    assert memory_ledger._entry(absurd, "running", now)  # a fresh claim: honoured for now
+    assert not memory_ledger._entry(absurd, "running",
+                                    now + memory_ledger.UNJUDGED_CLAIM_S + memory_ledger.GRACE_S + 1)
+    assert not memory_ledger._entry(_claim(owner, 1e9, since_ago=120, timeout_s=30), "running", now)
+    assert not memory_ledger._entry(_claim(owner, 1e9, seen_ago=memory_ledger.STALE_WAIT_S + 5), "waiting", now)
+    late = _claim(owner, 1e9, since_ago=memory_ledger.UNJUDGED_CLAIM_S + memory_ledger.GRACE_S + 5, timeout_s=1e12)
+    path.write_text(json.dumps({"running": [late], "waiting": []}))
+    with memory_ledger.admitted(100.0, "compile m@t", 1000.0, path) as waited:
+        assert waited < 5
+    assert memory_ledger.snapshot(path) == {"running": [], "waiting": []}
+
+
+@pytest.mark.parametrize("ledger_text", [
+    "[1, 2]", '{"running": 3, "waiting": []}', '{"running": [{"id": "0", "mb": 10, "what": "x"}]}',
+    '{"running": [{"id": "0", "owner": "~deadbeef-1-1~", "mb": "10", "what": "x", "since": 0, "seen": 0, '
+    '"timeout_s": 1}]}', '{"running": [{"id": "0", "owner": "o", "mb": NaN, "what": "x", "since": 1, "seen": 1, '
+    '"timeout_s": 1}]}', '{"waiting": [[]], "running": [null]}', "[" * 100000])
+def test_a_ledger_not_of_this_modules_form_starts_over(ledger, ledger_text):
+    path = ledger / "memory.json"
+    path.write_text(ledger_text)
+    with memory_ledger.admitted(100.0, "compile m@t", 1000.0, path) as waited:
+        assert waited < 5
+        assert [e["what"] for e in memory_ledger.snapshot(path)["running"]] == ["compile m@t"]
+
+
+@pytest.mark.parametrize("kind", ["symbolic link", "folder"])
+def test_a_ledger_that_is_no_plain_file_is_one_line(project, ledger, kind):
+    path = ledger / "memory.json"
+    if kind == "symbolic link":
+        path.symlink_to(ledger / "elsewhere.json")
+    else:
+        path.mkdir()
+    with pytest.raises(UserError, match=f"EPBUILD_MEMORY_LEDGER: the memory ledger {path} is a {kind}"):
+        memory_ledger.check_settings(None)
+    project.manifest('[models.tinycnn]\npath = "models/tinycnn.onnx"\n\n[targets.cpu]\nep = "cpu"\n')
+    project.env[memory_ledger.LEDGER] = str(ledger)
+    done = project.doit(check=False)
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert [line for line in done.stderr.splitlines() if line.startswith("error:")] == [
+        f"error: EPBUILD_MEMORY_LEDGER: the memory ledger {path} is a {kind}: it must be a plain file this user may "
+        "write (remove it, or name another folder in EPBUILD_MEMORY_LEDGER)"]
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "1e400", "inf", "lots"])
+def test_a_memory_budget_from_the_environment_is_checked_like_the_manifests(project, value):
+    """`EPBUILD_MEMORY_GB=-1` built with admission silently off, where `[build] memory_gb = -1` is refused: one rule
+    for both, refused in one line naming the variable before anything is built."""
+    project.manifest('[models.tinycnn]\npath = "models/tinycnn.onnx"\n\n[targets.cpu]\nep = "cpu"\n')
+    project.env[memory_ledger.SWITCH] = value
+    done = project.doit(check=False)
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert f"error: EPBUILD_MEMORY_GB: {value!r} is not 0 or a positive number of GB" in done.stderr
+    assert not (project.artifacts / "cpu").exists()

@@ -141,8 +141,8 @@ def run_child(module: str, request: dict[str, Any], workdir: Path, limits: Limit
     try:
         # the job's expected peak held free under the machine's memory budget until it ends (`memory_ledger`)
         budget = budget_mb(configured_gb=limits.budget_gb)
-        with admitted(limits.expected_mb, what, budget,
-                      on_wait=functools.partial(_waiting, what, limits, budget)) as waited:
+        with admitted(limits.expected_mb, what, budget, on_wait=functools.partial(_waiting, what, limits, budget),
+                      timeout_s=limits.timeout_s) as waited:
             if waited >= 0.05:
                 log_line(__name__, "debug", "%s: admitted after %.2f s waiting for %.0f MB", what, waited,
                          limits.expected_mb)

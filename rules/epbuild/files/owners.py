@@ -50,6 +50,12 @@ def owner_gone(name: str) -> bool:
     return _start_time(int(found.group(2))) != found.group(3)
 
 
+def owner_judged(name: str) -> bool:
+    """Whether this host can tell if the owner marked in `name` still runs (a mark of this host, with /proc)."""
+    found = OWNER.search(name)
+    return bool(found) and found.group(1) == HOST and Path("/proc/self/stat").exists()
+
+
 def sweep(folders: list[Path]) -> tuple[list[Path], int]:
     """Remove the entries of `folders` whose owner is gone: (what was removed, bytes freed)."""
     removed, freed = [], 0

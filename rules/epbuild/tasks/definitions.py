@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserError, closest
-from ..execute.memory_ledger import default_jobs
+from ..execute.memory_ledger import check_settings, default_jobs
 from ..fast_path import DOIT_BASE, Listing, listed
 from ..fast_path import enabled as fast_path_enabled
 from ..files.publish import discard
@@ -177,6 +177,7 @@ class Tasks:
         # Live: doit captures each task's output (verbosity 1) and the reporter prints it above the status area;
         # threads share one sys.stdout, which doit's capture would race on, so there the status area catches prints.
         verbosity = 1 if project.live and not project.threads else 2
+        check_settings(project.manifest.build.memory_gb)
         return {**DOIT_BASE, "verbosity": verbosity, "default_tasks": default, "check_file_uptodate": checker,
                 "reporter": reporter, "num_process": default_jobs(configured=project.manifest.build.jobs)}
 
