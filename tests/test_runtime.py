@@ -80,6 +80,16 @@ def test_epbuild_run_prints_outputs_and_latency_or_one_line(built):
     assert given.returncode == 0 and len(given.stdout.splitlines()) == 2, given.stderr  # no runs: no latency line
     missing = run("tinycnn@openvino-cpu")
     assert missing.returncode == 2 and "no artifact at" in missing.stderr and "Traceback" not in missing.stderr
+    (built.root / "not.npz").write_text("text")
+    np.savez(built.root / "objects.npz", x=np.array([{"a": 1}], dtype=object))
+    (built.root / "folder.npz").mkdir()
+    for bad in ("absent.npz", "folder.npz", "not.npz", "objects.npz"):  # the user's file: one line, no traceback
+        done = run("tinycnn@cpu", "--inputs", bad)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        assert done.stderr.startswith(f"error: --inputs {bad} cannot be read as .npz") and \
+            len(done.stderr.splitlines()) == 1, done.stderr
+    endless = run("tinycnn@cpu", "--runs", "99999999999")
+    assert endless.returncode == 2 and endless.stderr.strip() == "error: --runs 99999999999: give 0 to 10000 timed runs"
 
 
 def test_epbuild_check_says_what_onnx_runtime_answers_and_never_more(built):

@@ -164,3 +164,63 @@ def test_every_file_the_manifest_names_stays_inside_the_project(project, tmp_pat
     where = f"targets.t.{key}" if key == "config" else f"models.tinycnn.{key}"
     assert done.returncode != 0 and f"{where}: " in done.stderr and "outside the project" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("planted", ["artifacts/cpu", "artifacts/.logs/cpu/tinycnn.compile.log", "artifacts/.state",
+                                     "artifacts/.state/hashes/00.tsv", "artifacts/packages"])
+def test_a_symbolic_link_planted_under_artifacts_is_never_written_through(project, tmp_path, planted):
+    """git commits links: `artifacts/cpu -> ~` would have a publish move `~/tinycnn` aside and delete it, a log
+    link would have a compile overwrite its target. A build removes every such link before it writes, with a line,
+    and the files they pointed to keep their bytes."""
+    home = tmp_path / "home"
+    (home / "tinycnn").mkdir(parents=True)
+    (home / "tinycnn" / "precious.txt").write_text("keep me")
+    (home / "bashrc").write_text("keep me too")
+    project.manifest(MANIFEST)
+    if planted.endswith("cpu"):
+        project.artifacts.mkdir(exist_ok=True)
+        (project.root / planted).symlink_to(home)
+    else:
+        project.doit()
+        link = project.root / planted
+        if link.is_dir():
+            import shutil
+
+            shutil.rmtree(link)
+        link.unlink(missing_ok=True)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(home / "bashrc" if link.suffix else home)
+        (project.root / "models" / "tinycnn.onnx").write_bytes((project.root / "models" / "tinycnn.onnx").read_bytes())
+    done = project.doit()
+    assert f"warning: removed {planted}: a symbolic link under artifacts/" in done.stderr
+    assert (home / "tinycnn" / "precious.txt").read_text() == "keep me" and (home / "bashrc").read_text() == \
+        "keep me too"
+    assert sorted(p.name for p in home.iterdir()) == ["bashrc", "tinycnn"]
+    assert (project.artifacts / "cpu" / "tinycnn" / "artifact.json").is_file()
+
+
+@pytest.mark.parametrize("path", ["external-data.journaled", "plan.record", "noop.record", "last-run.journaled"])
+def test_a_state_file_replaced_by_a_folder_is_rewritten_not_a_traceback(project, path):
+    project.manifest(MANIFEST)
+    project.doit()
+    project.doit()  # a full no-op: its stamp written
+    state = project.artifacts / ".state"
+    (state / path).unlink()
+    (state / path / "inner").mkdir(parents=True)
+    project.env["EPBUILD_FAST_PATH"] = "0"  # the full path, which reads and writes every record
+    for _ in range(2):
+        done = project.doit()
+        assert "Traceback" not in done.stderr and "warning: build state not saved" not in done.stdout
+    assert (state / path).is_file()
+
+
+def test_a_state_folder_that_is_a_file_is_replaced(project):
+    project.manifest(MANIFEST)
+    state = project.artifacts / ".state"
+    import shutil
+
+    shutil.rmtree(state)
+    state.write_text("not a folder")
+    done = project.doit()
+    assert "Traceback" not in done.stderr and state.is_dir()
+    assert ran(project.doit()) <= {"unavailable"}

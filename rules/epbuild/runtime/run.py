@@ -14,8 +14,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..errors import UserError
+from ..errors import ModelError, UserError
 from ..manifest.builds import SIDECAR
+
+
+MAX_RUNS = 10_000  # a latency needs no more; a mistyped count must not run for days
 
 
 def find_artifact(artifacts: Path, name: str) -> Path:
@@ -79,8 +82,12 @@ def main(argv: list[str], root: Path) -> int:
     parser = argparse.ArgumentParser(prog="epbuild run", description=__doc__)
     parser.add_argument("artifact", help="MODEL or MODEL@TARGET (a built artifact under artifacts/)")
     parser.add_argument("--inputs", type=Path, help="an .npz of inputs, keys = input names (default: fixed-seed)")
-    parser.add_argument("--runs", type=int, default=10, help="timed runs after a first one (default 10)")
+    parser.add_argument("--runs", type=int, default=10, help=f"timed runs after a first one (default 10, at most "
+                        f"{MAX_RUNS})")
     arguments = parser.parse_args(argv)
+    if not 0 <= arguments.runs <= MAX_RUNS:
+        print(f"error: --runs {arguments.runs}: give 0 to {MAX_RUNS} timed runs", file=sys.stderr)
+        return 2
     import numpy as np
 
     from ..manifest.eps import lookup
@@ -123,7 +130,7 @@ def main(argv: list[str], root: Path) -> int:
             begun = time.perf_counter()
             session.run(None, feeds)
             times.append(time.perf_counter() - begun)
-    except UserError as exc:
+    except (UserError, ModelError) as exc:  # the user's file or name: one line (an --inputs file that is no .npz)
         print(f"error: {exc}", file=sys.stderr)
         return 2
     through = f" through package {package.name}" if package is not None else ""

@@ -16,6 +16,7 @@ by the files they describe)."""
 from __future__ import annotations
 
 import json
+import shutil
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -41,9 +42,21 @@ class StateFolder:
         forms that keep their own format (the hash shards, the build report's digest)."""
         return state_file(self.root, name)
 
+    def _writable(self, name: str) -> Path:
+        """The path to write `name` at, its folder made; a folder found where the file belongs (a checkout's, or a
+        hand's) removed first: it is no record, and every later run would fail to replace it."""
+        path = self.path(name)
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
     def drop(self, name: str) -> None:
         """Forget a record (the next run takes the full path for what it would have shortened)."""
-        self.path(name).unlink(missing_ok=True)
+        path = self.path(name)
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        path.unlink(missing_ok=True)
 
     def lock(self) -> AbstractContextManager[None]:
         """Held while a build merges into a record other builds write too (the run record, the settings record)."""
@@ -61,7 +74,7 @@ class StateFolder:
         return read_record(self.path(name), key, classes)
 
     def write_record(self, name: str, record: dict[str, Any], classes: Classes | None = None) -> None:
-        write_record(self.path(name), record, classes)
+        write_record(self._writable(name), record, classes)
 
     # journaled records: a base and the lines appended since
 
@@ -73,7 +86,7 @@ class StateFolder:
         return (base, found) if base is not None else None
 
     def write_journaled(self, name: str, record: dict[str, Any]) -> None:
-        write_journaled(self.path(name), encode_record(record))
+        write_journaled(self._writable(name), encode_record(record))
 
     def append(self, name: str, read: Journaled, line: dict[str, Any]) -> bool:
         """Append `line` to the record as it was read; False when it is to be written whole (it changed since, or
@@ -109,7 +122,7 @@ class StateFolder:
         """The entries as the base of a record with no lines: those not set since they were read are written as
         read, without encoding them again."""
         text = "{\n" + entry_lines({key: entries.text(key) for key in entries}) + "\n}\n"
-        write_journaled(self.path(name), text.encode(), vouch=True)
+        write_journaled(self._writable(name), text.encode(), vouch=True)
 
     # JSON documents: records people may read (the host probe, the listing), and the settings kept for `explain`
 
@@ -121,11 +134,7 @@ class StateFolder:
             return None
 
     def write_document(self, name: str, data: Any, indent: int | None = None) -> None:
-        path = self.path(name)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_json(path, data, indent=indent)
+        write_json(self._writable(name), data, indent=indent)
 
     def write_text(self, name: str, text: str) -> None:
-        path = self.path(name)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, text)
+        write_atomic(self._writable(name), text)

@@ -118,14 +118,17 @@ def settle_format(state: Path) -> bool:
     when it was emptied. Before anything under it is read or written in a run that writes."""
     marker = state / FORMAT_FILE
     try:
-        found = marker.read_text().strip()
-    except OSError:
+        found = marker.read_text().strip() if not state.is_symlink() else None
+    except (OSError, UnicodeDecodeError):
         found = None
     if found == str(FORMAT):
         return False
     import shutil
 
     emptied = False
+    if state.is_symlink() or (state.exists() and not state.is_dir()):  # a checkout's link or file: never followed
+        state.unlink()
+        emptied = True
     if state.is_dir() and any(state.iterdir()):
         for entry in state.iterdir():
             if entry.is_dir() and not entry.is_symlink():

@@ -19,6 +19,7 @@ from ..execute.links import Links
 from ..execute.provenance import Provenance
 from ..fast_path import DEP_FILE, LEGACY_DEP_FILE, project_key
 from ..fast_path import enabled as fast_path_enabled
+from ..files.foreign import remove_links
 from ..files.layout import Layout, now_ns
 from ..files.owners import owner_tag, sweep
 from ..invocation import Invocation
@@ -119,6 +120,10 @@ def prepare_folders(manifest: Manifest, invocation: Invocation, rel: Relative,
                         f"{os.readlink(layout.root)}); outputs are written only inside the project: "
                         "make artifacts/ a plain folder")
     writable = check_writable(manifest, layout, invocation, rel)
+    if writable:
+        for path in remove_links(layout.root):
+            print(f"warning: removed {rel(Path(path))}: a symbolic link under artifacts/, where epbuild makes none "
+                  "(a checkout's files are data: a build never writes through one)", file=sys.stderr)
     if writable and StateFolder(layout.state).settle():
         log(__name__, "info", "%s held another layout's state: emptied (one full check)", layout.state)
     if writable and migrate_doit_database(Path(DEP_FILE).absolute(), Path(LEGACY_DEP_FILE).absolute()):
