@@ -17,7 +17,6 @@ from typing import Any
 from ..errors import ModelError, UserError
 from ..manifest.builds import SIDECAR
 
-
 MAX_RUNS = 10_000  # a latency needs no more; a mistyped count must not run for days
 
 
