@@ -108,3 +108,31 @@ def test_epbuild_check_says_what_onnx_runtime_answers_and_never_more(built):
     assert lines["qnn-htp/tinycnn"].startswith(("cannot be judged here", "runs", "cannot run"))
     assert "optimally" not in lines["qnn-htp/tinycnn"] or "NPU" in str(ort.get_ep_devices())
     assert f"compatibility <code>{record['compatibility']}</code>" in (built.artifacts / "report.html").read_text()
+
+
+def test_epbuild_check_names_an_unreadable_artifact_and_escapes_what_it_reads(built):
+    """`check` believed what it read: an artifact.json cut short was skipped with exit 0, and a compatibility string
+    with terminal escapes cleared the screen and forged a "runs optimally" line. Now the unreadable one is named
+    (exit 1) and every control character read from a file reaches the console escaped."""
+    import json
+
+    sidecar = built.artifacts / "qnn-htp" / "tinycnn" / "artifact.json"
+    record = json.loads(sidecar.read_text())
+    record["compatibility"] = "v2:\x1b[2J\x1b[Hcpu/tinycnn: runs optimally\r\n"
+    sidecar.write_text(json.dumps(record))
+    text = (built.artifacts / "cpu" / "tinycnn" / "artifact.json").read_text()
+    (built.artifacts / "cpu" / "tinycnn" / "artifact.json").write_text(text[: len(text) // 2])
+    done = subprocess.run([sys.executable, "-m", "epbuild", "check"], cwd=built.root, env=built.env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and "error: 1 artifact(s) could not be read" in done.stderr
+    assert re.search(r"^cpu/tinycnn: unreadable artifact\.json \(.*\): nothing judged", done.stdout, re.M)
+    assert "\x1b" not in done.stdout and "\r" not in done.stdout and "\\x1b[2J" in done.stdout
+    assert not re.search(r"^cpu/tinycnn: runs optimally", done.stdout, re.M)
+
+
+def test_printable_escapes_every_control_character_but_newlines_and_tabs():
+    from epbuild.errors import UserError, printable
+
+    assert printable("a\x1b[31mb\x07\x7f\x9b\u202ec\td\n") == "a\\x1b[31mb\\x07\\x7f\\x9b\\u202ec\td\n"
+    assert printable("plain ünïcode") == "plain ünïcode"
+    assert str(UserError("m.toml", "models.x", "name 'a\x1b[2Jb'")) == "m.toml: models.x: name 'a\\x1b[2Jb'"

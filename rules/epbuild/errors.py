@@ -11,9 +11,20 @@ MESSAGE_LIMIT = 500  # a user error is one line: whatever value it quotes, it st
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # terminal colour and cursor codes some EP libraries log with
 
 
+# every control character but newline and tab (C0, DEL, C1), and the bidirectional overrides that reorder a line
+CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
 def plain(text: str) -> str:
     """Text without terminal control codes: what messages, logs and reports keep."""
     return ANSI.sub("", text)
+
+
+def printable(text: str) -> str:
+    """Text that came from a file (an artifact.json, a model's names, an EP's output), as the console may show it:
+    each control character escaped as Python writes it (`\\x1b`), never sent to the terminal, where it could clear
+    the screen or forge a line; newlines and tabs kept."""
+    return CONTROL.sub(lambda found: repr(found.group())[1:-1], text) if CONTROL.search(text) else text
 
 
 class UserError(Exception):
@@ -30,7 +41,7 @@ class UserError(Exception):
 
     def __str__(self) -> str:
         where = [part for part in (self.file, self.key_path) if part]
-        text = ": ".join([*where, self.message]).replace("\r", "\\r").replace("\n", "\\n")
+        text = printable(": ".join([*where, self.message]).replace("\r", "\\r").replace("\n", "\\n"))
         return text if len(text) <= MESSAGE_LIMIT else f"{text[:MESSAGE_LIMIT - 1]}…"
 
 

@@ -67,13 +67,17 @@ def warn_once(marker: Path | None, text: str) -> bool:
 def say(text: str) -> None:
     """One console line for the user, written whole in one call: doit's `-n` workers share this stdout (a pipe in
     CI), and `print` writes the text and its newline apart, so another worker's line could land between them."""
-    sys.stdout.write(f"{text}\n")
+    from .errors import printable
+
+    sys.stdout.write(f"{printable(text)}\n")
     sys.stdout.flush()
 
 
 def warn(text: str) -> None:
     """A warning the user must see whatever EPBUILD_LOG says (a cache entry refused, the remote cache down): one
     `warning: ...` line on stderr (the debug log notes it too, in order with the rest)."""
-    sys.stderr.write(f"warning: {text}\n")
+    from .errors import printable
+
+    sys.stderr.write(f"warning: {printable(text)}\n")
     sys.stderr.flush()
     log("epbuild", "debug", "warned: %s", text)

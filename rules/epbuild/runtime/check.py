@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..contracts.artifact import OMIT, ArtifactRecord, read_artifact
+from ..errors import printable
 from ..manifest.builds import SIDECAR
 from ..manifest.eps import lookup
 from ..steps.compatibility import answer
@@ -45,11 +46,18 @@ def main(argv: list[str], root: Path) -> int:
     if not found:
         print(f"error: no artifacts under {root / 'artifacts'}: build first (epbuild)", file=sys.stderr)
         return 2
+    unreadable = 0
     for path in found:
+        name = path.parent.relative_to(root / "artifacts").as_posix()
         try:
             record = read_artifact(path.parent)
-        except ValueError:  # not JSON, or not a record this epbuild reads
+        except (ValueError, OSError) as exc:  # cut short, not JSON, not a record this epbuild reads
+            unreadable += 1
+            print(printable(f"{name}: unreadable artifact.json ({' '.join(str(exc).split())[:200]}): nothing "
+                            "judged; rebuild it (epbuild)"))
             continue
-        name = path.parent.relative_to(root / "artifacts").as_posix()
-        print(f"{name}: {judge(ort, record)}")
+        print(printable(f"{name}: {judge(ort, record)}"))  # the compatibility string is the file's text
+    if unreadable:
+        print(f"error: {unreadable} artifact(s) could not be read", file=sys.stderr)
+        return 1
     return 0

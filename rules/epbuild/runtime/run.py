@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..errors import ModelError, UserError
+from ..errors import ModelError, UserError, printable
 from ..manifest.builds import SIDECAR
 
 MAX_RUNS = 10_000  # a latency needs no more; a mistyped count must not run for days
@@ -113,7 +113,7 @@ def main(argv: list[str], root: Path) -> int:
                               f"{package.name}, not {folder.parent.name}", file=sys.stderr)
                         return 1
         except (RuntimeError, OSError, ImportError) as exc:
-            print(f"error: this host cannot run {record.ep} ({record.device}): {exc}", file=sys.stderr)
+            print(printable(f"error: this host cannot run {record.ep} ({record.device}): {exc}"), file=sys.stderr)
             return 1
         created = time.perf_counter() - started
         feeds = _inputs(session, arguments.inputs)
@@ -121,8 +121,8 @@ def main(argv: list[str], root: Path) -> int:
             outputs = session.run(None, feeds)
         except Exception as exc:  # noqa: BLE001 - the runtime's own words, in one line
             given = "these --inputs" if arguments.inputs else "fixed-seed inputs (give --inputs FILE.npz)"
-            print(f"error: {record.ep} could not run {folder.name} with {given}: {' '.join(str(exc).split())}",
-                  file=sys.stderr)
+            print(printable(f"error: {record.ep} could not run {folder.name} with {given}: "
+                            f"{' '.join(str(exc).split())}"), file=sys.stderr)
             return 1
         times = []
         for _ in range(max(arguments.runs, 0)):
@@ -130,14 +130,14 @@ def main(argv: list[str], root: Path) -> int:
             session.run(None, feeds)
             times.append(time.perf_counter() - begun)
     except (UserError, ModelError) as exc:  # the user's file or name: one line (an --inputs file that is no .npz)
-        print(f"error: {exc}", file=sys.stderr)
+        print(printable(f"error: {exc}"), file=sys.stderr)
         return 2
     through = f" through package {package.name}" if package is not None else ""
-    print(f"{folder.parent.name}/{folder.name}{through}: {record.ep} on {', '.join(session.get_providers())}; "
-          f"session created in {created * 1000:.1f} ms")
+    print(printable(f"{folder.parent.name}/{folder.name}{through}: {record.ep} on "
+                    f"{', '.join(session.get_providers())}; session created in {created * 1000:.1f} ms"))
     for output, value in zip(session.get_outputs(), outputs, strict=True):
         value = np.asarray(value)
-        print(f"  {output.name}: {list(value.shape)} {value.dtype}  {_statistics(value)}")
+        print(printable(f"  {output.name}: {list(value.shape)} {value.dtype}  {_statistics(value)}"))
     if times:
         p50, p90 = np.percentile(np.array(times) * 1000, [50, 90])
         print(f"  latency over {len(times)} runs: p50 {p50:.3f} ms, p90 {p90:.3f} ms")

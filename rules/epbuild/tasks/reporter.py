@@ -13,6 +13,7 @@ from doit.exceptions import UnmetDependency
 from doit.reporter import ConsoleReporter
 
 from ..contracts.task_result import PUBLISHED
+from ..errors import printable
 from ..execute.lifelines import WorkerLost, WorkerWatch, tie_forked_children
 from ..fast_path import STAMP, Stamp
 from ..files.owners import sweep
@@ -104,6 +105,7 @@ class BuildReporter(ConsoleReporter):
                                      catch_prints=self.project.threads)
 
     def write(self, text):
+        text = printable(text)  # a failure's text is the EP's, a name may be a model's: no control codes through
         if self.live is not None:
             self.live.print(text)
         else:
