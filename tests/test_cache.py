@@ -359,3 +359,14 @@ def test_an_entry_evicted_while_it_is_copied_is_a_miss(tmp_path, monkeypatch):
     monkeypatch.setattr(cache_module, "copy_file", evicting)
     assert cache.restore("ab" * 32, tmp_path / "restored") is None
     assert list((tmp_path / "restored").iterdir()) == []
+
+
+def test_doit_cache_says_when_the_cache_is_the_per_user_default_every_project_shares(project, tmp_path):
+    project.manifest('[models.tinycnn]\npath = "models/tinycnn.onnx"\n\n[targets.cpu]\nep = "cpu"\n')
+    own = project.doit("cache").stdout
+    assert "local cache: " in own and "shared by every project" not in own  # EPBUILD_CACHE_DIR: its own
+    project.env.pop("EPBUILD_CACHE_DIR")
+    project.env["XDG_CACHE_HOME"] = str(tmp_path / "xdg")
+    shared = project.doit("cache").stdout
+    assert f"local cache: {tmp_path / 'xdg' / 'epbuild'}: " in shared
+    assert "the per-user default, shared by every project of this user" in shared

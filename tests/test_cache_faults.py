@@ -140,3 +140,20 @@ def test_a_clashing_manifest_is_refused_before_anything_is_written(tmp_path, s3,
     assert remote.fetch("ab" * 32, cache, "compile:m@t") is None
     assert "names 'a' both as a file and as the folder of 'a/b'" in capsys.readouterr().err
     assert cache.unusable is None and remote.down is None
+
+
+def test_the_remote_budget_is_one_per_build_not_one_per_process(tmp_path):
+    """doit's `-n` workers each had a budget of their own, so a build waited up to one budget per process (a remote
+    4 s late made a 3 s build take 79 s under 60 s): their waits now count against one account of the build."""
+    said = tmp_path / "said.build" / "remote-cache"
+    first, second = (remote_cache.RemoteCache("s3://bucket-name/p", budget_s=2.0) for _ in range(2))
+    for cache in (first, second):  # two processes of one build: the same marker
+        cache.said = said
+    first._charge(time.monotonic() - 1.5, 0)
+    assert not first.down
+    second._charge(time.monotonic() - 1.5, 0)  # 1.5 s alone, 3 s for the build: past its budget
+    assert second.down and "kept this build waiting 3 s" in second.down
+    assert first.skipped()  # the warning's marker (said once, by the second) tells the first
+    lone = remote_cache.RemoteCache("s3://bucket-name/p", budget_s=2.0)
+    lone._charge(time.monotonic() - 1.5, 0)
+    assert not lone.down  # another build: an account of its own

@@ -354,3 +354,21 @@ def test_a_soc_model_no_device_has_is_built_with_one_warning_naming_the_known_on
     assert "60 (SC8380XP)" in warning
     project.manifest(manifest.replace("SOC", "60"))
     assert project.doit("list").stderr == ""
+
+
+def test_a_path_the_locale_cannot_spell_is_said_so_not_missing(project):
+    """Under an ASCII locale an existing 'dïr ü/m.onnx' read as "model file not found": the line says the locale
+    cannot encode the name, and how to run with one that can."""
+    import shutil
+
+    folder = project.root / "d\u00efr \u00fc"
+    folder.mkdir()
+    shutil.copy(project.root / "models" / "tinycnn.onnx", folder / "m.onnx")
+    project.manifest('[models.m]\npath = "d\u00efr \u00fc/m.onnx"\n\n[targets.cpu]\nep = "cpu"\n')
+    project.env.update({"LC_ALL": "C", "PYTHONUTF8": "0", "LANG": "C"})
+    done = project.doit("list", check=False)
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert "models.m.path: model file cannot be named in this locale's file-name encoding (ascii)" in done.stderr
+    assert "PYTHONUTF8=1" in done.stderr and "not found" not in done.stderr
+    project.env.update({"PYTHONUTF8": "1"})
+    assert project.doit("list").returncode == 0

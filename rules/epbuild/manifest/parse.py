@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 import sys
 from dataclasses import field
@@ -148,7 +149,13 @@ class Manifest:
 
 
 def not_a_file(path: Path) -> str:
-    """Why `path`, which is not a regular file, cannot be read as one: a FIFO would block the reader forever."""
+    """Why `path`, which is not a regular file, cannot be read as one: a FIFO would block the reader forever; a
+    name this process's locale cannot spell (an ASCII locale, a name with 'ü') is no missing file."""
+    try:
+        os.fsencode(path)
+    except UnicodeEncodeError:
+        return (f"cannot be named in this locale's file-name encoding ({sys.getfilesystemencoding()}): run with a "
+                "UTF-8 locale (LANG=C.UTF-8) or PYTHONUTF8=1")
     if path.is_dir():
         return "is a folder"
     if path.exists():

@@ -254,9 +254,9 @@ KEYS: tuple[Key, ...] = (
         "next restore)", False),
     Key("remote", ("cache",), str, "a shared S3-API cache, `s3://BUCKET/PREFIX` (EPBUILD_CACHE_REMOTE wins; "
         "endpoint and credentials from the standard AWS settings)", check=s3_url),
-    Key("remote_budget_s", ("cache",), NUMBER, "seconds a build process may spend waiting on the remote (each "
-        "request's time beyond its transfer at 20 MB/s) before it skips the remote with one warning and builds "
-        "locally", 60, check=positive),
+    Key("remote_budget_s", ("cache",), NUMBER, "seconds a build (all its processes together) may spend waiting on "
+        "the remote (each request's time beyond its transfer at 20 MB/s) before it skips the remote with one warning "
+        "and builds locally", 60, check=positive),
     Key("remote_timeout_s", ("cache",), NUMBER, "seconds one remote request may go without an answer (tried "
         "twice) before the remote is skipped for the build", 10, check=positive),
     Key("executor", ("top",), dict, "run builds on a Dask cluster"),

@@ -125,7 +125,7 @@ class RemoteCache:
     def __init__(self, url: str, budget_s: float = 60.0, timeout_s: float = 10.0):
         self.url = url
         self.budget_s, self.timeout_s = budget_s, timeout_s
-        self._waited = 0.0  # seconds this process's requests took beyond their transfers
+        self._waited = 0.0  # seconds this process's requests took beyond their transfers (without a build's marker)
         self.bucket, self.prefix = split_url(url)
         self.readonly = os.environ.get("EPBUILD_CACHE_READONLY", "") not in ("", "0")
         key = os.environ.get("EPBUILD_CACHE_SIGNING_KEY")
@@ -402,18 +402,36 @@ class RemoteCache:
 
     def _charge(self, started: float, moved: int) -> None:
         """Count what an operation waited (its time beyond moving its bytes at TRANSFER_RATE) against the budget;
-        past it, the remote is skipped for the rest of this build with one warning. Each doit process (-n) has
-        its own budget and they wait side by side, so a build's wall time grows by about one budget at most; the
-        first to give up marks it, and the others skip the remote from then on (`skipped`)."""
-        waited = time.monotonic() - started - moved / TRANSFER_RATE
+        past it, the remote is skipped for the rest of this build with one warning. One budget per build: every
+        process of it (doit's `-n` workers) adds its waits to one account (`_build_waited`); the first past the
+        budget marks the build, and the others skip the remote from then on (`skipped`)."""
+        waited = max(0.0, time.monotonic() - started - moved / TRANSFER_RATE)
         with self._lock:
-            self._waited += max(0.0, waited)
-            if self.down or self._waited <= self.budget_s:
+            total = self._build_waited(waited)
+            if self.down or total <= self.budget_s:
                 return
-            self.down = (f"it kept this build waiting {self._waited:.0f} s (`[cache] remote_budget_s` = "
+            self.down = (f"it kept this build waiting {total:.0f} s (`[cache] remote_budget_s` = "
                          f"{self.budget_s:g})")
         warn_once(self.said, f"remote cache {self.url} skipped: {self.down}; building locally without it for the "
                              "rest of this build")
+
+    def _build_waited(self, waited: float) -> float:
+        """What the build has waited on the remote so far, `waited` added: one line per wait appended (one small
+        write, atomic in append mode) to a file beside the build's warning marker, which every process of the build
+        shares, and summed; where there is no marker (a Dask worker's job) or no file, this process's own count."""
+        self._waited += waited
+        if self.said is None:
+            return self._waited
+        account = self.said.with_name(f"{self.said.name}.waited")
+        try:
+            account.parent.mkdir(parents=True, exist_ok=True)
+            with open(account, "a+", encoding="ascii") as handle:
+                if waited > 0:
+                    handle.write(f"{waited:.3f}\n")
+                handle.seek(0)  # flushes the line first
+                return sum(float(line) for line in handle.read().split())
+        except (OSError, ValueError):
+            return self._waited
 
     def _give_up(self, exc: BaseException, action: str) -> None:
         """The one warning of this build; later operations of every process of it skip the remote."""

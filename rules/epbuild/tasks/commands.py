@@ -16,7 +16,7 @@ from ..report.build_report import BuildReport
 from ..report.task_graph import write_graph
 from ..steps.compilers import COMPILERS, compiler
 from ..steps.toolchains import Toolchain, find_qaic, find_qairt
-from ..store.cache import Workspace
+from ..store.cache import Workspace, default_dir
 from ..store.orphans import orphans, prune
 
 if TYPE_CHECKING:
@@ -97,7 +97,10 @@ def show_cache(workspace: Workspace) -> None:
     cap = (f"cap {workspace.cache_max_bytes / 1e6:.0f} MB, least-recently-used entries evicted beyond it"
            if workspace.cache_max_bytes else "no size cap (`[cache] max_size_mb`)")
     count = f"{entries} entr{'y' if entries == 1 else 'ies'}"
-    say(f"local cache: {workspace.cache_dir}: {count}, {size / 1e6:.1f} MB; {cap}")
+    shared = ("; the per-user default, shared by every project of this user (a model built in one restores in "
+              "another; `[cache] dir` or EPBUILD_CACHE_DIR gives a project its own)"
+              if workspace.cache_dir == default_dir().absolute() else "")
+    say(f"local cache: {workspace.cache_dir}: {count}, {size / 1e6:.1f} MB; {cap}{shared}")
     remote = workspace.remote
     if remote is None:
         say('remote cache: none (`[cache] remote` or EPBUILD_CACHE_REMOTE = "s3://BUCKET/PREFIX")')
