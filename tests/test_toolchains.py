@@ -166,7 +166,7 @@ qnn_sdk_root = "{sdk}"
 validate = "structural"
 """)
     done = project.doit()
-    assert "passed validate:tinycnn@qnn-qairt: structural" in done.stdout
+    assert "structural validate:tinycnn@qnn-qairt: structural checks only" in done.stdout
     folder = project.artifacts / "qnn-qairt" / "tinycnn"
     (node,) = ep_context_nodes(folder / "tinycnn.onnx")
     assert node["ep_cache_context"] == b"tinycnn_qnn.bin" and node["source"] == b"QNNExecutionProvider"

@@ -161,11 +161,38 @@ def test_structural_mode_catches_a_missing_binary(project):
     project.manifest(QNN.replace('options = { soc_model = 60 }', 'options = { soc_model = 60 }\n'
                                  'validate = "structural"'))
     done = project.doit()
-    assert "passed validate:tinycnn@qnn-htp: structural" in done.stdout
+    assert "structural validate:tinycnn@qnn-htp: structural checks only" in done.stdout
     (project.artifacts / "qnn-htp" / "tinycnn" / "tinycnn_qnn.bin").unlink()
     build = next(b for b in plan(load(project.root / "models.toml")) if b.members[0].name == "tinycnn")
     result = validate(build, _workspace(project), project.root / "work")
     assert result["status"] == "failed" and "tinycnn_qnn.bin listed in artifact.json is missing" in result["reason"]
+
+
+def test_a_structural_check_is_its_own_verdict_everywhere_never_passed(project):
+    """`validate = "structural"` said "passed" on the console, a green unlabelled cell in report.html and a passing
+    junit case, while nothing it computes was judged: it is "structural" in every place, with its own colour and
+    word, a skipped junit case with the reason, and its own count in the summary."""
+    import json
+    import xml.etree.ElementTree as ElementTree
+
+    project.manifest(QNN.replace('options = { soc_model = 60 }', 'options = { soc_model = 60 }\n'
+                                 'validate = "structural"'))
+    done = project.doit()
+    assert "passed validate" not in done.stdout
+    assert "structural validate:tinycnn@qnn-htp: structural checks only" in done.stdout
+    summary = next(line for line in done.stdout.splitlines() if line.startswith("summary:"))
+    assert "2 structural" in summary and "validated" not in summary  # tinycnn and encoder
+    assert report(project, "qnn-htp", "tinycnn")["status"] == "structural"
+    entry = json.loads((project.artifacts / "build-report.json").read_text())["tasks"]["validate:tinycnn@qnn-htp"]
+    assert entry["status"] == "structural" and "nothing was run" in entry["reason"]
+    html = (project.artifacts / "report.html").read_text()
+    assert '<td class="checked" data-build="tinycnn@qnn-htp">' in html
+    assert '<span class="badge checked">structural</span>' in html
+    cases = list(ElementTree.parse(project.artifacts / "junit.xml").getroot().iter("testcase"))
+    assert cases and all((skipped := case.find("skipped")) is not None and "nothing was run" in skipped.get("message")
+                         for case in cases)
+    again = project.doit("--always-execute", "validate:tinycnn@qnn-htp")
+    assert "structural validate:tinycnn@qnn-htp" in again.stdout
 
 
 def test_structural_mode_catches_an_embed_mismatch(project):

@@ -51,6 +51,49 @@ def test_a_nearly_constant_output_within_its_margin_is_inconclusive_beyond_it_fa
     assert not failures and undecided  # all zeros: nothing to scale a margin by
 
 
+def test_nan_and_inf_are_compared_position_by_position():
+    """An fmod on the HTP: the reference has inf, -inf and NaN at 8 of 14 positions, the artifact finite numbers
+    there; comparing counts (artifact's <= reference's) and dropping non-finite positions passed it at 141 dB."""
+    inf, nan = np.inf, np.nan
+    want = np.array([0.5, inf, -inf, nan, nan, nan, 1.0, nan, nan, nan, 2.0, 3.0, 0.25, inf], np.float32)
+    got = np.array([0.5, 1.0, -1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 2.0, 3.0, 0.25, 2.0], np.float32)
+    metrics = compare(got, want)
+    assert metrics["nonfinite_mismatch"] == 9 and metrics["nonfinite_left_out"] == 9
+    failures, _ = check("y", metrics, int((~np.isfinite(want)).sum()), THRESHOLDS)
+    assert failures[0] == ("output 'y': 9 position(s) differ from the reference in NaN or Inf (first at [1]: the "
+                           "artifact has 1, the reference inf)")
+    same = want.copy()  # the same pattern: judged on the finite positions, which match
+    assert check("y", compare(same, want), 9, THRESHOLDS) == ([], [])
+    swapped = want.copy()
+    swapped[[1, 2]] = swapped[[2, 1]]  # +Inf where the reference has -Inf: as many non-finite values, not the same
+    metrics = compare(swapped.reshape(2, 7), want.reshape(2, 7))
+    assert metrics["nonfinite_mismatch"] == 2 and metrics["first_nonfinite_mismatch"]["at"] == [0, 1]
+    assert check("y", metrics, 9, THRESHOLDS)[0]
+    fewer = want.copy()
+    fewer[3] = 7.0  # a NaN of the reference computed as a number: fewer non-finite values, still a difference
+    assert "first at [3]: the artifact has 7, the reference nan" in check("y", compare(fewer, want), 9,
+                                                                            THRESHOLDS)[0][0]
+
+
+def test_an_output_of_one_value_is_judged_by_its_relative_error_never_inconclusive():
+    """A loss, a VAD probability [1, 1], a pooled score: "nearly constant (spread 0)" could never pass. OpenVINO's
+    6e-8 on a 0.518 loss passes (fp32: 60 dB allows 1e-3 of the value); 1% off fails fp32 and passes fp16 (40 dB
+    allows 1e-2); a reference of 0 is judged by the precision's floor."""
+    loss = np.array(0.518, np.float32)
+    assert check("loss", compare(loss + np.float32(6e-8), loss), 0, {"min_snr_db": 60.0}) == ([], [])
+    failures, undecided = check("loss", compare(loss * np.float32(1.01), loss), 0, {"min_snr_db": 60.0})
+    assert not undecided and len(failures) == 1 and "1 value(s), each judged by its relative error" in failures[0]
+    assert "fp32 under min_snr_db 60 allows" in failures[0]
+    assert check("loss", compare(loss * np.float32(1.005), loss), 0, {"min_snr_db": 40.0}, "fp16") == ([], [])
+    vad = np.array([[0.93]], np.float32)
+    assert check("p", compare(vad + np.float32(2e-4), vad), 0, {"min_snr_db": 40.0}, "fp16") == ([], [])
+    zero = np.zeros((1, 1), np.float32)
+    assert check("p", compare(zero + np.float32(5e-7), zero), 0, {"min_snr_db": 60.0}) == ([], [])
+    assert check("p", compare(zero + np.float32(1e-3), zero), 0, {"min_snr_db": 60.0})[0]
+    pair = np.array([[0.5, 0.5]], np.float32)  # two-class softmax: spread 0, judged value by value too
+    assert check("p", compare(pair, pair), 0, THRESHOLDS) == ([], [])
+
+
 def _flat_model(path) -> None:
     """Sigmoid(x * 1e-6 + 3): 0.9526 for any generated input, the spread a millionth of it."""
     graph = helper.make_graph(
@@ -147,3 +190,72 @@ def test_a_missed_threshold_points_to_bf16_or_to_localise(tmp_path):
     far = failure_hints({"y": {"snr_db": 12.0}}, {"min_snr_db": 60.0}, {**request, "ep": "qnn"}, "fp32")
     assert len(far) == 1 and "set validation.localise = true (in models.m)" in far[0]
     assert failure_hints({"y": {"snr_db": 12.0}}, {"min_snr_db": 60.0}, {**request, "localise": True}, "fp32") == []
+
+
+def _noisy_model(path) -> None:
+    """y = x + RandomNormalLike(x): another output on every run, on any EP."""
+    graph = helper.make_graph(
+        [helper.make_node("RandomNormalLike", ["x"], ["noise"], scale=1.0),
+         helper.make_node("Add", ["x", "noise"], ["y"]), helper.make_node("Relu", ["x"], ["steady"])], "noisy",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64]),
+         helper.make_tensor_value_info("steady", TensorProto.FLOAT, [1, 64])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+
+
+def test_an_artifact_whose_output_varies_from_run_to_run_fails_saying_so(project):
+    """The HTP simulator gave one artifact 13 dB, -17 dB and 141 dB in three runs: a single verdict is luck. The
+    artifact runs twice on the same inputs; outputs that differ between the runs fail it with that line, before
+    any comparison with the reference; a steady model says it was checked, and `repeat_within_s = 0` says it was
+    not."""
+    _noisy_model(project.root / "models" / "noisy.onnx")
+    project.manifest('[models.noisy]\npath = "models/noisy.onnx"\n\n[targets.cpu]\nep = "cpu"\n')
+    done = project.doit(check=False)
+    assert done.returncode == 1
+    verdict = json.loads((project.artifacts / "cpu" / "noisy" / "validation.json").read_text())
+    assert verdict["status"] == "failed" and verdict["repeatability"] == {"checked": True, "runs": 2}
+    assert verdict["reason"].startswith("the artifact's output varies from run to run: ")
+    assert "of 64 values of 'y' differ by up to" in verdict["reason"]
+    project.manifest('[models.tinycnn]\npath = "models/tinycnn.onnx"\n\n[targets.cpu]\nep = "cpu"\n')
+    project.doit()
+    steady = json.loads((project.artifacts / "cpu" / "tinycnn" / "validation.json").read_text())
+    assert steady["status"] == "passed" and steady["repeatability"] == {"checked": True, "runs": 2}
+    project.manifest('[models.tinycnn]\npath = "models/tinycnn.onnx"\n\n[targets.cpu]\nep = "cpu"\n'
+                     'validation = { repeat_within_s = 0 }\n')
+    again = project.doit()  # a passed verdict stands (it was checked): nothing runs for the setting
+    assert "validate:tinycnn@cpu" not in {line[3:] for line in again.stdout.splitlines() if line.startswith(".  ")}
+    project.manifest('[models.noisy]\npath = "models/noisy.onnx"\n\n[targets.cpu]\nep = "cpu"\n'
+                     'validation = { repeat_within_s = 0 }\n')
+    project.doit(check=False)
+    unchecked = json.loads((project.artifacts / "cpu" / "noisy" / "validation.json").read_text())
+    assert unchecked["repeatability"] == {"checked": False, "why": "validation.repeat_within_s = 0"}
+    assert "varies from run to run" not in unchecked["reason"]  # judged against the reference alone
+
+
+def test_the_htp_computing_numbers_where_the_reference_has_inf_and_nan_fails(project):
+    """Division by zero, log of 0 and of inf, the root of inf on the HTP: it returns 65504 (fp16's largest) and
+    other numbers where ONNX Runtime's CPU gives inf and NaN. Counted, not placed, such an artifact passed."""
+    inf = np.inf
+    graph = helper.make_graph(
+        [helper.make_node("Div", ["a", "b"], ["q"]), helper.make_node("Log", ["a"], ["l"]),
+         helper.make_node("Sqrt", ["b"], ["s"])], "edge",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, [1, 14]),
+         helper.make_tensor_value_info("b", TensorProto.FLOAT, [1, 14])],
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, 14]) for name in ("q", "l", "s")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(project.root / "models" / "edge.onnx"))
+    a = np.array([[5.5, inf, -inf, 0.0, 3.0, inf, 1.0, -2.0, 7.0, 4.0, 2.0, 3.0, 0.25, 9.0]], np.float32)
+    b = np.array([[2.0, 2.0, 2.0, 0.0, 0.0, inf, 3.0, 0.0, 0.0, 0.0, 5.0, 2.0, 1.0, -4.0]], np.float32)
+    np.savez(project.root / "models" / "edge.npz", a=a, b=b)
+    project.manifest('[models.edge]\npath = "models/edge.onnx"\nvalidation = { inputs = "models/edge.npz" }\n\n'
+                     '[targets.qnn-htp]\nep = "qnn"\noptions = { soc_model = 60 }\n')
+    done = project.doit(check=False)
+    assert done.returncode == 1
+    verdict = json.loads((project.artifacts / "qnn-htp" / "edge" / "validation.json").read_text())
+    assert verdict["status"] == "failed"
+    assert "output 'q': 8 position(s) differ from the reference in NaN or Inf (first at [0, 1]: the artifact has " \
+           "65504, the reference inf)" in verdict["reason"]
+    assert verdict["outputs"]["q"]["nonfinite_mismatch"] == 8 and verdict["outputs"]["q"]["nonfinite_left_out"] == 8

@@ -69,6 +69,7 @@ class MemberValidation(TypedDict):
     localise: bool  # on failed outputs, find where the EP departs (epbuild.steps.localise)
     compile_options: dict[str, str]  # the EP's options as the compile had them, for localise's sessions
     localise_budget_s: float
+    repeat_within_s: NotRequired[float]  # a first run at most this long is repeated (`steps.repeatability`)
     package: NotRequired[dict[str, str] | None]  # root, component, variant: the session through a model package
 
 

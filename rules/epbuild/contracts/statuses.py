@@ -14,6 +14,7 @@ class Verdict(StrEnum):
     FAILED = "failed"
     SKIPPED = "skipped"  # nothing was judged here (this host cannot run the EP, no device): never passed
     INCONCLUSIVE = "inconclusive"  # run, but the thresholds could not judge an output (a nearly constant one)
+    STRUCTURAL = "structural"  # `validate = "structural"`: files and EPContext attributes checked, nothing run
 
 
 class TaskStatus(StrEnum):
@@ -27,6 +28,7 @@ class TaskStatus(StrEnum):
     STAGED = "staged"  # counted so in the summary: a stage that ran
     SKIPPED = "skipped"
     INCONCLUSIVE = "inconclusive"
+    STRUCTURAL = "structural"  # a validation that only checked the artifact's structure: never counted as passed
     FAILED = "failed"
     NOT_BUILT = "not built"  # a task it needs failed
     INTERRUPTED = "interrupted"  # the run stopped while it ran

@@ -101,6 +101,7 @@ class ValidationSettings:
     timeout_s: float
     localise: bool = False  # a failed validation finds where the EP departs from CPU (epbuild.steps.localise)
     inconclusive: str = "report"  # "fail": a validation the thresholds could not judge fails its task
+    repeat_within_s: float = 30.0  # a first run at most this long is repeated (steps.repeatability: REPEAT_WITHIN_S)
 
 
 @record

@@ -503,7 +503,7 @@ def _validation(table: TableReader, model: bool) -> dict[str, Any]:
             if not path.is_file():
                 table.fail(f"file {not_a_file(path)}: {path}", key)
             settings[key] = path.resolve()
-    for key in (*THRESHOLDS, "timeout_s"):
+    for key in (*THRESHOLDS, "timeout_s", "repeat_within_s"):
         if values[key] is not None:
             settings[key] = float(values[key])
     for key in ("localise", "inconclusive"):

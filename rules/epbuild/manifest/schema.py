@@ -190,6 +190,10 @@ KEYS: tuple[Key, ...] = (
         "`targets = { qnn-htp = { min_snr_db = 30 } }` relaxes fp16 QNN without relaxing CPU or OpenVINO"),
     Key("timeout_s", ("validation",), NUMBER, "wall-time limit of the validation child (default 600)",
         check=positive),
+    Key("repeat_within_s", ("validation",), NUMBER, "the artifact is run twice on the same inputs, and outputs "
+        "that differ between the runs beyond what its precision explains fail it (a simulator or EP whose result is "
+        "luck); a first run longer than this many seconds is not repeated, and validation.json says so (default 30; "
+        "0: never); changes no passed result", check=non_negative),
     Key("localise", ("validation",), bool, "when outputs miss a threshold, find the first intermediate tensor where "
         "the EP departs from CPU (its node, op type and SNR, in the failure line and `validation.json`'s "
         "`divergence`); a few extra EP compiles of the model with chosen tensors as outputs, within the "

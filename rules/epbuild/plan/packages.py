@@ -75,4 +75,7 @@ def _left_out(build: Build | None, target: str, unavailable: dict[str, str], blo
         return f"not built: {blocked[build.task]}"
     if not build.validates:
         return "its validation is off: a package holds validated variants only"
+    if build.members[0].validation.mode == "structural":
+        return 'its validation is structural (nothing run): a package holds variants whose outputs passed only'
+
     return None

@@ -162,10 +162,10 @@ def validation_settings(model: ModelSpec, target: TargetSpec) -> ValidationSetti
     own = {k: v for k, v in model.validation.items() if k != "targets"}
     merged = {**target.validation, **own, **model.validation.get("targets", {}).get(target.name, {})}
     thresholds = {k: v for k, v in merged.items()
-                  if k not in ("inputs", "reference", "timeout_s", "localise", "inconclusive")}
+                  if k not in ("inputs", "reference", "timeout_s", "localise", "inconclusive", "repeat_within_s")}
     return ValidationSettings(target.validate, merged.get("inputs"), merged.get("reference"), thresholds,
                               merged.get("timeout_s", VALIDATION_TIMEOUT_S), merged.get("localise", False),
-                              merged.get("inconclusive", "report"))
+                              merged.get("inconclusive", "report"), merged.get("repeat_within_s", 30.0))
 
 
 def _chain(model: ModelSpec, target: ResolvedTarget, manifest: Manifest, external: tuple[Path, ...]) -> Chain:

@@ -19,7 +19,7 @@ from ..steps.compilers import compiler
 
 ARTIFACT, VALIDATION = "artifact.json", "validation.json"
 PENDING = "pending"  # no run has reached the task yet ("not built": a task it needs failed)
-NOT_PASSED = ("failed", "skipped", "not built", "inconclusive", "interrupted")  # statuses that carry a reason
+NOT_PASSED = ("failed", "skipped", "not built", "inconclusive", "interrupted", "structural")  # they carry a reason
 
 
 @record(frozen=False)

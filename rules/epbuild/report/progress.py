@@ -23,7 +23,7 @@ MODE_VARIABLE = "EPBUILD_PROGRESS"
 STAGE_KINDS = frozenset({"freeze", "shape", "fold", "optimize", "quantize", "squash"})
 KIND_ORDER = ("stage", "ops", "compile", "group", "validate", "package")
 # statuses of work actually done, for durations
-SUCCESS = ("compiled", "restored", "validated", "packaged", "skipped", "inconclusive")
+SUCCESS = ("compiled", "restored", "validated", "packaged", "skipped", "inconclusive", "structural")
 
 
 def live_wanted(stream: IO[str]) -> bool:

@@ -17,7 +17,7 @@ from ..files.layout import write_atomic
 
 FILL = {"compiled": "#dcf5e3", "validated": "#dcf5e3", "restored": "#d6ecfb", "up-to-date": "#eef7f0",
         "failed": "#fde0df", "skipped": "#eceef2", "not built": "#fdf0d5", "interrupted": "#fdf0d5",
-        "inconclusive": "#ece4fb"}  # pending (never reached): white
+        "inconclusive": "#ece4fb", "structural": "#dcecf7"}  # pending (never reached): white
 SHAPE = {"compile": "box", "group": "box3d", "validate": "ellipse", "ops": "diamond"}
 
 

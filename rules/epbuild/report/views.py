@@ -37,7 +37,7 @@ TEMPLATES = Path(__file__).resolve().parent / "templates"
 # status -> colour class: compiled/validated/restored/up to date are good, skipped is neutral
 TONE = {"compiled": "good", "validated": "good", "restored": "good", "up-to-date": "good", "passed": "good",
         "failed": "bad", "skipped": "muted", "pending": "muted", "not built": "warn", "interrupted": "warn",
-        "inconclusive": "unsure"}
+        "inconclusive": "unsure", "structural": "checked"}
 PARTS = "report-parts.journaled"
 
 
@@ -200,7 +200,8 @@ def junit_case(cell: Cell) -> tuple[str, str]:
     if status == "failed":
         outcome = "failed"
         ElementTree.SubElement(case, "failure", message=reason or "validation failed").text = metrics or reason
-    elif status in ("skipped", "not built", "inconclusive", "interrupted", PENDING):  # judged nothing: never passed
+    elif status.removesuffix(" (restored)") in ("skipped", "not built", "inconclusive", "interrupted", "structural",
+                                                PENDING):  # judged nothing: never passed
         outcome = "skipped"
         ElementTree.SubElement(case, "skipped", message=reason or status)
     if metrics and status != "failed":

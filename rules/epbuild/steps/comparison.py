@@ -3,6 +3,7 @@ held to. Runs in the validating child (NumPy arrays)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from .selection import Selected, compare_indices, match_rows
@@ -19,7 +20,9 @@ SNR_CAP_DB = 200.0  # identical outputs; JSON has no infinity
 
 
 def compare(got: Any, want: Any) -> dict[str, Any]:
-    """Metrics of one output against the reference (NumPy arrays)."""
+    """Metrics of one output against the reference (NumPy arrays). NaN, +Inf and -Inf are compared position by
+    position (`nonfinite_mismatch`: where one side has one the other does not, or another one); the numeric
+    metrics are over the positions where both are finite, and say how many they left out."""
     import numpy as np
 
     metrics: dict[str, Any] = {"shape": list(got.shape), "reference_shape": list(want.shape),
@@ -32,6 +35,17 @@ def compare(got: Any, want: Any) -> dict[str, Any]:
         return metrics
     y, r = got.astype(np.float64).ravel(), want.astype(np.float64).ravel()
     finite = np.isfinite(y) & np.isfinite(r)
+    if not finite.all():
+        kinds = [np.isnan, np.isposinf, np.isneginf]
+        differ = np.zeros(y.shape, bool)
+        for kind in kinds:
+            differ |= kind(y) != kind(r)
+        metrics["nonfinite_left_out"] = int((~finite).sum())  # positions the numeric metrics below leave out
+        metrics["nonfinite_mismatch"] = int(differ.sum())
+        if differ.any():
+            first = int(np.flatnonzero(differ)[0])
+            metrics["first_nonfinite_mismatch"] = {"at": [int(i) for i in np.unravel_index(first, got.shape)],
+                                                   "value": _shown(y[first]), "reference": _shown(r[first])}
     y, r = y[finite], r[finite]
     error = np.abs(y - r)
     scale = max(float(np.abs(r).max()) if r.size else 0.0, 1e-12)
@@ -39,7 +53,12 @@ def compare(got: Any, want: Any) -> dict[str, Any]:
     norms = float(np.linalg.norm(y) * np.linalg.norm(r))
     # its spread against its own magnitude: an output of small values (a waveform of max 2e-4) is not constant
     if got.dtype.kind == "f" and r.size and float(np.std(r)) <= NEAR_CONSTANT * float(np.abs(r).max()):
-        metrics["near_constant"] = {"reference_std": float(np.std(r)), "reference_max_abs": float(np.abs(r).max())}
+        if r.size <= SMALL_OUTPUT:  # a loss, a VAD probability, a pooled score: constant by nature, not for lack
+            # of realistic inputs; each value is judged by its own relative error (`check`)
+            metrics["small_output"] = {"reference": [float(v) for v in r], "error": [float(e) for e in error]}
+        else:
+            metrics["near_constant"] = {"reference_std": float(np.std(r)),
+                                        "reference_max_abs": float(np.abs(r).max())}
     metrics.update({
         "reference_max_abs": float(np.abs(r).max()) if r.size else 0.0,
         "max_abs_error": float(error.max()) if error.size else 0.0,
@@ -51,8 +70,19 @@ def compare(got: Any, want: Any) -> dict[str, Any]:
     return metrics
 
 
+def _shown(value: float) -> str:
+    """A value for a message: nan, inf, -inf or the number."""
+    value = float(value)
+    return repr(value) if not math.isfinite(value) else f"{value:.6g}"
+
+
 NEAR_CONSTANT = 1e-4  # a reference whose spread is below this share of its own magnitude: SNR and cosine judge
 # nothing of what the model computes from its inputs
+SMALL_OUTPUT = 16  # values: an output this small whose values do not spread (a scalar has no spread) is judged
+# value by value (`check`), never "nearly constant"; with a spread, its SNR judges it as any other
+# the smallest error each precision cannot avoid, beside the relative error its SNR threshold allows: what a value
+# of 0 in the reference is judged by (fp16's smallest normal; a QDQ step of a unit-scale tensor)
+PRECISION_FLOOR = {"fp32": 1e-6, "fp16": 6.1e-5, "qdq": 1e-2}
 THRESHOLD_METRICS = {"max_abs_error": "max_abs_error", "mean_abs_error": "mean_abs_error",
                      "max_rel_error": "max_rel_error", "min_cosine": "cosine", "min_snr_db": "snr_db",
                      "min_selection_overlap": "selection_overlap"}
@@ -76,10 +106,16 @@ def check(name: str, metrics: dict[str, Any], reference_nonfinite: int, threshol
     failures, undecided = [], []
     if not metrics["dtype_match"]:
         failures.append(f"output '{name}': dtype {metrics['dtype']} != reference {metrics['reference_dtype']}")
-    if metrics["nan_count"] + metrics["inf_count"] > reference_nonfinite:
+    if metrics.get("nonfinite_mismatch"):
+        first = metrics["first_nonfinite_mismatch"]
+        failures.append(f"output '{name}': {metrics['nonfinite_mismatch']} position(s) differ from the reference in "
+                        f"NaN or Inf (first at {first['at']}: the artifact has {first['value']}, the reference "
+                        f"{first['reference']})")
+    elif "nonfinite_mismatch" not in metrics and metrics["nan_count"] + metrics["inf_count"] > reference_nonfinite:
         failures.append(f"output '{name}': {metrics['nan_count']} NaN and {metrics['inf_count']} Inf values, "
-                        f"the reference has {reference_nonfinite}")
+                        f"the reference has {reference_nonfinite}")  # compared as rows (a selection): by count
     near_constant = metrics.get("near_constant")
+    small = metrics.get("small_output")
     level = metrics.get("reference_max_abs", 0.0)
     unresolved = precision == "fp16" and 0 < level < FP16_SMALLEST_NORMAL and metrics.get("max_abs_error", 0) > 0
     for key, limit in sorted(thresholds.items()):
@@ -87,12 +123,14 @@ def check(name: str, metrics: dict[str, Any], reference_nonfinite: int, threshol
         if metric not in metrics or (chosen.get("direct") and metric != "selection_overlap"):
             continue  # indices are judged by which were chosen, not by their numeric distance
         value = metrics[metric]
-        if (near_constant or unresolved) and key in RELATIVE:
+        if (near_constant or unresolved or small) and key in RELATIVE:
             continue
         if (value < limit) if key.startswith("min_") else (value > limit):
             relation = "<" if key.startswith("min_") else ">"
             failures.append(f"output '{name}': {metric} {value:.6g} {relation} {key} {limit:g}")
-    if unresolved and set(thresholds) & set(RELATIVE):
+    if small and set(thresholds) & set(RELATIVE):
+        failures.extend(_small_failures(name, metrics, thresholds, precision))
+    elif unresolved and set(thresholds) & set(RELATIVE):
         if not failures:
             undecided.append(f"output '{name}': its reference's values (at most {level:.3g}) lie below the smallest "
                              f"normal fp16 value ({FP16_SMALLEST_NORMAL:g}), which an fp16 artifact cannot follow: "
@@ -108,6 +146,28 @@ def check(name: str, metrics: dict[str, Any], reference_nonfinite: int, threshol
                              f"{near_constant['reference_std']:.3g} around {level:.6g}): SNR and cosine cannot judge "
                              f"the artifact's error {metrics['max_abs_error']:.3g}")
     return failures, undecided
+
+
+def allowed_relative(thresholds: dict[str, float], precision: str) -> tuple[float, float]:
+    """(the relative error one value may have, the absolute error a value of 0 may have) under these thresholds:
+    the amplitude ratio `min_snr_db` allows (60 dB: 1e-3), and the precision's floor (`PRECISION_FLOOR`)."""
+    snr = thresholds.get("min_snr_db", DEFAULT_THRESHOLDS.get(precision, DEFAULT_THRESHOLDS["fp32"])["min_snr_db"])
+    return 10 ** (-snr / 20), PRECISION_FLOOR.get(precision, PRECISION_FLOOR["fp32"])
+
+
+def _small_failures(name: str, metrics: dict[str, Any], thresholds: dict[str, float], precision: str) -> list[str]:
+    """An output of a few values (`SMALL_OUTPUT`), judged value by value: each error against the relative error
+    `min_snr_db` allows of that value, plus the precision's floor (what a value of 0 is judged by)."""
+    relative, floor = allowed_relative(thresholds, precision)
+    values, errors = metrics["small_output"]["reference"], metrics["small_output"]["error"]
+    over = [i for i, (value, error) in enumerate(zip(values, errors, strict=True))
+            if error > relative * abs(value) + floor]
+    if not over:
+        return []
+    worst = max(over, key=lambda i: errors[i] - relative * abs(values[i]))
+    return [f"output '{name}' ({len(values)} value(s), each judged by its relative error): {len(over)} beyond what "
+            f"{precision} under min_snr_db {-20 * math.log10(relative):g} allows (relative {relative:.3g}, at least "
+            f"{floor:g}); the worst, position {worst}: error {errors[worst]:.3g} on {values[worst]:.6g}"]
 
 
 def compare_selected(got: Any, want: Any, selected: Selected, given: dict[str, Any],

@@ -50,10 +50,13 @@ from .reference import (
     save_reference,
     session_options,
 )
+from .repeatability import REPEAT_WITHIN_S, repeatability
 from .selection import selected_outputs
 from .validation_inputs import SEED, feeds_for, listed_weights
 
 REPORT = "validation.json"
+STRUCTURAL_ONLY = ('validate = "structural": its files and EPContext attributes were checked, nothing was run, so '
+                   "nothing it computes was judged")
 
 
 def member_request(build: Build, member: Member, folder: Path, record: ArtifactRecord,
@@ -86,6 +89,7 @@ def member_request(build: Build, member: Member, folder: Path, record: ArtifactR
         "frozen": {name: list(values) for name, values in (member.frozen or {}).items()},
         "entry": f"models.{member.name}", "manifest": build.manifest, "target": target.name,
         "localise": settings.localise, "compile_options": target.session_options(),
+        "repeat_within_s": settings.repeat_within_s,
         "localise_budget_s": settings.timeout_s / 2,
     }
 
@@ -195,7 +199,7 @@ def cached_validation(label: str, fingerprint: str, workspace: Workspace, folder
     scratch = workspace.layout.scratch(f"validation.{fingerprint[:16]}.{owner_tag()}")
 
     def kept(report: dict[str, Any]) -> list[str] | None:
-        if report["status"] != Verdict.PASSED:
+        if report["status"] not in (Verdict.PASSED, Verdict.STRUCTURAL):  # verdicts of these bytes alone
             return None
         write_json(scratch / REPORT, {k: v for k, v in report.items() if k not in NOT_CACHED})
         return [REPORT]
@@ -229,12 +233,13 @@ def _identity(folder: Path, workspace: Workspace) -> Published:
 
 def summary(report: dict[str, Any]) -> str:
     """The key metric and which EP ran the EPContext nodes, or the reason it did not pass."""
-    if report["status"] != Verdict.PASSED:
+    if report["status"] not in (Verdict.PASSED, Verdict.STRUCTURAL):
         return report.get("reason", "")
     if "summary" in report:  # a group's pipeline
         return report["summary"]
-    if report["mode"] == ValidationMode.STRUCTURAL:
-        return "structural: every referenced file exists, EPContext attributes match the target"
+    if report["status"] == Verdict.STRUCTURAL:
+        return ("structural checks only: every referenced file exists, EPContext attributes match the target; "
+                "nothing was run")
     if "ran_on" in report and "outputs" not in report and "members" not in report:
         return f"qaic-qpc validate on {', '.join(next(iter(report['ran_on'].values())))}"
     if "members" in report:
@@ -284,8 +289,11 @@ def _validate_group(request: ValidationRequest) -> ValidationReport:
             reports[name] = validate_member(member, reference)
             # this host's devices' answer stays out of a group's verdict file: a restored one must equal a fresh one
             reports[name].pop("compatibility", None)
+        else:
+            reports[name] = {"status": Verdict.STRUCTURAL, "reason": STRUCTURAL_ONLY}
     statuses = {r["status"] for r in reports.values()}
-    status = next((s for s in (Verdict.FAILED, Verdict.INCONCLUSIVE, Verdict.SKIPPED) if s in statuses), Verdict.PASSED)
+    status = next((s for s in (Verdict.FAILED, Verdict.INCONCLUSIVE, Verdict.SKIPPED, Verdict.STRUCTURAL)
+                   if s in statuses), Verdict.PASSED)
     report: dict[str, Any] = {"status": status, "members": reports, **({"references": saved} if saved else {})}
     if status != Verdict.PASSED:
         report["reason"] = "; ".join(f"{name}: {r['reason']}" for name, r in reports.items() if "reason" in r)
@@ -367,7 +375,7 @@ def validate_member(request: MemberValidation, reference: dict[str, Any] | None 
     if problems:
         return {"status": Verdict.FAILED, "reason": "; ".join(problems)}
     if request["mode"] == ValidationMode.STRUCTURAL:
-        return {"status": Verdict.PASSED}
+        return {"status": Verdict.STRUCTURAL, "reason": STRUCTURAL_ONLY}
 
     import onnx
     import onnxruntime as ort
@@ -389,7 +397,9 @@ def validate_member(request: MemberValidation, reference: dict[str, Any] | None 
     hint = ("; generated integer inputs " + ", ".join(f"{k}: {v}" for k, v in generated.items())
             if any("give validation.inputs" in v for v in generated.values()) else "")
     try:
+        started = time.perf_counter()
         outputs = session.run(None, feeds)
+        seconds = time.perf_counter() - started
     except Exception as exc:  # noqa: BLE001 - the EP's own error is the report
         return {"status": Verdict.FAILED, "reason": f"{info.name} could not run the artifact: {str(exc).strip()}{hint}"}
     ran_on, failures = placement_failures(session, info, request["cpu_nodes"])
@@ -398,6 +408,10 @@ def validate_member(request: MemberValidation, reference: dict[str, Any] | None 
     compared_graph = onnx.load(request["reference"], load_external_data=False)  # read once: kind and selections
     kind = "qdq" if is_qdq(compared_graph) else request["precision"]
     thresholds = {**DEFAULT_THRESHOLDS[kind], **request["thresholds"]}
+    repeated, varies = repeatability(session, feeds, outputs, seconds, thresholds, kind,
+                                     request.get("repeat_within_s", REPEAT_WITHIN_S))
+    if varies:
+        failures.insert(0, varies)
     metrics, missed, undecided = compare_outputs(session, outputs, reference["expected"], thresholds, kind,
                                                  selected_outputs(compared_graph))
     failures += missed
@@ -419,7 +433,7 @@ def validate_member(request: MemberValidation, reference: dict[str, Any] | None 
     status = Verdict.FAILED if failures else Verdict.INCONCLUSIVE if undecided else Verdict.PASSED
     report: ValidationReport = {
         "status": status, "precision": kind, "thresholds": thresholds,
-        "ran_on": ran_on, "outputs": metrics, **({"notes": notes} if notes else {}),
+        "ran_on": ran_on, "outputs": metrics, "repeatability": repeated, **({"notes": notes} if notes else {}),
         **({"compatibility": {"answer": judged[0], "text": judged[1]}} if judged else {}),
         **({"divergence": divergence} if divergence else {}),
         "inputs": {"from": request["inputs_file"] or f"generated, seed {SEED}",

@@ -144,11 +144,13 @@ def run_validate(build: Build, workspace: Workspace, config: dict[str, Any]) -> 
                   f" (CPU reference{'s' if reference and 'members' in reference else ''} from the cache)"
                   if origins == {"cache"} else ""))
     status = (TaskStatus.RESTORED if outcome.restored else TaskStatus(report["status"])
-              if report["status"] in (Verdict.SKIPPED, Verdict.INCONCLUSIVE) else TaskStatus.VALIDATED)
+              if report["status"] in (Verdict.SKIPPED, Verdict.INCONCLUSIVE, Verdict.STRUCTURAL)
+              else TaskStatus.VALIDATED)
     seconds = time.monotonic() - started if outcome.restored else report["seconds"]
     return {"status": status, **outcome.report(), **({"worker": report["worker"]} if "worker" in report else {}),
             "fingerprint": fingerprint, "validation": line, **({"child": report["usage"]} if "usage" in report else {}),
-            **({"reason": report["reason"]} if status == Verdict.INCONCLUSIVE and "reason" in report else {}),
+            **({"reason": report["reason"]} if status in (Verdict.INCONCLUSIVE, Verdict.STRUCTURAL)
+               and "reason" in report else {}),
             **({"cpu_reference": reference} if reference else {}),
             **({"compatibility": report["compatibility"]} if "compatibility" in report else {}),
             "seconds": round(seconds, 3), PUBLISHED: written}

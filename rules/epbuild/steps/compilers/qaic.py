@@ -73,7 +73,8 @@ class QaicCompiler(ExternalToolCompiler):
         if not program.is_file():
             return {"status": Verdict.FAILED, "reason": f"{QPC_PROGRAM} is missing"}
         if member.validation.mode == ValidationMode.STRUCTURAL:
-            return {"status": Verdict.PASSED}
+            return {"status": Verdict.STRUCTURAL, "reason": 'validate = "structural": the QPC program exists; '
+                    "nothing was run"}
         found = self.toolchain(build.target)
         if isinstance(found, str):
             return {"status": Verdict.SKIPPED, "reason": found}
