@@ -39,6 +39,7 @@ targets = ["cpu"]
 path = "models/dynbatch.onnx"
 inputs = { x = [1, 3, 32, 32] }
 targets = ["cpu", "ov"]
+validation = { dataset = "models/dyn_samples.npz", metric = "task_metrics:agreement", min_relative = 0.9 }
 
 [models.vad]
 path = "models/vad.onnx"
@@ -109,6 +110,20 @@ def _perturb_keeping_size_and_mtime(path: Path) -> None:
 
 def _inputs(path: Path, seed: int = 0) -> None:
     np.savez(path, x=np.random.default_rng(seed).standard_normal((1, 3, 64, 64)).astype(np.float32))
+
+
+TASK_METRIC = """import numpy as np
+
+
+def agreement(outputs, labels, reference):
+    name = next(iter(outputs))
+    return float(np.mean(outputs[name].reshape(len(outputs[name]), -1).argmax(1)
+                         == reference[name].reshape(len(reference[name]), -1).argmax(1)))
+"""
+
+
+def _samples(path: Path, seed: int = 0) -> None:
+    np.savez(path, x=np.random.default_rng(seed).standard_normal((6, 3, 32, 32)).astype(np.float32))
 
 
 def _new_sample(project: Project) -> Callable[[], None]:
@@ -244,6 +259,13 @@ CHANGES = {  # change -> the tasks that must execute
     "a frozen input's value": (_manifest_edit("sr = 16000", "sr = 8000"), VAD),
     "a model's target list reordered": (_manifest_edit('targets = ["cpu", "cpu-int8", "qnn-htp"]',
                                                        'targets = ["qnn-htp", "cpu", "cpu-int8"]'), set()),
+    "a task metric's dataset file": (_file_edit("models/dyn_samples.npz", lambda p: _samples(p, seed=1)),
+                                     {"validate:dyn@cpu", "validate:dyn@ov"}),
+    "a task metric's gate": (_manifest_edit("min_relative = 0.9", "min_relative = 0.95"),
+                             {"validate:dyn@cpu", "validate:dyn@ov"}),
+    "a task metric's module:function file edited": (
+        _file_edit("task_metrics.py", lambda p: p.write_text(TASK_METRIC + "# tuned\n")),
+        {"validate:dyn@cpu", "validate:dyn@ov"}),
 }
 
 
@@ -256,6 +278,8 @@ def steady(tmp_path_factory, host_cache) -> Project:
     external_data_model(root / "models" / "ext.onnx")
     sample_rate_branches(root / "models" / "vad.onnx")
     _inputs(root / "models" / "tinycnn_inputs.npz")
+    _samples(root / "models" / "dyn_samples.npz")
+    (root / "task_metrics.py").write_text(TASK_METRIC)
     (root / "configs" / "qnn.json").write_text(QNN_CONFIG)
     project.manifest(MANIFEST)
     project.doit()
@@ -267,7 +291,8 @@ def steady(tmp_path_factory, host_cache) -> Project:
 RECORD_ROWS = {"model bytes", "model bytes, size and mtime kept", "external data, size and mtime kept",
                "a calibration sample added", "a WinMLBuildConfig file", "the validation inputs file",
                "a model touched, bytes unchanged", "a published artifact edited by hand",
-               "an option file's bytes (OpenVINO's load_config)"}
+               "an option file's bytes (OpenVINO's load_config)", "a task metric's dataset file",
+               "a task metric's module:function file edited"}
 HANDED = "unchanged since the last run's record"
 
 
@@ -303,6 +328,7 @@ def _same_inputs(project: Project, other: Project) -> None:
     for folder in ("models", "configs"):
         shutil.rmtree(other.root / folder)
         shutil.copytree(project.root / folder, other.root / folder)
+    shutil.copy(project.root / "task_metrics.py", other.root / "task_metrics.py")
 
 
 @pytest.mark.parametrize("change", ["model bytes", "a calibration sample added", "a WinMLBuildConfig file"])

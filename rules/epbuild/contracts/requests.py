@@ -69,6 +69,8 @@ class MemberValidation(TypedDict):
     localise: bool  # on failed outputs, find where the EP departs (epbuild.steps.localise)
     compile_options: dict[str, str]  # the EP's options as the compile had them, for localise's sessions
     localise_budget_s: float
+    timeout_s: NotRequired[float]  # the validation's time limit: a task's samples must fit in it
+    task: NotRequired[dict[str, Any]]  # a task metric on a dataset (`manifest.task_metric.task_settings`)
     repeat_within_s: NotRequired[float]  # a first run at most this long is repeated (`steps.repeatability`)
     package: NotRequired[dict[str, str] | None]  # root, component, variant: the session through a model package
 

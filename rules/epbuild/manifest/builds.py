@@ -9,6 +9,7 @@ doit's worker processes.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from ..contracts.artifact import NAME as SIDECAR  # noqa: F401 - the artifact record's file name
 from ..files.layout import Layout
@@ -102,6 +103,15 @@ class ValidationSettings:
     localise: bool = False  # a failed validation finds where the EP departs from CPU (epbuild.steps.localise)
     inconclusive: str = "report"  # "fail": a validation the thresholds could not judge fails its task
     repeat_within_s: float = 30.0  # a first run at most this long is repeated (steps.repeatability: REPEAT_WITHIN_S)
+    task: dict[str, Any] | None = None  # a task metric on a dataset (`manifest.task_metric.task_settings`)
+
+    @property
+    def task_files(self) -> tuple[Path, ...]:
+        """The dataset's files and a `module:function` metric's file: the validation reads them."""
+        if not self.task:
+            return ()
+        return (*(Path(p) for p in self.task["dataset"]),
+                *([Path(self.task["metric_file"])] if self.task["metric_file"] else []))
 
 
 @record
@@ -214,6 +224,7 @@ class Build:
         reference, the model as declared and the float model, with their external data; a pipeline's members
         compiled alone."""
         return [*(p for m in self.members for p in m.reference_files if p not in m.external and p != m.model.path),
+                *(path for m in self.members for path in m.validation.task_files if path not in m.reference_files),
                 *(path for _, files in self.alone for path in files)]
 
     @property

@@ -20,7 +20,8 @@ from ..files.layout import GROUPS, PACKAGES
 from ..records import record
 from .packages import PackageSpec, read_package
 from .roots import Roots, check_named_files
-from .schema import THRESHOLDS, keys
+from .schema import GATES, THRESHOLDS, keys
+from .task_metric import read_task
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 RESERVED_MODEL_NAMES = (GROUPS,)
@@ -494,9 +495,10 @@ def _validation(table: TableReader, model: bool) -> dict[str, Any]:
         sub = per_target.child(name)
         if not isinstance(sub.table, dict):
             per_target.fail(f"must be a table of thresholds, found {_type_name(sub.table)}", name)
-        sub.only(THRESHOLDS)
+        sub.only((*THRESHOLDS, *GATES))
         found = sub.read("validation")
-        settings.setdefault("targets", {})[name] = {k: float(found[k]) for k in THRESHOLDS if found[k] is not None}
+        settings.setdefault("targets", {})[name] = {k: float(found[k]) for k in (*THRESHOLDS, *GATES)
+                                                    if found[k] is not None}
     for key in ("inputs", "reference"):
         if values[key] is not None:
             path = _looked_at(table, table.file.parent / values[key])
@@ -509,6 +511,7 @@ def _validation(table: TableReader, model: bool) -> dict[str, Any]:
     for key in ("localise", "inconclusive"):
         if values[key] is not None:
             settings[key] = values[key]
+    settings.update(read_task(table.file, table.path, values, lambda path: _looked_at(table, path)))
     return settings
 
 

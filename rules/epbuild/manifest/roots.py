@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import UserError
 
@@ -67,9 +67,14 @@ def check_named_files(manifest: Manifest) -> None:
         roots.check(f"{where}.path", model.path)
         for sample in (model.quantize.calibration or ()) if model.quantize else ():
             roots.check(f"{where}.quantize.calibration", sample)
-        for key in ("inputs", "reference"):
-            if key in model.validation:
-                roots.check(f"{where}.validation.{key}", model.validation[key])
+        _validation_files(roots, f"{where}.validation", model.validation)
     for name, target in manifest.targets.items():
-        if "inputs" in target.validation:
-            roots.check(f"targets.{name}.validation.inputs", target.validation["inputs"])
+        _validation_files(roots, f"targets.{name}.validation", target.validation)
+
+
+def _validation_files(roots: Roots, where: str, settings: dict[str, Any]) -> None:
+    for key in ("inputs", "reference", "metric_file"):
+        if key in settings:
+            roots.check(f"{where}.{key.removesuffix('_file')}", settings[key])
+    for path in settings.get("dataset", ()):
+        roots.check(f"{where}.dataset", path)

@@ -16,6 +16,8 @@ from .eps import DEVICES
 COMPILERS = ("ort", "ort_session", "qaic", "qairt")
 QUANT_TYPES = ("uint8", "int8", "uint16", "int16")
 THRESHOLDS = ("max_abs_error", "mean_abs_error", "max_rel_error", "min_cosine", "min_snr_db", "min_selection_overlap")
+GATES = ("min_relative", "max_drop")  # a task metric's gate: also per target (`validation.targets.T`)
+METRICS = ("top1", "top5", "miou", "agreement")  # built in; else "module:function" from the user's repository
 PMU_RECIPES = ("AxiRd", "AxiWr", "AxiRdWr", "KernelUtil", "HmxMacs")
 NUMBER = (int, float)
 
@@ -190,6 +192,25 @@ KEYS: tuple[Key, ...] = (
         "`targets = { qnn-htp = { min_snr_db = 30 } }` relaxes fp16 QNN without relaxing CPU or OpenVINO"),
     Key("timeout_s", ("validation",), NUMBER, "wall-time limit of the validation child (default 600)",
         check=positive),
+    Key("dataset", ("validation",), str, "samples the model's task is judged on: an `.npz` whose arrays are named "
+        "after the model's inputs with a leading sample axis (and optionally `labels`), or a folder of such files, "
+        "inside the project; with `metric`, the compiled model must keep its source's score on them (see "
+        "`min_relative`)"),
+    Key("samples", ("validation",), int, "how many of the dataset's samples to judge on: a deterministic subset "
+        "(evenly spaced; default all)", check=positive_integer),
+    Key("metric", ("validation",), str, "the task metric that decides the verdict when a `dataset` is given: "
+        "`top1`, `top5` (an output's argmax / top 5 against `labels`), `miou` (per-position argmax, segmentation), "
+        "`agreement` (share of samples whose chosen class equals the source model's), or `\"module:function\"` from "
+        "the project, called as `function(outputs=..., labels=..., reference=...)`; without labels a built-in metric "
+        "is agreement with the source model", check=lambda v: None if v in METRICS or re.fullmatch(
+            r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*", v) else f"must be one of {', '.join(METRICS)} or "
+        f"\"module:function\" (a module of the project), found {v!r}"),
+    Key("output", ("validation",), str, "the output the task metric reads (default: the model's first output)"),
+    Key("min_relative", ("validation",), NUMBER, "the task metric's gate: the compiled model's score at least this "
+        "share of the source model's on the same samples (default 0.99, MLPerf's standard); also per target",
+        check=fraction),
+    Key("max_drop", ("validation",), NUMBER, "the gate as an absolute drop instead: the compiled model's score at "
+        "least the source's minus this; also per target", check=non_negative),
     Key("repeat_within_s", ("validation",), NUMBER, "the artifact is run twice on the same inputs, and outputs "
         "that differ between the runs beyond what its precision explains fail it (a simulator or EP whose result is "
         "luck); a first run longer than this many seconds is not repeated, and validation.json says so (default 30; "

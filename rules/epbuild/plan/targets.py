@@ -17,6 +17,8 @@ from ..manifest.eps import DEFAULT_EP, QAIC, REGISTRY, SOURCES, EpInfo, lookup, 
 from ..manifest.parse import GroupSpec, Manifest, ModelSpec, TableReader, TargetSpec, not_a_file
 from ..manifest.qaic import check_qaic
 from ..manifest.roots import Roots
+from ..manifest.schema import THRESHOLDS
+from ..manifest.task_metric import task_settings
 from ..steps.compilers import COMPILERS, Compiler
 from ..steps.package import genai_files, pipeline_files
 from .stages import Chain, stage_chain
@@ -157,15 +159,15 @@ def _option_files(spec: TargetSpec, options: dict[str, str], manifest: Manifest)
     return option_files
 
 
-def validation_settings(model: ModelSpec, target: TargetSpec) -> ValidationSettings:
+def validation_settings(model: ModelSpec, target: TargetSpec, manifest_name: str = "models.toml") -> ValidationSettings:
     """The target's validation settings, the model's over them, and the model's for this target over both."""
     own = {k: v for k, v in model.validation.items() if k != "targets"}
     merged = {**target.validation, **own, **model.validation.get("targets", {}).get(target.name, {})}
-    thresholds = {k: v for k, v in merged.items()
-                  if k not in ("inputs", "reference", "timeout_s", "localise", "inconclusive", "repeat_within_s")}
+    thresholds = {k: v for k, v in merged.items() if k in THRESHOLDS}
+    task = task_settings(merged, manifest_name, model.entry.split(".variants.")[0] or f"models.{model.name}")
     return ValidationSettings(target.validate, merged.get("inputs"), merged.get("reference"), thresholds,
                               merged.get("timeout_s", VALIDATION_TIMEOUT_S), merged.get("localise", False),
-                              merged.get("inconclusive", "report"), merged.get("repeat_within_s", 30.0))
+                              merged.get("inconclusive", "report"), merged.get("repeat_within_s", 30.0), task)
 
 
 def _chain(model: ModelSpec, target: ResolvedTarget, manifest: Manifest, external: tuple[Path, ...]) -> Chain:
@@ -186,15 +188,16 @@ def reference_files(model: ModelSpec, chain: Chain, settings: ValidationSettings
         data.setdefault(settings.reference, reference_external)
     models = [chain.model.path, settings.reference, model.path if chain.stages else None, chain.float_model]
     found = [path for path in models if path is not None]
+    dataset = [Path(path) for path in settings.task["dataset"]] if settings.task else []  # its outputs are kept too
     return tuple(dict.fromkeys([*(p for path in found for p in (path, *data[path])),
-                                *([settings.inputs] if settings.inputs else [])]))
+                                *([settings.inputs] if settings.inputs else []), *dataset]))
 
 
 def _member(model: ModelSpec, target: ResolvedTarget, manifest: Manifest, external: tuple[Path, ...],
             reference_external: tuple[Path, ...]) -> tuple[Member, Chain]:
     """A model as its build consumes it (after its stages), with its validation settings."""
     chain = _chain(model, target, manifest, external)
-    settings = validation_settings(model, manifest.targets[target.name])
+    settings = validation_settings(model, manifest.targets[target.name], manifest.path.name)
     folded = model.freeze or any(stage.kind in ("rewrite", "fold", "optimize") for stage in chain.stages)
     if folded and chain.float_model is None and settings.reference is None:
         # compare with the model as declared (fed the frozen values): folding errors cannot hide

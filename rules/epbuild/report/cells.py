@@ -61,6 +61,12 @@ class Cell:
         return {"validated": "passed"}.get(status, status)
 
     @property
+    def task(self) -> dict[str, Any] | None:
+        """The task metric that decided the verdict (validation.json's `task`), if one is configured."""
+        found = (self.validation or {}).get("task")
+        return found if isinstance(found, dict) else None
+
+    @property
     def size(self) -> int | None:
         files = self.compile.get("files")
         return sum(f["size"] for f in files) if files else None

@@ -196,6 +196,10 @@ def junit_case(cell: Cell) -> tuple[str, str]:
     metrics = xml_text("\n".join(f"{label}: " + ", ".join(f"{k}={v}" for k, v in sorted(m.items())
                                                           if isinstance(v, (int, float)) and not isinstance(v, bool))
                                  for label, m in cell.outputs()))
+    task = cell.task
+    if task:  # what decided the verdict, first
+        metrics = xml_text(f"task {task['metric']}: artifact {task['artifact']:.6g}, source {task['source']:.6g}, "
+                           f"needs {task['needed']:.6g} ({task['samples']} samples, gate {task['gate']})\n") + metrics
     reason = xml_text(cell.reason) if cell.reason else None
     if status == "failed":
         outcome = "failed"

@@ -82,11 +82,25 @@ def validate_config(build: Build, root: Path, provenance: Provenance) -> dict[st
             "members": [{"mode": v.mode, "thresholds": dict(sorted(v.thresholds.items())),
                          "inputs": relative(v.inputs, root) if v.inputs else None,
                          "reference": relative(v.reference, root) if v.reference else None,
-                         **({"inconclusive": v.inconclusive} if v.inconclusive != "report" else {})}
+                         **({"inconclusive": v.inconclusive} if v.inconclusive != "report" else {}),
+                         **({"task": _task_config(v.task, root)} if v.task else {})}
                         for v in (m.validation for m in build.members)],
             **({"pipeline": {"tokens": build.pipeline_tokens}} if build.pipeline_tokens else {}),
             # a genai folder's verdict is onnxruntime-genai's generator run on it
             **({"genai": provenance.version(GENAI)} if build.members[0].package else {})}
+
+
+def _task_reference(task: dict[str, Any]) -> dict[str, Any]:
+    """What the reference's outputs on a task's samples depend on besides the dataset's bytes (in its files): which
+    samples, and which outputs are kept (a `module:function` metric reads them all)."""
+    return {"samples": task["samples"], "output": task["output"], "all_outputs": ":" in task["metric"],
+            "dataset": [Path(path).name for path in task["dataset"]]}
+
+
+def _task_config(task: dict[str, Any], root: Path) -> dict[str, Any]:
+    """A task metric's settings, its files by their place in the project (their bytes are the task's inputs)."""
+    return {**task, "dataset": [relative(Path(p), root) for p in task["dataset"]],
+            "metric_file": relative(Path(task["metric_file"]), root) if task["metric_file"] else None}
 
 
 def _digest(payload: dict[str, Any]) -> str:
@@ -136,6 +150,7 @@ def reference_fingerprint(member: Member, request: dict[str, Any], hashes: FileH
                     "files": sorted([path.name, hashes.sha256(path)] for path in member.reference_files),
                     "inputs": request["inputs"], "frozen": request["frozen"],
                     "described": [request["reference_is"], request["float_reference_is"]],
+                    **({"task": _task_reference(request["task"])} if request.get("task") else {}),
                     "versions": provenance.of("onnxruntime", "onnx", "numpy"),
                     "host": {"machine": platform.machine(), "cpu_flags": cpu_flags()}})
 

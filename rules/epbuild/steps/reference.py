@@ -29,20 +29,41 @@ def session_options(ort: Any) -> Any:
     return options
 
 
-def run_on_cpu(ort: Any, path: str, request: dict[str, Any], feeds: dict[str, Any], what: str) -> dict[str, Any]:
-    """Outputs of a reference model on the CPU EP, fed what it takes (frozen inputs with their values)."""
+def cpu_session(ort: Any, path: str, request: dict[str, Any], fix_dims: bool = True) -> Any:
+    """A session of a reference model on the CPU EP (`fix_dims`: its named dimensions fixed as the manifest's
+    inputs fix them)."""
     import onnx
 
-    model = onnx.load(path, load_external_data=False)
     options = session_options(ort)
-    inputs = {k: v for k, v in request["inputs"].items() if k in {i.name for i in model.graph.input}}
-    for name, value in static_dims(model, inputs, needs_static=False).items():
-        options.add_free_dimension_override_by_name(name, value)
-    del model
+    if fix_dims:
+        model = onnx.load(path, load_external_data=False)
+        inputs = {k: v for k, v in request["inputs"].items() if k in {i.name for i in model.graph.input}}
+        for name, value in static_dims(model, inputs, needs_static=False).items():
+            options.add_free_dimension_override_by_name(name, value)
+        del model
     read_weights_from(options, weights_folder(path, request["weights"]))
-    session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+
+
+def run_on_cpu(ort: Any, path: str, request: dict[str, Any], feeds: dict[str, Any], what: str) -> dict[str, Any]:
+    """Outputs of a reference model on the CPU EP, fed what it takes (frozen inputs with their values)."""
+    session = cpu_session(ort, path, request)
     chosen = feeds_for(session, feeds, request["frozen"], what)
     return dict(zip([o.name for o in session.get_outputs()], session.run(None, chosen), strict=True))
+
+
+def dataset_outputs(ort: Any, request: dict[str, Any], signature: list[Any], model: str) -> dict[str, Any]:
+    """The reference model's outputs on the task metric's samples (`steps.task_metrics`), in the batches the
+    compiled-from model takes: the output the metric reads, or every output for a `module:function` metric."""
+    from .task_metrics import batch_size, output_name, read_dataset, run_dataset
+
+    task = request["task"]
+    dataset = read_dataset(task, [(s.name, s.type, s.shape) for s in signature], request["frozen"])
+    session = cpu_session(ort, model, request, fix_dims=False)  # batches of the compiled-from model's size
+    names = [o.name for o in session.get_outputs()]
+    keep = None if ":" in task["metric"] else [output_name(task, names)]
+    size = batch_size(signature[0].shape if signature else [])
+    return run_dataset(session, dataset, size, keep, request["frozen"], "reference model")
 
 
 def _cause(exc: Exception) -> str:
@@ -83,7 +104,7 @@ def float_outputs(ort: Any, request: dict[str, Any], feeds: dict[str, Any]) -> t
                     "comparison with it")
 
 
-REFERENCE_FILE = "reference.npz"  # the arrays: feeds, expected and float outputs
+REFERENCE_FILE = "reference.npz"  # the arrays: feeds, expected and float outputs, the outputs on a task's samples
 NOTES_FILE = "reference.json"  # the rest: generated inputs' descriptions, notes
 REFERENCE_FILES = [NOTES_FILE, REFERENCE_FILE]  # a cache entry of the reference (sorted, as the cache lists them)
 NO_TIME = (1980, 1, 1, 0, 0, 0)  # the zip members' date: the file's bytes depend on the arrays alone
@@ -96,11 +117,15 @@ def reference_run(ort: Any, request: dict[str, Any]) -> dict[str, Any]:
     import onnx
 
     source = onnx.load(request["source"], load_external_data=False)
-    feeds, generated = make_inputs(signature_of(source), source, request)
+    signature = signature_of(source)
+    feeds, generated = make_inputs(signature, source, request)
     del source
     expected, declared_instead = reference_outputs(ort, request, feeds)
     floats, float_note = float_outputs(ort, request, feeds) if request["float_reference"] else ({}, None)
-    return {"feeds": feeds, "generated": generated, "expected": expected, "floats": floats,
+    # the task's source is the model as the user declared it (the fp32 model before quantization, as MLPerf
+    # judges a compiled model against the reference one), whatever the tensors are compared with
+    dataset = dataset_outputs(ort, request, signature, request["declared"]) if request.get("task") else {}
+    return {"feeds": feeds, "generated": generated, "expected": expected, "floats": floats, "dataset": dataset,
             "notes": [note for note in (declared_instead, float_note) if note]}
 
 
@@ -113,8 +138,8 @@ def save_reference(run: dict[str, Any], folder: Path) -> None:
 
     folder.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(folder / REFERENCE_FILE, "w") as archive:
-        for kind in ("feeds", "expected", "floats"):
-            for name, value in sorted(run[kind].items()):
+        for kind in ("feeds", "expected", "floats", "dataset"):
+            for name, value in sorted(run.get(kind, {}).items()):
                 with archive.open(zipfile.ZipInfo(f"{kind}/{name}.npy", NO_TIME), "w", force_zip64=True) as out:
                     np.lib.format.write_array(out, np.asanyarray(value), allow_pickle=False)
     (folder / NOTES_FILE).write_text(json.dumps({"generated": run["generated"], "notes": run["notes"]},
@@ -124,7 +149,8 @@ def save_reference(run: dict[str, Any], folder: Path) -> None:
 def load_reference(folder: Path) -> dict[str, Any]:
     import numpy as np
 
-    run: dict[str, Any] = {"feeds": {}, "expected": {}, "floats": {}, **json.loads((folder / NOTES_FILE).read_text())}
+    run: dict[str, Any] = {"feeds": {}, "expected": {}, "floats": {}, "dataset": {},
+                           **json.loads((folder / NOTES_FILE).read_text())}
     with np.load(folder / REFERENCE_FILE, allow_pickle=False) as data:
         for key in data.files:
             kind, name = key.split("/", 1)

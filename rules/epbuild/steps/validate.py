@@ -52,6 +52,8 @@ from .reference import (
 )
 from .repeatability import REPEAT_WITHIN_S, repeatability
 from .selection import selected_outputs
+from .task_metrics import evaluate
+from .task_metrics import summary as task_summary
 from .validation_inputs import SEED, feeds_for, listed_weights
 
 REPORT = "validation.json"
@@ -89,7 +91,8 @@ def member_request(build: Build, member: Member, folder: Path, record: ArtifactR
         "frozen": {name: list(values) for name, values in (member.frozen or {}).items()},
         "entry": f"models.{member.name}", "manifest": build.manifest, "target": target.name,
         "localise": settings.localise, "compile_options": target.session_options(),
-        "repeat_within_s": settings.repeat_within_s,
+        "repeat_within_s": settings.repeat_within_s, "timeout_s": settings.timeout_s,
+        **({"task": settings.task} if settings.task else {}),
         "localise_budget_s": settings.timeout_s / 2,
     }
 
@@ -244,6 +247,11 @@ def summary(report: dict[str, Any]) -> str:
         return f"qaic-qpc validate on {', '.join(next(iter(report['ran_on'].values())))}"
     if "members" in report:
         return "; ".join(f"{name}: {summary({'mode': 'run', **member})}" for name, member in report["members"].items())
+    if "task" in report:  # the task metric decided; the tensors beside it
+        tensors = summary({key: value for key, value in report.items() if key != "task"})
+        misses = report["task"].get("tensors")
+        return f"{task_summary(report['task'])}; tensors: {tensors}" + (
+            f" (missed, not deciding: {'; '.join(misses)})" if isinstance(misses, list) else "")
     outputs = [o for o in report["outputs"].values() if not o.get("selection", {}).get("direct")]
     kept = [o["selection_overlap"] for o in report["outputs"].values() if "selection_overlap" in o]
     chose = f", {min(kept):.0%} of the selection kept" if kept else ""
@@ -380,6 +388,7 @@ def validate_member(request: MemberValidation, reference: dict[str, Any] | None 
     import onnx
     import onnxruntime as ort
 
+    began = time.monotonic()
     info = lookup(request["ep"])
     try:
         with located(request["manifest"], request["entry"]):
@@ -414,6 +423,19 @@ def validate_member(request: MemberValidation, reference: dict[str, Any] | None 
         failures.insert(0, varies)
     metrics, missed, undecided = compare_outputs(session, outputs, reference["expected"], thresholds, kind,
                                                  selected_outputs(compared_graph))
+    task, missed_task = None, None
+    if request.get("task"):  # the task metric decides; the tensors' misses are reported beside it
+        with located(request["manifest"], request["entry"]):
+            task, missed_task = evaluate(session, request, reference["dataset"], seconds,
+                                         request.get("timeout_s", 600.0) - (time.monotonic() - began), info.name)
+        task["tensors"] = [*missed, *undecided] or "within the thresholds"
+        declared = f"the model as declared ({Path(request['declared']).name})"
+        if missed_task and not missed and request["reference_is"] != declared:
+            # the artifact computes what it was compiled from: a stage (a poor calibration) lost the task
+            missed_task += (f"; the artifact matches {request['reference_is']} (tensors within the thresholds): that "
+                            "model loses it already (a quantization's calibration data?)")
+        failures += [missed_task] if missed_task else []
+        missed, undecided = [], []
     failures += missed
     fp16 = fp16_hint(metrics, thresholds, request["target"], request["entry"]) if kind == "fp16" and missed else None
     sixteen = _openvino_16bit(ort, info, request, reference, thresholds, compared_graph) if missed else None
@@ -434,6 +456,7 @@ def validate_member(request: MemberValidation, reference: dict[str, Any] | None 
     report: ValidationReport = {
         "status": status, "precision": kind, "thresholds": thresholds,
         "ran_on": ran_on, "outputs": metrics, "repeatability": repeated, **({"notes": notes} if notes else {}),
+        **({"task": task} if task else {}),
         **({"compatibility": {"answer": judged[0], "text": judged[1]}} if judged else {}),
         **({"divergence": divergence} if divergence else {}),
         "inputs": {"from": request["inputs_file"] or f"generated, seed {SEED}",
