@@ -137,7 +137,7 @@ def test_partial_offload_with_several_ep_context_nodes(project):
     project.manifest(model_entry("partial", targets='["qnn"]') + structural)
     project.doit()
     assert report(project, "qnn", "partial")["mode"] == "structural"
-    assert report(project, "qnn", "partial")["status"] == "passed"
+    assert report(project, "qnn", "partial")["status"] == "structural"  # checked, nothing run: never "passed"
 
 
 def test_min_offload_fails_naming_the_ops_left_on_cpu(project):

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import re
 import sys
 from dataclasses import field
 from pathlib import Path
@@ -18,12 +17,12 @@ from typing import Any
 from ..errors import UserError, closest
 from ..files.layout import GROUPS, PACKAGES
 from ..records import record
+from .names import check_name, shown
 from .packages import PackageSpec, read_package
 from .roots import Roots, check_named_files
 from .schema import GATES, THRESHOLDS, keys
 from .task_metric import read_task
 
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 RESERVED_MODEL_NAMES = (GROUPS,)
 
 
@@ -226,12 +225,6 @@ class TableReader:
         return TableReader(self.file, f"{self.path}.{key}" if self.path else key, self.table.get(key, {}), self.reads)
 
 
-def shown(value: Any, limit: int = 80) -> str:
-    """A value as an error message quotes it: repr (newlines escaped), cut to `limit` characters."""
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit - 5]}… ({len(text)} characters)"
-
-
 def _type_name(value: Any) -> str:
     return {dict: "a table", list: "an array", str: "a string", bool: "a boolean", int: "an integer",
             float: "a float"}.get(type(value), type(value).__name__)
@@ -248,23 +241,6 @@ def _kind_name(kind: type | tuple[type, ...]) -> str:
     names = {dict: "a table", list: "an array", str: "a string", bool: "a boolean", int: "an integer",
              float: "a number"}
     return " or ".join(names.get(k, k.__name__) for k in kinds)
-
-
-NAME_LIMIT = 64  # model, target and group names become parts of file names (<model>.<target>.compile.log ...)
-REPORT_NAMES = ("report.html", "build-report.json", "junit.xml", "graph.dot", "graph.svg")  # beside the folders
-
-
-def check_name(file: Path, path: str, name: str) -> None:
-    """Names become path parts and task names: letters, digits, '-', '_', '.'; no leading '.'; short enough
-    for every path built from them; not the name of a report beside the artifact folders."""
-    if not NAME_PATTERN.match(name):
-        raise UserError(file.name, path, f"invalid name {shown(name)}: use letters, digits, '-', '_' and '.' only, "
-                        "not starting with '.'")
-    if len(name) > NAME_LIMIT:
-        raise UserError(file.name, path, f"name of {len(name)} characters: at most {NAME_LIMIT} (it becomes part of "
-                        "file and folder names)")
-    if name in REPORT_NAMES or (name.startswith("graph-") and name.endswith((".dot", ".svg"))):
-        raise UserError(file.name, path, f"'{name}' is the name of a report in artifacts/; choose another name")
 
 
 MAX_DEPTH = 16  # tables and arrays inside one another; the deepest real key path is 5
