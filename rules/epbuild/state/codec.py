@@ -30,8 +30,8 @@ TAG, INDEX, REFERENCE, FIELDS = "$t", "$i", "$r", "$f"
 # how an object's field was written when not as `encode` writes it, listed in its `$f` array (name, how, name, ...):
 # the JSON reader calls back for every JSON object, and tuples, paths and empty dicts were most of a plan's (10,000
 # tuples, 2,500 paths, 2,500 empty dicts at 1,000 targets): a tuple as an array, a path as its string, a tuple of
-# paths as an array of strings, an empty dict as 0
-AS_ARRAY, AS_PATH, AS_PATHS, AS_EMPTY = "t", "p", "tp", "e"
+# paths as an array of strings, an empty dict as 0, an object written before as its index (a build's target)
+AS_ARRAY, AS_PATH, AS_PATHS, AS_EMPTY, AS_SEEN = "t", "p", "tp", "e", "r"
 _PATH = type(Path())
 _PLAIN = frozenset({str, int, float, bool, type(None)})
 
@@ -42,7 +42,7 @@ class Classes:
     table and read back as the very object (the code that reads the record is the code that wrote it: its key says
     so)."""
 
-    __slots__ = ("by_name", "constants", "fields", "named", "names")
+    __slots__ = ("by_name", "constants", "fields", "fields_of", "named", "names")
 
     def __init__(self, *classes: type, constants: dict[type, dict[str, Any]] | None = None):
         self.by_name: dict[str, type] = {}
@@ -64,6 +64,7 @@ class Classes:
                 raise TypeError(f"{cls.__name__} is neither a dataclass nor an enum")
             self.by_name[cls.__name__] = cls
         self.names = {cls: name for name, cls in self.by_name.items()}
+        self.fields_of = {cls: self.fields[name] for name, cls in self.by_name.items() if name in self.fields}
 
 
 def encode(value: Any, classes: Classes, seen: dict[int, int] | None = None) -> Any:
@@ -110,6 +111,8 @@ def encode(value: Any, classes: Classes, seen: dict[int, int] | None = None) -> 
             found[field], how = str(item), AS_PATH
         elif kind is dict and not item:
             found[field], how = 0, AS_EMPTY
+        elif id(item) in seen and kind in classes.fields_of:
+            found[field], how = seen[id(item)], AS_SEEN
         else:
             found[field] = encode(item, classes, seen)
             continue
@@ -120,7 +123,8 @@ def encode(value: Any, classes: Classes, seen: dict[int, int] | None = None) -> 
 
 
 def _hook(classes: Classes) -> Any:
-    by_name, fields, constants = classes.by_name, classes.fields, classes.constants
+    by_name, constants = classes.by_name, classes.constants
+    specs = {name: (by_name[name], frozenset(names)) for name, names in classes.fields.items()}
     objects: dict[int, Any] = {}  # index -> the object read, for the references after it
     paths: dict[str, Path] = {}  # one (immutable) Path per string: a model's path is in each of its builds
 
@@ -138,6 +142,32 @@ def _hook(classes: Classes) -> Any:
                     raise ValueError(f"a reference to no object read before: {found}")
                 return objects[found[REFERENCE]]
             return found
+        spec = specs.get(tag)
+        if spec is not None:  # a record: the JSON object becomes its __dict__, its fields exactly the declared ones
+            cls, names = spec
+            del found[TAG]
+            index, written = found.pop(INDEX, None), found.pop(FIELDS, [])
+            if found.keys() != names or type(index) is not int or index in objects or type(written) is not list \
+                    or len(written) % 2:
+                raise ValueError(f"a {tag} with fields {sorted(found)}")
+            for name, how in zip(written[::2], written[1::2], strict=True):
+                value = found.get(name)
+                if how == AS_SEEN and type(value) is int and value in objects:
+                    found[name] = objects[value]
+                elif how == AS_EMPTY and value == 0:
+                    found[name] = {}
+                elif how == AS_PATH and type(value) is str:
+                    found[name] = path(value)
+                elif how == AS_ARRAY and type(value) is list:
+                    found[name] = tuple(value)
+                elif how == AS_PATHS and type(value) is list and all(type(part) is str for part in value):
+                    found[name] = tuple(map(path, value))
+                else:
+                    raise ValueError(f"{tag}.{name} written as {how!r}: {value!r}")
+            made = object.__new__(cls)  # as pickle makes it: no __init__ runs, the declared fields are set
+            object.__setattr__(made, "__dict__", found)
+            objects[index] = made
+            return made
         if tag == "tuple":
             return tuple(found["v"])
         if tag == "path":
@@ -154,31 +184,9 @@ def _hook(classes: Classes) -> Any:
             if found["v"] not in table:
                 raise ValueError(f"no {tag} named {found['v']!r}")
             return table[found["v"]]
-        names = fields.get(tag)
-        if names is None:  # an enum: a member by value, never a new one
-            return cls(found["v"])
-        index, written = found.get(INDEX), found.get(FIELDS, ())
-        if len(found) != len(names) + 2 + (FIELDS in found) or type(index) is not int or index in objects or \
-                type(written) not in (list, tuple) or len(written) % 2:
-            raise ValueError(f"a {tag} with fields {sorted(found)}")
-        for name, how in zip(written[::2], written[1::2], strict=True):
-            if name not in names:
-                raise ValueError(f"a {tag} with no field {name!r}")
-            value = found[name]
-            if how == AS_EMPTY and value == 0:
-                found[name] = {}
-            elif how == AS_PATH and type(value) is str:
-                found[name] = path(value)
-            elif how == AS_ARRAY and type(value) is list:
-                found[name] = tuple(value)
-            elif how == AS_PATHS and type(value) is list and all(type(part) is str for part in value):
-                found[name] = tuple(map(path, value))
-            else:
-                raise ValueError(f"{tag}.{name} written as {how!r}: {value!r}")
-        made = object.__new__(cls)  # as pickle makes it: no __init__, only the declared fields set (its __dict__)
-        made.__dict__.update(zip(names, map(found.__getitem__, names), strict=True))
-        objects[index] = made
-        return made
+        return cls(found["v"])  # an enum: a member by value, never a new one
+
+    return made
 
     return made
 

@@ -71,14 +71,14 @@ def load_project(manifest_path: Path, invocation: Invocation | list[str]) -> Pro
     facts = read_models(manifest, layout, index, servers, builds_here and not servers, provenance, links)
     external, shapes, graphs = facts
     fresh = None
-    if last is not None and last.facts == facts:  # planned from the same manifest, files and facts
+    if last is not None and last.facts == Plan.digest(facts):  # planned from the same manifest, files and facts
         manifest, builds, stages, blocked = last.manifest, last.builds, last.stages, last.blocked
     else:
         read = manifest if last is None else last.as_read()
         manifest = with_graph_facts(resolve_dims(read, shapes), graphs)
         builds, stages = plan_builds(manifest, external, resolved)
         blocked = check_declared_inputs(manifest, builds, shapes)
-        fresh = Plan(Plan.text(read), resolved, facts, manifest, builds,
+        fresh = Plan(Plan.text(read), resolved, Plan.digest(facts), manifest, builds,
                      stages, provenance.code, provenance.versions, blocked)
     builds = with_workers(manifest, builds, executor)
     log(__name__, "debug", "%d builds and %d stages, %s", len(builds), len(stages),
