@@ -52,8 +52,6 @@ from .reference import (
 )
 from .repeatability import REPEAT_WITHIN_S, repeatability
 from .selection import selected_outputs
-from .task_metrics import evaluate
-from .task_metrics import summary as task_summary
 from .validation_inputs import SEED, feeds_for, listed_weights
 
 REPORT = "validation.json"
@@ -248,6 +246,8 @@ def summary(report: dict[str, Any]) -> str:
     if "members" in report:
         return "; ".join(f"{name}: {summary({'mode': 'run', **member})}" for name, member in report["members"].items())
     if "task" in report:  # the task metric decided; the tensors beside it
+        from .task_metrics import summary as task_summary
+
         tensors = summary({key: value for key, value in report.items() if key != "task"})
         misses = report["task"].get("tensors")
         return f"{task_summary(report['task'])}; tensors: {tensors}" + (
@@ -425,6 +425,8 @@ def validate_member(request: MemberValidation, reference: dict[str, Any] | None 
                                                  selected_outputs(compared_graph))
     task, missed_task = None, None
     if request.get("task"):  # the task metric decides; the tensors' misses are reported beside it
+        from .task_metrics import evaluate
+
         with located(request["manifest"], request["entry"]):
             task, missed_task = evaluate(session, request, reference["dataset"], seconds,
                                          request.get("timeout_s", 600.0) - (time.monotonic() - began), info.name)
