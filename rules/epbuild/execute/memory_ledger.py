@@ -139,8 +139,8 @@ def _open(path: Path) -> int:
 def check_settings(configured_gb: float | None) -> None:
     """Before a build starts: the budget's variable and the ledger, each refused in one line naming it (as a
     manifest's mistake is), never a build that runs with admission silently off or a traceback in every job."""
-    if budget_mb(configured_gb=configured_gb) is None:
-        return
+    if budget_mb(configured_gb=configured_gb) is None or not os.environ.get(LEDGER):
+        return  # this user's private folder's ledger is checked where a job opens it (`_open`): one line too
     path = ledger_path()
     if path is not None and (path.is_symlink() or (path.exists() and not path.is_file())):
         _open(path)  # says what it is
