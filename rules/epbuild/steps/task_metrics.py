@@ -296,3 +296,16 @@ def evaluate(session: Any, request: dict[str, Any], source_outputs: dict[str, An
     keep = None if ":" in task["metric"] else [output]
     outputs = run_dataset(session, dataset, size, keep, {}, "artifact")
     return judge(task, output, dataset, source_outputs, outputs)
+
+
+def decide(session: Any, request: dict[str, Any], source_outputs: dict[str, Any], seconds: float, left_s: float,
+           ep: str, tensor_misses: list[str]) -> tuple[dict[str, Any], str | None]:
+    """`evaluate`, with what the tensors missed (reported beside the task, not deciding) and, when the task is lost
+    while the tensors match the model the artifact was compiled from, where to look: that model lost it already."""
+    task, failure = evaluate(session, request, source_outputs, seconds, left_s, ep)
+    task["tensors"] = tensor_misses or "within the thresholds"
+    declared = f"the model as declared ({Path(request['declared']).name})"
+    if failure and not tensor_misses and request["reference_is"] != declared:
+        failure += (f"; the artifact matches {request['reference_is']} (tensors within the thresholds): that model "
+                    "loses it already (a quantization's calibration data?)")
+    return task, failure

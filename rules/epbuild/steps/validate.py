@@ -423,19 +423,14 @@ def validate_member(request: MemberValidation, reference: dict[str, Any] | None 
         failures.insert(0, varies)
     metrics, missed, undecided = compare_outputs(session, outputs, reference["expected"], thresholds, kind,
                                                  selected_outputs(compared_graph))
-    task, missed_task = None, None
+    task = None
     if request.get("task"):  # the task metric decides; the tensors' misses are reported beside it
-        from .task_metrics import evaluate
+        from .task_metrics import decide
 
         with located(request["manifest"], request["entry"]):
-            task, missed_task = evaluate(session, request, reference["dataset"], seconds,
-                                         request.get("timeout_s", 600.0) - (time.monotonic() - began), info.name)
-        task["tensors"] = [*missed, *undecided] or "within the thresholds"
-        declared = f"the model as declared ({Path(request['declared']).name})"
-        if missed_task and not missed and request["reference_is"] != declared:
-            # the artifact computes what it was compiled from: a stage (a poor calibration) lost the task
-            missed_task += (f"; the artifact matches {request['reference_is']} (tensors within the thresholds): that "
-                            "model loses it already (a quantization's calibration data?)")
+            task, missed_task = decide(session, request, reference["dataset"], seconds,
+                                       request.get("timeout_s", 600.0) - (time.monotonic() - began), info.name,
+                                       [*missed, *undecided])
         failures += [missed_task] if missed_task else []
         missed, undecided = [], []
     failures += missed
