@@ -395,3 +395,24 @@ def test_a_package_that_cannot_be_rebuilt_is_removed_never_served_stale(project,
     project.manifest(STALE.format(validation="").replace('targets = ["cpu", "qnn-htp"]', 'targets = ["cpu"]'))
     project.doit()
     assert (package / "manifest.json").is_file()  # every variant passes: published again
+
+
+def test_prune_keeps_the_current_packages_and_removes_only_a_removed_ones(project):
+    """Right after a build, `prune --dry-run` listed artifacts/packages/ and every variant's log though the manifest
+    declares the package, and `prune` removed them: it removes only what no model, target, group, stage or package
+    of the manifest owns."""
+    manifest = STALE.format(validation="")
+    project.manifest(manifest)
+    project.doit()
+    package = project.artifacts / "packages" / "vision"
+    logs = sorted((project.artifacts / ".logs" / "packages").glob("vision.*.log"))
+    assert package.is_dir() and logs
+    dry = project.doit("prune", "--dry-run")
+    assert "nothing under artifacts/ is left over" in dry.stdout, dry.stdout
+    project.doit("prune")
+    assert (package / "manifest.json").is_file() and all(log.is_file() for log in logs)
+    project.manifest(manifest.replace("[packages.vision]", "[packages.other]"))
+    listed = project.doit("prune", "--dry-run").stdout
+    assert "artifacts/packages/vision" in listed and all(log.name in listed for log in logs), listed
+    project.doit("prune")
+    assert not package.exists() and not any(log.exists() for log in logs)

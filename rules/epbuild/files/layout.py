@@ -64,6 +64,10 @@ class Layout:
         """A published model package (`[packages.NAME]`)."""
         return self.root / PACKAGES / name
 
+    def repro_dir(self, build: str) -> Path:
+        """`epbuild reduce`'s repro folder of a build (MODEL@TARGET)."""
+        return self.root / "repro" / build
+
     def stage_output(self, model: str, folder: str) -> Path:
         return self.root / STAGES / model / folder / f"{model}.onnx"
 

@@ -190,7 +190,7 @@ def run_reduce(build: Build, workspace: Workspace, budget_s: float) -> TaskFaile
     why_not = reducible(build)
     if why_not:
         return TaskFailed(f"{task}: {why_not}")
-    folder = workspace.layout.root / "repro" / build.name
+    folder = workspace.layout.repro_dir(build.name)
     try:
         reduction = reduce_failure(build, workspace, folder, budget_s)
         sdk = reduction.ep_sdk_version or _earlier_sdk(folder)  # every probe known: as the last reduction found it

@@ -12,12 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserError, closest
-from ..files.layout import STAGES, Layout
+from ..files.layout import PACKAGES, STAGES, Layout
 from ..invocation import Invocation
 from ..manifest.builds import Build, package_task
 from ..manifest.parse import Manifest
 from ..manifest.stage import Stage
 from ..plan.declared_inputs import Blocked
+from ..plan.packages import plan_packages
 from ..store.cache import Workspace
 from ..store.task_configs import ConfigRecord
 
@@ -119,13 +120,17 @@ class Project:
                 if b.target.name in self.unavailable for name in self.task_names(b)}
 
     def owned_paths(self) -> set[Path]:
-        """What the current tasks publish and log: artifact and group folders, stage outputs, log files."""
+        """What the current tasks publish and log: artifact and group folders, stage outputs, model packages and
+        their variants' logs, reductions' repro folders, log files."""
         owned = set()
         for build in self.builds:
-            owned |= {build.out_dir(self.layout), *(build.log(self.layout, step) for step in ("compile", "validate",
-                                                                                              "ops"))}
+            owned |= {build.out_dir(self.layout), self.layout.repro_dir(build.name),
+                      *(build.log(self.layout, step) for step in ("compile", "validate", "ops"))}
         for stage in self.stages.values():
             owned |= {stage.output.parent, self.layout.log(STAGES, stage.task.replace(":", "."))}
+        for plan in plan_packages(self.manifest, self.builds, self.unavailable, self.blocked):
+            owned |= {self.layout.package_dir(plan.name),
+                      *(self.layout.log(PACKAGES, f"{plan.name}.{build.name}") for build in plan.variants)}
         return owned
 
     def declared_tasks(self) -> set[str]:
