@@ -115,7 +115,7 @@ def test_a_hung_job_is_killed_at_its_timeout(tmp_path, monkeypatch, crash_child,
     with pytest.raises(BuildError, match="timed out after 1 s; killed"):
         run_child("crash_child", {"action": "sleep", "seconds": 120}, tmp_path / "a", Limits(1), "compile m@t",
                   reuse=True, links=links)
-    assert time.monotonic() - started < 30
+    assert time.monotonic() - started < 100  # killed, not the job's own 120 s: a bound far above the ~2 s it takes
     assert run_child("crash_child", {"action": "sleep"}, tmp_path / "b", Limits(60), "compile m@t", reuse=True,
                      links=links)
 
@@ -396,11 +396,11 @@ def test_the_server_holds_a_jobs_limits_when_its_client_does_not(tmp_path, monke
     job = fork_job(links, "crash_child", "", ["request.json", "result.json"], tmp_path / "out.txt", tmp_path,
                    reuse=reuse,
                    job=request, limits=limits)
-    while (ended := job.wait(0.2)) is None and time.monotonic() - started < 30:
+    while (ended := job.wait(0.2)) is None and time.monotonic() - started < WAIT_S:
         pass
     # the server's kill, or for a warm worker's time its own alarm (both trail the client's limit by 2 s)
     assert ended is not None and ended[0] in (-signal.SIGKILL, -signal.SIGALRM if reuse else -signal.SIGKILL)
-    assert time.monotonic() - started < 15
+    assert time.monotonic() - started < 55  # killed, before the job's own 60 s (normally ~3 s)
 
 
 def test_two_builds_in_one_process_keep_their_own_warm_workers(tmp_path, monkeypatch, crash_child):

@@ -125,7 +125,7 @@ def test_a_job_of_a_process_that_died_is_not_waited_for(tmp_path, ledger, monkey
     (ledger / "memory.json").write_text(json.dumps({"running": [claim], "waiting": []}))
     started = time.monotonic()
     answer = run_child("crash_child", {"action": "sleep"}, tmp_path / "a", Limits(60, expected_mb=100.0), "compile a@t")
-    assert "pid" in answer and time.monotonic() - started < 30
+    assert "pid" in answer and time.monotonic() - started < 120  # a wait would never end: any bound shows none
     assert memory_ledger.snapshot() == {"running": [], "waiting": []}
 
 
@@ -273,7 +273,7 @@ def test_no_claim_of_an_owner_this_host_cannot_check_is_waited_for_without_bound
     late = _claim(owner, 1e9, since_ago=memory_ledger.UNJUDGED_CLAIM_S + memory_ledger.GRACE_S + 5, timeout_s=1e12)
     path.write_text(json.dumps({"running": [late], "waiting": []}))
     with memory_ledger.admitted(100.0, "compile m@t", 1000.0, path) as waited:
-        assert waited < 5
+        assert waited < 60  # not the claim's hour: a bound far above the milliseconds it takes
     assert memory_ledger.snapshot(path) == {"running": [], "waiting": []}
 
 
@@ -286,7 +286,7 @@ def test_a_ledger_not_of_this_modules_form_starts_over(ledger, ledger_text):
     path = ledger / "memory.json"
     path.write_text(ledger_text)
     with memory_ledger.admitted(100.0, "compile m@t", 1000.0, path) as waited:
-        assert waited < 5
+        assert waited < 60  # not the claim's hour: a bound far above the milliseconds it takes
         assert [e["what"] for e in memory_ledger.snapshot(path)["running"]] == ["compile m@t"]
 
 
