@@ -279,10 +279,8 @@ def load(path: str | Path) -> Manifest:
     if text.startswith("\ufeff"):
         raise UserError(path.name, None, "starts with a UTF-8 byte-order mark, which TOML does not allow: save it "
                         "as UTF-8 without BOM")
-    if sys.version_info >= (3, 11):  # imported here: a run whose plan is saved reads no TOML
-        import tomllib
-    else:  # pragma: no cover - exercised only on Python 3.10
-        import tomli as tomllib
+    import tomllib  # imported here: a run whose plan is saved reads no TOML
+
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:  # an error at the end says so without its line: name it

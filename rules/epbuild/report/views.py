@@ -20,7 +20,7 @@ import xml.etree.ElementTree as ElementTree
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -351,7 +351,7 @@ def render_html(page_parts: list[Part], stages: list[bytes], entries: dict[str, 
         "sections": [p.section for p in page_parts]}
     marker = f"\0{os.urandom(8).hex()}\0"  # no name, path or status holds a NUL, nor these random digits
     frame = report_template().render(
-        project=project, generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), targets=targets,
+        project=project, generated=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), targets=targets,
         groups=groups, counts=counts, **{name: Markup(f"{marker}{name}{marker}") for name in spliced})
     page: list[bytes] = []
     for at, piece in enumerate(frame.split(marker)):  # text, name, text, name, ..., text
