@@ -230,6 +230,10 @@ def test_open_package_says_what_is_wrong_in_one_line(packaged, tmp_path):
         epbuild.open_package(tmp_path)
     session = epbuild.open_package(packaged[0].artifacts / "packages" / "vision")  # one component, CPU
     assert session.get_providers() == ["CPUExecutionProvider"]
+    # a package without the EP's variant: what it holds, not ONNX Runtime's "Could not determine default backend"
+    with pytest.raises(UserError, match=r"no QNNExecutionProvider variant of 'encoder': its variants are cpu "
+                                        r"\(CPUExecutionProvider\)$"):
+        epbuild.open_package(packaged[0].artifacts / "packages" / "text", "encoder", ep="qnn")
 
 
 def test_each_verdict_says_what_onnx_runtime_answers_for_this_hosts_devices(packaged):
@@ -389,6 +393,9 @@ def test_a_package_that_cannot_be_rebuilt_is_removed_never_served_stale(project,
     assert done.returncode != 0
     failed = "compile:encoder@qnn-htp" if fails == "compile" else "validate:encoder@qnn-htp"
     assert f"removed artifacts/packages/vision/: {failed} failed" in done.stdout, done.stdout
+    # the line names the task that failed (not the validation between it and the package) and the fix
+    assert f'not built package:vision: {failed} failed; to ship it without them: [packages.vision] targets = ["cpu"]' \
+        in done.stdout, done.stdout
     assert not package.exists()
     again = project.doit(check=False)  # without --continue, stopping at the failure: still nothing published
     assert again.returncode != 0 and not package.exists()

@@ -113,7 +113,15 @@ def package_session(root: Path, component: str | None, info: Any, device: str | 
     if component is None and len(names) != 1:
         raise UserError(str(root), None, f"{len(names)} components: name one ({', '.join(names)})")
     component = component or names[0]
-    variants = json.loads((root / "manifest.json").read_text())["components"].get(component, {}).get("variants", {})
+    manifest = json.loads((root / "manifest.json").read_text())
+    variants = manifest["components"].get(component, {}).get("variants", {})
+    if not info.is_cpu and not any(v.get("ep") == info.name for v in variants.values()):
+        # ONNX Runtime would only say it cannot find the EP's backend: say what the package holds instead
+        held = ", ".join(f"{name} ({v.get('ep', 'CPUExecutionProvider')})" for name, v in variants.items()) or "none"
+        left = manifest.get("additional_metadata", {}).get("epbuild", {}).get("left_out", {})
+        said = "; ".join(f"{name}: {why}" for name, why in left.items() if name.startswith(f"{component}@"))
+        raise UserError(str(root), None, f"no {info.name} variant of '{component}': its variants are {held}"
+                        f"{'; left out: ' + said if said else ''}")
     offered = ort.SessionOptions()
     if not info.is_cpu:  # the EP is created to select: with the options its variants name (QNN: its backend)
         _plugin_ready(info)

@@ -97,6 +97,7 @@ class BuildReporter(ConsoleReporter):
         self.report = BuildReport(self.project.layout.build_report, self.project.layout.state)
         self.started: dict[str, float] = {}
         self.blocked: set[str] = set()  # not run: a task they need failed
+        self.causes: dict[str, list[str]] = {}  # a task not built -> the tasks that failed for it, first cause first
         self.uptodate: set[str] = set()
         self.live = None
         if self.project.live and not {"backends", "cache"} & set(selected_tasks):
@@ -170,11 +171,15 @@ class BuildReporter(ConsoleReporter):
             if self.live is not None:
                 self.live.finished(task.name, failed=True)
             self.blocked.add(task.name)
-            needed = str(fail.message).split()
-            failed = ", ".join(name for name in needed if name not in self.blocked) or ", ".join(needed)
-            self.write(f"not built {task.name}: {failed} failed\n")
+            # the task that failed, not the ones between it and this (a fold that failed, not its compile's
+            # validation): each blocked task carries its causes
+            causes = list(dict.fromkeys(cause for name in str(fail.message).split()
+                                        for cause in self.causes.get(name, [name])))
+            self.causes[task.name] = causes
+            failed = f"{', '.join(causes)} failed{self._left_out_hint(task.name, causes)}"
+            self.write(f"not built {task.name}: {failed}\n")
             if ":" in task.name:
-                self.report.not_built(task.name, f"{failed} failed")
+                self.report.not_built(task.name, failed)
             return
         super().add_failure(task, fail)
         if self.live is not None:
@@ -210,6 +215,22 @@ class BuildReporter(ConsoleReporter):
         recorded.looked_at = {path: identity for path, identity in self.looked_at.items()
                               if path not in recorded.files and path not in read}
         RunRecord(self.project.layout).write(self.project.key, recorded, self.record)
+
+    def _left_out_hint(self, name: str, causes: list[str]) -> str:
+        """For a package a failed variant stops: the manifest line that ships it without the failed targets."""
+        if not name.startswith(package_task("")):
+            return ""
+        package = name.split(":", 1)[1]
+        failed = {cause.rsplit("@", 1)[1] for cause in causes if "@" in cause}
+        spec = self.project.manifest.packages.get(package)
+        if spec is None or not failed:
+            return ""
+        models = {*spec.models, *(m for group in spec.groups for m in self.project.manifest.groups[group].models)}
+        targets = spec.targets if spec.targets is not None else list(dict.fromkeys(
+            target for model in models for target in self.project.manifest.models[model].targets))
+        kept = [target for target in targets if target not in failed]
+        listed = ", ".join(f'"{target}"' for target in kept)
+        return f"; to ship it without them: [packages.{package}] targets = [{listed}]" if kept else ""
 
     def _withdraw_packages(self) -> None:
         """A package is published only from this build's passed variants: one whose task this run tried and did not
