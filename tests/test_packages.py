@@ -423,3 +423,22 @@ def test_prune_keeps_the_current_packages_and_removes_only_a_removed_ones(projec
     assert "artifacts/packages/vision" in listed and all(log.name in listed for log in logs), listed
     project.doit("prune")
     assert not package.exists() and not any(log.exists() for log in logs)
+
+
+def test_reordering_a_models_targets_repackages_nothing_unless_it_changes_which_variant_ships(project):
+    """ONNX Runtime selects a package's variant by EP and device, and a package holds one per EP and device: the
+    order of a model's targets means nothing to it, so reordering them runs nothing; it matters only where two
+    targets share an EP and device (the first declared ships), and then the package changes."""
+    manifest = STALE.format(validation="").replace('[targets.qnn-htp]', '[targets.qnn-embed]\nep = "qnn"\nembed = '
+                                                   'true\noptions = { backend_type = "htp", soc_model = 60 }\n\n'
+                                                   '[targets.qnn-htp]')
+    project.manifest(manifest.replace('targets = ["cpu", "qnn-htp"]', 'targets = ["cpu", "qnn-htp", "qnn-embed"]'))
+    project.doit()
+    shipped = json.loads((project.artifacts / "packages" / "vision" / "manifest.json").read_text())
+    assert set(shipped["components"]["encoder"]["variants"]) == {"cpu", "qnn-htp"}
+    project.manifest(manifest.replace('targets = ["cpu", "qnn-htp"]', 'targets = ["qnn-htp", "cpu", "qnn-embed"]'))
+    assert ran(project.doit()) <= {"unavailable"}
+    project.manifest(manifest.replace('targets = ["cpu", "qnn-htp"]', 'targets = ["qnn-embed", "cpu", "qnn-htp"]'))
+    assert "package:vision" in ran(project.doit())  # the QNN slot now ships qnn-embed
+    shipped = json.loads((project.artifacts / "packages" / "vision" / "manifest.json").read_text())
+    assert set(shipped["components"]["encoder"]["variants"]) == {"cpu", "qnn-embed"}

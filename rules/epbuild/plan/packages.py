@@ -36,6 +36,7 @@ def plan_packages(manifest: Manifest, builds: list[Build], unavailable: dict[str
         variants: list[Build] = []
         left_out: list[tuple[str, str]] = []
         for model in spec.models:
+            chosen: list[Build] = []
             taken: dict[tuple[str, str | None], str] = {}  # (EP, declared device) -> the target that has it
             for target in manifest.models[model].targets:
                 name, build = f"{model}@{target}", singles.get(f"{model}@{target}")
@@ -49,9 +50,12 @@ def plan_packages(manifest: Manifest, builds: list[Build], unavailable: dict[str
                                "the EP cannot judge compatibility")
                     taken.setdefault(slot, target)
                 if why is None:
-                    variants.append(build)
+                    chosen.append(build)
                 else:
                     left_out.append((name, why))
+            # by target name: one variant per EP and device, so their order means nothing to ONNX Runtime's
+            # selection, and reordering a model's targets changes no package (which target a slot takes does)
+            variants.extend(sorted(chosen, key=lambda build: build.target.name))
         for group in spec.groups:
             build = shared.get(group)
             why = _left_out(build, manifest.groups[group].target, unavailable, blocked)
@@ -59,7 +63,7 @@ def plan_packages(manifest: Manifest, builds: list[Build], unavailable: dict[str
                 variants.append(build)
             else:
                 left_out.append((group, why))
-        plans.append(PackagePlan(spec.name, tuple(variants), tuple(left_out)))
+        plans.append(PackagePlan(spec.name, tuple(variants), tuple(sorted(left_out))))
     return plans
 
 
