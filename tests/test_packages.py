@@ -442,3 +442,22 @@ def test_reordering_a_models_targets_repackages_nothing_unless_it_changes_which_
     assert "package:vision" in ran(project.doit())  # the QNN slot now ships qnn-embed
     shipped = json.loads((project.artifacts / "packages" / "vision" / "manifest.json").read_text())
     assert set(shipped["components"]["encoder"]["variants"]) == {"cpu", "qnn-embed"}
+
+
+def test_report_html_shows_packages_counts_stages_as_staged_and_links_logs(project):
+    """report.html: a section per package (variants with EP and device, what was left out and why, links to the
+    folder and manifest.json); the header counts a stage that ran as staged (the console's rule), and each build's
+    section links its logs and validation.json."""
+    project.manifest(STALE.format(validation="").replace(
+        '[models.encoder]', '[models.dyn]\npath = "models/dynbatch.onnx"\ninputs = { x = [1, 3, 32, 32] }\n'
+                            'targets = ["qnn-htp"]\n\n[models.encoder]'))
+    done = project.doit()
+    html = (project.artifacts / "report.html").read_text()
+    assert "<h2>Model packages</h2>" in html and 'data-package="vision"' in html
+    assert '<a href="packages/vision/manifest.json">manifest.json</a>' in html
+    assert "<td>QNNExecutionProvider</td>" in html and ">qnn-htp</a>" in html
+    summary = next(line for line in done.stdout.splitlines() if line.startswith("summary:"))
+    staged = int(summary.split(" staged")[0].rsplit(" ", 1)[1])
+    assert staged >= 1 and f'<span class="badge good">{staged} staged</span>' in html
+    assert '<a class="mono" href=".logs/qnn-htp/dyn.compile.log">' in html
+    assert '<a class="mono" href="qnn-htp/dyn/validation.json">validation.json</a>' in html

@@ -184,6 +184,9 @@ def test_what_cannot_be_reduced_says_why_in_one_line(rmsnorm):
                                          "(run it first): nothing to reduce") in compiles.stdout
     cpu = _epbuild(project, "reduce", "compile:rms@cpu")
     assert cpu.returncode == 1 and "reduce:rms@cpu: a CPU target compiles nothing to reduce" in cpu.stdout
+    # the command's answer, not a build's outcome: no failed row a later build would never clear
+    assert not any(name.startswith("reduce:") for name in build_report(project))
+    assert "reduce:rms" not in (project.artifacts / "report.html").read_text()
     bare = _epbuild(project, "reduce")
     assert bare.returncode == 2 and bare.stderr.strip() == (
         "error: epbuild reduce TASK: name the failing compile, e.g. epbuild reduce compile:MODEL@TARGET")

@@ -75,16 +75,12 @@ class Entries(LazyEntries):
         found = self._statuses[name]
         return missing if found is None else found
 
-    def statuses(self) -> Iterator[str]:
-        """Every entry's status ("?" for none), in the entries' order."""
-        return ("?" if status is None else status for status in self._statuses.values())
 
-
-def statuses(entries: Mapping[str, Any]) -> Iterator[str]:
-    """Every entry's status ("?" for none), of an `Entries` without decoding them."""
+def named_statuses(entries: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
+    """(task, status) of every entry ("?" for none), of an `Entries` without decoding them."""
     if isinstance(entries, Entries):
-        return entries.statuses()
-    return (entry.get("status", "?") for entry in entries.values())
+        return ((name, "?" if status is None else status) for name, status in entries._statuses.items())
+    return ((name, entry.get("status", "?")) for name, entry in entries.items())
 
 
 class BuildReport:

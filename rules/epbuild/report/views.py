@@ -30,15 +30,16 @@ from ..files.layout import Layout, file_identity, write_atomic
 from ..manifest.builds import Build
 from ..state.folder import StateFolder
 from ..state.records import BLOB
-from .build_report import statuses
+from .build_report import named_statuses
 from .cells import PENDING, Cell, source_of
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 # status -> colour class: compiled/validated/restored/up to date are good, skipped is neutral
 TONE = {"compiled": "good", "validated": "good", "restored": "good", "up-to-date": "good", "passed": "good",
         "failed": "bad", "skipped": "muted", "pending": "muted", "not built": "warn", "interrupted": "warn",
-        "inconclusive": "unsure", "structural": "checked"}
+        "inconclusive": "unsure", "structural": "checked", "staged": "good", "packaged": "good"}
 PARTS = "report-parts.journaled"
+BUILD_KINDS = ("compile:", "validate:", "group:", "package:", "reduce:", "ops:")  # the other tasks are stages
 
 
 def _environment() -> Any:
@@ -333,8 +334,23 @@ def _matrix(places: list[tuple[str, str]], targets: list[str], by_place: dict[tu
     return lines
 
 
+def published_packages(layout: Layout) -> list[dict[str, Any]]:
+    """The model packages under artifacts/packages/ as their manifest.json describes them (a manifest that cannot
+    be read is left out of the page: the package task's own entry says what happened)."""
+    found = []
+    for manifest in sorted((layout.root / "packages").glob("*/manifest.json")):
+        try:
+            data = json.loads(manifest.read_text())
+            components = {name: component.get("variants", {}) for name, component in data["components"].items()}
+            left = data.get("additional_metadata", {}).get("epbuild", {}).get("left_out", {})
+        except (OSError, ValueError, KeyError, AttributeError, TypeError):
+            continue
+        found.append({"name": manifest.parent.name, "components": components, "left_out": left})
+    return found
+
+
 def render_html(page_parts: list[Part], stages: list[bytes], entries: dict[str, dict[str, Any]],
-                project: str) -> list[bytes]:
+                project: str, packages: list[dict[str, Any]] | None = None) -> list[bytes]:
     """The page as pieces to write one after the other: the template renders its frame around a marker per
     table, and each build's rendered parts are spliced in at the markers (through the template, a page of
     10,000 builds would be copied and escape-checked whole)."""
@@ -342,7 +358,9 @@ def render_html(page_parts: list[Part], stages: list[bytes], entries: dict[str, 
     groups = {p.row: p.members for p in page_parts if p.shared}
     targets = list(dict.fromkeys(p.target for p in page_parts))
     by_place = {(p.row, p.target): p for p in page_parts}
-    counts = Counter(statuses(entries))
+    # as the console's summary counts them: a stage that ran is "staged", not one of the compiles
+    counts = Counter("staged" if status == "compiled" and not name.startswith(BUILD_KINDS) else status
+                     for name, status in named_statuses(entries))
     spliced = {
         "matrix": _matrix([(row, f"<th>{escape(row)}</th>") for row in rows], targets, by_place),
         "group_matrix": _matrix([(row, f"<th>{escape(row)}</th><td>{escape(', '.join(members))}</td>")
@@ -352,7 +370,8 @@ def render_html(page_parts: list[Part], stages: list[bytes], entries: dict[str, 
     marker = f"\0{os.urandom(8).hex()}\0"  # no name, path or status holds a NUL, nor these random digits
     frame = report_template().render(
         project=project, generated=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), targets=targets,
-        groups=groups, counts=counts, **{name: Markup(f"{marker}{name}{marker}") for name in spliced})
+        groups=groups, counts=counts, packages=packages or [],
+        **{name: Markup(f"{marker}{name}{marker}") for name in spliced})
     page: list[bytes] = []
     for at, piece in enumerate(frame.split(marker)):  # text, name, text, name, ..., text
         page.extend(spliced[piece] if at % 2 else [piece.encode()])
@@ -393,7 +412,8 @@ def write_views(layout: Layout, builds: list[Build], entries: dict[str, dict[str
     store = PartStore(StateFolder(layout.state), layout.build_report, made_from)
     page_parts = parts(layout, builds, entries, store, entry_text, untouched)
     if pages:
-        page = render_html(page_parts, stage_rows(entries, store, entry_text), entries, layout.root.parent.name)
+        page = render_html(page_parts, stage_rows(entries, store, entry_text), entries, layout.root.parent.name,
+                           published_packages(layout))
         write_atomic(layout.html_report, page)
         write_atomic(layout.junit_report, junit_xml(page_parts))
         with contextlib.suppress(OSError):  # not remembered: the next run renders again, the same parts

@@ -184,7 +184,9 @@ class BuildReporter(ConsoleReporter):
         super().add_failure(task, fail)
         if self.live is not None:
             self.live.finished(task.name, failed=True)
-        if ":" in task.name:
+        if ":" in task.name and not task.name.startswith("reduce:"):
+            # a reduction that could not run (nothing to reduce) is the command's answer, not a build's outcome: a
+            # row no default build would ever clear
             seconds = max(0.0, time.monotonic() - self.started.get(task.name, time.monotonic()))
             self.report.failed(task.name, fail.get_msg().strip(), seconds)
 
