@@ -136,3 +136,45 @@ def test_printable_escapes_every_control_character_but_newlines_and_tabs():
     assert printable("a\x1b[31mb\x07\x7f\x9b\u202ec\td\n") == "a\\x1b[31mb\\x07\\x7f\\x9b\\u202ec\td\n"
     assert printable("plain ünïcode") == "plain ünïcode"
     assert str(UserError("m.toml", "models.x", "name 'a\x1b[2Jb'")) == "m.toml: models.x: name 'a\\x1b[2Jb'"
+
+
+def test_epbuild_run_takes_the_recorded_shapes_and_says_a_simulator_is_one(project):
+    """A symbolic batch built with `inputs` runs without --inputs (artifact.json records the shape it was built
+    with: tf2onnx's `unk__214` refused it before); on the HTP simulator one timed run by default, said to be the
+    simulator's latency, with progress on stderr; the EP libraries' own prints never reach stdout."""
+    project.manifest('[models.dyn]\npath = "models/dynbatch.onnx"\ninputs = { x = [1, 3, 32, 32] }\n' +
+                     MANIFEST[MANIFEST.index("[targets.cpu]"):])
+    project.doit()
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "epbuild", "run", *args], cwd=project.root, env=project.env,
+                              capture_output=True, text=True, timeout=300)
+
+    done = run("dyn@cpu", "--runs", "2")
+    assert done.returncode == 0, done.stderr
+    assert "latency over 2 runs" in done.stdout
+    simulated = run("dyn@qnn-htp")
+    assert simulated.returncode == 0, simulated.stderr
+    lines = simulated.stdout.splitlines()
+    assert lines[0].startswith("qnn-htp/dyn: QNNExecutionProvider") and len(lines) == 3, simulated.stdout
+    assert re.match(r"  latency over 1 run: p50 [\d.]+ ms, p90 [\d.]+ ms \(QNN's HTP simulator on this host, not the "
+                    r"device's latency\)$", lines[2])
+    assert "timed run 1 of 1" in simulated.stderr and "LIBNATIVE" not in simulated.stdout + simulated.stderr
+
+
+def test_a_placeholder_dimension_in_dims_is_explained(project):
+    """tf2onnx names unknown sizes `unk__N`; given in `dims`, it is refused with what to write instead."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("bytes", TensorProto.FLOAT, ["unk__214", 2048])
+    graph = helper.make_graph([helper.make_node("Relu", ["bytes"], ["y"])], "g", [x],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["unk__214", 2048])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(project.root / "models" / "tf.onnx"))
+    project.manifest('[models.tf]\npath = "models/tf.onnx"\ndims = { unk__214 = 1 }\n\n[targets.cpu]\nep = "cpu"\n')
+    done = project.doit("list", check=False)
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert ("models.tf.dims.unk__214: 'unk__214' is an anonymous placeholder" in done.stderr
+            and "e.g. inputs.bytes = [1, 2048] (its shape: ['?', 2048])" in done.stderr), done.stderr

@@ -35,6 +35,14 @@ def resolve_dims(manifest: Manifest, read: dict[str, ModelInputs]) -> Manifest:
         found, _, names = read[name]
         known = sorted({dim for dims in names.values() for dim in _named(dims) if dim})
         for dim in model.dims:
+            if dim not in known and PLACEHOLDER.match(dim):
+                open_inputs = [(n, shape) for n, shape in found.items() if any(d is None for d in shape)]
+                example = "; ".join(f"inputs.{n} = {[1 if d is None else d for d in shape]} (its shape: "
+                                    f"{['?' if d is None else d for d in shape]})" for n, shape in open_inputs[:2])
+                raise UserError(manifest.path.name, f"{model.key}.dims.{dim}", f"'{dim}' is an anonymous "
+                                "placeholder (an exporter's or shape inference's name for an unknown size, not a "
+                                "name that ties dimensions together): give the input's whole shape instead"
+                                f"{', e.g. ' + example if example else ''}")
             if dim not in known:
                 raise UserError(manifest.path.name, f"{model.key}.dims.{dim}", f"no input of the model has a "
                                 f"dimension named '{dim}'{closest(dim, known)}; its named dimensions: "

@@ -8,7 +8,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import platform
+import re
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,8 +40,9 @@ def find_artifact(artifacts: Path, name: str) -> Path:
     raise UserError(name, None, f"built for several targets: name one ({names})")
 
 
-def _inputs(session: Any, given: Path | None) -> dict[str, Any]:
-    """The .npz's arrays, or fixed-seed ones for a graph of static shapes."""
+def _inputs(session: Any, given: Path | None, recorded: dict[str, list[int]]) -> dict[str, Any]:
+    """The .npz's arrays, or fixed-seed ones of the graph's static shapes, or of the shapes artifact.json records
+    for it (`recorded`: the manifest's `inputs` a symbolic dimension was built with)."""
     import numpy as np
 
     from ..steps.validation_inputs import SEED, dtype_of, read_npz
@@ -47,25 +51,49 @@ def _inputs(session: Any, given: Path | None) -> dict[str, Any]:
         return read_npz(given, "--inputs")
     rng, feeds = np.random.default_rng(SEED), {}
     for value in session.get_inputs():
-        if not all(isinstance(d, int) and d > 0 for d in value.shape):
-            raise UserError(value.name, None, f"has symbolic shape {value.shape}: give --inputs FILE.npz")
+        shape = value.shape
+        if not all(isinstance(d, int) and d > 0 for d in shape):
+            shape = recorded.get(value.name)
+            if shape is None:
+                raise UserError(value.name, None, f"has symbolic shape {value.shape} and artifact.json records no "
+                                "shape for it: give --inputs FILE.npz")
         dtype = dtype_of(value.type)
-        feeds[value.name] = (rng.standard_normal(value.shape).astype(dtype) if dtype.kind == "f" else
-                             np.ones(value.shape, dtype) if dtype.kind == "b" or "mask" in value.name.lower() else
-                             rng.integers(0, 2, value.shape).astype(dtype))  # ids, flags: small, valid everywhere
+        feeds[value.name] = (rng.standard_normal(shape).astype(dtype) if dtype.kind == "f" else
+                             np.ones(shape, dtype) if dtype.kind == "b" or "mask" in value.name.lower() else
+                             rng.integers(0, 2, shape).astype(dtype))  # ids, flags: small, valid everywhere
     return feeds
 
 
+# what EP libraries print on their own (QNN's native logging, ONNX Runtime's coloured warnings): not this command's
+NOISE = re.compile(r"^(\s*# LIBNATIVE:|\x1b\[[0-9;]*m|\s*$|.*\[W:onnxruntime)")
+
+
 @contextlib.contextmanager
-def _native_output_to_stderr() -> Iterator[None]:
+def _native_output_filtered() -> Iterator[Any]:
+    """The EP libraries' own prints (to either descriptor) held back, and after the block only what is not their
+    noise written to stderr: the command's output stays its own lines. Yields a function that writes a progress
+    line to the real stderr meanwhile."""
     sys.stdout.flush()
-    saved = os.dup(1)
-    os.dup2(2, 1)
-    try:
-        yield
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+
+    def progress(text: str) -> None:
+        os.write(saved[1], f"{text}\n".encode())
+
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 1)
+        os.dup2(held.fileno(), 2)
+        try:
+            yield progress
+        finally:
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for descriptor in saved:
+                os.close(descriptor)
+            held.seek(0)
+            for line in held.read().decode(errors="replace").splitlines():
+                if not NOISE.match(line):
+                    print(printable(line), file=sys.stderr)
 
 
 def _statistics(array: Any) -> str:
@@ -81,10 +109,10 @@ def main(argv: list[str], root: Path) -> int:
     parser = argparse.ArgumentParser(prog="epbuild run", description=__doc__)
     parser.add_argument("artifact", help="MODEL or MODEL@TARGET (a built artifact under artifacts/)")
     parser.add_argument("--inputs", type=Path, help="an .npz of inputs, keys = input names (default: fixed-seed)")
-    parser.add_argument("--runs", type=int, default=10, help=f"timed runs after a first one (default 10, at most "
-                        f"{MAX_RUNS})")
+    parser.add_argument("--runs", type=int, default=None, help=f"timed runs after a first one (default 10, 1 on a "
+                        f"simulator; at most {MAX_RUNS})")
     arguments = parser.parse_args(argv)
-    if not 0 <= arguments.runs <= MAX_RUNS:
+    if arguments.runs is not None and not 0 <= arguments.runs <= MAX_RUNS:
         print(f"error: --runs {arguments.runs}: give 0 to {MAX_RUNS} timed runs", file=sys.stderr)
         return 2
     import numpy as np
@@ -100,35 +128,42 @@ def main(argv: list[str], root: Path) -> int:
 
         quiet = ort.SessionOptions()
         quiet.log_severity_level = 3  # the EP's own warnings are not this command's output
-        started = time.perf_counter()
-        try:
-            with _native_output_to_stderr():  # QNN's libraries print to fd 1: not this command's output
+        simulated = record.ep == "QNNExecutionProvider" and platform.machine().lower() in ("x86_64", "amd64")
+        runs = arguments.runs if arguments.runs is not None else 1 if simulated else 10
+        recorded = record.inputs if record.has("inputs") else {}
+        with _native_output_filtered() as progress:  # the EP libraries' prints: not this command's output
+            started = time.perf_counter()
+            try:
                 if package is None:
                     session = open_session(folder, session_options=quiet)
                 else:  # as an application loads it: the variant ONNX Runtime selects for this EP
                     session, selected = package_session(package, folder.name, lookup(record.ep), record.device,
                                                         quiet)
                     if selected != folder.parent.name:
-                        print(f"error: ONNX Runtime selected variant '{selected}' of {folder.name} from "
-                              f"{package.name}, not {folder.parent.name}", file=sys.stderr)
+                        progress(f"error: ONNX Runtime selected variant '{selected}' of {folder.name} from "
+                                 f"{package.name}, not {folder.parent.name}")
                         return 1
-        except (RuntimeError, OSError, ImportError) as exc:
-            print(printable(f"error: this host cannot run {record.ep} ({record.device}): {exc}"), file=sys.stderr)
-            return 1
-        created = time.perf_counter() - started
-        feeds = _inputs(session, arguments.inputs)
-        try:
-            outputs = session.run(None, feeds)
-        except Exception as exc:  # noqa: BLE001 - the runtime's own words, in one line
-            given = "these --inputs" if arguments.inputs else "fixed-seed inputs (give --inputs FILE.npz)"
-            print(printable(f"error: {record.ep} could not run {folder.name} with {given}: "
-                            f"{' '.join(str(exc).split())}"), file=sys.stderr)
-            return 1
-        times = []
-        for _ in range(max(arguments.runs, 0)):
-            begun = time.perf_counter()
-            session.run(None, feeds)
-            times.append(time.perf_counter() - begun)
+            except (RuntimeError, OSError, ImportError) as exc:
+                progress(printable(f"error: this host cannot run {record.ep} ({record.device}): {exc}"))
+                return 1
+            created = time.perf_counter() - started
+            feeds = _inputs(session, arguments.inputs, recorded)
+            try:
+                begun = time.perf_counter()
+                outputs = session.run(None, feeds)
+                first = time.perf_counter() - begun
+            except Exception as exc:  # noqa: BLE001 - the runtime's own words, in one line
+                given = "these --inputs" if arguments.inputs else "fixed-seed inputs (give --inputs FILE.npz)"
+                progress(printable(f"error: {record.ep} could not run {folder.name} with {given}: "
+                                   f"{' '.join(str(exc).split())}"))
+                return 1
+            times = []
+            for run in range(runs):
+                if simulated or first > 1:  # a run of seconds: say where it is
+                    progress(f"  timed run {run + 1} of {runs} (a run took {first:.1f} s)")
+                begun = time.perf_counter()
+                session.run(None, feeds)
+                times.append(time.perf_counter() - begun)
     except (UserError, ModelError) as exc:  # the user's file or name: one line (an --inputs file that is no .npz)
         print(printable(f"error: {exc}"), file=sys.stderr)
         return 2
@@ -140,5 +175,6 @@ def main(argv: list[str], root: Path) -> int:
         print(printable(f"  {output.name}: {list(value.shape)} {value.dtype}  {_statistics(value)}"))
     if times:
         p50, p90 = np.percentile(np.array(times) * 1000, [50, 90])
-        print(f"  latency over {len(times)} runs: p50 {p50:.3f} ms, p90 {p90:.3f} ms")
+        where = " (QNN's HTP simulator on this host, not the device's latency)" if simulated else ""
+        print(f"  latency over {len(times)} run{'s' * (len(times) != 1)}: p50 {p50:.3f} ms, p90 {p90:.3f} ms{where}")
     return 0
