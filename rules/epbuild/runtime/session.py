@@ -47,10 +47,8 @@ def _plugin_ready(info: Any) -> None:
         raise RuntimeError(found["reason"])
 
 
-def session_options_for(ort: Any, folder: Path, record: ArtifactRecord, base: Any = None,
-                        provider: dict[str, str] | None = None) -> Any:
-    """Session options that load the artifact described by `record`: its EP and device, its runtime options
-    (`provider`: those a model package names, its shared assets resolved)."""
+def session_options_for(ort: Any, folder: Path, record: ArtifactRecord, base: Any = None) -> Any:
+    """Session options that load the artifact described by `record`: its EP and device, its runtime options."""
     info = lookup(record.ep)
     if info is None:
         raise UserError(str(folder / SIDECAR), "ep", f"unknown execution provider {record.ep!r}")
@@ -61,9 +59,8 @@ def session_options_for(ort: Any, folder: Path, record: ArtifactRecord, base: An
     register_plugin(ort, info)
     device = select_ep_device(ort, info, record.device)
     # option files (OpenVINO's load_config) travel inside the folder under their own name: given absolute
-    if provider is None:
-        provider = {key: str(folder / value) if "/" not in str(value) and (folder / str(value)).is_file() else value
-                    for key, value in (record.runtime_options if record.has("runtime_options") else {}).items()}
+    provider = {key: str(folder / value) if "/" not in str(value) and (folder / str(value)).is_file() else value
+                for key, value in (record.runtime_options if record.has("runtime_options") else {}).items()}
     options.add_provider_for_devices([device], provider)
     for key, value in (record.loading if record.has("loading") else {}).get("session_options", {}).items():
         options.add_session_config_entry(key, value)
@@ -92,9 +89,9 @@ def open_package(package: str | Path, component: str | None = None, ep: str = "c
                  device: str | None = None) -> Any:
     """The session of the variant ONNX Runtime selects from a model package (`[packages.NAME]`) for the EP an
     application offers (`ep`: an alias as models.toml spells it, cpu, qnn, openvino; `device`: its device, else
-    the EP's first): the EP's plugin registered and its device offered, `ModelPackageContext.select_component`, and
-    the selected variant's session with its provider options (option files found in the variant's folder: ONNX
-    Runtime resolves paths in session options, not in provider options)."""
+    the EP's first): the EP's plugin registered (OpenVINO through the vendor-id shim where needed) and its device
+    offered, `ModelPackageContext.select_component`, and `create_session()`: ONNX Runtime applies the variant's own
+    options, exactly as for an application without epbuild (docs/packages.md)."""
     info = lookup(ep)
     if info is None:
         raise UserError(str(package), None, f"unknown execution provider {ep!r}: give cpu, qnn or openvino")
@@ -103,7 +100,9 @@ def open_package(package: str | Path, component: str | None = None, ep: str = "c
 
 def package_session(root: Path, component: str | None, info: Any, device: str | None,
                     session_options: Any = None) -> tuple[Any, str]:
-    """`open_package`'s session and the name of the variant ONNX Runtime selected."""
+    """`open_package`'s session and the name of the variant ONNX Runtime selected: as an application with ONNX
+    Runtime alone creates it (`session_options`: what it offers at selection, the EP's device added); the session
+    has the variant's own provider and session options, which ONNX Runtime applies."""
     import onnxruntime as ort
 
     if not (root / "manifest.json").is_file():
@@ -122,28 +121,15 @@ def package_session(root: Path, component: str | None, info: Any, device: str | 
         said = "; ".join(f"{name}: {why}" for name, why in left.items() if name.startswith(f"{component}@"))
         raise UserError(str(root), None, f"no {info.name} variant of '{component}': its variants are {held}"
                         f"{'; left out: ' + said if said else ''}")
-    offered = ort.SessionOptions()
-    if not info.is_cpu:  # the EP is created to select: with the options its variants name (QNN: its backend)
+    offered = session_options or ort.SessionOptions()
+    if not info.is_cpu:  # the EP's device offered with what selection needs (QNN off its device: its backend)
         _plugin_ready(info)
         register_plugin(ort, info)
-        first = next((v for v in variants.values() if v.get("ep") == info.name), {})
         offered.add_provider_for_devices([select_ep_device(ort, info, device or info.devices[0])],
-                                         provider_options(context, root, first))
+                                         dict(info.required_defaults))
     chosen = context.select_component(component, ort.ModelPackageOptions(offered))
-    folder, name = Path(chosen.get_selected_variant_folder_path()), chosen.get_selected_variant_name()
-    options = session_options_for(ort, folder, read_artifact(folder), session_options,
-                                  provider_options(context, root, variants[name]))
-    return chosen.create_session(options), name
-
-
-def provider_options(context: Any, root: Path, variant: dict[str, Any]) -> dict[str, str]:
-    """A variant's provider options with their files as paths: a shared asset (`sha256:<hex>/NAME`) resolved by
-    ONNX Runtime, a file in the variant's folder made absolute (ONNX Runtime resolves paths in session options,
-    not in provider options)."""
-    folder = root / variant.get("variant_directory", "")
-    options = variant.get("executor_info", {}).get("ort", {}).get("provider_options", {})
-    return {key: context.resolve_string_ref(value, None, True) if value.startswith("sha256:")
-            else str(folder / value) if (folder / value).is_file() else value for key, value in options.items()}
+    # as an application with ONNX Runtime alone: the variant's own provider and session options, applied by ORT
+    return chosen.create_session(), chosen.get_selected_variant_name()
 
 
 def packaged_in(artifacts: Path, model: str, target: str) -> Path | None:

@@ -84,8 +84,8 @@ def open_session(ort: Any, info: EpInfo, request: MemberValidation) -> tuple[Any
         if request.get("share"):  # a member of a shared context, loaded as its loading contract says
             options.add_session_config_entry("ep.share_ep_contexts", "1")
     try:
-        if request.get("package"):
-            session, refused = _through_package(ort, options, request["package"])
+        if request.get("package"):  # as an application opens it: ONNX Runtime's documented calls alone
+            session, refused = _through_package(ort, info, request, request["package"])
             if refused:
                 return None, refused
         else:
@@ -102,12 +102,21 @@ def open_session(ort: Any, info: EpInfo, request: MemberValidation) -> tuple[Any
     return session, None
 
 
-def _through_package(ort: Any, options: Any, package: dict[str, str]) -> tuple[Any, ValidationReport | None]:
-    """The session ONNX Runtime creates for the variant it selects from the model package for the EPs `options`
-    offers (the target's first); a failed report when it cannot open the package or selects another variant."""
+def _through_package(ort: Any, info: EpInfo, request: MemberValidation,
+                     package: dict[str, str]) -> tuple[Any, ValidationReport | None]:
+    """The session ONNX Runtime creates for the variant it selects from the model package, exactly as an
+    application with only ONNX Runtime and the EP plugin does: the EP's device offered with what selection needs
+    and nothing of epbuild's (QNN off its device: `backend_type = htp`), `select_component`, `create_session()`,
+    which applies the variant's own provider and session options. A failed report when it cannot open the package
+    or selects another variant."""
+    from ..execute.host import select_ep_device
+
+    offered = ort.SessionOptions()
+    if not info.is_cpu:
+        offered.add_provider_for_devices([select_ep_device(ort, info, request["device"])], dict(info.required_defaults))
     try:
         context = ort.ModelPackageContext(package["root"])
-        component = context.select_component(package["component"], ort.ModelPackageOptions(options))
+        component = context.select_component(package["component"], ort.ModelPackageOptions(offered))
     except Exception as exc:  # noqa: BLE001 - ONNX Runtime's own refusal is the report
         return None, {"status": Verdict.FAILED, "reason": f"ONNX Runtime could not select a variant of "
                                                           f"{package['component']} from the package: {exc}"}
@@ -116,12 +125,17 @@ def _through_package(ort: Any, options: Any, package: dict[str, str]) -> tuple[A
         return None, {"status": Verdict.FAILED, "reason": f"ONNX Runtime selected variant '{selected}' of "
                                                           f"{package['component']} for this EP, not the target's "
                                                           f"'{package['variant']}'"}
-    return component.create_session(options), None
+    return component.create_session(), None
 
 
-def placement_failures(session: Any, info: EpInfo, cpu_nodes: int) -> tuple[dict[str, list[str]], list[str]]:
+def placement_failures(session: Any, info: EpInfo, cpu_nodes: int,
+                       recorded: bool = True) -> tuple[dict[str, list[str]], list[str]]:
     """Which EP ran which op types, and failures when the EPContext nodes or more nodes than the compile left
-    there ran on CPU (a fallback)."""
+    there ran on CPU (a fallback). A session created as an application creates it (through its package) records no
+    assignment: its EPs are listed, and its EPContext nodes cannot have run elsewhere (no other EP runs them), the
+    placement of the same bytes being the artifact's own validation's to judge."""
+    if not recorded:
+        return {ep: [] for ep in session.get_providers()}, []
     assignment = session.get_provider_graph_assignment_info() or []
     ran_on: dict[str, list[str]] = {}
     for subgraph in assignment:

@@ -40,6 +40,7 @@ from ..files.publish import copy_file, discard
 from ..manifest.builds import Build
 from ..state.hash_memory import FileHashes
 from ..version import RULES_FORMAT
+from .package import INLINE_OPTIONS
 
 FORMAT = 1
 MANIFEST = "manifest.json"
@@ -117,7 +118,7 @@ def manifest_text(name: str, variants: list[Build], left_out: dict[str, str], la
         places = placement(build, hashes, layout)
         for member in build.members:
             components.setdefault(component_name(build, member.name), {"variants": {}})["variants"][
-                build.target.name] = _variant(build, record, member.name, places)
+                build.target.name] = _variant(build, record, member.name, places, folder)
         for file_name, place in places.items():
             files[place] = hashes.sha256(folder / file_name)
     manifest = {"schema_version": SCHEMA_VERSION, "package_name": name, "layout": "portable",
@@ -126,16 +127,20 @@ def manifest_text(name: str, variants: list[Build], left_out: dict[str, str], la
     return json.dumps(manifest, indent=2, sort_keys=True) + "\n"
 
 
-def _variant(build: Build, record: Any, member: str, places: dict[str, str]) -> dict[str, Any]:
+def _variant(build: Build, record: Any, member: str, places: dict[str, str], folder: Path) -> dict[str, Any]:
     """One variant's body: its folder, EP, device, compatibility string, and how ONNX Runtime opens it (a group
-    member: its model in the group's folder, with the loading contract's session options); an option file is
-    named by its shared asset."""
+    member: its model in the group's folder, with the loading contract's session options). An option file the EP
+    also takes as its text (OpenVINO's `load_config` JSON) is written inline: ONNX Runtime resolves a shared asset's
+    `sha256:` reference in session options only, and hands one in provider options to the plugin as it is (which
+    then fails to parse it, and without it runs bf16 where the CPU has it); any other option file by its asset."""
     entry = record.members[member] if build.shared else record
     ort_info: dict[str, Any] = {"model_file": entry.model_file}
     options = record.runtime_options if record.has("runtime_options") else {}
+    inline = INLINE_OPTIONS.get(build.target.ep.alias, ())
     if options:
         ort_info["provider_options"] = {
-            key: reference(places[value]) if places.get(value, "").startswith(ASSETS) else str(value)
+            key: (folder / value).read_text().strip() if key in inline and (folder / value).is_file() else
+            reference(places[value]) if places.get(value, "").startswith(ASSETS) else str(value)
             for key, value in options.items()}
     metadata: dict[str, Any] = {"target": build.target.name, "device": record.device, "compiler": record.compiler}
     if build.shared:

@@ -411,7 +411,7 @@ def validate_member(request: MemberValidation, reference: dict[str, Any] | None 
         seconds = time.perf_counter() - started
     except Exception as exc:  # noqa: BLE001 - the EP's own error is the report
         return {"status": Verdict.FAILED, "reason": f"{info.name} could not run the artifact: {str(exc).strip()}{hint}"}
-    ran_on, failures = placement_failures(session, info, request["cpu_nodes"])
+    ran_on, failures = placement_failures(session, info, request["cpu_nodes"], recorded=not request.get("package"))
     judged = answer(ort, info.name, [request["compatibility"]]) if request.get("compatibility") else None
 
     compared_graph = onnx.load(request["reference"], load_external_data=False)  # read once: kind and selections
