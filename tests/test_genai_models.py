@@ -18,7 +18,6 @@ from onnx import TensorProto, helper
 
 from conftest import build_report, ran
 from epbuild.files.weights import FOLDER_OPTION
-from epbuild.steps import vendor_shim
 from genai_models import built, genai_folder_check, genai_tokens
 
 MISSING = [name for name in ("torch", "transformers", "onnxruntime_genai") if importlib.util.find_spec(name) is None]
@@ -149,7 +148,6 @@ def test_a_model_the_checker_refuses_for_an_op_nobody_registers_names_the_templa
         lines[0], lines
 
 
-@pytest.mark.skipif(not vendor_shim.needed(), reason="an Intel CPU: OpenVINO runs without the shim")
 def test_openvino_refusing_int4_ops_says_which_in_one_line(project, builder_output):
     """The int4 Qwen2 (tied embeddings: GatherBlockQuantized) printed 741 characters of plugin text and a stray
     ONNX Runtime log line; one line names each op OpenVINO cannot convert and why."""
@@ -195,7 +193,6 @@ pipeline = {{ tokens = 4 }}
 '''
 
 
-@pytest.mark.skipif(not vendor_shim.needed(), reason="an Intel CPU: OpenVINO runs without the shim")
 def test_a_pipeline_group_of_a_genai_model_is_a_folder_genai_runs(project, builder_output):
     """Prompt and token variants over the whole cache (past = total: genai's static cache is one buffer): the
     group's folder gets a decoder-pipeline genai_config.json (each stage the target's provider options, OpenVINO's
