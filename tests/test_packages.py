@@ -483,3 +483,19 @@ def test_report_html_shows_packages_counts_stages_as_staged_and_links_logs(proje
     assert staged >= 1 and f'<span class="badge good">{staged} staged</span>' in html
     assert '<a class="mono" href=".logs/qnn-htp/dyn.compile.log">' in html
     assert '<a class="mono" href="qnn-htp/dyn/validation.json">validation.json</a>' in html
+
+
+@pytest.mark.parametrize("command", [["doit"], ["epbuild"]])
+def test_a_failed_validation_exits_1_with_or_without_a_package_after_it(project, command):
+    """One rule: 1 when tasks failed, whatever was not built because of them (doit calls the package not built
+    for a failed validation an error, 2); 2 stays for a build that could not run at all (a manifest error)."""
+    failing = STALE.format(validation='\nvalidation = { targets = { qnn-htp = { min_snr_db = 1000 } } }')
+    for manifest in (failing.split("[packages.vision]")[0], failing):
+        project.manifest(manifest)
+        done = subprocess.run([sys.executable, "-m", *command, "--continue"], cwd=project.root, env=project.env,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 1, (manifest, done.stdout[-2000:])
+    project.manifest(failing.replace('ep = "cpu"', 'ep = "cpux"'))
+    broken = subprocess.run([sys.executable, "-m", *command], cwd=project.root, env=project.env, capture_output=True,
+                            text=True, timeout=600)
+    assert broken.returncode == 2

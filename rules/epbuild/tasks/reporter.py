@@ -5,12 +5,14 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from doit.exceptions import UnmetDependency
+from doit.exceptions import TaskFailed, UnmetDependency
 from doit.reporter import ConsoleReporter
+from doit.runner import ERROR, FAILURE
 
 from ..contracts.task_result import PUBLISHED
 from ..errors import printable
@@ -330,5 +332,20 @@ class BuildReporter(ConsoleReporter):
         if layout.html_report.exists() and any(":" in name for name in self.started):  # a run that built
             self.write(f"report: {os.path.relpath(layout.html_report)}\n")
         super().complete_run()
+        self._one_exit_status()
+
+    def _one_exit_status(self) -> None:
+        """One rule for the exit status: 1 when tasks failed, whatever was not built because of them; 2 only for an
+        error of the build itself (doit's own, a task it could not check). doit calls a task not built for a failed
+        one an error (2): a failed validation exited 1, the same with a package after it 2. The runner is doit's
+        caller of this method (`Runner.finish`, which returns its result next)."""
+        if self.runtime_errors or not self.failures:
+            return
+        if not all(isinstance(result["exception"], (TaskFailed, UnmetDependency)) for result in self.failures):
+            return
+        caller = sys._getframe(2)  # Runner.finish -> complete_run -> here
+        runner = caller.f_locals.get("self")
+        if caller.f_code.co_name == "finish" and getattr(runner, "final_result", None) == ERROR:
+            runner.final_result = FAILURE
 
 
