@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import ModelError
 from .graph import EP_CONTEXT, NOT_TENSORS, dims, graphs_within, initializer_names, names_read, subgraphs
 
 FOLD_INPUT_LIMIT = 2**20  # bytes: a node that reads a bigger weight (a Transpose of a Linear's) is left to the EP,
@@ -33,8 +34,7 @@ def foldable_nodes(graph: Any) -> list[Any]:
             continue
         if any(name in big for name in node.input):
             continue
-        static_shape = (node.op_type == "Shape" and node.input[0] in shapes
-                        and all(isinstance(d, int) for d in dims(shapes[node.input[0]])))
+        static_shape = node.op_type == "Shape" and node.input[0] in shapes and _static(shapes[node.input[0]])
         if static_shape or all(name in known for name in node.input):
             known.update(node.output)
             found.append(node)
@@ -45,6 +45,27 @@ def foldable_nodes(graph: Any) -> list[Any]:
             computing.add(id(node))
             computing.update(id(produced[name]) for name in node.input if name in produced)
     return [node for node in found if id(node) in computing]
+
+
+def _fold_failure(text: str, nodes: list[Any]) -> str:
+    """What failed computing the foldable nodes' values: the node ONNX Runtime names (with its op type), its first
+    line, and the way around the stage."""
+    import re
+
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "no message")
+    named = re.search(r"[Nn]ode\.? Name:\s*'([^']*)'", text)
+    node = next((n for n in nodes if named and n.name == named.group(1)), None)
+    where = f" at node '{node.name}' ({node.op_type})" if node is not None else ""
+    return (f"folding constant subgraphs failed{where}: {first[:300]}; `optimize = \"basic\"` folds with ONNX "
+            "Runtime's own optimizer instead of this stage (`optimize = \"none\"`: no folding)")
+
+
+def _static(value: Any) -> bool:
+    """Whether a value's shape is known and static. A value_info without a shape (an exporter declares the type
+    only: silero VAD's) is not: its Shape folded to an empty constant, and a Gather of its second dimension failed
+    the fold stage ("idx=1 must be within the inclusive range [0,-1]"). A shape with no dimensions is a scalar's."""
+    tensor = value.type.tensor_type if value.type.HasField("tensor_type") else None
+    return tensor is not None and tensor.HasField("shape") and all(isinstance(d, int) for d in dims(value))
 
 
 def _size(tensor: Any) -> int:
@@ -138,8 +159,11 @@ def fold_constants(model: Any) -> int:
     sub_model = helper.make_model(sub, opset_imports=model.opset_import, ir_version=model.ir_version)
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(sub_model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    values = dict(zip(wanted, session.run(wanted, {}), strict=True))
+    try:
+        session = ort.InferenceSession(sub_model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        values = dict(zip(wanted, session.run(wanted, {}), strict=True))
+    except Exception as exc:  # noqa: BLE001 - ONNX Runtime's refusal, said with the node and the way around it
+        raise ModelError(_fold_failure(str(exc), nodes)) from None
     kept = [node for node in graph.node if id(node) not in folded]
     del graph.node[:]
     graph.node.extend(kept)
