@@ -189,14 +189,32 @@ def test_the_build_table_sets_jobs_and_budget_and_the_environment_wins(monkeypat
     assert memory_ledger.budget_mb({"EPBUILD_MEMORY_GB": "1"}, configured_gb=2.0) == 1024
 
 
-def test_a_build_under_a_budget_from_the_manifest_waits_for_memory(project):
-    """`[build] jobs = 2, memory_gb = 0.05`: every job expects more than the 51 MB budget, so each runs alone and
-    the second of two that doit starts together says it waits."""
+def test_a_build_under_a_budget_from_the_manifest_waits_for_memory(project, tmp_path):
+    """`[build] jobs = 2, memory_gb = 0.05`: another build's job holds 40 of the 51 MB budget (a claim of this
+    process, in a ledger of this test's own), so the build's jobs wait and say so, until that claim is let go: an
+    event the test waits on (two tiny compiles doit started together overlapped only when the machine was slow)."""
+    from epbuild.files.owners import owner_tag
+    from helpers import WAIT_S, wait_for
+
+    ledger = tmp_path / "ledger"
+    ledger.mkdir()
+    project.env["EPBUILD_MEMORY_LEDGER"] = str(ledger)
+    path = ledger / "memory.json"
+    claim = {"id": "0", "owner": owner_tag(), "mb": 40, "what": "another build's job", "since": time.time(),
+             "seen": time.time(), "timeout_s": 3600}
+    path.write_text(json.dumps({"running": [claim], "waiting": []}))
     project.manifest('[models.tinycnn]\npath = "models/tinycnn.onnx"\n[models.encoder]\npath = "models/encoder.onnx"\n'
                      '[targets.cpu]\nep = "cpu"\n[build]\njobs = 2\nmemory_gb = 0.05\n')
-    done = project.doit("compile")
-    assert "waiting for memory: " in done.stdout and "of the 51 MB budget" in done.stdout, done.stdout
-    assert ran(done) == {"compile:tinycnn@cpu", "compile:encoder@cpu"}
+    build = subprocess.Popen([sys.executable, "-m", "doit", "compile"], cwd=project.root, env=project.env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for("a job of the build waiting for memory", lambda: memory_ledger.snapshot(path)["waiting"])
+    finally:
+        memory_ledger._leave(path, {"id": "0"})
+    out, _ = build.communicate(timeout=WAIT_S)
+    assert build.returncode == 0, out
+    assert "waiting for memory: " in out and "of the 51 MB budget" in out, out
+    assert ran(subprocess.CompletedProcess([], 0, out, "")) == {"compile:tinycnn@cpu", "compile:encoder@cpu"}
 
 
 def test_n_1_runs_one_job_at_a_time_as_before(project):
