@@ -87,7 +87,7 @@ def test_a_reading_job_that_fails_names_the_model_that_failed(tmp_path, monkeypa
     answers = read_models([*paths, big], "", tmp_path / "work")
     assert answers[paths[0]] == {"locations": [], "needs": {}, "inputs": {"x": [1, 3, 64, 64]}, "weights_as_inputs": [],
                                  "dim_names": {"x": [None, None, None, None]},
-                                 "graph": {"static": True, "foldable": False}}
+                                 "graph": {"static": True, "foldable": False, "opset": 17}}
     assert answers[big] == {"error": "reading it failed: reading the models: timed out after 600 s"}, answers
 
 

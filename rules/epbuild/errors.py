@@ -49,6 +49,11 @@ class BuildError(Exception):
     """A compile or validation that ran and failed (EP error, crash, timeout); the message says why."""
 
 
+class ModelCausedError(BuildError):
+    """A compile that failed for a cause the model's file shows (its opset below what the EP takes): no EP bug, so
+    no reduction to a repro is suggested."""
+
+
 def closest(word: str, choices: Iterable[str]) -> str:
     """A ' (did you mean X?)' hint, or '' when nothing is close."""
     import difflib  # only for a user's mistake: not loaded by every run

@@ -58,6 +58,9 @@ class EpInfo:
     # context binary differs on a second compile in one process), validations figure for figure.
     warm_compiles: bool = False
     warm_validations: bool = False
+    # The lowest ai.onnx opset the EP takes a model at (found by trying each op at each opset); a model below it gets
+    # an `upgrade` stage (ONNX's version converter) for this EP's targets. None: no minimum known.
+    min_opset: int | None = None
 
     def binary_name(self, stem: str) -> str | None:
         return f"{stem}{self.binary_suffix}" if self.binary_suffix else None
@@ -139,6 +142,10 @@ REGISTRY: dict[str, EpInfo] = {
             shared_context_unloadable={"x86_64": "loading a multi-graph QNN context crashes the process on x86_64 "
                                                  "hosts (HTP simulator); run-validate on the device"},
             warm_validations=True,
+            # below opset 7 ONNX Runtime's layout transformer, which QNN's NHWC ops go through, refuses the model
+            # and QNN takes none of its nodes (measured with onnxruntime-qnn 2.7.0 for 20 op types at opsets 6-14:
+            # each fails at 6 and compiles at 7 and above)
+            min_opset=7,
         ),
         EpInfo(
             "openvino", "OpenVINOExecutionProvider", "cpu", ("cpu", "gpu", "npu"), "pypi",

@@ -57,6 +57,8 @@ class ModelSpec:
     # stage is needed; and whether any node only computes constants (else no fold stage)
     graph_ready: bool = False
     constant_nodes: bool = True
+    opset: int | None = None  # the model's ai.onnx opset, as read (None: it imports none)
+    upgrade: bool = True  # convert it to an opset the target's EP takes, where the EP has a minimum (`upgrade`)
 
     @property
     def key(self) -> str:
@@ -417,7 +419,7 @@ def _model(table: TableReader, name: str, targets: dict[str, TargetSpec]) -> Mod
     return ModelSpec(name, model_path, inputs, tuple(wanted), _validation(table.child("validation"), model=True),
                      optimize=values["optimize"], quantize=_quantize(table) if "quantize" in table.table else None,
                      squash=values["squash"], freeze=_freeze(table, inputs), rewrite=tuple(values["rewrite"]),
-                     dims=_dims(table))
+                     dims=_dims(table), upgrade=values["upgrade"])
 
 
 def _freeze(model: TableReader, inputs: dict[str, tuple[int, ...]]) -> dict[str, tuple[float, ...]] | None:

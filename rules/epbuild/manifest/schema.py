@@ -142,6 +142,10 @@ KEYS: tuple[Key, ...] = (
         "without the pattern is refused", [], check=rewrites),
     Key("squash", ("model",), bool, "a stage that writes a single-file ONNX with external data inlined (refused "
         "beyond the 2 GiB protobuf limit, naming the size)", False),
+    Key("upgrade", ("model",), bool, "an `upgrade` stage for targets whose EP takes no model below some ai.onnx "
+        "opset (QNN: 7, below which ONNX Runtime's layout transformer refuses the whole model): ONNX's version "
+        "converter writes the model at that opset, validated against the model as declared; `false`: compile the "
+        "model as it is", True),
     Key("freeze", ("model",), dict, "`{ input = value or [values] }`: a stage that turns configuration inputs (a "
         "sample rate, a mode flag) into constants and folds what they select with ORT's basic optimization; "
         "validation feeds the same values to the model as declared"),

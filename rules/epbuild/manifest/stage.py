@@ -18,6 +18,7 @@ class StageKind(StrEnum):
 
     FREEZE = "freeze"
     REWRITE = "rewrite"
+    UPGRADE = "upgrade"
     SHAPE = "shape"
     FOLD = "fold"
     OPTIMIZE = "optimize"
@@ -29,10 +30,11 @@ class StageKind(StrEnum):
 # still name the input's external-data files, read from the input's folder: their memory is the graph's and their
 # output holds no copy of the weights.
 WEIGHTLESS = (StageKind.REWRITE, StageKind.SHAPE, StageKind.FOLD)
-# Stages only some targets' chains of one model have (NPU targets need static shapes and folded constants): a later
-# stage of such a chain reads another input than the same kind of stage of a chain without them, so its name says
-# which it follows (`squash:dyn+fold`, beside `squash:dyn` of a CPU target); freeze and rewrite are in every chain.
-TARGET_DEPENDENT = (StageKind.SHAPE, StageKind.FOLD)
+# Stages only some targets' chains of one model have (an EP's minimum opset, NPU targets' static shapes and folded
+# constants): a later stage of such a chain reads another input than the same kind of stage of a chain without them,
+# so its name says which it follows (`squash:dyn+fold`, beside `squash:dyn` of a CPU target; `shape:old+upgrade`,
+# beside `shape:old` of a target whose EP takes the model's opset); freeze and rewrite are in every chain.
+TARGET_DEPENDENT = (StageKind.UPGRADE, StageKind.SHAPE, StageKind.FOLD)
 
 
 @record

@@ -38,10 +38,10 @@ def _input_shapes(graph: Any) -> dict[str, list[int | None]]:
             for value in graph.input if value.name not in weights and value.type.HasField("tensor_type")}
 
 
-def _ready(model: Any) -> dict[str, bool]:
+def _ready(model: Any) -> dict[str, Any]:
     """Whether the graph already is what the shape and fold stages would make of it: every true input and every
     node's output has a static shape that ONNX's own inference (strict, on the graph without its weights) agrees
-    with, so no stale shape can reach a compiler; and whether any node only computes constants."""
+    with, so no stale shape can reach a compiler; whether any node only computes constants; its ai.onnx opset."""
     import onnx
 
     from ..steps.folding import foldable_nodes
@@ -65,7 +65,8 @@ def _ready(model: Any) -> dict[str, bool]:
         else:
             again = {v.name: v for v in [*inferred.graph.value_info, *inferred.graph.output]}
             shaped = all(name in again and again[name].type == known[name].type for name in outputs)
-    return {"static": shaped, "foldable": bool(foldable_nodes(graph))}
+    opsets = [entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")]
+    return {"static": shaped, "foldable": bool(foldable_nodes(graph)), "opset": opsets[0] if opsets else None}
 
 
 def _read(model_path: Path) -> dict[str, Any]:
@@ -259,7 +260,8 @@ class ExternalDataIndex:
             if key not in self.current:
                 entry = self.entries.get(key)
                 stat = stat_key(path.stat())
-                if entry is not None and entry["stat"] == stat and "graph" in entry:  # older entries: read again
+                # entries an older epbuild wrote (without the graph facts, or the opset): read again
+                if entry is not None and entry["stat"] == stat and "opset" in entry.get("graph", {}):
                     self.current.add(key)
                 else:
                     stale.append(path)
@@ -293,7 +295,7 @@ class ExternalDataIndex:
         entry = self.entries[str(model_path)]
         return entry["inputs"], entry["weights_as_inputs"], entry["dim_names"]
 
-    def graph(self, model_path: Path) -> dict[str, bool]:
+    def graph(self, model_path: Path) -> dict[str, Any]:
         """`_ready`'s answer for the model, as it was read."""
         return self.entries[str(model_path)]["graph"]
 

@@ -5,7 +5,9 @@ validation tasks.
 
 A model's chain: `freeze` (when the model says `freeze`: configuration inputs become constants and ORT's basic
 optimization folds the branches they select), `rewrite` (when the model says `rewrite`: `steps.diagnosis`'s graph
-rewrites, such as RMSNorm's rsqrt as a division), `shape` (for targets whose EP needs static shapes, and when
+rewrites, such as RMSNorm's rsqrt as a division), `upgrade` (for targets whose EP takes no model below some ai.onnx
+opset, QNN's 7, when the model is below it and does not say `upgrade = false`: ONNX's version converter,
+`steps.upgrade`), `shape` (for targets whose EP needs static shapes, and when
 `inputs` is given and a later stage rewrites the model, unless every shape of the model is already static and
 ONNX's inference agrees: the inputs fixed in the file, -1 and unnamed dimensions included, then shape inference so
 intermediate tensors are static too; exporters leave shapes computed at run time,
@@ -27,9 +29,14 @@ from typing import Any
 
 from ..files.layout import Layout
 from ..files.weights import folder_string
+from ..manifest.eps import REGISTRY
 from ..manifest.parse import ModelSpec
 from ..manifest.stage import PROTOBUF_LIMIT, TARGET_DEPENDENT, WEIGHTLESS, Stage, StageKind
 from ..records import record
+
+# What an upgrade converts to: one opset for every EP (the highest minimum in the EP table), so that the upgraded
+# model is one stage output whichever targets need it.
+UPGRADE_OPSET = max(info.min_opset for info in REGISTRY.values() if info.min_opset)
 
 
 @record
@@ -61,11 +68,14 @@ class _ChainBuilder:
 
     def add(self, kind: StageKind, settings: dict[str, Any], flavour: str | None = None,
             calibration: tuple[Path, ...] = ()) -> None:
-        follows = None if kind in TARGET_DEPENDENT else self.after  # a stage after one is named so
+        # a stage after a target-dependent one is named so; shape and fold after an upgrade too (a chain without
+        # the upgrade has them, reading the model as declared)
+        upgraded = StageKind.UPGRADE if any(s.kind == StageKind.UPGRADE for s in self.stages) else None
+        follows = (upgraded if kind != StageKind.UPGRADE else None) if kind in TARGET_DEPENDENT else self.after
         folder = (f"{kind}-{flavour}" if flavour else kind) + (f"+{follows}" if follows else "")
         output = self.layout.stage_output(self.model.name, folder)
         if kind in TARGET_DEPENDENT:
-            self.after = kind
+            self.after = f"{upgraded}+{kind}" if upgraded and kind != StageKind.UPGRADE else kind
         data = (output.with_name(f"{self.model.name}.onnx.data")
                 if self.external and kind not in (*WEIGHTLESS, StageKind.SQUASH) else None)
         stage = Stage(kind, self.model.name, flavour, self.path, output, settings, calibration, self.external, data,
@@ -80,12 +90,13 @@ class _ChainBuilder:
 
 def stage_chain(model: ModelSpec, layout: Layout, external: tuple[Path, ...], flavour: str | None,
                 static_shapes: bool = False, single_file: bool = False, manifest: str = "models.toml",
-                fold: bool = False) -> Chain:
+                fold: bool = False, min_opset: int | None = None) -> Chain:
     """The stages a model goes through for one target. `static_shapes`: the target's EP needs every shape static
     (NPU EPs), so `inputs` are fixed in the file; `single_file`: the compiler wants one ONNX file (qaic-compile),
     so the chain ends with a squash; `fold`: constant subgraphs are folded unless the model says `optimize`
     (an NPU target: nodes that only compute constants, left on CPU in front of its EPContext node, make the
-    artifact unloadable; `optimize = "none"` keeps them)."""
+    artifact unloadable; `optimize = "none"` keeps them); `min_opset`: the lowest ai.onnx opset the target's EP
+    takes, below which the model is converted to `UPGRADE_OPSET` unless it says `upgrade = false`."""
     chain = _ChainBuilder(model, layout, external, manifest)
     inputs = model.inputs
     quantize = model.quantize if flavour else None
@@ -95,6 +106,8 @@ def stage_chain(model: ModelSpec, layout: Layout, external: tuple[Path, ...], fl
         chain.add(StageKind.FREEZE, {"values": {name: list(value) for name, value in sorted(model.freeze.items())}})
     if model.rewrite:  # first after freeze: every target's chain reads the same input, so one task serves all
         chain.add(StageKind.REWRITE, {"rules": list(model.rewrite)})
+    if model.upgrade and min_opset and model.opset is not None and model.opset < min_opset:
+        chain.add(StageKind.UPGRADE, {"opset": UPGRADE_OPSET})
     ready = model.graph_ready and not chain.stages  # the model as read is what the compile gets (no earlier stage)
     if ready:
         inputs = {}  # the model's own static shapes: the inputs check refused any other value

@@ -175,7 +175,8 @@ def _chain(model: ModelSpec, target: ResolvedTarget, manifest: Manifest, externa
     in_onnxruntime = not target.is_cpu and backend.in_onnxruntime
     return stage_chain(model, Layout(manifest.root / "artifacts"), external, target.quantize_flavour,
                        static_shapes=in_onnxruntime, single_file=backend.single_file, manifest=manifest.path.name,
-                       fold=in_onnxruntime and target.device == "npu")
+                       fold=in_onnxruntime and target.device == "npu",
+                       min_opset=target.ep.min_opset if in_onnxruntime else None)
 
 
 def reference_files(model: ModelSpec, chain: Chain, settings: ValidationSettings, external: tuple[Path, ...],

@@ -16,7 +16,7 @@ from typing import Any
 from ..contracts.artifact import OMIT, read_artifact
 from ..contracts.requests import CompileMember, CompileRequest, CompileResult, MemberResult
 from ..contracts.statuses import TaskStatus
-from ..errors import BuildError, ModelError, located
+from ..errors import BuildError, ModelCausedError, ModelError, located
 from ..execute.child import serve
 from ..execute.executor import run_build
 from ..execute.forked_jobs import Handoff
@@ -28,7 +28,7 @@ from ..manifest.eps import lookup
 from ..records import record
 from ..store.cache import Outcome, Workspace, cached_folder, with_download
 from .compilers import compiler
-from .diagnosis import compile_hints, input_branches, plain_ep_error
+from .diagnosis import OLD_OPSET, compile_hints, input_branches, plain_ep_error
 from .fingerprint import compile_fingerprint, target_identity
 from .graph import EP_CONTEXT, check_ep_contexts, dims, missing_files, names_read, placement, static_dims
 from .package import write_package, write_pipeline_package
@@ -117,7 +117,8 @@ def with_hints(error: BuildError, build: Build) -> BuildError:
                                                        in first)]
     if not hints and plain == first and len(kept) == len(rest.splitlines()):
         return error
-    return BuildError("; ".join([plain, *hints]) + ("\n" + "\n".join(kept) if kept else ""))
+    kind = ModelCausedError if any(hint.startswith(OLD_OPSET) for hint in hints) else BuildError
+    return kind("; ".join([plain, *hints]) + ("\n" + "\n".join(kept) if kept else ""))
 
 
 def publishing(build: Build, folder: Path, layout: Layout) -> None:

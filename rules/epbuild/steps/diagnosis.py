@@ -130,14 +130,15 @@ def compile_hints(model_path: Path, ep_name: str, entry: str, frozen: bool, mess
     failure's `message`."""
     import onnx
 
-    if ep_name != QNN:
-        return []
     try:
         model = onnx.load(str(model_path), load_external_data=False)
     except Exception:  # noqa: BLE001 - a model that cannot be read has its own failure; no hint
         return []
+    old = _old_opset(model, ep_name, entry)
+    if ep_name != QNN:
+        return [old] if old else []
     graph = model.graph
-    hints = []
+    hints = [old] if old else []
     rmsnorms = rsqrt_rmsnorms(graph)
     if rmsnorms:
         hints.append(f"the model writes RMSNorm as x * rsqrt(mean(x^2) + eps) ({_places([m for _, _, m in rmsnorms])}"
@@ -155,7 +156,7 @@ def compile_hints(model_path: Path, ep_name: str, entry: str, frozen: bool, mess
                      f"({', '.join(repr(n) for n in outer[:4])}), which the writer does not carry into the EPContext "
                      f"model; the default fold stage moves them into the bodies that read them (remove optimize "
                      f"from {entry})")
-    if "Unable to compile any nodes" in message:
+    if "Unable to compile any nodes" in message and not old:
         ops = Counter(node.op_type for node in graph.node)
         loops = sorted(op for op in ops if op in ("Loop", "Scan"))
         hints.append(f"QNN HTP took none of the model's nodes ({', '.join(f'{op} x{n}' for op, n in ops.items())})"
@@ -169,6 +170,28 @@ def compile_hints(model_path: Path, ep_name: str, entry: str, frozen: bool, mess
                      f"refuses the If and that is a configuration input, freeze it (freeze = {{ {values} }} in "
                      f"{entry}) so the build picks the branch")
     return hints
+
+
+OLD_OPSET = "the model is at ai.onnx opset "  # how `_old_opset`'s hint begins
+
+
+def _old_opset(model: Any, ep_name: str, entry: str) -> str | None:
+    """The model's ai.onnx opset, when it is below what the EP takes (`EpInfo.min_opset`) or below ONNX Runtime's
+    own kernels (7), as a hint; else None."""
+    from ..manifest.eps import BY_NAME
+    from .reference import ORT_MIN_OPSET
+
+    opset = next((e.version for e in model.opset_import if e.domain in ("", "ai.onnx")), None)
+    info = BY_NAME.get(ep_name)
+    lowest = info.min_opset if info and info.min_opset else None
+    if opset is not None and lowest and opset < lowest:
+        return (f"{OLD_OPSET}{opset}, below {lowest}, the lowest {ep_name} takes (ONNX Runtime's "
+                f"layout transformer refuses older models, so every node stays on CPU): let the upgrade stage "
+                f"convert it (remove upgrade = false from {entry})")
+    if opset is not None and opset < ORT_MIN_OPSET:
+        return (f"{OLD_OPSET}{opset}, below {ORT_MIN_OPSET}, the oldest ONNX Runtime guarantees: "
+                f"export it again at opset {ORT_MIN_OPSET} or later")
+    return None
 
 
 def fp16_hint(metrics: dict[str, dict[str, Any]], thresholds: dict[str, float], target: str, entry: str) -> str | None:

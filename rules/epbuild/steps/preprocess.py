@@ -1,4 +1,4 @@
-"""Running the stages before compile, each in a fresh child: static shapes, graph optimization, QDQ
+"""Running the stages before compile, each in a fresh child: opset upgrade, static shapes, graph optimization, QDQ
 quantization with calibration data, external-data squash. Outputs go through the artifact cache like compiles.
 """
 
@@ -27,6 +27,7 @@ from .expected_peak import stage_limits
 from .fingerprint import stage_config, stage_fingerprint
 from .folding import fold_constants, into_bodies
 from .graph import check_input_names, clear_placeholder_dims, dims, missing_files, true_inputs
+from .upgrade import upgrade
 from .validation_inputs import read_npz
 
 RANDOM_SAMPLES, RANDOM_SEED = 8, 0
@@ -288,6 +289,8 @@ def _run_stage(request: dict[str, Any]) -> dict[str, Any]:
             freeze(source, output, settings["values"], data_file)
         if data_file:
             always_written(output.with_name(data_file))
+    elif kind == "upgrade":
+        result = upgrade(source, output, settings["opset"], elsewhere, save, data_file, request["entry"])
     elif kind == "shape":
         with located(request["manifest"], request["entry"]):
             result["dynamic"] = fix_shapes(source, output, settings["inputs"], data_file, weights)

@@ -70,6 +70,27 @@ def _cause(exc: Exception) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
+ORT_MIN_OPSET = 7  # ONNX Runtime "only guarantees support for models stamped with opset version 7 or above"
+
+
+def below_floor(path: str, cause: str) -> str:
+    """Why a model without kernels in ONNX Runtime cannot be a reference, when its opset is the reason; else ""."""
+    import onnx
+
+    if "Could not find an implementation" not in cause:
+        return ""
+    try:
+        model = onnx.load(path, load_external_data=False)
+    except Exception:  # noqa: BLE001 - the cause as ONNX Runtime gave it stands alone
+        return ""
+    opset = next((e.version for e in model.opset_import if e.domain in ("", "ai.onnx")), None)
+    if opset is None or opset >= ORT_MIN_OPSET:
+        return ""
+    return (f"; the model is at ai.onnx opset {opset}, below {ORT_MIN_OPSET}, the oldest ONNX Runtime guarantees, and "
+            f"nothing here can run it: give validation.reference a model you trust at opset {ORT_MIN_OPSET} or later "
+            "(an export of the same network), or validate = \"structural\" on the target")
+
+
 def reference_outputs(ort: Any, request: dict[str, Any], feeds: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
     """The reference's outputs, and a note when they come from the model as declared because the reference, a
     stage's output, could not be loaded or run on CPU. Raises ReferenceUnusable when no model can serve."""
@@ -81,7 +102,8 @@ def reference_outputs(ort: Any, request: dict[str, Any], feeds: dict[str, Any]) 
     except Exception as exc:  # noqa: BLE001 - ONNX Runtime's or onnx's error, said with the model's name
         cause = _cause(exc)
         if reference == declared or not described.startswith("the output of "):
-            raise ReferenceUnusable(f"the CPU reference, {described}, could not run on CPU: {cause}") from None
+            raise ReferenceUnusable(f"the CPU reference, {described}, could not run on CPU: {cause}"
+                                    + below_floor(reference, cause)) from None
     try:
         outputs = run_on_cpu(ort, declared, request, feeds, "model as declared")
     except ModelError:

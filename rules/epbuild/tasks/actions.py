@@ -14,7 +14,7 @@ from doit.exceptions import TaskFailed
 from ..contracts.artifact import read_artifact
 from ..contracts.statuses import TaskStatus, Verdict
 from ..contracts.task_result import PUBLISHED, TaskResult
-from ..errors import BuildError, ModelError, UserError
+from ..errors import BuildError, ModelCausedError, ModelError, UserError
 from ..execute.executor import run_operator_list, run_validation
 from ..files.hashing import snapshot
 from ..logs import say
@@ -60,7 +60,8 @@ def run_compile(build: Build, workspace: Workspace) -> TaskFailed | TaskResult:
     try:
         done = compile_build(build, workspace)
     except FAILURES as exc:
-        if isinstance(exc, BuildError) and reducible(build) is None:  # the EP's failure: a repro is one command away
+        # the EP's failure: a repro is one command away (not where the model's file shows the cause)
+        if isinstance(exc, BuildError) and not isinstance(exc, ModelCausedError) and reducible(build) is None:
             return TaskFailed(_suggest_reduce(str(exc), build.task))
         return failure(exc)
     nodes = done.nodes

@@ -359,6 +359,7 @@ class Tasks:
     def stage_tasks(self) -> Iterator[Task]:
         """shape:, optimize:, quantize:<model>[flavour] and squash: tasks, each feeding the next by file."""
         docs = {"freeze": "configuration inputs to constants, folded", "rewrite": "graph rewrites the model asks for",
+                "upgrade": "the model converted to the lowest opset its targets' EP takes",
                 "shape": "static shapes from `inputs`",
                 "fold": "nodes that only compute constants replaced by their values (NPU targets)",
                 "optimize": "ORT graph optimization",

@@ -249,10 +249,11 @@ def check_availability(manifest: Manifest, builds: list[Build], layout: Layout, 
 
 
 def with_graph_facts(manifest: Manifest, graphs: dict[str, dict[str, bool]]) -> Manifest:
-    """The manifest with what the model reading found: whether each model is already static (no shape stage) and
-    has nodes that only compute constants (else no fold stage)."""
+    """The manifest with what the model reading found: whether each model is already static (no shape stage), has
+    nodes that only compute constants (else no fold stage), and its ai.onnx opset (an upgrade stage below an EP's)."""
     return dataclasses.replace(manifest, models={
-        name: dataclasses.replace(model, graph_ready=graphs[name]["static"], constant_nodes=graphs[name]["foldable"])
+        name: dataclasses.replace(model, graph_ready=graphs[name]["static"], constant_nodes=graphs[name]["foldable"],
+                                  opset=graphs[name]["opset"])
         for name, model in manifest.models.items()})
 
 
