@@ -148,7 +148,7 @@ def test_failed_compile_leaves_nothing_and_others_build(project):
     done = project.doit("--continue", check=False)
     assert done.returncode != 0
     assert "compile det@qnn-htp (QNNExecutionProvider): " in done.stdout + done.stderr
-    assert "Unable to compile any nodes" in done.stdout + done.stderr
+    assert "QNNExecutionProvider took none of the model's nodes; alone, it takes no node of Det" in done.stdout
     assert not stale.exists()
     assert not list((project.artifacts / ".scratch").iterdir())
     assert len(ran(done, "compile:")) == 7

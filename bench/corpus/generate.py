@@ -22,6 +22,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
 
+import failure_classes  # noqa: E402 - the issue-63 classes of the tests are corpus members too
+
 import real_models  # noqa: E402 - the failure-class models of the tests are corpus members too
 
 
@@ -425,6 +427,13 @@ CORPUS = [
     Entry("topk_detector", "DETR-style head: TopK keeps 30 of 60 queries whose scores tie within fp16, boxes gathered "
           "at the chosen indices (onnx.helper)", real_models.topk_detector),
     Entry("qdq16", "QDQ model with uint16 activations from ORT's static quantizer", qdq16_cnn),
+    Entry("opset6", "old PyTorch export: opset 6, IR 3, weights listed as inputs; QNN takes no node below opset 7, "
+          "so its targets get the upgrade stage (onnx.helper)", failure_classes.opset6_cnn),
+    Entry("vad_unshaped", "silero VAD's class: a value_info with a type and no shape, read by Shape -> Gather "
+          "(onnx.helper)", failure_classes.unshaped_value_info),
+    Entry("det_only", "an op no EP takes (Det) alone: the line names it (onnx.helper)", failure_classes.det_only),
+    Entry("ranker_shared", "ranker whose Loop body reads the weight a compiled MatMul reads too: ONNX Runtime's "
+          "EPContext writer's invalid graph on QNN (onnx.helper)", failure_classes.ranker_shared_weight),
 ]
 
 

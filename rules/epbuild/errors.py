@@ -50,8 +50,8 @@ class BuildError(Exception):
 
 
 class ModelCausedError(BuildError):
-    """A compile that failed for a cause the model's file shows (its opset below what the EP takes): no EP bug, so
-    no reduction to a repro is suggested."""
+    """A job that failed for a cause the model's file or its settings show (its opset below what the EP takes, a
+    zero-size input, a manifest key): no EP bug, so no reduction to a repro is suggested."""
 
 
 def closest(word: str, choices: Iterable[str]) -> str:
@@ -69,8 +69,9 @@ class ModelError(Exception):
     `key` is the manifest key the problem is about, relative to the model's entry (`inputs.x`); `located` puts
     the file and the entry in front, so the user reads `models.toml: models.m.inputs.x: ...`."""
 
-    def __init__(self, message: str, key: str | None = None, file: str | None = None):
+    def __init__(self, message: str, key: str | None = None, file: str | None = None, in_model: bool = False):
         self.message, self.key, self.file = message, key, file
+        self.in_model = in_model or key is not None  # the model's file or its settings are the cause, not an EP bug
         super().__init__(": ".join(part for part in (file, key, message) if part))
 
 
@@ -81,5 +82,5 @@ def located(file: str | None, entry: str | None) -> Iterator[None]:
         yield
     except ModelError as exc:
         if exc.key and exc.file is None and file and entry:
-            raise ModelError(exc.message, f"{entry}.{exc.key}", file) from None
+            raise ModelError(exc.message, f"{entry}.{exc.key}", file, exc.in_model) from None
         raise

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import BuildError, ModelError, plain
+from ..errors import BuildError, ModelCausedError, ModelError, plain
 from ..logs import configure as configure_logging
 from ..logs import log as log_line
 from ..logs import say
@@ -46,17 +46,25 @@ PROGRESS_EVERY_S = 30.0
 FRAME = re.compile(r'^  File "|^    ')  # a Python traceback's frame lines ("  File ...", then its code line)
 
 
+# EP libraries' prints that say nothing about a failure: kept in the log, never in a failure's lines
+NOISE = re.compile(r"^\s*# LIBNATIVE:|\[[WIV]:onnxruntime[:,]")
+# ONNX Runtime's log prefix (time, severity, source location) in front of an error's words
+ORT_PREFIX = re.compile(r"^\S+ \S+ \[E:onnxruntime:[^\]]*\] ")
+
+
 def _tail(text: str, lines: int = 12) -> str:
-    """The child's last meaningful lines: logged errors (QNN's `[E:...]`, `<E>`), a C++ exception that ended the
-    process (`terminate called after throwing ...` and its `what():`) and the final Python exception; not
-    traceback frames, not colour codes."""
-    all_lines = [plain(line).rstrip() for line in text.strip().splitlines() if line.strip()]
+    """The child's last meaningful lines: logged errors (QNN's `[E:...]`, `<E>`; ONNX Runtime's without its time
+    and source location), a C++ exception that ended the process (`terminate called after throwing ...` and its
+    `what():`) and the final Python exception; not traceback frames, not colour codes, not the EP libraries'
+    chatter (`NOISE`)."""
+    all_lines = [plain(line).rstrip() for line in text.strip().splitlines()
+                 if line.strip() and not NOISE.search(plain(line))]
     errors = [line for line in all_lines if "[E:" in line or "<E>" in line
               or line.lstrip().startswith(("terminate called", "what():"))]
     exceptions = [line for line in all_lines if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Fail)\b", line)]
     kept = errors[-lines:] + exceptions[-1:] if errors or exceptions else [
         line for line in all_lines if not line.startswith("Traceback") and not FRAME.match(line)][-lines:]
-    return "\n".join(f"    {line.strip()}" for line in kept)
+    return "\n".join(f"    {ORT_PREFIX.sub('onnxruntime: ', line.strip())}" for line in kept)
 
 
 class _PlainChild:
@@ -193,7 +201,8 @@ def run_child(module: str, request: dict[str, Any], workdir: Path, limits: Limit
         if result.get("internal"):
             raise BuildError(f"{what}: internal error in epbuild: {result['error']}, see {log or 'the output'}")
         logged = "\n".join(line for line in text.splitlines() if "[E:" in line or "<E>" in line)
-        raise BuildError(plain(f"{what}: {result['error']}") + (f"\n{_tail(logged)}" if logged else ""))
+        kind = ModelCausedError if result.get("in_model") else BuildError
+        raise kind(plain(f"{what}: {result['error']}") + (f"\n{_tail(logged)}" if logged else ""))
     result["usage"] = {"seconds": round(seconds, 3), "peak_mb": round(peak_mb, 1)}
     return result
 
@@ -203,7 +212,7 @@ def describe(exc: BaseException) -> dict[str, Any]:
     internal error (a bug of epbuild, not a problem of the user's model)."""
     text = " ".join(str(exc).split()) or type(exc).__name__
     if isinstance(exc, ModelError):
-        return {"error": text}
+        return {"error": text, **({"in_model": True} if exc.in_model else {})}
     module = type(exc).__module__ or ""
     if module.startswith(("onnxruntime", "onnx")):
         return {"error": text}

@@ -9,6 +9,7 @@ shared EP context for a group.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from ..manifest.eps import lookup
 from ..records import record
 from ..store.cache import Outcome, Workspace, cached_folder, with_download
 from .compilers import compiler
-from .diagnosis import OLD_OPSET, compile_hints, input_branches, plain_ep_error
+from .diagnosis import OLD_OPSET, WRITER_FAULT, compile_hints, input_branches, plain_ep_error
 from .fingerprint import compile_fingerprint, target_identity
 from .graph import EP_CONTEXT, check_ep_contexts, dims, missing_files, names_read, placement, static_dims
 from .package import write_package, write_pipeline_package
@@ -113,12 +114,17 @@ def with_hints(error: BuildError, build: Build) -> BuildError:
     first, _, rest = str(error).partition("\n")
     plain = plain_ep_error(first)
     # ONNX Runtime's own log line repeating the failure the first line gives is noise below it
-    kept = [line for line in rest.splitlines() if not ("[E:onnxruntime:" in line and line.split("] ", 1)[-1][:60]
-                                                       in first)]
+    kept = [line for line in rest.splitlines() if not (
+        ("[E:onnxruntime:" in line or line.strip().startswith("onnxruntime: "))
+        and line.split("] ", 1)[-1].strip().removeprefix("onnxruntime: ")[:60] in first)]
     if not hints and plain == first and len(kept) == len(rest.splitlines()):
         return error
-    kind = ModelCausedError if any(hint.startswith(OLD_OPSET) for hint in hints) else BuildError
-    return kind("; ".join([plain, *hints]) + ("\n" + "\n".join(kept) if kept else ""))
+    kind = (ModelCausedError if isinstance(error, ModelCausedError) or any(h.startswith(OLD_OPSET) for h in hints)
+            else BuildError)
+    said = "; ".join([plain, *hints])
+    if any(h.startswith(WRITER_FAULT) for h in hints) and "[ONNXRuntimeError]" in plain:  # the raw error: in the log
+        said = plain[:plain.index("[ONNXRuntimeError]")] + "; ".join(hints)
+    return kind(said + ("\n" + "\n".join(kept) if kept else ""))
 
 
 def publishing(build: Build, folder: Path, layout: Layout) -> None:
@@ -244,13 +250,44 @@ def _compile_for_ep(ort: Any, options: Any, member: CompileMember, request: Comp
     model_file = Path(member["model"]).name
     if request["compiler"] == "ort":
         flags = int(ort.OrtCompileApiFlags.ERROR_IF_NO_NODES_COMPILED)
-        ort.ModelCompiler(options, model_file, embed_compiled_data_into_model=request["embed"],
-                          flags=flags).compile_to_file(member["output"])
+        try:
+            ort.ModelCompiler(options, model_file, embed_compiled_data_into_model=request["embed"],
+                              flags=flags).compile_to_file(member["output"])
+        except Exception as exc:
+            if "Unable to compile any nodes" not in str(exc) or request["share"]:
+                raise
+            sys.stderr.write(f"{' '.join(str(exc).split())}\n")  # ONNX Runtime's words stay in the job's log
+            _say_which_ops(ort, device, request, Path(model_file))
+            raise
     else:
         options.add_session_config_entry("ep.context_enable", "1")
         options.add_session_config_entry("ep.context_file_path", member["output"])
         options.add_session_config_entry("ep.context_embed_mode", "1" if request["embed"] else "0")
         ort.InferenceSession(model_file, options)
+
+
+def _say_which_ops(ort: Any, device: Any, request: CompileRequest, model: Path) -> None:
+    """ONNX Runtime's "Unable to compile any nodes" names nothing: ask the EP about each op type alone
+    (`steps.op_probe`) and fail with what it said; not for a model below the EP's opset (`diagnosis` says so)."""
+    import onnx
+
+    from .op_probe import refused_line, refused_op_types
+
+    opset = next((e.version for e in onnx.load(str(model), load_external_data=False).opset_import
+                  if e.domain in ("", "ai.onnx")), None)
+    if opset is not None and opset < (lookup(request["ep"]).min_opset or 0):
+        return
+
+    def options() -> Any:
+        fresh = ort.SessionOptions()
+        fresh.log_severity_level = 4
+        fresh.add_provider_for_devices([device], request["options"])
+        return fresh
+
+    found = refused_op_types(ort, model, options)
+    line = refused_line(lookup(request["ep"]).name, found)
+    if line:
+        raise ModelError(line, in_model=True)
 
 
 def _compile_in_child(request: CompileRequest) -> CompileResult:

@@ -5,7 +5,6 @@ without its weights, only after something failed, and said in the failure's one 
 from __future__ import annotations
 
 import re
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -149,6 +148,14 @@ def compile_hints(model_path: Path, ep_name: str, entry: str, frozen: bool, mess
         hints.append(f"the model has the torch dynamo exporter's as_strided pattern (Conv -> Reshape -> Gather -> "
                      f"Transpose, {_places(strided)}), on which QNN HTP's compile aborts: export with "
                      "torch.onnx.export(..., dynamo=False) or write the as_strided as view/unfold in the model")
+    writer_fault = "This is an invalid model" in message or "in-memory address marker" in message
+    shared = _read_in_and_out_of_bodies(graph) if writer_fault else []
+    if shared and _checks(model):
+        hints.append(f"{WRITER_FAULT} (onnx.checker accepts the model it "
+                     f"compiled from): a Loop/If/Scan body reads the outer-scope initializer(s) "
+                     f"{', '.join(repr(n) for n in shared[:4])}, which nodes outside it that {ep_name} compiled read "
+                     f"too, and the writer drops them with those nodes (a copy inside the body, tried, it writes as "
+                     f"an in-memory reference it cannot load); build this model for a CPU or OpenVINO target")
     outer = read_only_inside(graph) if "This is an invalid model" in message else []
     if outer and _checks(model):
         hints.append(f"ONNX Runtime's EPContext writer wrote an invalid model (onnx.checker accepts the model it "
@@ -156,12 +163,15 @@ def compile_hints(model_path: Path, ep_name: str, entry: str, frozen: bool, mess
                      f"({', '.join(repr(n) for n in outer[:4])}), which the writer does not carry into the EPContext "
                      f"model; the default fold stage moves them into the bodies that read them (remove optimize "
                      f"from {entry})")
-    if "Unable to compile any nodes" in message and not old:
-        ops = Counter(node.op_type for node in graph.node)
-        loops = sorted(op for op in ops if op in ("Loop", "Scan"))
-        hints.append(f"QNN HTP took none of the model's nodes ({', '.join(f'{op} x{n}' for op, n in ops.items())})"
-                     + (f"; it does not compile {' or '.join(loops)}: export the loop unrolled (a fixed trip count) "
-                        "or build this model for a CPU or OpenVINO target" if loops else ""))
+    loops = sorted({node.op_type for node in graph.node if node.op_type in ("Loop", "Scan")})
+    took_none = "took none of the model's nodes" in message or "Unable to compile any nodes" in message
+    if "nodes that cannot be fused together" in message:
+        hints.append(f"QNN put nodes from both sides of a node it does not take ({', '.join(loops) or 'one on CPU'}) "
+                     "into one partition, which ONNX Runtime refuses (a fault of the QNN EP, not of the model): "
+                     "split the model at that node, or build it for a CPU or OpenVINO target")
+    elif took_none and loops and not old:
+        hints.append(f"QNN HTP does not compile {' or '.join(loops)}: export the loop unrolled (a fixed trip count) "
+                     "or build this model for a CPU or OpenVINO target")
     branches = input_branches(graph)
     if branches and not frozen:
         node, fed_by = next(iter(branches.items()))
@@ -172,7 +182,18 @@ def compile_hints(model_path: Path, ep_name: str, entry: str, frozen: bool, mess
     return hints
 
 
+def _read_in_and_out_of_bodies(graph: Any) -> list[str]:
+    """Initializers read both by the graph's own nodes and inside their subgraphs."""
+    from .graph import graphs_within, subgraphs
+
+    top = {name for node in graph.node for name in node.input}
+    inside = {name for node in graph.node for sub in subgraphs(node) for inner in graphs_within(sub)
+              for n in inner.node for name in n.input}
+    return [t.name for t in graph.initializer if t.name in top and t.name in inside]
+
+
 OLD_OPSET = "the model is at ai.onnx opset "  # how `_old_opset`'s hint begins
+WRITER_FAULT = "ONNX Runtime's EPContext writer produced an invalid graph"  # the hint that replaces ORT's words
 
 
 def _old_opset(model: Any, ep_name: str, entry: str) -> str | None:

@@ -64,6 +64,16 @@ def dims(value: Any) -> list[int | str | None]:
     return found
 
 
+def refuse_zero_size(value: Any) -> None:
+    """A true input the model declares with a zero-size dimension holds no values: no EP compiles it, and calling
+    the 0 a symbolic dimension (as `dims` reads it) would send the user to the manifest."""
+    shape = [d.dim_value if d.HasField("dim_value") else "?" for d in value.type.tensor_type.shape.dim]
+    if any(d.HasField("dim_value") and d.dim_value == 0 for d in value.type.tensor_type.shape.dim):
+        raise ModelError(f"input '{value.name}' is declared {shape} in the model: a zero-size dimension, an empty "
+                         "tensor, which an EP cannot compile; export the model with the size it runs at",
+                         in_model=True)
+
+
 def clear_placeholder_dims(graph: Any) -> None:
     """Placeholder dim_params (`dim_name`) become unknown dimensions, in the graph and its subgraphs: fixing one
     by name would fix every other dimension that shares the placeholder."""
@@ -113,6 +123,7 @@ def static_dims(model: Any, inputs: dict[str, list[int]], needs_static: bool) ->
                 continue
             if wanted is None:
                 if needs_static:
+                    refuse_zero_size(value)
                     raise ModelError(f"input '{name}' has symbolic dimension {index} ('{dim or '-1'}'); this EP "
                                      f"needs static shapes: set inputs.{name} in the model's manifest entry",
                                      f"inputs.{name}")

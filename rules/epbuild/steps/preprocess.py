@@ -26,7 +26,7 @@ from .diagnosis import PATTERNS, REWRITES
 from .expected_peak import stage_limits
 from .fingerprint import stage_config, stage_fingerprint
 from .folding import fold_constants, into_bodies
-from .graph import check_input_names, clear_placeholder_dims, dims, missing_files, true_inputs
+from .graph import check_input_names, clear_placeholder_dims, dims, missing_files, refuse_zero_size, true_inputs
 from .upgrade import upgrade
 from .validation_inputs import read_npz
 
@@ -70,11 +70,16 @@ def save(model: Any, output: Path, data_file: str | None) -> None:
 
 def dynamic_tensors(model: Any) -> list[str]:
     """Tensors whose inferred shape still has a symbolic dimension: what an NPU EP would refuse."""
-    found = []
+    found = {}
     for value in [*model.graph.value_info, *model.graph.output]:
-        if value.type.HasField("tensor_type") and not all(isinstance(d, int) for d in dims(value)):
-            found.append(f"{value.name} {['?' if d is None else d for d in dims(value)]}")
-    return found
+        if not value.type.HasField("tensor_type"):
+            continue
+        raw = value.type.tensor_type.shape.dim  # a static 0 is static (`dims` reads it as unknown)
+        shape = [0 if d.HasField("dim_value") and d.dim_value == 0 else found_dim
+                 for d, found_dim in zip(raw, dims(value), strict=True)]
+        if not all(isinstance(d, int) for d in shape):  # once per tensor (an output may have a value_info too)
+            found[value.name] = f"{value.name} {['?' if d is None else d for d in shape]}"
+    return list(found.values())
 
 
 def ort_tool(name: str) -> Any:
@@ -198,6 +203,7 @@ def require_static(model: Any, task: str) -> dict[str, tuple[int, ...]]:
         found = dims(value)
         for index, dim in enumerate(found):
             if not isinstance(dim, int):
+                refuse_zero_size(value)
                 raise ModelError(f"{task} needs static shapes: input '{value.name}' has symbolic dimension {index} "
                                  f"('{dim or '-1'}'); set inputs.{value.name} in the model's manifest entry")
         shapes[value.name] = tuple(found)

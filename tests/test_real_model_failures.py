@@ -1,6 +1,7 @@
-"""Old opsets (issue 63 item 1): a model below the opset its target's EP takes (QNN: 7) gets an `upgrade` stage
-(ONNX's version converter) for that target only, validated against the model as declared; a conversion the converter
-refuses, and a compile with `upgrade = false`, say so in one line."""
+"""More real models build, and every EP failure is named (issue 63): old opsets get an `upgrade` stage for targets
+whose EP takes none below some opset (QNN: 7), validated against the model as declared; a converter refusal, a
+compile with `upgrade = false`, an EP that takes no node, a zero-size input and the EPContext writer's invalid graph
+each say so in one line."""
 
 from __future__ import annotations
 
@@ -8,41 +9,11 @@ import json
 
 import numpy as np
 import onnx
+from failure_classes import BIAS, RNG, B, W, legacy_broadcast, ranker_shared_weight, unconvertible
+from failure_classes import opset6_cnn as plain
 from onnx import TensorProto, helper, numpy_helper
 
 from conftest import build_report
-
-RNG = np.random.default_rng(0)
-W = RNG.standard_normal((8, 4, 3, 3)).astype(np.float32)
-B = RNG.standard_normal(8).astype(np.float32)
-BIAS = RNG.standard_normal(8).astype(np.float32)
-
-
-def _old_export(path, nodes, weights: dict[str, np.ndarray], opset: int = 6) -> None:
-    """An old PyTorch export: IR 3, the weights listed as graph inputs too."""
-    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 16, 16]),
-              *(helper.make_tensor_value_info(name, TensorProto.FLOAT, list(a.shape)) for name, a in weights.items())]
-    graph = helper.make_graph(nodes, "old", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT,
-                                                                                   [1, 8, 16, 16])],
-                              [numpy_helper.from_array(a, name) for name, a in weights.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=3)
-    model.producer_name, model.producer_version = "pytorch", "0.3"
-    onnx.save(model, str(path))
-
-
-def plain(path) -> None:
-    """Ops ONNX Runtime runs at opset 6 (QNN takes none of them there)."""
-    _old_export(path, [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
-                       helper.make_node("Tanh", ["c"], ["t"]), helper.make_node("Relu", ["t"], ["r"]),
-                       helper.make_node("Softmax", ["r"], ["y"], axis=1)], {"w": W, "b": B})
-
-
-def legacy_broadcast(path) -> None:
-    """Opset 6's Add with `broadcast = 1, axis = 1`: a per-channel bias (no ONNX Runtime kernel at opset 6)."""
-    _old_export(path, [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
-                       helper.make_node("Add", ["c", "bias"], ["a"], broadcast=1, axis=1),
-                       helper.make_node("Relu", ["a"], ["r"]), helper.make_node("Softmax", ["r"], ["y"], axis=1)],
-                {"w": W, "b": B, "bias": BIAS})
 
 
 def same_network_at_opset_11(path) -> None:
@@ -56,12 +27,6 @@ def same_network_at_opset_11(path) -> None:
         [numpy_helper.from_array(W, "w"), numpy_helper.from_array(B, "b"),
          numpy_helper.from_array(BIAS.reshape(8, 1, 1), "bias")])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)]), str(path))
-
-
-def unconvertible(path) -> None:
-    """Scale, an op ONNX Runtime registers in the default domain and ONNX has no schema for."""
-    _old_export(path, [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
-                       helper.make_node("Scale", ["c"], ["y"], scale=2.0)], {"w": W, "b": B})
 
 
 def test_legacy_broadcast_is_converted_to_what_it_means(tmp_path):
@@ -170,3 +135,62 @@ def test_a_model_onnx_runtime_cannot_run_says_why_it_cannot_be_the_reference(pro
     assert "give validation.reference a model you trust" in line
     line = next(line for line in out.splitlines() if line.startswith("compile old@cpu"))
     assert "export it again at opset 7 or later" in line and "epbuild reduce" not in line
+
+
+def _tiny(path, nodes, x_shape, y_shape) -> None:
+    graph = helper.make_graph(nodes, path.stem, [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, y_shape)])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+
+
+def test_a_compile_that_takes_no_node_names_what_the_ep_refuses(project, openvino_reason):
+    """Issue 63 item 3: "Unable to compile any nodes" named nothing; the EP is asked about each op type alone. A
+    model folded to nothing says so (QNN said "took none of the model's nodes ()"); a static zero-size input is
+    called what it is, not a symbolic dimension in a line worded as a manifest error."""
+    models = project.root / "models"
+    _tiny(models / "det.onnx", [helper.make_node("Det", ["x"], ["y"])], [2, 3, 3], [2])
+    _tiny(models / "const.onnx",
+          [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Cast", ["s"], ["y"], to=1)], [2, 3], [2])
+    _tiny(models / "zero.onnx", [helper.make_node("Relu", ["x"], ["y"])], [2, 0, 4], [2, 0, 4])
+    targets = '[targets.qnn-htp]\nep = "qnn"\n' + ('' if openvino_reason else '[targets.ov]\nep = "openvino"\n')
+    project.manifest(targets + "".join(f'[models.{m}]\npath = "models/{m}.onnx"\n' for m in ("det", "const", "zero")))
+    done = project.doit("--continue", check=False)
+    lines = {line.split(" (")[0]: line for line in done.stdout.splitlines() if line.startswith("compile ")}
+    for target, ep in [("qnn-htp", "QNNExecutionProvider"), *([] if openvino_reason else
+                                                              [("ov", "OpenVINOExecutionProvider")])]:
+        line = lines[f"compile det@{target}"]
+        assert f"{ep} took none of the model's nodes; alone, it takes no node of Det (1 node)" in line, line
+        assert "Unable to compile any nodes" not in line and "epbuild reduce" not in line
+        line = lines[f"compile zero@{target}"]
+        assert "input 'x' is declared [2, 0, 4] in the model: a zero-size dimension" in line, line
+        assert "symbolic" not in line and "models.toml" not in line and "epbuild reduce" not in line
+    line = lines["compile const@qnn-htp"]
+    assert "the model has none left to compile (every output is an input or a constant" in line, line
+    assert "()" not in line
+
+
+def test_ep_chatter_stays_out_of_a_failure_s_lines():
+    from epbuild.execute.child import _tail
+
+    printed = (" # LIBNATIVE: No alternate configuration present in libnative_tls.conf - using default\n"
+               "\x1b[0;93m2026-12-05 15:05:59.53 [W:onnxruntime:, model.cc:290 Model] only guarantees opset 7\x1b[m\n"
+               "\x1b[1;31m2026-12-05 15:05:59.53 [E:onnxruntime:, qnn_model.cc:12 Finalize] graph finalize failed: "
+               "1002\x1b[m\n")
+    assert _tail(printed) == "    onnxruntime: graph finalize failed: 1002"
+    assert _tail(" # LIBNATIVE: x\nthe EP's own words\n") == "    the EP's own words"
+
+
+def test_a_loop_body_reading_a_weight_the_ep_consumed_is_said_to_be_the_writer_s_invalid_graph(project):
+    """Issue 63 item 4: a ranker whose Loop body reads the weight a compiled MatMul outside it reads too: ONNX
+    Runtime's EPContext writer drops the weight with the MatMul and writes a model it refuses ("INVALID_GRAPH ...
+    not output of any previous nodes"). Copying the weight into the body was tried: the writer then writes the copy
+    as an in-memory reference it cannot load. So the line says what happened, not ONNX Runtime's raw words."""
+    ranker_shared_weight(project.root / "models" / "ranker.onnx")
+    project.manifest('[targets.qnn-htp]\nep = "qnn"\noptions = { soc_model = 60 }\n\n[models.ranker]\n'
+                     'path = "models/ranker.onnx"\n')
+    done = project.doit("--continue", check=False)
+    line = next(line for line in done.stdout.splitlines() if line.startswith("compile ranker@qnn-htp"))
+    assert line.startswith("compile ranker@qnn-htp (QNNExecutionProvider): ONNX Runtime's EPContext writer produced "
+                           "an invalid graph"), line
+    assert "reads the outer-scope initializer(s) 'W'" in line and "build this model for a CPU or OpenVINO" in line
+    assert "[ONNXRuntimeError]" not in line and "topologically sorted" not in line
