@@ -63,25 +63,28 @@ def det_only(path: Path) -> Path:
     return path
 
 
-def ranker_shared_weight(path: Path) -> Path:
-    """A ranker whose Loop body reads the weight a MatMul outside it reads too."""
-    weight = numpy_helper.from_array(RNG.standard_normal((16, 16)).astype(np.float32), "W")
+def ranker_shared_weight(path: Path, body_only: bool = False, size: int = 16) -> Path:
+    """A ranker whose Loop body reads the weight a MatMul outside it reads too (`body_only`: a weight of its own,
+    read only inside, `size` x `size`)."""
+    rng = np.random.default_rng(1)
+    weight = numpy_helper.from_array((rng.standard_normal((size, size)) / size).astype(np.float32), "W")
+    dense = numpy_helper.from_array((rng.standard_normal((16, size)) / 4).astype(np.float32), "V")
     body = helper.make_graph(
         [helper.make_node("Identity", ["cond_in"], ["cond_out"]), helper.make_node("MatMul", ["acc_in", "W"], ["mm"]),
          helper.make_node("Add", ["mm", "h"], ["acc_out"])],
         "body", [helper.make_tensor_value_info("i", TensorProto.INT64, []),
                  helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
-                 helper.make_tensor_value_info("acc_in", TensorProto.FLOAT, [1, 16])],
+                 helper.make_tensor_value_info("acc_in", TensorProto.FLOAT, [1, size])],
         [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("acc_out", TensorProto.FLOAT, [1, 16])])
+         helper.make_tensor_value_info("acc_out", TensorProto.FLOAT, [1, size])])
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "W"], ["m"]), helper.make_node("Relu", ["m"], ["h"]),
+        [helper.make_node("MatMul", ["x", "V" if body_only else "W"], ["m"]), helper.make_node("Relu", ["m"], ["h"]),
          helper.make_node("Loop", ["trip", "cond", "zero"], ["y"], body=body)], "ranker",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])],
-        [weight, numpy_helper.from_array(np.array(3, np.int64), "trip"),
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, size])],
+        [weight, *([dense] if body_only else []), numpy_helper.from_array(np.array(3, np.int64), "trip"),
          numpy_helper.from_array(np.array(True), "cond"),
-         numpy_helper.from_array(np.zeros((1, 16), np.float32), "zero")])
+         numpy_helper.from_array(np.zeros((1, size), np.float32), "zero")])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
     return path
 

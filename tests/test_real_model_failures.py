@@ -180,17 +180,26 @@ def test_ep_chatter_stays_out_of_a_failure_s_lines():
     assert _tail(" # LIBNATIVE: x\nthe EP's own words\n") == "    the EP's own words"
 
 
-def test_a_loop_body_reading_a_weight_the_ep_consumed_is_said_to_be_the_writer_s_invalid_graph(project):
-    """Issue 63 item 4: a ranker whose Loop body reads the weight a compiled MatMul outside it reads too: ONNX
-    Runtime's EPContext writer drops the weight with the MatMul and writes a model it refuses ("INVALID_GRAPH ...
-    not output of any previous nodes"). Copying the weight into the body was tried: the writer then writes the copy
-    as an in-memory reference it cannot load. So the line says what happened, not ONNX Runtime's raw words."""
-    ranker_shared_weight(project.root / "models" / "ranker.onnx")
-    project.manifest('[targets.qnn-htp]\nep = "qnn"\noptions = { soc_model = 60 }\n\n[models.ranker]\n'
-                     'path = "models/ranker.onnx"\n')
+def test_a_loop_body_reading_weights_from_outside_compiles_for_qnn(project):
+    """Issue 63 item 4: a ranker whose Loop body reads the weight a compiled MatMul outside reads too, and one whose
+    body alone reads a 16 KiB table. ONNX Runtime's EPContext writer dropped the first with the MatMul ("INVALID_GRAPH
+    ... not output of any previous nodes"), and wrote the second, moved into the body, as an in-memory reference it
+    could not load. The fold stage passes both to the Loop as loop-carried values: they compile and validate; with
+    optimize (no fold stage) the line says it is the writer's invalid graph, not ONNX Runtime's raw words."""
+    ranker_shared_weight(project.root / "models" / "shared.onnx")
+    ranker_shared_weight(project.root / "models" / "table.onnx", body_only=True, size=64)
+    project.manifest('[targets.qnn-htp]\nep = "qnn"\noptions = { soc_model = 60 }\n\n'
+                     '[models.shared]\npath = "models/shared.onnx"\n[models.table]\npath = "models/table.onnx"\n'
+                     '[models.unfolded]\npath = "models/shared.onnx"\noptimize = "none"\n')
     done = project.doit("--continue", check=False)
-    line = next(line for line in done.stdout.splitlines() if line.startswith("compile ranker@qnn-htp"))
-    assert line.startswith("compile ranker@qnn-htp (QNNExecutionProvider): ONNX Runtime's EPContext writer produced "
+    tasks = build_report(project)
+    for model in ("shared", "table"):
+        assert tasks[f"validate:{model}@qnn-htp"]["status"] == "validated", done.stdout
+        folded = onnx.load(str(project.artifacts / ".stages" / model / "fold" / f"{model}.onnx"))
+        (loop,) = [n for n in folded.graph.node if n.op_type == "Loop"]
+        assert "W" in loop.input
+    line = next(line for line in done.stdout.splitlines() if line.startswith("compile unfolded@qnn-htp"))
+    assert line.startswith("compile unfolded@qnn-htp (QNNExecutionProvider): ONNX Runtime's EPContext writer produced "
                            "an invalid graph"), line
-    assert "reads the outer-scope initializer(s) 'W'" in line and "build this model for a CPU or OpenVINO" in line
+    assert "reads the outer-scope initializer(s) 'W'" in line and "remove optimize from models.unfolded" in line
     assert "[ONNXRuntimeError]" not in line and "topologically sorted" not in line

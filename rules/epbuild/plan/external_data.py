@@ -44,7 +44,7 @@ def _ready(model: Any) -> dict[str, Any]:
     with, so no stale shape can reach a compiler; whether any node only computes constants; its ai.onnx opset."""
     import onnx
 
-    from ..steps.folding import foldable_nodes
+    from ..steps.folding import foldable_nodes, read_in_bodies
 
     def static(value: Any) -> bool:
         shape = value.type.tensor_type.shape if value.type.HasField("tensor_type") else None
@@ -66,7 +66,9 @@ def _ready(model: Any) -> dict[str, Any]:
             again = {v.name: v for v in [*inferred.graph.value_info, *inferred.graph.output]}
             shaped = all(name in again and again[name].type == known[name].type for name in outputs)
     opsets = [entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")]
-    return {"static": shaped, "foldable": bool(foldable_nodes(graph)), "opset": opsets[0] if opsets else None}
+    # the fold stage also gets the initializers subgraphs read to them in a way the EPContext writer keeps
+    foldable = bool(foldable_nodes(graph)) or bool(read_in_bodies(graph))
+    return {"static": shaped, "foldable": foldable, "opset": opsets[0] if opsets else None}
 
 
 def _read(model_path: Path) -> dict[str, Any]:

@@ -154,15 +154,16 @@ def compile_hints(model_path: Path, ep_name: str, entry: str, frozen: bool, mess
         hints.append(f"{WRITER_FAULT} (onnx.checker accepts the model it "
                      f"compiled from): a Loop/If/Scan body reads the outer-scope initializer(s) "
                      f"{', '.join(repr(n) for n in shared[:4])}, which nodes outside it that {ep_name} compiled read "
-                     f"too, and the writer drops them with those nodes (a copy inside the body, tried, it writes as "
-                     f"an in-memory reference it cannot load); build this model for a CPU or OpenVINO target")
+                     f"too, and the writer drops them with those nodes; the default fold stage passes a Loop's "
+                     f"outer-scope weights in as loop-carried values, which the writer keeps (remove optimize from "
+                     f"{entry}); an If's: build this model for a CPU or OpenVINO target")
     outer = read_only_inside(graph) if "This is an invalid model" in message else []
     if outer and _checks(model):
         hints.append(f"ONNX Runtime's EPContext writer wrote an invalid model (onnx.checker accepts the model it "
                      f"compiled from): a Loop/If/Scan body reads outer-scope initializers "
                      f"({', '.join(repr(n) for n in outer[:4])}), which the writer does not carry into the EPContext "
-                     f"model; the default fold stage moves them into the bodies that read them (remove optimize "
-                     f"from {entry})")
+                     f"model; the default fold stage passes them to a Loop as loop-carried values, and moves them into "
+                     f"the If or Scan bodies that read them (remove optimize from {entry})")
     loops = sorted({node.op_type for node in graph.node if node.op_type in ("Loop", "Scan")})
     took_none = "took none of the model's nodes" in message or "Unable to compile any nodes" in message
     if "nodes that cannot be fused together" in message:

@@ -103,15 +103,82 @@ def read_only_inside(graph: Any) -> list[str]:
     return [t.name for t in graph.initializer if t.name in inside]
 
 
+def carry_into_loops(graph: Any) -> list[str]:
+    """Initializers a Loop body reads from the outer scope (a DLRM ranker's EmbeddingBag gathering rows of a table,
+    a weight a MatMul outside reads too) become loop-carried values the body passes through unchanged: explicit
+    inputs of the Loop, so ONNX Runtime's EPContext writer keeps them. Read from the outer scope, the writer drops
+    them (with the nodes it compiled that read them too, or because only a body reads them: "input 'W' ... is not
+    output of any previous nodes"); moved into the body, it writes those over 127 bytes as in-memory references it
+    then cannot load. The names carried."""
+    from onnx import helper
+
+    outer = {t.name: t for t in graph.initializer}
+    taken = {name for g in graphs_within(graph) for n in g.node for name in [*n.input, *n.output]} | set(outer)
+    carried = []
+    for index, node in enumerate(graph.node):
+        if node.op_type != "Loop" or node.domain not in ("", "ai.onnx"):
+            continue
+        body = next(a.g for a in node.attribute if a.name == "body")
+        inner = graphs_within(body)
+        defined = {name for g in inner for name in [*(v.name for v in g.input), *(t.name for t in g.initializer),
+                                                     *(o for n in g.node for o in n.output)]}
+        reads = {name for g in inner for n in g.node for name in n.input}
+        names = [name for name in outer if name in reads and name not in defined]
+        if not names:
+            continue
+        state = len(node.input) - 2  # loop-carried values: before the scan outputs, in the body and the node
+        body_outputs, node_outputs = list(body.output), list(node.output)
+        for name in names:
+            tensor = outer[name]
+            inside, passed, last = (_fresh(f"{name}__carried", taken), _fresh(f"{name}__carried_out", taken),
+                                    _fresh(f"{name}__loop{index}_last", taken))
+            for g in inner:
+                for n in g.node:
+                    for position, read in enumerate(n.input):
+                        if read == name:
+                            n.input[position] = inside
+            body.input.append(helper.make_tensor_value_info(inside, tensor.data_type, list(tensor.dims)))
+            body_outputs.insert(1 + state, helper.make_tensor_value_info(passed, tensor.data_type, list(tensor.dims)))
+            body.node.append(helper.make_node("Identity", [inside], [passed]))
+            node.input.append(name)
+            node_outputs.insert(state, last)
+            state += 1
+        del body.output[:]
+        body.output.extend(body_outputs)
+        del node.output[:]
+        node.output.extend(node_outputs)
+        carried.extend(names)
+    return carried
+
+
+def _fresh(name: str, taken: set[str]) -> str:
+    """`name`, or `name_2`, `name_3`... where the model already has it; the one returned is taken."""
+    found, count = name, 1
+    while found in taken:
+        count += 1
+        found = f"{name}_{count}"
+    taken.add(found)
+    return found
+
+
+def read_in_bodies(graph: Any) -> list[str]:
+    """The graph's initializers that its nodes' subgraphs read, wherever else they are read."""
+    inside = {name for node in graph.node for sub in subgraphs(node) for inner in graphs_within(sub)
+              for n in inner.node for name in n.input}
+    return [t.name for t in graph.initializer if t.name in inside]
+
+
 def into_bodies(graph: Any) -> list[str]:
-    """Initializers read only inside a node's subgraphs (a Loop body gathering rows of an outer table) move into
-    each subgraph that reads them: the same values in scope, and ONNX Runtime's EPContext writer, which does not
-    carry such outer-scope initializers into the model it writes (an invalid model: "input 'offsets_7' ... is not
-    output of any previous nodes"), has nothing to lose. The names moved."""
+    """Initializers read inside a node's subgraphs get to them in a way ONNX Runtime's EPContext writer keeps: a
+    Loop's as loop-carried values (`carry_into_loops`); those read only inside an If or Scan move into each subgraph
+    that reads them (the writer does not carry outer-scope initializers into the model it writes: an invalid model,
+    "input 'offsets_7' ... is not output of any previous nodes"; it keeps only those of at most 127 bytes inside).
+    The names carried or moved."""
+    carried = carry_into_loops(graph)
     outer = {t.name: t for t in graph.initializer}
     moving = read_only_inside(graph)
     if not moving:
-        return []
+        return carried
     for node in graph.node:
         for sub in subgraphs(node):
             reads = {name for inner in graphs_within(sub) for n in inner.node for name in n.input}
@@ -122,7 +189,7 @@ def into_bodies(graph: Any) -> list[str]:
     listed = [v for v in graph.input if v.name not in moving]  # old IRs list weights as inputs too
     del graph.input[:]
     graph.input.extend(listed)
-    return moving
+    return carried + moving
 
 
 def fold_constants(model: Any) -> int:
