@@ -203,3 +203,41 @@ def test_a_loop_body_reading_weights_from_outside_compiles_for_qnn(project):
                            "an invalid graph"), line
     assert "reads the outer-scope initializer(s) 'W'" in line and "remove optimize from models.unfolded" in line
     assert "[ONNXRuntimeError]" not in line and "topologically sorted" not in line
+
+
+def test_carried_weights_go_before_a_loop_s_scan_outputs(tmp_path):
+    """Loop outputs are its loop-carried values, then its scan outputs: a carried weight goes between them, and the
+    model computes what it did (to a float's last bit: a MatMul of a weight read at run time is not pre-packed)."""
+    import onnxruntime as ort
+
+    from epbuild.steps.folding import carry_into_loops
+
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]), helper.make_node("MatMul", ["acc_in", "W"], ["mm"]),
+         helper.make_node("Add", ["mm", "x"], ["acc_out"]), helper.make_node("Mul", ["acc_out", "W1"], ["scan"])],
+        "body", [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                 helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+                 helper.make_tensor_value_info("acc_in", TensorProto.FLOAT, [1, 8])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("acc_out", TensorProto.FLOAT, [1, 8]),
+         helper.make_tensor_value_info("scan", TensorProto.FLOAT, [1, 8])])
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["trip", "", "zero"], ["acc", "scans"], body=body)], "loop",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+        [helper.make_tensor_value_info("acc", TensorProto.FLOAT, [1, 8]),
+         helper.make_tensor_value_info("scans", TensorProto.FLOAT, [4, 1, 8])],
+        [numpy_helper.from_array((RNG.standard_normal((8, 8)) / 8).astype(np.float32), "W"),
+         numpy_helper.from_array(RNG.standard_normal(8).astype(np.float32), "W1"),
+         numpy_helper.from_array(np.array(4, np.int64), "trip"),
+         numpy_helper.from_array(np.zeros((1, 8), np.float32), "zero")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = RNG.standard_normal((1, 8)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})
+    assert carry_into_loops(model.graph) == ["W", "W1"]
+    onnx.checker.check_model(model)
+    (loop,) = model.graph.node
+    assert list(loop.input) == ["trip", "", "zero", "W", "W1"] and loop.output[0] == "acc" and loop.output[3] == "scans"
+    got = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert carry_into_loops(model.graph) == []  # nothing read from outside any more
