@@ -157,6 +157,7 @@ REGISTRY: dict[str, EpInfo] = {
             no_device_hint="; the OpenVINO plugin lists Intel hardware only (on other x86-64 CPUs epbuild loads it "
                            "through its vendor-id shim unless EPBUILD_OPENVINO_VENDOR_SHIM=0)",
             host_specific=True, vendor_shim=True,
+            # no min_opset: it compiled the same 20 op types at opsets 6-14 (onnxruntime-ep-openvino 1.8.1)
         ),
         EpInfo("dml", "DmlExecutionProvider", "gpu", ("gpu",), "bundled", package="onnxruntime-directml",
                platform="win32"),
