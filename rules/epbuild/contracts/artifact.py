@@ -63,6 +63,7 @@ class ArtifactRecord:
     nodes: dict[str, Any] = OMIT  # where the source's nodes went: source, ep_context, cpu, in_ep, ...
     graphs: list[str] = OMIT  # the EPContext nodes' graph names
     compatibility: str = OMIT  # the EP's compatibility string
+    socs: dict[str, str] = OMIT  # a multi-SoC QNN binary: each SoC it holds, number -> chip name
     frozen: dict[str, list[float]] = OMIT  # inputs made constants (`freeze`)
     optimization_level: str = OMIT  # cpu targets
     toolchain: dict[str, str] = OMIT  # qaic, qairt: the vendor tool's name and version

@@ -19,6 +19,7 @@ from .parse import ModelSpec
 from .qaic import QaicOptions
 from .stage import Stage
 
+REPORT = "validation.json"  # a validation's report, beside the artifact it judges
 QPC_PROGRAM = "qpc/programqpc.bin"  # qaic targets: the QPC folder that qaic-compile writes, with its program
 
 
@@ -55,6 +56,8 @@ class ResolvedTarget:
     toolchain_version: str | None = None  # qaic/qairt absent here: the version the Dask workers offer
     min_offload: float | None = None
     warnings: tuple[tuple[str, str], ...] = ()  # (where, what): said once per run that reads the manifest
+    socs: tuple[str, ...] = ()  # QNN's soc_model as a list: one multi-SoC binary (numbers, ascending)
+    fleet: str | None = None  # one SoC of that target's list, compiled alone to be run (`plan.targets.each_soc`)
 
     def limits(self, timeout_s: float | None = None) -> Limits:
         """The limits of this target's children: the compile's timeout unless another is given."""
@@ -175,6 +178,7 @@ class Build:
     manifest: str = "models.toml"  # the manifest's file name, for errors about a member's keys
     pipeline_tokens: int | None = None  # a group validated as prompt + token graphs (`pipeline`)
     alone: tuple[tuple[str, tuple[Path, ...]], ...] = ()  # a pipeline's members compiled alone: (name, their files)
+    soc_reports: tuple[tuple[str, Path], ...] = ()  # a multi-SoC build: each SoC's validation.json, compiled alone
 
     @property
     def kind(self) -> str:
@@ -222,10 +226,10 @@ class Build:
     def validation_files(self) -> list[Path]:
         """Files the validation reads besides the artifact and the compiled-from model: the inputs file, the
         reference, the model as declared and the float model, with their external data; a pipeline's members
-        compiled alone."""
+        compiled alone; a multi-SoC build's reports of each SoC compiled alone."""
         return [*(p for m in self.members for p in m.reference_files if p not in m.external and p != m.model.path),
                 *(path for m in self.members for path in m.validation.task_files if path not in m.reference_files),
-                *(path for _, files in self.alone for path in files)]
+                *(path for _, files in self.alone for path in files), *(path for _, path in self.soc_reports)]
 
     @property
     def origins(self) -> list[Path]:

@@ -12,8 +12,9 @@ from typing import Any
 
 from ..errors import UserError, closest
 from ..files.layout import Layout
-from ..manifest.builds import Build, Member, ResolvedTarget, ValidationSettings
+from ..manifest.builds import REPORT, Build, Member, ResolvedTarget, ValidationSettings
 from ..manifest.eps import DEFAULT_EP, QAIC, REGISTRY, SOURCES, EpInfo, lookup, valid_ep_names
+from ..manifest.names import shown
 from ..manifest.parse import GroupSpec, Manifest, ModelSpec, TableReader, TargetSpec, not_a_file
 from ..manifest.qaic import check_qaic
 from ..manifest.roots import Roots
@@ -91,7 +92,11 @@ def resolve_target(spec: TargetSpec, manifest: Manifest) -> ResolvedTarget:
         raise UserError(file, f"{where}.options.{file_option}", f"names a file ({options[file_option]!r}), which "
                         f"{ep.name} would parse as JSON text and reject at run time: add option_files = "
                         f"[\"{file_option}\"] so it is given the file")
-    return ResolvedTarget(warnings=_unknown_values(options, ep, file, where),
+    socs = tuple(options[SOC_OPTION].split(",")) if "," in options.get(SOC_OPTION, "") else ()
+    if socs and spec.compiler != "ort":
+        raise UserError(file, f"{where}.compiler", "a list of SoCs is compiled with ONNX Runtime's ModelCompiler: "
+                        "compiler = \"ort\"")
+    return ResolvedTarget(warnings=_unknown_values(options, ep, file, where), socs=socs,
         name=spec.name, ep=ep, source=source, device=device, compiler=spec.compiler, embed=spec.embed,
         options=dict(sorted(options.items())), option_files=_option_files(spec, options, manifest),
         optimization_level=(spec.optimization_level or CPU_DEFAULT_LEVEL) if ep.is_cpu else None,
@@ -103,6 +108,9 @@ def _options(spec: TargetSpec, ep: EpInfo, file: str, where: str) -> dict[str, s
     """Provider options checked against the EP's names, as the strings the EP receives."""
     options: dict[str, str] = {}
     for key, value in spec.options.items():
+        if isinstance(value, list):
+            options[key] = _soc_list(value, key, ep, file, where)
+            continue
         if key in ep.ignored_options:
             raise UserError(file, f"{where}.options.{key}", ep.ignored_options[key])
         if ep.known_options is not None and key not in ep.known_options:
@@ -129,7 +137,44 @@ def _options(spec: TargetSpec, ep: EpInfo, file: str, where: str) -> dict[str, s
         options[key] = text
     if not ({"backend_type", "backend_path"} & options.keys()):
         options.update(ep.required_defaults)
+    if "," in options.get(SOC_OPTION, "") and (options.get("backend_type") != "htp" or "backend_path" in options):
+        key = "backend_path" if "backend_path" in options else "backend_type"
+        raise UserError(file, f"{where}.options.{key}", "a list of SoCs (one binary for several SoCs) is built for "
+                        "the HTP only: backend_type = \"htp\", no backend_path")
     return options
+
+
+SOC_OPTION = "soc_model"  # the option a list of SoCs is given for: one QNN binary for several SoCs
+
+
+def _soc_list(values: list[Any], key: str, ep: EpInfo, file: str, where: str) -> str:
+    """`soc_model = ["SM8650", "SC8380XP", 57]`: several SoCs in one multi-SoC QNN binary, as the EP takes them
+    (numbers joined by commas, in ascending order: the list's order changes nothing). Every entry a chip epbuild
+    knows, by name or number; none twice; at least two."""
+    at = f"{where}.options.{key}"
+    if key != SOC_OPTION or SOC_OPTION not in ep.known_values:
+        if key == "htp_arch" and SOC_OPTION in ep.known_values:
+            raise UserError(file, at, "a list of HTP architectures, which QNN also takes, is not built by epbuild "
+                            "yet: list the SoCs in soc_model (one binary for several SoCs)")
+        raise UserError(file, at, "a list is taken only by QNN's soc_model (one binary for several SoCs); give one "
+                        "value")
+    chips = ep.known_values[SOC_OPTION]
+    by_name = {name.lower(): number for number, name in chips.items()}
+    numbers: dict[str, str] = {}
+    for index, value in enumerate(values):
+        text = _normalise(value)
+        number = by_name.get(text.lower(), text) if text is not None and not isinstance(value, bool) else None
+        if number not in chips:
+            known = ", ".join(f"{name} ({n})" for n, name in chips.items())
+            raise UserError(file, f"{at}[{index}]", f"{shown(value)} is not a SoC epbuild knows"
+                            f"{closest(str(text).upper(), list(chips.values()))}; known: {known}")
+        if number in numbers:
+            raise UserError(file, f"{at}[{index}]", f"{shown(value)} is {chips[number]} ({number}), already listed as "
+                            f"{shown(numbers[number])}")
+        numbers[number] = value
+    if len(numbers) < 2:
+        raise UserError(file, at, f"a list of one SoC is a plain target: write {key} = {shown(values[0])}")
+    return ",".join(sorted(numbers, key=int))
 
 
 def _unknown_values(options: dict[str, str], ep: EpInfo, file: str, where: str) -> tuple[tuple[str, str], ...]:
@@ -137,7 +182,7 @@ def _unknown_values(options: dict[str, str], ep: EpInfo, file: str, where: str) 
     without a word."""
     found = []
     for key, known in ep.known_values.items():
-        if key in options and options[key] not in known:
+        if key in options and options[key] not in known and "," not in options[key]:  # a list: each one checked
             listed = ", ".join(f"{value} ({name})" for value, name in known.items())
             found.append((f"{file}: {where}.options.{key}", f"{options[key]} is not a {key} epbuild knows, and "
                           f"{ep.name} compiles without checking it; known: {listed}"))
@@ -198,7 +243,7 @@ def _member(model: ModelSpec, target: ResolvedTarget, manifest: Manifest, extern
             reference_external: tuple[Path, ...]) -> tuple[Member, Chain]:
     """A model as its build consumes it (after its stages), with its validation settings."""
     chain = _chain(model, target, manifest, external)
-    settings = validation_settings(model, manifest.targets[target.name], manifest.path.name)
+    settings = validation_settings(model, manifest.targets[target.fleet or target.name], manifest.path.name)
     folded = model.freeze or any(stage.kind in ("rewrite", "fold", "optimize") for stage in chain.stages)
     if folded and chain.float_model is None and settings.reference is None:
         # compare with the model as declared (fed the frozen values): folding errors cannot hide
@@ -260,10 +305,21 @@ def check_group(spec: GroupSpec, manifest: Manifest, target: ResolvedTarget) -> 
         raise UserError(file, f"{where}.target", f"target '{target.name}' uses compiler = \"{target.compiler}\"; "
                                                  "shared contexts are built with ONNX Runtime: compiler = \"ort\" "
                                                  "or \"ort_session\"")
+    if target.socs:
+        raise UserError(file, f"{where}.target", f"target '{target.name}' lists several SoCs (soc_model = "
+                        f"{list(target.socs)}): {target.ep.name} cannot put a multi-SoC binary in a shared context; "
+                        "give the group a target with one soc_model")
     if target.embed:
         raise UserError(file, f"{where}.target", f"target '{target.name}' has embed = true; a shared context "
                                                  "must stay in its own file (QNN writes a broken result, OpenVINO "
                                                  "rejects it): use a target with embed = false")
+
+
+def each_soc(target: ResolvedTarget) -> list[ResolvedTarget]:
+    """A multi-SoC target's SoCs as targets of their own (`TARGET~57`, a name no manifest can declare): each compiled
+    alone and run on the HTP simulator, which cannot run a multi-SoC binary; validated with the target's settings."""
+    return [dataclasses.replace(target, name=f"{target.name}~{soc}", options={**target.options, SOC_OPTION: soc},
+                                socs=(), fleet=target.name, warnings=()) for soc in target.socs]
 
 
 def resolve_targets(manifest: Manifest) -> dict[str, ResolvedTarget]:
@@ -288,8 +344,15 @@ def plan(manifest: Manifest, external: dict[Path, tuple[Path, ...]] | None = Non
     targets (`resolve_targets`)."""
     external = external or {}
     resolved = resolved or resolve_targets(manifest)
-    builds = [_build(f"{model.name}@{name}", resolved[name], [model], manifest, external, shared=False)
-              for model in manifest.models.values() for name in model.targets]
+    builds = []
+    for model in manifest.models.values():
+        for name in model.targets:
+            build = _build(f"{model.name}@{name}", resolved[name], [model], manifest, external, shared=False)
+            alone = [_build(f"{model.name}@{soc.name}", soc, [model], manifest, external, shared=False)
+                     for soc in each_soc(resolved[name])]
+            layout = Layout(manifest.root / "artifacts")
+            builds += [dataclasses.replace(build, soc_reports=tuple(
+                (one.target.options[SOC_OPTION], one.out_dir(layout) / REPORT) for one in alone)), *alone]
     for spec in manifest.groups.values():
         target = resolved[spec.target]
         builds.append(_build(spec.name, target, [manifest.models[m] for m in spec.models], manifest, external,

@@ -323,8 +323,11 @@ def _compile_in_child(request: CompileRequest) -> CompileResult:
     results = []
     for member, source_nodes, _, _ in prepared:
         results.append(inspect_output(Path(member["output"]), source_nodes, None if info.is_cpu else info.name))
-    if not info.is_cpu and not request["share"]:  # a group's members load together once published (its
-        # loading contract places the weights its binaries refer to; QNN's shared context crashes an x86 host)
+    # a group's members load together once published (its loading contract places the weights its binaries refer
+    # to; QNN's shared context crashes an x86 host); a multi-SoC binary loads on none of its SoCs' simulators (its
+    # validation runs each SoC compiled alone: steps.fleet)
+    multi_soc = "," in request["options"].get("soc_model", "")
+    if not info.is_cpu and not request["share"] and not multi_soc:
         for (member, _, _, _), result in zip(prepared, results, strict=True):
             _opens(ort, info, device, request, Path(member["output"]), result["nodes"].get("foldable_on_cpu") or {})
     return {"members": results}

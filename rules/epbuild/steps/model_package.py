@@ -152,6 +152,8 @@ def _variant(build: Build, record: Any, member: str, places: dict[str, str], fol
                                "executor_info": {"ort": ort_info}, "additional_metadata": {"epbuild": metadata}}
     if entry.compatibility is not OMIT:
         metadata["compatibility"] = entry.compatibility
+    if not build.shared and record.has("socs"):  # a multi-SoC binary: the SoCs it holds
+        metadata["socs"] = dict(record.socs)
     if record.ep not in UNDECLARED:
         variant["device"] = record.device
         if entry.compatibility is not OMIT:

@@ -25,7 +25,7 @@ from ..files.layout import write_json
 from ..files.owners import owner_tag
 from ..files.publish import discard
 from ..files.weights import weights_folder
-from ..manifest.builds import SIDECAR, Build, Member
+from ..manifest.builds import REPORT, SIDECAR, Build, Member
 from ..manifest.eps import EpInfo, lookup
 from ..manifest.stage import Stage
 from ..store.cache import Cached, Outcome, Workspace, through_cache
@@ -38,6 +38,8 @@ from .compatibility import answer
 from .compilers import compiler
 from .diagnosis import failure_hints, fp16_hint, openvino_16bit_line, sixteen_bit_qdq
 from .expected_peak import build_limits
+from .fleet import fleet_verdict
+from .fleet import summary as fleet_summary
 from .localise import localise
 from .localise import summary as localised
 from .package import GENAI_CONFIG
@@ -54,7 +56,6 @@ from .repeatability import REPEAT_WITHIN_S, repeatability
 from .selection import selected_outputs
 from .validation_inputs import SEED, feeds_for, listed_weights
 
-REPORT = "validation.json"
 STRUCTURAL_ONLY = ('validate = "structural": its files and EPContext attributes were checked, nothing was run, so '
                    "nothing it computes was judged")
 
@@ -148,12 +149,17 @@ def validate(build: Build, workspace: Workspace, workdir: Path, folder: Path | N
         what = f"validate {'group ' if build.shared else ''}{build.name} ({target.ep.name})"
         what += " through its package" if package else ""
         log = log or build.log(layout, "validate")
+        fleet = bool(build.soc_reports)  # a multi-SoC binary: checked structurally, each SoC run alone
+        if fleet:
+            for member in request["members"].values():
+                member["mode"] = ValidationMode.STRUCTURAL
         try:
             if build.shared and request["pipeline"]:
                 report = run_pipeline_against_cache(build, workspace, request, workdir, what, log, timeout)
             elif build.shared and not request["run_blocked"]:
                 report = run_group_against_references(build, workspace, request, workdir, what, log, timeout)
-            elif build.shared or build.members[0].validation.mode != ValidationMode.RUN or build.members[0].package:
+            elif (fleet or build.shared or build.members[0].validation.mode != ValidationMode.RUN
+                  or build.members[0].package):
                 report = run_child("epbuild.steps.validate", request, workdir,
                                    build_limits(build, workspace, "validate", timeout), what, log,
                                    ep=target.ep.fork_server, reuse=target.ep.warm_validations and not package,
@@ -163,6 +169,8 @@ def validate(build: Build, workspace: Workspace, workdir: Path, folder: Path | N
                                                reuse=target.ep.warm_validations and not package)
         except BuildError as exc:
             report = {"status": Verdict.FAILED, "reason": str(exc)}
+        if fleet:
+            report = fleet_verdict(build, report, next(iter(request["members"].values()))["compatibility"])
     if "reason" in report:  # an EP's colour codes: reports are read as text
         report["reason"] = plain(report["reason"])
     who = {"group": build.name} if build.shared else {"model": build.members[0].name}
@@ -238,6 +246,8 @@ def summary(report: dict[str, Any]) -> str:
         return report.get("reason", "")
     if "summary" in report:  # a group's pipeline
         return report["summary"]
+    if "socs" in report:  # a multi-SoC binary
+        return fleet_summary(report)
     if report["status"] == Verdict.STRUCTURAL:
         return ("structural checks only: every referenced file exists, EPContext attributes match the target; "
                 "nothing was run")

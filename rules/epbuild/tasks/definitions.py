@@ -25,6 +25,7 @@ from ..state.folder import StateFolder
 from ..state.hash_memory import FileHashes
 from ..steps.compilers import compiler
 from ..steps.fingerprint import compile_config, stage_config, validate_config
+from ..steps.fleet import chip
 from ..steps.model_package import package_files
 from ..steps.validate import REPORT
 from ..store.task_configs import ConfigRecord
@@ -237,8 +238,12 @@ class Tasks:
         if build.shared:
             doc = (f"{', '.join(m.name for m in build.members)} into one shared context for {target.name} "
                    f"({target.ep.name})")
+        elif target.fleet:
+            doc = (f"{build.members[0].name} for {target.fleet}'s SoC {chip(target.options['soc_model'])} alone "
+                   f"({target.ep.name}): the one its validation runs")
         else:
-            doc = f"{build.members[0].name} for {target.name} ({target.ep.name}, {target.device})"
+            socs = f", SoCs {', '.join(chip(soc) for soc in target.socs)}" if target.socs else ""
+            doc = f"{build.members[0].name} for {target.name} ({target.ep.name}, {target.device}{socs})"
         refused = self._unavailable(build.kind, build, doc)
         if refused:
             return refused
@@ -262,6 +267,9 @@ class Tasks:
     def _validate_task(self, build: Build) -> Task:
         if build.shared:
             doc = f"group {build.name}: structural checks, and each member run where this host loads the context"
+        elif build.soc_reports:
+            doc = (f"{build.members[0].name} on {build.target.name}: the multi-SoC binary's structure, and each SoC "
+                   f"compiled alone and run: {', '.join(chip(soc) for soc, _ in build.soc_reports)}")
         else:
             what = ("structural checks" if build.members[0].validation.mode == "structural"
                     else "run, compare with the source on CPU")

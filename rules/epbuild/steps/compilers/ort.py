@@ -16,6 +16,7 @@ from ...execute.provenance import Provenance
 from ...files.layout import write_json
 from ...files.publish import copy_file
 from ...manifest.builds import SIDECAR, Build, ResolvedTarget
+from ...manifest.eps import QNN_KNOWN_VALUES
 from ...store.cache import Workspace
 from ...version import RULES_FORMAT
 from .. import vendor_shim
@@ -112,5 +113,6 @@ def sidecar(build: Build, results: list[MemberResult], provenance: Provenance) -
         inputs={name: list(shape) for name, shape in member.model.inputs.items()},
         ep_sdk_version=result.get("ep_sdk_version"), nodes=result["nodes"], graphs=result.get("graphs") or OMIT,
         compatibility=result.get("compatibility") or OMIT,
+        socs={soc: QNN_KNOWN_VALUES["soc_model"].get(soc, "") for soc in target.socs} if target.socs else OMIT,
         frozen={k: list(v) for k, v in member.frozen.items()} if member.frozen else OMIT,
         optimization_level=target.optimization_level if target.is_cpu else OMIT)

@@ -1,0 +1,82 @@
+"""A multi-SoC QNN target's verdict (`soc_model = ["SM8650", "SC8380XP", 57]`): one binary for several SoCs, which
+the HTP simulator cannot run (onnxruntime-qnn 2.7.0 refuses it at session creation, "Compatible cache not found",
+whatever soc_model or htp_arch the session names). So each SoC is compiled alone and run (its own build,
+`TARGET~57`, `plan.targets.each_soc`), and the multi-SoC binary itself is checked structurally: its files, its
+EPContext attributes, and that its compatibility string lists exactly the SoCs declared. The target passes only if
+every SoC passed; a SoC that did not pass is never counted as passed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ..contracts.statuses import Verdict
+from ..manifest.builds import Build
+from ..manifest.eps import QNN_KNOWN_VALUES
+
+MULTI_SOC_NOT_RUN = ("the multi-SoC binary was checked structurally (its files, EPContext attributes, the SoCs its "
+                     "compatibility string lists): the HTP simulator cannot run a multi-SoC binary, so each SoC was "
+                     "compiled alone and run")
+
+
+def chip(soc: str) -> str:
+    """`57 (SM8650)`."""
+    name = QNN_KNOWN_VALUES["soc_model"].get(soc)
+    return f"{soc} ({name})" if name else soc
+
+
+def listed_socs(compatibility: str | None) -> list[str] | None:
+    """The SoCs a QNN compatibility string lists (`v2:6:2.51.0:5.51.0:0,0,0:60,69,57:0,0,0:0`: its sixth field)."""
+    fields = (compatibility or "").split(":")
+    return [soc for soc in fields[5].split(",") if soc] if len(fields) > 5 and fields[0] == "v2" else None
+
+
+def fleet_verdict(build: Build, structural: dict[str, Any], compatibility: str | None) -> dict[str, Any]:
+    """The multi-SoC build's report from its structural check and each SoC's own validation.json."""
+    socs: dict[str, dict[str, Any]] = {}
+    for soc, path in build.soc_reports:
+        try:
+            own = json.loads(Path(path).read_text())
+        except (OSError, ValueError):
+            own = {"status": Verdict.FAILED, "reason": f"its validation report ({path.name}) is missing or unreadable"}
+        socs[soc] = _per_soc(own)
+    problems = [structural["reason"]] if structural.get("status") == Verdict.FAILED else []
+    listed = listed_socs(compatibility)
+    declared = [soc for soc, _ in build.soc_reports]
+    if listed is not None and sorted(listed, key=int) != declared:
+        problems.append(f"the binary's compatibility string lists SoCs {', '.join(listed)}, the target declares "
+                        f"{', '.join(declared)}")
+    elif listed is None:
+        problems.append("the compiled model carries no QNN compatibility string naming its SoCs")
+    statuses = {entry["status"] for entry in socs.values()}
+    status = Verdict.FAILED if problems or Verdict.FAILED in statuses else next(
+        (s for s in (Verdict.INCONCLUSIVE, Verdict.SKIPPED, Verdict.STRUCTURAL) if s in statuses), Verdict.PASSED)
+    report: dict[str, Any] = {"status": status, "socs": socs, "multi_soc": MULTI_SOC_NOT_RUN,
+                              "structural": structural.get("status")}
+    if status != Verdict.PASSED:
+        reasons = problems + [f"SoC {chip(soc)}: {entry['status']}" + (f" ({entry['reason']})" if "reason" in entry
+                                                                        else "")
+                              for soc, entry in socs.items() if entry["status"] != Verdict.PASSED]
+        report["reason"] = "; ".join(reasons)
+    return report
+
+
+def _per_soc(report: dict[str, Any]) -> dict[str, Any]:
+    """What a SoC's own report says, in short: its verdict, its worst SNR, why it did not pass."""
+    entry: dict[str, Any] = {"status": report.get("status", Verdict.FAILED)}
+    outputs = [o for o in report.get("outputs", {}).values() if "snr_db" in o]
+    if outputs:
+        entry["min_snr_db"] = round(min(o["snr_db"] for o in outputs), 1)
+        entry["max_abs_error"] = max(o["max_abs_error"] for o in outputs)
+    if "reason" in report:
+        entry["reason"] = report["reason"]
+    return entry
+
+
+def summary(report: dict[str, Any]) -> str:
+    """Each SoC's verdict and SNR, and how the multi-SoC binary was checked."""
+    parts = [f"SoC {chip(soc)} {entry['status']}" + (f" SNR {entry['min_snr_db']:.1f} dB" if "min_snr_db" in entry
+                                                       else "")
+             for soc, entry in report["socs"].items()]
+    return f"{', '.join(parts)}; {MULTI_SOC_NOT_RUN}"
