@@ -38,7 +38,7 @@ def test_one_binary_for_several_socs_each_soc_judged(fleet, fast):
     project = fleet
     project.env["EPBUILD_FAST_PATH"] = fast
     listed = project.doit("list").stdout
-    assert "compile:m@fleet       m for fleet (QNNExecutionProvider, npu, SoCs 57 (SM8650), 60 (SC8380XP), " \
+    assert "compile:m@fleet       m for fleet (QNNExecutionProvider, npu, SoCs 60 (SC8380XP), 57 (SM8650), " \
            "69 (SM8750))" in listed
     assert "compile:m@fleet~57    m for fleet's SoC 57 (SM8650) alone" in listed
     done = project.doit()
@@ -48,8 +48,8 @@ def test_one_binary_for_several_socs_each_soc_judged(fleet, fast):
     assert tasks["validate:m@fleet"]["status"] == "validated"
     folder = project.artifacts / "fleet" / "m"
     artifact = json.loads((folder / "artifact.json").read_text())
-    assert artifact["socs"] == {"57": "SM8650", "60": "SC8380XP", "69": "SM8750"}
-    assert artifact["compatibility"].split(":")[5] == "57,60,69"
+    assert artifact["socs"] == {"60": "SC8380XP", "57": "SM8650", "69": "SM8750"}
+    assert artifact["compatibility"].split(":")[5] == "60,57,69"  # the order of the binary's records
     assert sorted(p.name for p in folder.iterdir()) == ["artifact.json", "m.onnx", "m_qnn.bin", "validation.json"]
     single = (project.artifacts / "fleet~57" / "m" / "m_qnn.bin").stat().st_size
     assert (folder / "m_qnn.bin").stat().st_size > 2 * single  # three SoCs' graphs in one binary
@@ -58,7 +58,7 @@ def test_one_binary_for_several_socs_each_soc_judged(fleet, fast):
     assert all(entry["status"] == "passed" and entry["min_snr_db"] > 40 for entry in report["socs"].values())
     assert "the HTP simulator cannot run a multi-SoC binary" in report["multi_soc"]
     line = next(x for x in done.stdout.splitlines() if x.startswith("passed validate:m@fleet:"))
-    assert "SoC 57 (SM8650) passed SNR" in line and "SoC 69 (SM8750) passed" in line
+    assert "SoC 60 (SC8380XP) passed SNR" in line and "SoC 69 (SM8750) passed" in line
 
     # the list's order: nothing
     project.manifest(FLEET.replace('["SM8650", "SC8380XP", 69]', '[69, "sc8380xp", "SM8650"]') + MODEL)
@@ -85,8 +85,12 @@ def test_a_soc_that_does_not_pass_fails_the_target(fleet):
 def test_the_verdict_counts_a_soc_as_passed_only_when_it_passed(tmp_path):
     from epbuild.steps.fleet import fleet_verdict
 
+    class Target:
+        socs = ("57", "60", "69")
+
     class Fake:
         soc_reports = tuple((soc, tmp_path / f"{soc}.json") for soc in ("57", "60", "69"))
+        target = Target
 
     for soc, status in (("57", "passed"), ("60", "inconclusive"), ("69", "passed")):
         (tmp_path / f"{soc}.json").write_text(json.dumps({"status": status, "reason": "nearly constant"}))
@@ -123,6 +127,23 @@ def test_a_bad_soc_list_is_one_line_before_anything_is_built(fleet, options, key
     assert "Traceback" not in done.stdout + done.stderr and not (project.artifacts / "fleet").exists()
 
 
+@pytest.mark.parametrize("lines, key, said", [
+    ('options = { soc_model = [57, 60] }\nship_socs = ["SM8550"]', "targets.fleet.ship_socs[0]",
+     "'SM8550' is not one of soc_model's SoCs: SC8380XP (60), SM8650 (57)"),
+    ("options = { soc_model = [57, 60] }\nship_socs = [57, 60]", "targets.fleet.ship_socs",
+     "lists every SoC of soc_model: nothing to prune; remove it"),
+    ("options = { soc_model = [57, 60] }\nship_socs = [57, 57]", "targets.fleet.ship_socs[1]", "57 is listed twice"),
+    ("options = { soc_model = 57 }\nship_socs = [57]", "targets.fleet.ship_socs",
+     "applies to a QNN target whose soc_model is a list"),
+    ("options = { soc_model = [57, 60] }\nembed = true\nship_socs = [57]", "targets.fleet.ship_socs",
+     "prunes the binary beside the model: embed = false"),
+])
+def test_a_bad_ship_socs_is_one_line(fleet, lines, key, said):
+    fleet.manifest(f'[targets.fleet]\nep = "qnn"\n{lines}\n' + MODEL)
+    done = fleet.doit("list", check=False)
+    assert done.returncode == 2 and f"models.toml: {key}: {said}" in done.stdout + done.stderr
+
+
 def test_a_list_on_another_ep_and_in_a_group_is_refused(fleet):
     project = fleet
     project.manifest('[targets.fleet]\nep = "openvino"\noptions = { load_config = ["a", "b"] }\n' + MODEL)
@@ -131,5 +152,52 @@ def test_a_list_on_another_ep_and_in_a_group_is_refused(fleet):
     project.manifest(FLEET + MODEL + '[models.n]\npath = "models/m.onnx"\n'
                      '[groups.pair]\ntarget = "fleet"\nmodels = ["m", "n"]\n')
     done = project.doit("list", check=False)
-    assert "groups.pair.target: target 'fleet' lists several SoCs (soc_model = ['57', '60', '69']): " \
+    assert "groups.pair.target: target 'fleet' lists several SoCs (soc_model = ['60', '57', '69']): " \
            "QNNExecutionProvider cannot put a multi-SoC binary in a shared context" in done.stdout + done.stderr
+
+
+def _deploy_python() -> str | None:
+    """A Python 3.12 with onnxruntime-qnn's pruning tool: EPBUILD_QNN_DEPLOY_PYTHON (`.ci/run` makes one where
+    python3.12 exists), else none."""
+    import os
+
+    from epbuild.steps.soc_pruning import _probe
+
+    python = os.environ.get("EPBUILD_QNN_DEPLOY_PYTHON")
+    return python if python and isinstance(_probe(python), dict) else None
+
+
+def test_ship_socs_without_the_tool_says_why_and_keeps_every_soc(fleet):
+    project = fleet
+    project.env["EPBUILD_QNN_DEPLOY_PYTHON"] = "/nonexistent/python3.12"
+    project.manifest(FLEET + 'ship_socs = ["SM8650", 69]\n' + MODEL)
+    listed = project.doit("list").stdout
+    assert "compile:m@fleet~60" not in listed and "compile:m@fleet~57" in listed  # only the SoCs shipped are run
+    done = project.doit()
+    line = next(x for x in done.stdout.splitlines() if x.startswith("compiled compile:m@fleet:"))
+    assert "one binary for SoCs 60 (SC8380XP), 57 (SM8650), 69 (SM8750); ship_socs not applied: " \
+           "EPBUILD_QNN_DEPLOY_PYTHON=/nonexistent/python3.12 cannot be run" in line, line
+    report = json.loads((project.artifacts / "fleet" / "m" / "validation.json").read_text())
+    assert report["status"] == "passed" and set(report["socs"]) == {"57", "69"}
+    assert "the binary also holds SoC 60 (SC8380XP), not shipped and not run" in report["notes"][0]
+
+
+@pytest.mark.skipif(_deploy_python() is None, reason="no Python 3.12 with onnxruntime-qnn's pruning tool "
+                    "(EPBUILD_QNN_DEPLOY_PYTHON): it ships only in the Python 3.12 wheel")
+def test_ship_socs_prunes_the_binary_and_judges_what_it_holds(fleet):
+    project = fleet
+    project.env["EPBUILD_QNN_DEPLOY_PYTHON"] = _deploy_python()
+    project.manifest(FLEET + 'ship_socs = ["SM8650", 69]\n' + MODEL)
+    done = project.doit()
+    line = next(x for x in done.stdout.splitlines() if x.startswith("compiled compile:m@fleet:"))
+    assert "one binary for SoCs 57 (SM8650), 69 (SM8750) (pruned to ship_socs, 60 removed)" in line, line
+    folder = project.artifacts / "fleet" / "m"
+    artifact = json.loads((folder / "artifact.json").read_text())
+    assert artifact["compatibility"].split(":")[5] == "57,69"
+    assert artifact["soc_pruning"] == {"kept": ["57", "69"], "removed": ["60"]}
+    assert onnx.load(str(folder / "m.onnx")).graph.node[0].attribute  # the model still names its binary
+    report = json.loads((folder / "validation.json").read_text())
+    assert report["status"] == "passed" and set(report["socs"]) == {"57", "69"} and "notes" not in report
+    # the tool gone: the compile runs again, unpruned (its identity is in the fingerprint)
+    project.env["EPBUILD_QNN_DEPLOY_PYTHON"] = "/nonexistent/python3.12"
+    assert "compile:m@fleet" in ran(project.doit())

@@ -64,6 +64,7 @@ class ArtifactRecord:
     graphs: list[str] = OMIT  # the EPContext nodes' graph names
     compatibility: str = OMIT  # the EP's compatibility string
     socs: dict[str, str] = OMIT  # a multi-SoC QNN binary: each SoC it holds, number -> chip name
+    soc_pruning: dict[str, Any] = OMIT  # `ship_socs`: {"kept", "removed"}, or {"skipped": why}
     frozen: dict[str, list[float]] = OMIT  # inputs made constants (`freeze`)
     optimization_level: str = OMIT  # cpu targets
     toolchain: dict[str, str] = OMIT  # qaic, qairt: the vendor tool's name and version

@@ -24,6 +24,7 @@ class CompileRequest(TypedDict):
     embed: bool
     options: dict[str, str]  # provider options, option files as absolute paths
     optimization_level: str | None  # CPU targets
+    prune: NotRequired[dict[str, Any] | None]  # `ship_socs`: {"python": the tool's interpreter, "keep": [SoCs]}
 
 
 class MemberResult(TypedDict, total=False):
@@ -32,6 +33,7 @@ class MemberResult(TypedDict, total=False):
     binaries: list[str]  # context binaries the compiled model references
     graphs: list[str]  # the EPContext nodes' names: the graph names a runtime (Genie) looks up in the binary
     compatibility: str  # the EP's compatibility string (onnxruntime's get_compatibility_info_from_model)
+    pruned: list[str]  # SoCs whose records `ship_socs` removed from a multi-SoC binary (`steps.soc_pruning`)
 
 
 class CompileResult(TypedDict):

@@ -58,6 +58,7 @@ class ResolvedTarget:
     warnings: tuple[tuple[str, str], ...] = ()  # (where, what): said once per run that reads the manifest
     socs: tuple[str, ...] = ()  # QNN's soc_model as a list: one multi-SoC binary (numbers, ascending)
     fleet: str | None = None  # one SoC of that target's list, compiled alone to be run (`plan.targets.each_soc`)
+    ship_socs: tuple[str, ...] = ()  # the SoCs the multi-SoC binary is pruned to (`steps.soc_pruning`)
 
     def limits(self, timeout_s: float | None = None) -> Limits:
         """The limits of this target's children: the compile's timeout unless another is given."""

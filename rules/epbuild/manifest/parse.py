@@ -85,6 +85,7 @@ class TargetSpec:
     timeout_s: float | None = None  # the compile child's wall-time limit
     max_memory_gb: float | None = None  # the compile and validation children's resident-memory limit
     min_offload: float | None = None  # share of source nodes that must end inside EPContext nodes
+    ship_socs: tuple[Any, ...] = ()  # QNN's soc_model list: the SoCs the binary is pruned to
 
 
 @record
@@ -543,7 +544,7 @@ def _target(targets: TableReader, name: str) -> TargetSpec:
         qaic=values["qaic"],
         qnn_sdk_root=table.file.parent / values["qnn_sdk_root"] if values["qnn_sdk_root"] else None,
         timeout_s=_number(values["timeout_s"]), max_memory_gb=_number(values["max_memory_gb"]),
-        min_offload=_number(values["min_offload"]),
+        min_offload=_number(values["min_offload"]), ship_socs=tuple(values["ship_socs"] or ()),
     )
 
 

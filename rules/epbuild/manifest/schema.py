@@ -186,6 +186,10 @@ KEYS: tuple[Key, ...] = (
     Key("timeout_s", ("target",), NUMBER, "wall-time limit of the compile child (default 3600)", check=positive),
     Key("max_memory_gb", ("target",), NUMBER, "resident-memory limit of the compile and validation children "
         "(default 80% of this host's memory)", check=positive),
+    Key("ship_socs", ("target",), list, "QNN targets whose soc_model is a list: the SoCs shipped; the multi-SoC "
+        "binary is pruned to them with onnxruntime-qnn's deploy_multi_soc_ep_context (in a Python 3.12 with "
+        "onnxruntime-qnn: EPBUILD_QNN_DEPLOY_PYTHON) and they alone are validated; where the tool is missing the "
+        "compile line says so and the binary keeps every SoC"),
     Key("min_offload", ("target",), NUMBER, "EP targets: the share of source nodes that must end inside EPContext "
         "nodes, e.g. 0.95; below it the compile fails listing the op types left on CPU", check=fraction),
     # validation

@@ -93,10 +93,11 @@ def resolve_target(spec: TargetSpec, manifest: Manifest) -> ResolvedTarget:
                         f"{ep.name} would parse as JSON text and reject at run time: add option_files = "
                         f"[\"{file_option}\"] so it is given the file")
     socs = tuple(options[SOC_OPTION].split(",")) if "," in options.get(SOC_OPTION, "") else ()
+    ship = _ship_socs(spec, ep, socs, file, where) if spec.ship_socs else ()
     if socs and spec.compiler != "ort":
         raise UserError(file, f"{where}.compiler", "a list of SoCs is compiled with ONNX Runtime's ModelCompiler: "
                         "compiler = \"ort\"")
-    return ResolvedTarget(warnings=_unknown_values(options, ep, file, where), socs=socs,
+    return ResolvedTarget(warnings=_unknown_values(options, ep, file, where), socs=socs, ship_socs=ship,
         name=spec.name, ep=ep, source=source, device=device, compiler=spec.compiler, embed=spec.embed,
         options=dict(sorted(options.items())), option_files=_option_files(spec, options, manifest),
         optimization_level=(spec.optimization_level or CPU_DEFAULT_LEVEL) if ep.is_cpu else None,
@@ -149,8 +150,8 @@ SOC_OPTION = "soc_model"  # the option a list of SoCs is given for: one QNN bina
 
 def _soc_list(values: list[Any], key: str, ep: EpInfo, file: str, where: str) -> str:
     """`soc_model = ["SM8650", "SC8380XP", 57]`: several SoCs in one multi-SoC QNN binary, as the EP takes them
-    (numbers joined by commas, in ascending order: the list's order changes nothing). Every entry a chip epbuild
-    knows, by name or number; none twice; at least two."""
+    (numbers joined by commas, in `soc_order`: the list's order changes nothing). Every entry a chip epbuild knows,
+    by name or number; none twice; at least two."""
     at = f"{where}.options.{key}"
     if key != SOC_OPTION or SOC_OPTION not in ep.known_values:
         if key == "htp_arch" and SOC_OPTION in ep.known_values:
@@ -174,7 +175,15 @@ def _soc_list(values: list[Any], key: str, ep: EpInfo, file: str, where: str) ->
         numbers[number] = value
     if len(numbers) < 2:
         raise UserError(file, at, f"a list of one SoC is a plain target: write {key} = {shown(values[0])}")
-    return ",".join(sorted(numbers, key=int))
+    return ",".join(sorted(numbers, key=lambda number: soc_order(chips[number])))
+
+
+def soc_order(chip: str) -> list[Any]:
+    """Where a SoC goes in a multi-SoC compile: the order of the binary's HTP cache records (`htp.cache.<chip>.0`,
+    sorted naturally), which the EP's compatibility string then follows. onnxruntime-qnn's pruning tool drops the
+    string's entry at the index of the record it removes: in any other order it drops another SoC's entry (seen:
+    57 dropped for 60's record)."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", f"htp.cache.{chip.lower()}.0")]
 
 
 def _unknown_values(options: dict[str, str], ep: EpInfo, file: str, where: str) -> tuple[tuple[str, str], ...]:
@@ -316,10 +325,36 @@ def check_group(spec: GroupSpec, manifest: Manifest, target: ResolvedTarget) -> 
 
 
 def each_soc(target: ResolvedTarget) -> list[ResolvedTarget]:
-    """A multi-SoC target's SoCs as targets of their own (`TARGET~57`, a name no manifest can declare): each compiled
-    alone and run on the HTP simulator, which cannot run a multi-SoC binary; validated with the target's settings."""
+    """A multi-SoC target's SoCs (those shipped, with `ship_socs`) as targets of their own (`TARGET~57`, a name no
+    manifest can declare): each compiled alone and run on the HTP simulator, which cannot run a multi-SoC binary;
+    validated with the target's settings."""
     return [dataclasses.replace(target, name=f"{target.name}~{soc}", options={**target.options, SOC_OPTION: soc},
-                                socs=(), fleet=target.name, warnings=()) for soc in target.socs]
+                                socs=(), ship_socs=(), fleet=target.name, warnings=())
+            for soc in target.ship_socs or target.socs]
+
+
+def _ship_socs(spec: TargetSpec, ep: EpInfo, socs: tuple[str, ...], file: str, where: str) -> tuple[str, ...]:
+    """`ship_socs`: some of the target's SoCs, by name or number, none twice."""
+    at = f"{where}.ship_socs"
+    if not socs:
+        raise UserError(file, at, "applies to a QNN target whose soc_model is a list (a multi-SoC binary to prune)")
+    if spec.embed:
+        raise UserError(file, at, "prunes the binary beside the model: embed = false")
+    chips = ep.known_values[SOC_OPTION]
+    by_name = {name.lower(): number for number, name in chips.items()}
+    kept: dict[str, Any] = {}
+    for index, value in enumerate(spec.ship_socs):
+        text = _normalise(value)
+        number = by_name.get(text.lower(), text) if text is not None and not isinstance(value, bool) else None
+        if number not in socs:
+            raise UserError(file, f"{at}[{index}]", f"{shown(value)} is not one of soc_model's SoCs: "
+                            f"{', '.join(f'{chips[s]} ({s})' for s in socs)}")
+        if number in kept:
+            raise UserError(file, f"{at}[{index}]", f"{shown(value)} is listed twice")
+        kept[number] = value
+    if len(kept) == len(socs):
+        raise UserError(file, at, "lists every SoC of soc_model: nothing to prune; remove it")
+    return tuple(sorted(kept, key=lambda number: soc_order(chips[number])))
 
 
 def resolve_targets(manifest: Manifest) -> dict[str, ResolvedTarget]:
@@ -348,8 +383,9 @@ def plan(manifest: Manifest, external: dict[Path, tuple[Path, ...]] | None = Non
     for model in manifest.models.values():
         for name in model.targets:
             build = _build(f"{model.name}@{name}", resolved[name], [model], manifest, external, shared=False)
+            runs = build.members[0].validation.mode == "run"  # each SoC alone only to be run
             alone = [_build(f"{model.name}@{soc.name}", soc, [model], manifest, external, shared=False)
-                     for soc in each_soc(resolved[name])]
+                     for soc in each_soc(resolved[name])] if runs else []
             layout = Layout(manifest.root / "artifacts")
             builds += [dataclasses.replace(build, soc_reports=tuple(
                 (one.target.options[SOC_OPTION], one.out_dir(layout) / REPORT) for one in alone)), *alone]

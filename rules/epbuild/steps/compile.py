@@ -319,10 +319,13 @@ def _compile_in_child(request: CompileRequest) -> CompileResult:
             _compile_for_ep(ort, options, member, request, device, last=index == len(prepared) - 1)
         if not Path(member["output"]).is_file():
             raise ModelError(f"{info.name} wrote no compiled model for {Path(member['model']).name}")
+    pruned = _prune(request, prepared[0][0]) if request.get("prune") else None
     # Check after the last compile: a shared context binary is written only when sharing stops.
     results = []
     for member, source_nodes, _, _ in prepared:
         results.append(inspect_output(Path(member["output"]), source_nodes, None if info.is_cpu else info.name))
+    if pruned is not None:
+        results[0]["pruned"] = pruned
     # a group's members load together once published (its loading contract places the weights its binaries refer
     # to; QNN's shared context crashes an x86 host); a multi-SoC binary loads on none of its SoCs' simulators (its
     # validation runs each SoC compiled alone: steps.fleet)
@@ -331,6 +334,15 @@ def _compile_in_child(request: CompileRequest) -> CompileResult:
         for (member, _, _, _), result in zip(prepared, results, strict=True):
             _opens(ort, info, device, request, Path(member["output"]), result["nodes"].get("foldable_on_cpu") or {})
     return {"members": results}
+
+
+def _prune(request: CompileRequest, member: CompileMember) -> list[str]:
+    """`ship_socs`: the multi-SoC binary beside the compiled model pruned to the SoCs shipped; the SoCs removed."""
+    from .soc_pruning import prune
+
+    output = Path(member["output"])
+    binary = output.with_name(f"{output.stem}{lookup(request['ep']).binary_suffix}")
+    return prune(request["prune"]["python"], output, binary, request["prune"]["keep"])
 
 
 def _opens(ort: Any, info: Any, device: Any, request: CompileRequest, output: Path,

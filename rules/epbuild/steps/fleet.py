@@ -32,8 +32,10 @@ def listed_socs(compatibility: str | None) -> list[str] | None:
     return [soc for soc in fields[5].split(",") if soc] if len(fields) > 5 and fields[0] == "v2" else None
 
 
-def fleet_verdict(build: Build, structural: dict[str, Any], compatibility: str | None) -> dict[str, Any]:
-    """The multi-SoC build's report from its structural check and each SoC's own validation.json."""
+def fleet_verdict(build: Build, structural: dict[str, Any], compatibility: str | None,
+                  pruning: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The multi-SoC build's report from its structural check and each SoC's own validation.json. `pruning`: what
+    `ship_socs` did (artifact.json's `soc_pruning`): the binary must hold the SoCs kept, else every SoC declared."""
     socs: dict[str, dict[str, Any]] = {}
     for soc, path in build.soc_reports:
         try:
@@ -43,17 +45,22 @@ def fleet_verdict(build: Build, structural: dict[str, Any], compatibility: str |
         socs[soc] = _per_soc(own)
     problems = [structural["reason"]] if structural.get("status") == Verdict.FAILED else []
     listed = listed_socs(compatibility)
-    declared = [soc for soc, _ in build.soc_reports]
-    if listed is not None and sorted(listed, key=int) != declared:
+    declared = list(pruning["kept"]) if pruning and "kept" in pruning else list(build.target.socs)
+    notes = []
+    if listed is not None and listed != declared:
         problems.append(f"the binary's compatibility string lists SoCs {', '.join(listed)}, the target declares "
                         f"{', '.join(declared)}")
     elif listed is None:
         problems.append("the compiled model carries no QNN compatibility string naming its SoCs")
+    elif pruning and "skipped" in pruning:
+        unshipped = [chip(soc) for soc in declared if soc not in socs]
+        notes.append(f"not pruned to ship_socs ({pruning['skipped']}): the binary also holds SoC "
+                     f"{', '.join(unshipped)}, not shipped and not run")
     statuses = {entry["status"] for entry in socs.values()}
     status = Verdict.FAILED if problems or Verdict.FAILED in statuses else next(
         (s for s in (Verdict.INCONCLUSIVE, Verdict.SKIPPED, Verdict.STRUCTURAL) if s in statuses), Verdict.PASSED)
     report: dict[str, Any] = {"status": status, "socs": socs, "multi_soc": MULTI_SOC_NOT_RUN,
-                              "structural": structural.get("status")}
+                              "structural": structural.get("status"), **({"notes": notes} if notes else {})}
     if status != Verdict.PASSED:
         reasons = problems + [f"SoC {chip(soc)}: {entry['status']}" + (f" ({entry['reason']})" if "reason" in entry
                                                                         else "")
@@ -79,4 +86,4 @@ def summary(report: dict[str, Any]) -> str:
     parts = [f"SoC {chip(soc)} {entry['status']}" + (f" SNR {entry['min_snr_db']:.1f} dB" if "min_snr_db" in entry
                                                        else "")
              for soc, entry in report["socs"].items()]
-    return f"{', '.join(parts)}; {MULTI_SOC_NOT_RUN}"
+    return f"{', '.join(parts)}; {MULTI_SOC_NOT_RUN}" + "".join(f"; {note}" for note in report.get("notes", []))

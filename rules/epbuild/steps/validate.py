@@ -170,7 +170,9 @@ def validate(build: Build, workspace: Workspace, workdir: Path, folder: Path | N
         except BuildError as exc:
             report = {"status": Verdict.FAILED, "reason": str(exc)}
         if fleet:
-            report = fleet_verdict(build, report, next(iter(request["members"].values()))["compatibility"])
+            record = read_artifact(folder)
+            report = fleet_verdict(build, report, next(iter(request["members"].values()))["compatibility"],
+                                   record.soc_pruning if record.has("soc_pruning") else None)
     if "reason" in report:  # an EP's colour codes: reports are read as text
         report["reason"] = plain(report["reason"])
     who = {"group": build.name} if build.shared else {"model": build.members[0].name}

@@ -26,6 +26,7 @@ from ..report.build_report import usage_text
 from ..steps.compile import compile_build, file_records
 from ..steps.compilers import compiler
 from ..steps.fingerprint import validation_fingerprint
+from ..steps.fleet import chip, listed_socs
 from ..steps.model_package import assemble, check_package, manifest_files, manifest_text, unvalidated
 from ..steps.model_package import fingerprint as package_fingerprint
 from ..steps.package import pipeline_files
@@ -76,7 +77,7 @@ def run_compile(build: Build, workspace: Workspace) -> TaskFailed | TaskResult:
         detail += ("; the folder is what onnxruntime-genai loads (genai_config.json: decoder-pipeline)"
                    if build.members[0].package else f"; {why_not}" if why_not else "")
     else:
-        detail = compiler(build.target).describe(nodes)
+        detail = compiler(build.target).describe(nodes) + _socs_said(build, done.out_dir)
     say(f"{done.status} {done.build}: {detail}, {done.seconds:.1f} s{usage_text(done.usage)} -> "
           f"{os.path.relpath(done.out_dir)}/{_origin(done.outcome)}")
     return {"status": done.status, **done.outcome.report(), **({"worker": done.worker} if done.worker else {}),
@@ -85,6 +86,22 @@ def run_compile(build: Build, workspace: Workspace) -> TaskFailed | TaskResult:
                                     workspace.project_root),
             "seconds": round(done.seconds, 3), **({"child": done.usage} if done.usage else {}),
             **({"nodes": nodes} if "in_ep" in nodes else {})}
+
+
+def _socs_said(build: Build, folder: Path) -> str:
+    """A multi-SoC binary's SoCs, and what `ship_socs` did to it."""
+    if not build.target.socs:
+        return ""
+    record = read_artifact(folder)
+    held = ", ".join(chip(soc) for soc in listed_socs(record.compatibility if record.has("compatibility") else None)
+                     or build.target.socs)
+    pruning = record.soc_pruning if record.has("soc_pruning") else {}
+    said = f"; one binary for SoCs {held}"
+    if "removed" in pruning:
+        said += f" (pruned to ship_socs, {', '.join(pruning['removed']) or 'nothing'} removed)"
+    elif "skipped" in pruning:
+        said += f"; ship_socs not applied: {pruning['skipped']}"
+    return said
 
 
 def run_stage_task(stage: Stage, workspace: Workspace) -> TaskFailed | TaskResult:

@@ -21,6 +21,8 @@ from ...store.cache import Workspace
 from ...version import RULES_FORMAT
 from .. import vendor_shim
 from ..expected_peak import build_limits
+from ..fleet import listed_socs
+from ..soc_pruning import deploy_tool, request_part
 from .base import Compiler
 
 
@@ -28,6 +30,10 @@ class OrtCompiler(Compiler):
     """ONNX Runtime's ModelCompiler with the target's EP."""
 
     name = "ort"
+
+    def identity(self, target: ResolvedTarget) -> dict[str, Any] | None:
+        """`ship_socs`: the pruning tool (or why there is none), which shapes the binary."""
+        return {"qnn_deploy": deploy_tool()} if target.ship_socs else None
 
     def unavailable(self, target: ResolvedTarget, caps: dict[str, Any] | None) -> str | None:
         """Why this host cannot build the target, or None. With `caps` None (a Dask executor runs the jobs), only
@@ -87,7 +93,16 @@ def compile_request(build: Build, scratch: Path) -> CompileRequest:
         "manifest": build.manifest, "share": build.shared, "ep": target.ep.alias, "device": target.device,
         "compiler": target.compiler, "embed": target.embed, "options": target.session_options(),
         "optimization_level": target.optimization_level,
+        **({"prune": request_part(target.ship_socs)} if target.ship_socs else {}),
     }
+
+
+def pruning(target: ResolvedTarget, result: MemberResult) -> dict[str, Any]:
+    """What `ship_socs` did: the SoCs kept and removed, or why the binary was not pruned."""
+    if "pruned" in result:
+        return {"kept": list(target.ship_socs), "removed": result["pruned"]}
+    found = deploy_tool()
+    return {"skipped": found if isinstance(found, str) else "the tool was not run"}
 
 
 def sidecar(build: Build, results: list[MemberResult], provenance: Provenance) -> ArtifactRecord:
@@ -113,6 +128,8 @@ def sidecar(build: Build, results: list[MemberResult], provenance: Provenance) -
         inputs={name: list(shape) for name, shape in member.model.inputs.items()},
         ep_sdk_version=result.get("ep_sdk_version"), nodes=result["nodes"], graphs=result.get("graphs") or OMIT,
         compatibility=result.get("compatibility") or OMIT,
-        socs={soc: QNN_KNOWN_VALUES["soc_model"].get(soc, "") for soc in target.socs} if target.socs else OMIT,
+        socs={soc: QNN_KNOWN_VALUES["soc_model"].get(soc, "") for soc in listed_socs(result.get("compatibility"))
+              or target.socs} if target.socs else OMIT,
+        soc_pruning=pruning(target, result) if target.ship_socs else OMIT,
         frozen={k: list(v) for k, v in member.frozen.items()} if member.frozen else OMIT,
         optimization_level=target.optimization_level if target.is_cpu else OMIT)
