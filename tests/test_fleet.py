@@ -60,6 +60,16 @@ def test_one_binary_for_several_socs_each_soc_judged(fleet, fast):
     line = next(x for x in done.stdout.splitlines() if x.startswith("passed validate:m@fleet:"))
     assert "SoC 60 (SC8380XP) passed SNR" in line and "SoC 69 (SM8750) passed" in line
 
+    # epbuild check: ONNX Runtime asked about the binary and each SoC's part (here: no NPU, so not judged)
+    import subprocess
+    import sys
+
+    checked = subprocess.run([sys.executable, "-m", "epbuild", "check"], cwd=project.root, env=project.env,
+                             capture_output=True, text=True, timeout=300).stdout
+    line = next(x for x in checked.splitlines() if x.startswith("fleet/m: "))
+    assert "cannot be judged here" in line and "compatible" not in line.replace("Compatibility", "")
+    assert "each SoC's part (60 (SC8380XP), 57 (SM8650), 69 (SM8750)): the same" in line, line
+
     # the list's order: nothing
     project.manifest(FLEET.replace('["SM8650", "SC8380XP", 69]', '[69, "sc8380xp", "SM8650"]') + MODEL)
     assert ran(project.doit()) - {"unavailable"} == set()
@@ -201,3 +211,12 @@ def test_ship_socs_prunes_the_binary_and_judges_what_it_holds(fleet):
     # the tool gone: the compile runs again, unpruned (its identity is in the fingerprint)
     project.env["EPBUILD_QNN_DEPLOY_PYTHON"] = "/nonexistent/python3.12"
     assert "compile:m@fleet" in ran(project.doit())
+
+
+def test_a_multi_soc_compatibility_string_is_one_string_per_soc():
+    from epbuild.runtime.check import soc_strings
+
+    assert soc_strings("v2:6:2.51.0:5.51.0:73,75,79:60,57,69:4,4,8:0") == {
+        "60": "v2:6:2.51.0:5.51.0:73:60:4:0", "57": "v2:6:2.51.0:5.51.0:75:57:4:0",
+        "69": "v2:6:2.51.0:5.51.0:79:69:8:0"}
+    assert soc_strings("v2:6:2.51.0:5.51.0:0:60:0:0") == {} and soc_strings("v2:6:a:b:0,0:60:0:0") == {}
