@@ -1,6 +1,6 @@
 """epbuild against the floor: one Python process that calls ONNX Runtime directly for the same work.
 
-    python bench/bench_floor.py [--repeats 5] [--tiny 100] [--jobs 2]
+    python bench/bench_floor.py [--repeats 5] [--tiny 100] [--jobs 2] [--path-first DIR] [--name floor]
 
 Projects: `qnn` (the shipped example's tinycnn and encoder for qnn-htp, soc_model 60), `cpu` (the same two for the
 cpu target) and `tiny` (the 100-target project of bench_fork: TINY/2 copies of tinycnn x cpu and qnn-htp, `-n JOBS`).
@@ -13,7 +13,9 @@ For each, interleaved repeat by repeat (this VM's speed drifts), medians:
   clean without validation (`validate = false`), clean with validations; a restore (artifacts/ deleted, the cache
   warm, cold TMPDIR); a no-op after it.
 
-Writes bench/results/floor.json (rows of the performance table).
+`--path-first DIR` puts DIR in front of both sides' import path (another version of a package, for a before/after
+in one environment); `--name` names the results file. Writes bench/results/NAME.json (rows of the performance
+table).
 """
 
 from __future__ import annotations
@@ -91,7 +93,12 @@ def project(folder: Path, kind: str, tiny: int) -> list[tuple[str, str]]:
     return pairs
 
 
+FIRST: list[str] = []  # --path-first
+
+
 def timed(command: list[str], folder: Path, env: dict[str, str]) -> float:
+    if FIRST:
+        env = {**env, "PYTHONPATH": os.pathsep.join([*FIRST, *filter(None, [env.get("PYTHONPATH")])])}
     subprocess.run(["sync"], check=False)
     started = time.monotonic()
     done = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True)
@@ -117,20 +124,20 @@ def epbuild(folder: Path, validate: bool, jobs: int) -> dict[str, float]:
                          for line in lines) + "\n"
     (folder / "models.toml").write_text(manifest)
     found = {}
-    with tempfile.TemporaryDirectory() as servers:
-        cache = Path(servers) / "cache"
-        env = {**os.environ, "PYTHONPATH": str(REPO / "rules"), "EPBUILD_CACHE_DIR": str(cache), "TMPDIR": servers}
-        env.pop("PYTHONDONTWRITEBYTECODE", None)
-        shutil.rmtree(folder / "artifacts", ignore_errors=True)
-        for name in (".doit.db", ".doit.db.dat", ".doit.db.dir", ".doit.db.bak"):
-            (folder / name).unlink(missing_ok=True)
-        command = [sys.executable, "-m", "doit", "-n", str(jobs)]
-        found["clean"] = timed(command, folder, env)
-        found["no-op"] = timed(command, folder, env)
-    with tempfile.TemporaryDirectory() as servers:  # a new shell: no fork server running
-        env["TMPDIR"] = servers
-        shutil.rmtree(folder / "artifacts")
-        found["restore"] = timed(command, folder, env)
+    with tempfile.TemporaryDirectory() as cache:
+        with tempfile.TemporaryDirectory() as servers:
+            env = {**os.environ, "PYTHONPATH": str(REPO / "rules"), "EPBUILD_CACHE_DIR": cache, "TMPDIR": servers}
+            env.pop("PYTHONDONTWRITEBYTECODE", None)
+            shutil.rmtree(folder / "artifacts", ignore_errors=True)
+            for name in (".doit.db", ".doit.db.dat", ".doit.db.dir", ".doit.db.bak"):
+                (folder / name).unlink(missing_ok=True)
+            command = [sys.executable, "-m", "doit", "-n", str(jobs)]
+            found["clean"] = timed(command, folder, env)
+            found["no-op"] = timed(command, folder, env)
+        with tempfile.TemporaryDirectory() as servers:  # a new shell: no fork server running
+            env["TMPDIR"] = servers
+            shutil.rmtree(folder / "artifacts")
+            found["restore"] = timed(command, folder, env)
     return found
 
 
@@ -139,7 +146,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--tiny", type=int, default=100)
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--path-first", default=None)
+    parser.add_argument("--name", default="floor")
     arguments = parser.parse_args()
+    FIRST.extend([arguments.path_first] if arguments.path_first else [])
     data: dict[str, dict[str, float]] = {}
     rows = []
     for kind in ("qnn", "cpu", "tiny"):
@@ -165,10 +175,11 @@ def main() -> None:
                   f"{medians['epbuild clean, validated']:.2f} s vs {medians['floor compile and run']:.2f} s "
                   f"({run_ratio:.1f}x)"),
                  (f"{kind}: restore (artifacts/ deleted, warm cache, cold TMPDIR); no-op",
-                  f"{medians['epbuild restore, validated']:.2f} s; {medians['epbuild no-op, validated']:.2f} s")]
+                  f"{medians['epbuild restore, validated']:.2f} s; "
+                  f"{medians['epbuild no-op, validated']:.2f} s")]
         print(kind, medians, flush=True)
-    save("floor", rows, {"repeats": arguments.repeats, "tiny": arguments.tiny, "jobs": arguments.jobs,
-                         "medians": data})
+    save(arguments.name, rows, {"path_first": arguments.path_first, "repeats": arguments.repeats,
+                                "tiny": arguments.tiny, "jobs": arguments.jobs, "medians": data})
 
 
 if __name__ == "__main__":

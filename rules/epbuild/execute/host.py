@@ -76,24 +76,48 @@ def probe_key(version: Callable[[str], str | None] = package_version) -> dict[st
 
 
 
+class HostProbe:
+    """The probe's answer: the cached one, or a child process started now and waited for in `result()`, so that a
+    first build reads its models while the child imports onnxruntime and registers the plugins. `stop()` ends a
+    child whose answer is no longer wanted (the build stopped first)."""
+
+    def __init__(self, state_dir: Path, version: Callable[[str], str | None] = package_version):
+        self.state = StateFolder(state_dir)
+        self.key = probe_key(version)
+        self.cached = self.state.read_document(HOST, self.key)
+        self.child = None if self.cached is not None else subprocess.Popen(
+            [sys.executable, "-m", "epbuild.execute.host"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True, env={**os.environ, "PYTHONPATH": child_import_path()})
+
+    def result(self) -> dict[str, Any]:
+        if self.cached is not None:
+            return self.cached
+        assert self.child is not None
+        try:
+            stdout, stderr = self.child.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            stdout, stderr = "", "timed out after 300 s"
+        if self.child.returncode != 0:
+            result = {"error": f"host probe failed ({self.child.returncode}): {stderr.strip()[-500:]}", "eps": {}}
+        else:
+            result = json.loads(stdout)
+        result["key"] = self.key
+        with contextlib.suppress(OSError):  # a read-only artifacts folder (`doit list` there): probed again next time
+            self.state.write_document(HOST, result, indent=1)
+        self.cached = result
+        return result
+
+    def stop(self) -> None:
+        if self.child is not None and self.child.poll() is None:
+            self.child.kill()
+            self.child.communicate()
+
+
 def capabilities(state_dir: Path, version: Callable[[str], str | None] = package_version) -> dict[str, Any]:
     """The cached probe result, probing in a child process when the key changed; `version`: the distributions'
     versions as this run names them (`Provenance.version`)."""
-    state = StateFolder(state_dir)
-    key = probe_key(version)
-    cached = state.read_document(HOST, key)
-    if cached is not None:
-        return cached
-    done = subprocess.run([sys.executable, "-m", "epbuild.execute.host"], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": child_import_path()})
-    if done.returncode != 0:
-        result = {"error": f"host probe failed ({done.returncode}): {done.stderr.strip()[-500:]}", "eps": {}}
-    else:
-        result = json.loads(done.stdout)
-    result["key"] = key
-    with contextlib.suppress(OSError):  # a read-only artifacts folder (`doit list` there): probed again next time
-        state.write_document(HOST, result, indent=1)
-    return result
+    return HostProbe(state_dir, version).result()
 
 
 def package_reason(info: EpInfo, source: str) -> str | None:

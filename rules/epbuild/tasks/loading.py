@@ -10,11 +10,12 @@ import dataclasses
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from ..errors import BuildError, UserError
 from ..execute.executor import ExecutorSettings, executor_settings, unreachable
 from ..execute.fork_server import prestart, serving
-from ..execute.host import capabilities
+from ..execute.host import HostProbe
 from ..execute.links import Links
 from ..execute.provenance import Provenance
 from ..fast_path import DEP_FILE, LEGACY_DEP_FILE, project_key
@@ -67,31 +68,35 @@ def load_project(manifest_path: Path, invocation: Invocation | list[str]) -> Pro
     builds_here = invocation.default_run and not executor
     links = workspace.links
     servers = start_fork_servers(manifest, layout, builds_here, provenance, links)
-    index = ExternalDataIndex(layout.state, provenance, links)
-    facts = read_models(manifest, layout, index, servers, builds_here and not servers, provenance, links)
-    external, shapes, graphs = facts
-    fresh = None
-    if last is not None and last.facts == Plan.digest(facts):  # planned from the same manifest, files and facts
-        manifest, builds, stages, blocked = last.manifest, last.builds, last.stages, last.blocked
-    else:
-        read = manifest if last is None else last.as_read()
-        manifest = with_graph_facts(resolve_dims(read, shapes), graphs)
-        builds, stages = plan_builds(manifest, external, resolved)
-        blocked = check_declared_inputs(manifest, builds, shapes)
-        fresh = Plan(Plan.text(read), resolved, Plan.digest(facts), manifest, builds,
-                     stages, provenance.code, provenance.versions, blocked)
-    builds = with_workers(manifest, builds, executor)
-    log(__name__, "debug", "%d builds and %d stages, %s", len(builds), len(stages),
-        "planned anew" if fresh is not None else "from the saved plan (same manifest, files and facts)")
-    if writable:  # only for a manifest that holds: a refused one writes nothing
-        index.save()
-        if fresh is not None:
-            saved_plan.save(fresh, started)
-    availability = check_availability(manifest, builds, layout, workspace, executor)
-    if executor:
-        key = None  # the workers' toolchains count: no shortcut
-    return Project(invocation, key, manifest, layout, writable, workspace, external, builds, stages, availability,
-                   ConfigRecord(StateFolder(layout.state)), shard, live, rel, blocked_tasks(builds, blocked))
+    probe = start_probe(list(resolved.values()), layout, workspace, executor)
+    with contextlib.ExitStack() as stack:  # the probe's child ends with this run if it stops before the check
+        if probe[0] is not None:
+            stack.callback(probe[0].stop)
+        index = ExternalDataIndex(layout.state, provenance, links)
+        facts = read_models(manifest, layout, index, servers, builds_here and not servers, provenance, links)
+        external, shapes, graphs = facts
+        fresh = None
+        if last is not None and last.facts == Plan.digest(facts):  # planned from the same manifest, files and facts
+            manifest, builds, stages, blocked = last.manifest, last.builds, last.stages, last.blocked
+        else:
+            read = manifest if last is None else last.as_read()
+            manifest = with_graph_facts(resolve_dims(read, shapes), graphs)
+            builds, stages = plan_builds(manifest, external, resolved)
+            blocked = check_declared_inputs(manifest, builds, shapes)
+            fresh = Plan(Plan.text(read), resolved, Plan.digest(facts), manifest, builds,
+                         stages, provenance.code, provenance.versions, blocked)
+        builds = with_workers(manifest, builds, executor)
+        log(__name__, "debug", "%d builds and %d stages, %s", len(builds), len(stages),
+            "planned anew" if fresh is not None else "from the saved plan (same manifest, files and facts)")
+        if writable:  # only for a manifest that holds: a refused one writes nothing
+            index.save()
+            if fresh is not None:
+                saved_plan.save(fresh, started)
+        availability = check_availability(manifest, builds, layout, workspace, executor, probe)
+        if executor:
+            key = None  # the workers' toolchains count: no shortcut
+        return Project(invocation, key, manifest, layout, writable, workspace, external, builds, stages, availability,
+                       ConfigRecord(StateFolder(layout.state)), shard, live, rel, blocked_tasks(builds, blocked))
 
 
 def read_manifest(manifest_path: Path, last: Plan | None) -> tuple[Manifest, dict[str, ResolvedTarget]]:
@@ -231,14 +236,27 @@ def with_workers(manifest: Manifest, builds: list[Build], executor: ExecutorSett
         raise executor_error(manifest, str(exc)) from None
 
 
+def start_probe(targets: list[ResolvedTarget], layout: Layout, workspace: Workspace,
+                executor: ExecutorSettings | None) -> tuple[HostProbe | None, dict[str, Any]]:
+    """The host probe, started before the models are read when a target may need it (an EP inside ONNX Runtime):
+    its child imports onnxruntime and registers the plugins while this process waits for the model reading; and
+    the vendor-id shim it runs under (the shim's library is part of the probe's key)."""
+    used = [t for t in targets if not t.is_cpu]
+    if executor or not any(compiler(t).in_onnxruntime for t in used):
+        return None, {}
+    shim = vendor_shim.prepare(workspace.cache_dir, layout.state) if any(t.ep.vendor_shim for t in used) else {}
+    return HostProbe(layout.state, workspace.provenance.version), shim
+
+
 def check_availability(manifest: Manifest, builds: list[Build], layout: Layout, workspace: Workspace,
-                       executor: ExecutorSettings | None) -> Availability:
-    """Which targets this host (or, with an executor, the cluster) cannot build, and why; what was probed."""
+                       executor: ExecutorSettings | None,
+                       started: tuple[HostProbe | None, dict[str, Any]] | None = None) -> Availability:
+    """Which targets this host (or, with an executor, the cluster) cannot build, and why; what was probed
+    (`started`: the probe `start_probe` began)."""
     used = {b.target.name: b.target for b in builds if not b.target.is_cpu}
     needs_probe = not executor and any(compiler(t).in_onnxruntime for t in used.values())
-    shim = (vendor_shim.prepare(workspace.cache_dir, layout.state)
-            if any(t.ep.vendor_shim for t in used.values()) else {})
-    caps = {**capabilities(layout.state, workspace.provenance.version), "vendor_shim": shim} if needs_probe else {}
+    probe, shim = started if started and started[0] else start_probe(list(used.values()), layout, workspace, executor)
+    caps = {**probe.result(), "vendor_shim": shim} if needs_probe and probe else {}
     unavailable: dict[str, str] = {}
     for name, target in used.items():
         reason = compiler(target).unavailable(target, None if executor else caps)
