@@ -59,6 +59,7 @@ def test_one_binary_for_several_socs_each_soc_judged(fleet, fast):
     assert "the HTP simulator cannot run a multi-SoC binary" in report["multi_soc"]
     line = next(x for x in done.stdout.splitlines() if x.startswith("passed validate:m@fleet:"))
     assert "SoC 60 (SC8380XP) passed SNR" in line and "SoC 69 (SM8750) passed" in line
+    assert "compatibility" not in report  # ONNX Runtime's answer depends on this host: `epbuild check` says it
 
     # epbuild check: ONNX Runtime asked about the binary and each SoC's part (here: no NPU, so not judged)
     import subprocess
@@ -214,7 +215,7 @@ def test_ship_socs_prunes_the_binary_and_judges_what_it_holds(fleet):
 
 
 def test_a_multi_soc_compatibility_string_is_one_string_per_soc():
-    from epbuild.runtime.check import soc_strings
+    from epbuild.steps.fleet import soc_strings
 
     assert soc_strings("v2:6:2.51.0:5.51.0:73,75,79:60,57,69:4,4,8:0") == {
         "60": "v2:6:2.51.0:5.51.0:73:60:4:0", "57": "v2:6:2.51.0:5.51.0:75:57:4:0",

@@ -13,7 +13,7 @@ from ..errors import printable
 from ..manifest.builds import SIDECAR
 from ..manifest.eps import lookup
 from ..steps.compatibility import answer
-from ..steps.fleet import chip
+from ..steps.fleet import soc_answers, soc_strings
 
 
 def judge(ort: Any, record: ArtifactRecord) -> str:
@@ -39,24 +39,8 @@ def judge(ort: Any, record: ArtifactRecord) -> str:
     said = answer(ort, info.name, strings)[1]
     per_soc = soc_strings(strings[0]) if len(strings) == 1 else {}
     if per_soc:  # a multi-SoC binary: ONNX Runtime asked about each SoC's part too
-        each = {soc: answer(ort, info.name, [text])[1].split(" (string")[0] for soc, text in per_soc.items()}
-        if len(set(each.values())) == 1 and said.startswith(next(iter(each.values()))):
-            said += f"; each SoC's part ({', '.join(chip(soc) for soc in each)}): the same"
-        else:
-            said += "; " + "; ".join(f"SoC {chip(soc)}: {text}" for soc, text in each.items())
+        return soc_answers(ort, info.name, strings[0])["text"]
     return said
-
-
-def soc_strings(compatibility: str) -> dict[str, str]:
-    """A multi-SoC QNN compatibility string (`v2:6:sdk:api:73,75:60,57:4,4:0`: HTP architectures, SoCs and VTCM
-    sizes as parallel lists) as one string per SoC; {} for any other string."""
-    fields = compatibility.split(":")
-    if len(fields) != 8 or fields[0] != "v2" or "," not in fields[5]:
-        return {}
-    lists = [fields[index].split(",") for index in (4, 5, 6)]
-    if len({len(values) for values in lists}) != 1:
-        return {}
-    return {soc: ":".join([*fields[:4], arch, soc, vtcm, fields[7]]) for arch, soc, vtcm in zip(*lists, strict=True)}
 
 
 def main(argv: list[str], root: Path) -> int:

@@ -87,3 +87,30 @@ def summary(report: dict[str, Any]) -> str:
                                                        else "")
              for soc, entry in report["socs"].items()]
     return f"{', '.join(parts)}; {MULTI_SOC_NOT_RUN}" + "".join(f"; {note}" for note in report.get("notes", []))
+
+
+def soc_strings(compatibility: str) -> dict[str, str]:
+    """A multi-SoC QNN compatibility string (`v2:6:sdk:api:73,75:60,57:4,4:0`: HTP architectures, SoCs and VTCM
+    sizes as parallel lists) as one string per SoC; {} for any other string."""
+    fields = compatibility.split(":")
+    if len(fields) != 8 or fields[0] != "v2" or "," not in fields[5]:
+        return {}
+    lists = [fields[index].split(",") for index in (4, 5, 6)]
+    if len({len(values) for values in lists}) != 1:
+        return {}
+    return {soc: ":".join([*fields[:4], arch, soc, vtcm, fields[7]]) for arch, soc, vtcm in zip(*lists, strict=True)}
+
+
+def soc_answers(ort: Any, ep_name: str, compatibility: str) -> dict[str, Any]:
+    """ONNX Runtime's answer for a multi-SoC binary here: for its whole string and for each SoC's part (in the
+    validating child, which has the EP registered); host-dependent, so never cached or published."""
+    from .compatibility import answer
+
+    found, text = answer(ort, ep_name, [compatibility])
+    parts = {soc: answer(ort, ep_name, [part])[1].split(" (string")[0]
+             for soc, part in soc_strings(compatibility).items()}
+    if len(set(parts.values())) == 1 and text.startswith(next(iter(parts.values()), "\0")):
+        text += f"; each SoC's part ({', '.join(chip(soc) for soc in parts)}): the same"
+    else:
+        text += "".join(f"; SoC {chip(soc)}: {said}" for soc, said in parts.items())
+    return {"answer": found, "text": text}
