@@ -10,6 +10,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from failure_classes import unshaped_value_info
 
 from conftest import build_report
 from epbuild.errors import ModelError
@@ -170,36 +171,15 @@ def test_a_small_magnitude_waveform_is_judged_by_its_snr_on_every_target(project
         assert entries[f"validate:vocoder@{target}"]["status"] in ("validated", "failed")
 
 
-def _unshaped_value_info(path) -> None:
-    """silero VAD's class: an exporter's value_info that declares an intermediate's type without its shape, read by
-    Shape then Gather of its second dimension (the state's size), feeding a Reshape."""
-    from onnx import TensorProto, helper
-
-    nodes = [helper.make_node("Relu", ["x"], ["h"], name="relu"), helper.make_node("Shape", ["h"], ["s"], name="shape"),
-             helper.make_node("Gather", ["s", "one"], ["n"], name="second_dim"),
-             helper.make_node("Unsqueeze", ["n", "zero"], ["n1"], name="unsqueeze"),
-             helper.make_node("Concat", ["batch", "n1"], ["to"], axis=0, name="concat"),
-             helper.make_node("Reshape", ["h", "to"], ["y"], name="reshape")]
-    weights = [onnx.numpy_helper.from_array(np.array(1, np.int64), "one"),
-               onnx.numpy_helper.from_array(np.array([0], np.int64), "zero"),
-               onnx.numpy_helper.from_array(np.array([1], np.int64), "batch")]
-    graph = helper.make_graph(nodes, "vad_like", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 512])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 512])], weights,
-                              value_info=[helper.make_tensor_value_info("h", TensorProto.FLOAT, None)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
-    model.ir_version = 8
-    onnx.save(model, str(path))
-
-
 def test_a_shape_of_a_tensor_whose_shape_is_unknown_is_never_folded(project, tmp_path):
     """A value_info without a shape is no static shape (all() over no dimensions was True): its Shape was folded to
     an empty constant and the fold stage stopped on ONNX Runtime's raw "Gather ... idx=1 must be within the
     inclusive range [0,-1]"; now the stage leaves it to run, and a fold that fails names the node and the way round."""
     from epbuild.steps.folding import _fold_failure, foldable_nodes
 
-    _unshaped_value_info(tmp_path / "vad.onnx")
+    unshaped_value_info(tmp_path / "vad.onnx")
     assert foldable_nodes(onnx.load(str(tmp_path / "vad.onnx")).graph) == []
-    _unshaped_value_info(project.root / "models" / "vad.onnx")
+    unshaped_value_info(project.root / "models" / "vad.onnx")
     project.manifest('[models.vad]\npath = "models/vad.onnx"\n\n[targets.qnn-htp]\nep = "qnn"\n'
                      'options = { soc_model = 60 }\n')
     done = project.doit("--continue", check=False)

@@ -25,8 +25,9 @@ JOB_MODULES = ("steps/compile.py", "steps/preprocess.py", "steps/validate.py", "
                "worker.py")
 DATA_FILES = ("steps/shims/*.c",)  # compiled into the OpenVINO vendor shim
 # Every distribution a job may load; a version that differs from the build's is refused.
-# onnxruntime-genai: validations of genai folders run its generator (absent: None, like any other)
-DISTRIBUTIONS = ("onnxruntime", "onnx", "numpy", "sympy", "onnxruntime-qnn", "onnxruntime-ep-openvino",
+# onnxruntime-genai: validations of genai folders run its generator (absent: None, like any other); ml_dtypes: onnx
+# loads it in every job (pinned for its import time; no artifact byte depends on it, so no fingerprint names it)
+DISTRIBUTIONS = ("onnxruntime", "onnx", "numpy", "ml_dtypes", "sympy", "onnxruntime-qnn", "onnxruntime-ep-openvino",
                  "onnxruntime-genai")
 
 

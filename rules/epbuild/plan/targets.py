@@ -123,8 +123,7 @@ def _options(spec: TargetSpec, ep: EpInfo, file: str, where: str) -> dict[str, s
             raise UserError(file, f"{where}.options.{key}",
                             f"must be a string, number or boolean, found {type(value).__name__}")
         chips = ep.known_values.get(key, {})
-        by_name = {name.lower(): number for number, name in chips.items()}
-        text = by_name.get(text.lower(), text)  # a chip's name (SM8650, any case) for the number the EP takes
+        text = chip_number(text, chips)  # a chip's name (SM8650, any case) for the number the EP takes
         allowed = ep.option_values.get(key)
         if isinstance(allowed, tuple) and text not in allowed:
             raise UserError(file, f"{where}.options.{key}", f"{text!r} is not a value {ep.name} knows"
@@ -160,11 +159,10 @@ def _soc_list(values: list[Any], key: str, ep: EpInfo, file: str, where: str) ->
         raise UserError(file, at, "a list is taken only by QNN's soc_model (one binary for several SoCs); give one "
                         "value")
     chips = ep.known_values[SOC_OPTION]
-    by_name = {name.lower(): number for number, name in chips.items()}
     numbers: dict[str, str] = {}
     for index, value in enumerate(values):
         text = _normalise(value)
-        number = by_name.get(text.lower(), text) if text is not None and not isinstance(value, bool) else None
+        number = chip_number(text, chips) if text is not None and not isinstance(value, bool) else None
         if number not in chips:
             known = ", ".join(f"{name} ({n})" for n, name in chips.items())
             raise UserError(file, f"{at}[{index}]", f"{shown(value)} is not a SoC epbuild knows"
@@ -184,6 +182,11 @@ def soc_order(chip: str) -> list[Any]:
     string's entry at the index of the record it removes: in any other order it drops another SoC's entry (seen:
     57 dropped for 60's record)."""
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", f"htp.cache.{chip.lower()}.0")]
+
+
+def chip_number(text: str, chips: dict[str, str]) -> str:
+    """A chip's name (SM8650, any case) as the number the EP takes; any other text as it is."""
+    return next((number for number, name in chips.items() if name.lower() == text.lower()), text)
 
 
 def _unknown_values(options: dict[str, str], ep: EpInfo, file: str, where: str) -> tuple[tuple[str, str], ...]:
@@ -341,11 +344,10 @@ def _ship_socs(spec: TargetSpec, ep: EpInfo, socs: tuple[str, ...], file: str, w
     if spec.embed:
         raise UserError(file, at, "prunes the binary beside the model: embed = false")
     chips = ep.known_values[SOC_OPTION]
-    by_name = {name.lower(): number for number, name in chips.items()}
     kept: dict[str, Any] = {}
     for index, value in enumerate(spec.ship_socs):
         text = _normalise(value)
-        number = by_name.get(text.lower(), text) if text is not None and not isinstance(value, bool) else None
+        number = chip_number(text, chips) if text is not None and not isinstance(value, bool) else None
         if number not in socs:
             raise UserError(file, f"{at}[{index}]", f"{shown(value)} is not one of soc_model's SoCs: "
                             f"{', '.join(f'{chips[s]} ({s})' for s in socs)}")

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .comparison import DEFAULT_THRESHOLDS
-from .folding import read_only_inside
+from .folding import read_in_bodies, read_only_inside
 from .graph import consumers, true_inputs
 
 QNN = "QNNExecutionProvider"
@@ -149,7 +149,8 @@ def compile_hints(model_path: Path, ep_name: str, entry: str, frozen: bool, mess
                      f"Transpose, {_places(strided)}), on which QNN HTP's compile aborts: export with "
                      "torch.onnx.export(..., dynamo=False) or write the as_strided as view/unfold in the model")
     writer_fault = "This is an invalid model" in message or "in-memory address marker" in message
-    shared = _read_in_and_out_of_bodies(graph) if writer_fault else []
+    top = {name for node in graph.node for name in node.input}
+    shared = [name for name in read_in_bodies(graph) if name in top] if writer_fault else []
     if shared and _checks(model):
         hints.append(f"{WRITER_FAULT} (onnx.checker accepts the model it "
                      f"compiled from): a Loop/If/Scan body reads the outer-scope initializer(s) "
@@ -181,16 +182,6 @@ def compile_hints(model_path: Path, ep_name: str, entry: str, frozen: bool, mess
                      f"refuses the If and that is a configuration input, freeze it (freeze = {{ {values} }} in "
                      f"{entry}) so the build picks the branch")
     return hints
-
-
-def _read_in_and_out_of_bodies(graph: Any) -> list[str]:
-    """Initializers read both by the graph's own nodes and inside their subgraphs."""
-    from .graph import graphs_within, subgraphs
-
-    top = {name for node in graph.node for name in node.input}
-    inside = {name for node in graph.node for sub in subgraphs(node) for inner in graphs_within(sub)
-              for n in inner.node for name in n.input}
-    return [t.name for t in graph.initializer if t.name in top and t.name in inside]
 
 
 OLD_OPSET = "the model is at ai.onnx opset "  # how `_old_opset`'s hint begins

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..errors import ModelError
 from ..files.weights import load_with_weights
+from .graph import graphs_within
 
 # the converter's assertions carry a source location and a printf format it never filled in
 _LOCATION = re.compile(r"^\S+\.(cc|h):\d+: \S+: Assertion `.*?` failed: ")
@@ -30,7 +31,7 @@ def upgrade(source: Path, output: Path, opset: int, weights: Path | None, save: 
     except Exception as exc:  # noqa: BLE001 - the converter raises RuntimeError (assertions) and ConvertError
         raise ModelError(refusal(model, str(exc), before, opset, entry)) from None
     del model
-    for graph in _graphs(converted.graph):  # its adapters write value_info without an element type (the Unsqueeze
+    for graph in graphs_within(converted.graph):  # its adapters write value_info without an element type (the Unsqueeze
         # that replaces Add's broadcast attribute), which ONNX Runtime refuses to load: a hint, dropped
         kept = [v for v in graph.value_info if not v.type.HasField("tensor_type") or v.type.tensor_type.elem_type]
         if len(kept) < len(graph.value_info):
@@ -48,7 +49,7 @@ def refusal(model: Any, message: str, before: int | None, opset: int, entry: str
     why, and what to do."""
     text = _LOCATION.sub("", " ".join(message.split()))
     text = text.replace("Op '%s' has no registered schema; cannot convert it from version %lld to %lld.", "")
-    ops = {node.op_type for graph in _graphs(model.graph) for node in graph.node}
+    ops = {node.op_type for graph in graphs_within(model.graph) for node in graph.node}
     named = sorted((op for op in ops if re.search(re.escape(op), message, re.I)), key=len, reverse=True)
     op = named[0] if named else None
     if op and "registered schema" in message:
@@ -79,12 +80,12 @@ def _align_legacy_broadcast(model: Any, entry: str) -> None:
     except Exception:  # noqa: BLE001 - ranks then come from what the file declares
         inferred = model
     ranks: dict[str, int] = {}
-    for graph in _graphs(inferred.graph):
+    for graph in graphs_within(inferred.graph):
         for value in [*graph.input, *graph.value_info, *graph.output]:
             if value.type.HasField("tensor_type") and value.type.tensor_type.HasField("shape"):
                 ranks[value.name] = len(value.type.tensor_type.shape.dim)
         ranks.update({tensor.name: len(tensor.dims) for tensor in graph.initializer})
-    for graph in _graphs(model.graph):
+    for graph in graphs_within(model.graph):
         nodes = []
         for node in graph.node:
             attributes = {a.name: a for a in node.attribute}
@@ -108,9 +109,3 @@ def _align_legacy_broadcast(model: Any, entry: str) -> None:
         if len(nodes) > len(graph.node):
             del graph.node[:]
             graph.node.extend(nodes)
-
-
-def _graphs(graph: Any) -> list[Any]:
-    return [graph, *(found for node in graph.node for attribute in node.attribute
-                     for sub in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs)
-                     for found in _graphs(sub))]

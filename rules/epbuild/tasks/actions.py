@@ -101,7 +101,7 @@ def _socs_said(build: Build, folder: Path) -> str:
         said += f" (pruned to ship_socs, {', '.join(pruning['removed']) or 'nothing'} removed)"
     elif "skipped" in pruning:
         said += f"; ship_socs not applied: {pruning['skipped']}"
-    return said
+    return said + "; not opened here (the HTP simulator loads no multi-SoC binary: validation runs each SoC alone)"
 
 
 def run_stage_task(stage: Stage, workspace: Workspace) -> TaskFailed | TaskResult:
