@@ -14,7 +14,9 @@ For each, interleaved repeat by repeat (this VM's speed drifts), medians:
   warm, cold TMPDIR); a no-op after it.
 
 `--path-first DIR` puts DIR in front of both sides' import path (another version of a package, for a before/after
-in one environment); `--name` names the results file. Writes bench/results/NAME.json (rows of the performance
+in one environment); `--baseline DIR` also runs the epbuild imported from DIR (`git archive COMMIT rules | tar -x
+-C X`: DIR = X/rules) interleaved with this one, repeat by repeat, and names its medians in the rows
+(`--baseline-name`); `--name` names the results file. Writes bench/results/NAME.json (rows of the performance
 table).
 """
 
@@ -116,8 +118,8 @@ def floor(folder: Path, run: bool) -> float:
                  dict(os.environ))
 
 
-def epbuild(folder: Path, validate: bool, jobs: int) -> dict[str, float]:
-    """Cold clean build, a restore of it, a no-op: seconds of each."""
+def epbuild(folder: Path, validate: bool, jobs: int, rules: Path = REPO / "rules") -> dict[str, float]:
+    """Cold clean build, a restore of it, a no-op: seconds of each, with epbuild imported from `rules`."""
     text = (folder / "models.toml").read_text()
     lines = [line for line in text.splitlines() if not line.startswith("validate = ")]
     manifest = "\n".join(line + ("\nvalidate = false" if line.startswith("ep = ") and not validate else "")
@@ -126,7 +128,7 @@ def epbuild(folder: Path, validate: bool, jobs: int) -> dict[str, float]:
     found = {}
     with tempfile.TemporaryDirectory() as cache:
         with tempfile.TemporaryDirectory() as servers:
-            env = {**os.environ, "PYTHONPATH": str(REPO / "rules"), "EPBUILD_CACHE_DIR": cache, "TMPDIR": servers}
+            env = {**os.environ, "PYTHONPATH": str(rules), "EPBUILD_CACHE_DIR": cache, "TMPDIR": servers}
             env.pop("PYTHONDONTWRITEBYTECODE", None)
             shutil.rmtree(folder / "artifacts", ignore_errors=True)
             for name in (".doit.db", ".doit.db.dat", ".doit.db.dir", ".doit.db.bak"):
@@ -148,7 +150,11 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--path-first", default=None)
     parser.add_argument("--name", default="floor")
+    parser.add_argument("--baseline", default=None,
+                        help="another epbuild's import folder (`git archive COMMIT rules`), run interleaved too")
+    parser.add_argument("--baseline-name", default="before")
     arguments = parser.parse_args()
+    baseline = Path(arguments.baseline).resolve() if arguments.baseline else None
     FIRST.extend([arguments.path_first] if arguments.path_first else [])
     data: dict[str, dict[str, float]] = {}
     rows = []
@@ -162,23 +168,35 @@ def main() -> None:
                 samples.setdefault("floor compile", []).append(floor(folder, False))
                 for key, value in epbuild(folder, False, jobs).items():
                     samples.setdefault(f"epbuild {key}", []).append(value)
+                if baseline:
+                    for key, value in epbuild(folder, False, jobs, baseline).items():
+                        samples.setdefault(f"baseline {key}", []).append(value)
                 samples.setdefault("floor compile and run", []).append(floor(folder, True))
                 for key, value in epbuild(folder, True, jobs).items():
                     samples.setdefault(f"epbuild {key}, validated", []).append(value)
+                if baseline:
+                    for key, value in epbuild(folder, True, jobs, baseline).items():
+                        samples.setdefault(f"baseline {key}, validated", []).append(value)
         medians = {key: round(statistics.median(values), 3) for key, values in samples.items()}
         data[kind] = medians
         compile_ratio = medians["epbuild clean"] / medians["floor compile"]
         run_ratio = medians["epbuild clean, validated"] / medians["floor compile and run"]
+
+        def before(key: str, medians: dict[str, float] = medians) -> str:
+            return f"; {arguments.baseline_name}: {medians[f'baseline {key}']:.2f} s" if baseline else ""
+
         rows += [(f"{kind}: clean build, cold, vs the floor (one process calling ONNX Runtime)",
-                  f"{medians['epbuild clean']:.2f} s vs {medians['floor compile']:.2f} s ({compile_ratio:.1f}x)"),
+                  f"{medians['epbuild clean']:.2f} s vs {medians['floor compile']:.2f} s ({compile_ratio:.2f}x)"
+                  f"{before('clean')}"),
                  (f"{kind}: with validations vs the floor's compile and run",
                   f"{medians['epbuild clean, validated']:.2f} s vs {medians['floor compile and run']:.2f} s "
-                  f"({run_ratio:.1f}x)"),
+                  f"({run_ratio:.2f}x){before('clean, validated')}"),
                  (f"{kind}: restore (artifacts/ deleted, warm cache, cold TMPDIR); no-op",
                   f"{medians['epbuild restore, validated']:.2f} s; "
-                  f"{medians['epbuild no-op, validated']:.2f} s")]
+                  f"{medians['epbuild no-op, validated']:.2f} s{before('restore, validated')}")]
         print(kind, medians, flush=True)
     save(arguments.name, rows, {"path_first": arguments.path_first, "repeats": arguments.repeats,
+                                "baseline": arguments.baseline_name if baseline else None,
                                 "tiny": arguments.tiny, "jobs": arguments.jobs, "medians": data})
 
 

@@ -110,11 +110,14 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.pop("EPBUILD_MANIFEST", None)
     else:
         os.environ["EPBUILD_MANIFEST"] = manifest.name
-    from doit.doit_cmd import DoitMain
-
+    from .execute.warm_start import begin
     from .invocation import Invocation
-    from .tasks.entry import quiet_when_piped, task_loader
 
     invocation = Invocation.of(argv)
+    early = begin(manifest, invocation)  # a first build's fork-server imports, begun before ours
+    from doit.doit_cmd import DoitMain
+
+    from .tasks.entry import quiet_when_piped, task_loader
+
     quiet_when_piped(invocation)  # `epbuild help run | head` too, which loads no task
-    return DoitMain(task_loader(manifest, invocation)).run(argv)
+    return DoitMain(task_loader(manifest, invocation, early)).run(argv)

@@ -5,6 +5,9 @@ anything heavy is imported."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from .records import record
 
 # options of a default run that cannot change which tasks run or how they are checked: name -> takes a value
@@ -86,3 +89,8 @@ class Invocation:
             elif "=" not in word:
                 names.append(word)
         return names
+
+
+def manifest_path() -> Path:
+    """The manifest of the project in doit's working folder: models.toml, or EPBUILD_MANIFEST (relative to it)."""
+    return Path.cwd() / (os.environ.get("EPBUILD_MANIFEST") or "models.toml")

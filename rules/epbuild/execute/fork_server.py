@@ -59,8 +59,9 @@ from .provenance import Provenance, record_loaded, versions
 if TYPE_CHECKING:
     from .links import Links
 from .python_path import IMPORT_ROOT
+from .warm_start import CANDIDATE, SWITCH
 
-SWITCH = "EPBUILD_FORK_SERVER"  # "0": a plain child for every job; "fork": a forked child for every job, no warm
+# SWITCH ("EPBUILD_FORK_SERVER"): "0": a plain child for every job; "fork": a forked child for every job, no warm
 # workers; unset or "1": warm workers where the EP allows them
 # The shape stage's server also loads onnxruntime's shape tools with sympy: in every other server that larger heap
 # made each forked job ~15 ms slower (the child's allocations copy more of the inherited pages).
@@ -227,9 +228,14 @@ def _paths(key: str) -> tuple[Path, Path, Path]:
     return folder / f"{key}.sock", folder / f"{key}.log", folder / f"start-{int(key[:4], 16) % 16}.lock"
 
 
-def _launch(alias: str, path: Path, log: Path) -> subprocess.Popen:
-    """Start the server; the starter exits as soon as it has forked the server off (`--detach`)."""
+def _launch(links: Links, alias: str, path: Path, log: Path) -> subprocess.Popen:
+    """Start the server, or make the build's candidate into it (`execute.warm_start`: its imports begun with the
+    build); the starter exits as soon as it has forked the server off (`--detach`)."""
     env = job_environment()  # what its jobs' processes may read when the EP loads, not the build's secrets
+    early, links.early = links.early, None
+    adopted = early.adopt(path, alias, log, env) if early is not None else None
+    if adopted is not None:
+        return adopted
     with open(log, "w", encoding="utf-8") as output:
         return subprocess.Popen([sys.executable, "-m", "epbuild.execute.fork_server", "--detach", str(path), alias],
                                 env=env, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -250,7 +256,7 @@ def prestart(links: Links, aliases: set[str], expect: Provenance | None = None) 
         if connection is not None:
             connection.close()
             continue
-        links.prestarted[key] = _launch(alias, path, log), time.monotonic()
+        links.prestarted[key] = _launch(links, alias, path, log), time.monotonic()
 
 
 def serving(links: Links, alias: str, expect: Provenance | None = None) -> bool:
@@ -284,7 +290,7 @@ def _server(links: Links, alias: str, expect: Provenance | None = None) -> socke
         starter, started = links.prestarted.pop(key, (None, 0.0))
         # a server lives at least IDLE_S: prestarted since and not answering, it is still starting (or refused)
         if starter is None or time.monotonic() - started > IDLE_S:
-            starter = _launch(alias, path, log)
+            starter = _launch(links, alias, path, log)
         starter.wait(timeout=60)
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
@@ -295,7 +301,7 @@ def _server(links: Links, alias: str, expect: Provenance | None = None) -> socke
             if "refused:" in text or "Traceback" in text:
                 links.refused[key] = text.strip().splitlines()[-1]
                 return None
-            time.sleep(0.01)
+            time.sleep(0.004)
     links.refused[key] = f"the fork server did not start within {START_TIMEOUT_S:.0f} s (log: {log})"
     return None
 
@@ -367,13 +373,14 @@ def fork_job(links: Links, module: str, alias: str, arguments: list[str], output
 
 # ---- the server ----
 
-def serve(path: Path, alias: str) -> None:
+def serve(path: Path, alias: str, preloaded: bool = False) -> None:
     """Preload, register the EP, check that no thread was started, then fork a child per job request, or lease a
     warm worker to a client that asks for one, until idle."""
     import importlib
 
-    for module in PRELOAD:
-        importlib.import_module(module)
+    if not preloaded:
+        for module in PRELOAD:
+            importlib.import_module(module)
     for module, function in SERVER_PRELOAD.get(alias, ()):
         getattr(importlib.import_module(module), function)()
     record_loaded()  # what every job forked from here has loaded: a job expecting other versions refuses
@@ -492,7 +499,35 @@ def serve(path: Path, alias: str) -> None:
         path.with_suffix(".log").unlink(missing_ok=True)
 
 
+def candidate() -> None:
+    """`execute.warm_start`'s candidate: detached, the preloads imported, then adopted (a socket and an EP on its
+    stdin, its output to the server's log, its folder the sockets') or, at the end of its stdin, gone."""
+    import importlib
+
+    if os.fork():
+        os._exit(0)
+    os.setsid()
+    for module in PRELOAD:
+        importlib.import_module(module)
+    line = sys.stdin.readline()
+    if not line.strip():
+        os._exit(0)
+    path, alias = json.loads(line)
+    log = os.open(Path(path).with_suffix(".log"), os.O_WRONLY | os.O_APPEND)
+    for stream in (1, 2):
+        os.dup2(log, stream)
+    os.close(log)
+    nothing = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(nothing, 0)
+    os.close(nothing)
+    os.chdir(Path(path).parent)
+    serve(Path(path), alias, preloaded=True)
+
+
 def main(argv: list[str]) -> None:
+    if argv == [CANDIDATE]:
+        candidate()
+        return
     detach, (path, alias) = argv[0] == "--detach", argv[-2:]
     if detach and os.fork():  # the starter waits for this first process only; the server is not its child
         os._exit(0)

@@ -15,11 +15,14 @@ import importlib.metadata
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ..manifest.eps import REGISTRY, EpInfo, platform_reason
 from ..state.folder import StateFolder
@@ -28,6 +31,7 @@ from .python_path import child_import_path
 
 SHIM_LIBRARY = "EPBUILD_OPENVINO_SHIM"  # the built vendor-id shim (epbuild.steps.vendor_shim), for children
 SHIM_PLUGIN = "EPBUILD_OPENVINO_PLUGIN"  # the real plugin library the shim loads
+PROBE_TIMEOUT_S = 300.0
 
 
 @functools.cache
@@ -76,30 +80,49 @@ def probe_key(version: Callable[[str], str | None] = package_version) -> dict[st
 
 
 
-class HostProbe:
-    """The probe's answer: the cached one, or a child process started now and waited for in `result()`, so that a
-    first build reads its models while the child imports onnxruntime and registers the plugins. `stop()` ends a
-    child whose answer is no longer wanted (the build stopped first)."""
+class ForkedProbe(Protocol):
+    """The probe forked by a fork server (`fork_server.ForkedJob`): onnxruntime already imported there."""
 
-    def __init__(self, state_dir: Path, version: Callable[[str], str | None] = package_version):
+    def wait(self, timeout: float) -> tuple[int, int] | None: ...
+
+    def kill(self) -> None: ...
+
+
+# Forks `python -m epbuild.execute.host RESULT` (arguments, output file, working folder) from a fork server this
+# build runs anyway, or None where none serves
+Fork = Callable[[list[str], Path, Path], "ForkedProbe | None"]
+
+
+class HostProbe:
+    """The probe's answer: the cached one, or a child started now and waited for in `result()`, so that a first
+    build reads its models while the child registers the plugins: forked by a fork server the build starts anyway
+    (`fork`, which has imported onnxruntime), else a fresh Python. `stop()` ends a child whose answer is no longer
+    wanted (the build stopped first)."""
+
+    def __init__(self, state_dir: Path, version: Callable[[str], str | None] = package_version,
+                 fork: Fork | None = None):
         self.state = StateFolder(state_dir)
         self.key = probe_key(version)
         self.cached = self.state.read_document(HOST, self.key)
-        self.child = None if self.cached is not None else subprocess.Popen(
-            [sys.executable, "-m", "epbuild.execute.host"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True, env={**os.environ, "PYTHONPATH": child_import_path()})
+        self.child: subprocess.Popen | None = None
+        self.forked: ForkedProbe | None = None
+        self.folder: Path | None = None
+        if self.cached is None and fork is not None:
+            self.folder = Path(tempfile.mkdtemp(prefix="epbuild-probe-"))
+            self.forked = fork([str(self.folder / "result.json")], self.folder / "output.txt", self.folder)
+            if self.forked is None:
+                shutil.rmtree(self.folder, ignore_errors=True)
+        if self.cached is None and self.forked is None:
+            self.child = subprocess.Popen(
+                [sys.executable, "-m", "epbuild.execute.host"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                text=True, env={**os.environ, "PYTHONPATH": child_import_path()})
 
     def result(self) -> dict[str, Any]:
         if self.cached is not None:
             return self.cached
-        assert self.child is not None
-        try:
-            stdout, stderr = self.child.communicate(timeout=300)
-        except subprocess.TimeoutExpired:
-            self.stop()
-            stdout, stderr = "", "timed out after 300 s"
-        if self.child.returncode != 0:
-            result = {"error": f"host probe failed ({self.child.returncode}): {stderr.strip()[-500:]}", "eps": {}}
+        code, stdout, stderr = self._forked_answer() if self.forked is not None else self._child_answer()
+        if code != 0:
+            result = {"error": f"host probe failed ({code}): {stderr.strip()[-500:]}", "eps": {}}
         else:
             result = json.loads(stdout)
         result["key"] = self.key
@@ -108,10 +131,42 @@ class HostProbe:
         self.cached = result
         return result
 
+    def _child_answer(self) -> tuple[int | None, str, str]:
+        assert self.child is not None
+        try:
+            stdout, stderr = self.child.communicate(timeout=PROBE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            stdout, stderr = "", f"timed out after {PROBE_TIMEOUT_S:.0f} s"
+        return self.child.returncode, stdout, stderr
+
+    def _forked_answer(self) -> tuple[int | None, str, str]:
+        assert self.forked is not None and self.folder is not None
+        deadline = time.monotonic() + PROBE_TIMEOUT_S
+        ended = None
+        while ended is None and time.monotonic() < deadline:
+            ended = self.forked.wait(0.01)
+        try:
+            if ended is None:
+                self.forked.kill()
+                return None, "", f"timed out after {PROBE_TIMEOUT_S:.0f} s"
+            result = self.folder / "result.json"
+            output = (self.folder / "output.txt").read_text(encoding="utf-8", errors="replace")
+            if ended[0] != 0 or not result.is_file():
+                return ended[0] or 1, "", output
+            return 0, result.read_text(encoding="utf-8"), output
+        finally:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
     def stop(self) -> None:
         if self.child is not None and self.child.poll() is None:
             self.child.kill()
             self.child.communicate()
+        if self.forked is not None and self.cached is None:
+            self.forked.kill()
+            self.forked.wait(1.0)  # its server reports the end: the connection closes
+            if self.folder is not None:
+                shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def capabilities(state_dir: Path, version: Callable[[str], str | None] = package_version) -> dict[str, Any]:
@@ -217,5 +272,17 @@ def _probe() -> dict[str, Any]:
     return {"onnxruntime": ort.__version__, "eps": eps}
 
 
+def main() -> None:
+    """`python -m epbuild.execute.host [RESULT]`: the probe's answer on stdout, or into RESULT (a forked probe's
+    stdout is its log, which the EP libraries also write to)."""
+    answer = json.dumps(_probe())
+    if len(sys.argv) > 1:
+        Path(sys.argv[1]).write_text(answer, encoding="utf-8")
+    else:
+        sys.stdout.write(answer)
+    sys.stdout.flush()
+    os._exit(0)  # a forked probe must not return into its fork server's code; no EP library teardown either
+
+
 if __name__ == "__main__":
-    json.dump(_probe(), sys.stdout)
+    main()

@@ -27,6 +27,9 @@ class Links:
         self.leases: dict[tuple[str, int, int], Any] = {}  # (server socket, process, thread) -> its warm worker
         self.dask: dict[str, Any] = {}  # scheduler address -> client (made on first job, never before doit forks)
         self.remote: dict[str, Any] = {}  # remote cache URL -> its `RemoteCache` (one warning and budget per build)
+        # a first build's server imports, begun with the build (`execute.warm_start`): the first server it starts
+        # adopts them; let go (`Candidate.discard`) once the project is loaded, before doit forks any worker
+        self.early: Any = None
         forget = weakref.WeakMethod(self._forget_inherited)
         os.register_at_fork(after_in_child=lambda: (method := forget()) is not None and method())
 

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import UserError, closest
 from ..execute.memory_ledger import check_settings, default_jobs
@@ -49,6 +49,9 @@ from .project import Project, in_shard, shard_keys
 from .reporter import BuildReporter, ReportedRun
 from .run_record import RunRecord
 from .selection import Recorded, identities, runnable
+
+if TYPE_CHECKING:
+    from ..execute.warm_start import Candidate
 
 Task = dict[str, Any]
 
@@ -444,11 +447,11 @@ class Tasks:
                    "task_dep": [name for name in self.default_tasks if name != "blocked"]}
 
 
-def load_full_project(manifest_path: Path, invocation: Invocation) -> Tasks:
+def load_full_project(manifest_path: Path, invocation: Invocation, early: Candidate | None = None) -> Tasks:
     """The project with all its tasks (`epbuild.dodo` loads this when no shortcut holds); a user error prints one
     line and exits 2, without a traceback."""
     try:
-        project = load_project(manifest_path, invocation)
+        project = load_project(manifest_path, invocation, early)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

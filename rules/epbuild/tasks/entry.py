@@ -13,11 +13,14 @@ import signal
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..fast_path import shortcut
 from ..invocation import Invocation
 from ..logs import configure as configure_logging
+
+if TYPE_CHECKING:
+    from ..execute.warm_start import Candidate
 
 GENERATORS = {"stages": "stage_tasks", "compile": ("build_tasks", "compile"), "group": ("build_tasks", "group"),
               "validate": "validate_tasks", "ops": "ops_tasks", "package": "package_tasks",
@@ -57,12 +60,7 @@ def whole_lines(stream: Any) -> None:
             reconfigure(line_buffering=True)
 
 
-def manifest_path() -> Path:
-    """The manifest of the project in doit's working folder: models.toml, or EPBUILD_MANIFEST (relative to it)."""
-    return Path.cwd() / (os.environ.get("EPBUILD_MANIFEST") or "models.toml")
-
-
-def load(manifest: Path, invocation: Invocation) -> Any:
+def load(manifest: Path, invocation: Invocation, early: Candidate | None = None) -> Any:
     """The tasks' source for this run: the shortcut's stand-in, or the full project's tasks. A listing the
     shortcut answers is printed here and the run ends (doit has nothing left to do). Inside doit, Python's cyclic
     collector is off from here until doit has made every task (`namespace` turns it on again after the last task
@@ -78,6 +76,8 @@ def load(manifest: Path, invocation: Invocation) -> Any:
         gc.disable()
         gc.set_threshold(100_000, 50, 100)
     quick = shortcut(manifest, invocation)
+    if quick is not None and early is not None:  # a shortcut holds: no server to start
+        early.discard()
     if isinstance(quick, str):  # `doit list` unchanged
         sys.stdout.write(quick)
         sys.stdout.flush()
@@ -86,7 +86,7 @@ def load(manifest: Path, invocation: Invocation) -> Any:
         return quick
     from .definitions import load_full_project
 
-    return load_full_project(manifest, invocation)
+    return load_full_project(manifest, invocation, early)
 
 
 def namespace(source: Any) -> dict[str, Any]:
@@ -114,7 +114,7 @@ def namespace(source: Any) -> dict[str, Any]:
             **{f"task_{kind}": generator(kind, method) for kind, method in kinds.items()}}
 
 
-def task_loader(manifest: Path, invocation: Invocation) -> Any:
+def task_loader(manifest: Path, invocation: Invocation, early: Candidate | None = None) -> Any:
     """doit's loader (API 2) for the `epbuild` command: this run's command line handed over, not read from the
     process's arguments."""
     from doit import loader
@@ -122,7 +122,7 @@ def task_loader(manifest: Path, invocation: Invocation) -> Any:
 
     class EpbuildLoader(TaskLoader2):
         def load_doit_config(self) -> dict[str, Any]:
-            self.namespace = namespace(load(manifest, invocation))
+            self.namespace = namespace(load(manifest, invocation, early))
             return self.namespace["DOIT_CONFIG"]
 
         def load_tasks(self, cmd: Any, pos_args: list[str]) -> list[Any]:

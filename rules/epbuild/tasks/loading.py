@@ -14,10 +14,11 @@ from typing import Any
 
 from ..errors import BuildError, UserError
 from ..execute.executor import ExecutorSettings, executor_settings, unreachable
-from ..execute.fork_server import prestart, serving
+from ..execute.fork_server import fork_job, prestart, serving
 from ..execute.host import HostProbe
 from ..execute.links import Links
 from ..execute.provenance import Provenance
+from ..execute.warm_start import Candidate
 from ..fast_path import DEP_FILE, LEGACY_DEP_FILE, project_key
 from ..fast_path import enabled as fast_path_enabled
 from ..files.foreign import remove_links
@@ -49,8 +50,17 @@ from .project import Availability, Project, Relative
 Facts = tuple[dict[Path, tuple[Path, ...]], dict[str, ModelInputs], dict[str, dict[str, bool]]]
 
 
-def load_project(manifest_path: Path, invocation: Invocation | list[str]) -> Project:
-    """The project for this run's command line."""
+def load_project(manifest_path: Path, invocation: Invocation | list[str], early: Candidate | None = None) -> Project:
+    """The project for this run's command line; `early`: the fork-server imports this run began before it loaded
+    (`execute.warm_start`), adopted by the first server it starts, else let go here."""
+    try:
+        return _load_project(manifest_path, invocation, early)
+    finally:
+        if early is not None:
+            early.discard()
+
+
+def _load_project(manifest_path: Path, invocation: Invocation | list[str], early: Candidate | None) -> Project:
     if not isinstance(invocation, Invocation):
         invocation = Invocation.of(invocation)
     key = project_key(manifest_path) if invocation.listing or invocation.default_run else None
@@ -67,8 +77,9 @@ def load_project(manifest_path: Path, invocation: Invocation | list[str]) -> Pro
     layout, writable, workspace, executor = prepare_folders(manifest, invocation, rel, provenance)
     builds_here = invocation.default_run and not executor
     links = workspace.links
+    links.early = early
     servers = start_fork_servers(manifest, layout, builds_here, provenance, links)
-    probe = start_probe(list(resolved.values()), layout, workspace, executor)
+    probe = start_probe(list(resolved.values()), layout, workspace, executor, servers)
     with contextlib.ExitStack() as stack:  # the probe's child ends with this run if it stops before the check
         if probe[0] is not None:
             stack.callback(probe[0].stop)
@@ -237,15 +248,24 @@ def with_workers(manifest: Manifest, builds: list[Build], executor: ExecutorSett
 
 
 def start_probe(targets: list[ResolvedTarget], layout: Layout, workspace: Workspace,
-                executor: ExecutorSettings | None) -> tuple[HostProbe | None, dict[str, Any]]:
+                executor: ExecutorSettings | None, servers: set[str] = frozenset()  # type: ignore[assignment]
+                ) -> tuple[HostProbe | None, dict[str, Any]]:
     """The host probe, started before the models are read when a target may need it (an EP inside ONNX Runtime):
-    its child imports onnxruntime and registers the plugins while this process waits for the model reading; and
-    the vendor-id shim it runs under (the shim's library is part of the probe's key)."""
+    its child registers the plugins while this process waits for the model reading, forked by one of the fork
+    servers this build started (`servers`), which has imported onnxruntime already (a second Python importing it
+    beside them would slow both on a small runner), else a fresh Python; and the vendor-id shim it runs under (the
+    shim's library is part of the probe's key)."""
     used = [t for t in targets if not t.is_cpu]
     if executor or not any(compiler(t).in_onnxruntime for t in used):
         return None, {}
     shim = vendor_shim.prepare(workspace.cache_dir, layout.state) if any(t.ep.vendor_shim for t in used) else {}
-    return HostProbe(layout.state, workspace.provenance.version), shim
+    links, expect = workspace.links, workspace.provenance
+    alias = next((a for a in sorted(servers) if serving(links, a, expect)), None)
+
+    def fork(arguments: list[str], output: Path, folder: Path) -> Any:
+        return fork_job(links, "epbuild.execute.host", alias or "", arguments, output, folder, expect=expect)
+
+    return HostProbe(layout.state, workspace.provenance.version, fork if alias is not None else None), shim
 
 
 def check_availability(manifest: Manifest, builds: list[Build], layout: Layout, workspace: Workspace,
