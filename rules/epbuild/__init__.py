@@ -5,6 +5,7 @@ Python that tests call directly.
 """
 
 import sys
+from types import FrameType
 
 from .version import RULES_FORMAT  # noqa: F401 - epbuild.RULES_FORMAT, as before
 
@@ -48,7 +49,7 @@ def _discard_empty_dep_file() -> None:
     closes it and removes its files when they hold nothing, so the refusal leaves no stray `.doit.db.dat`."""
     from pathlib import Path
 
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         if frame.f_code.co_name == "execute" and frame.f_globals.get("__name__") == "doit.cmd_base":
             params, command = frame.f_locals.get("params") or {}, frame.f_locals.get("self")
@@ -68,7 +69,7 @@ def _tasks_taken() -> bool:
     """Whether the namespace doit is loading tasks from holds epbuild's task generators: doit hands it to its
     `load_tasks` only, so it is read from that call's frame (where doit is not found so, the tasks module having
     been imported stands for it)."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         if frame.f_code.co_name == "load_tasks" and frame.f_globals.get("__name__") == "doit.loader":
             namespace = frame.f_locals.get("namespace") or {}

@@ -100,12 +100,12 @@ class Stamp:
             if identity is None:
                 return  # a run without them is not a steady state
             files[str(path)] = identity
-        for path in checked:
+        for name in checked:
             try:
-                stat = os.stat(path)
+                stat = os.stat(name)
             except OSError:
                 return
-            if stat_key(stat) != checked[path] or not settled(stat):
+            if stat_key(stat) != checked[name] or not settled(stat):
                 return  # a file changed while this run checked it, or may still change under the same identity
         self.state.write_record(STAMP, {"key": key, VOUCHES: files, "tasks": tasks, "skipped": skipped})
 

@@ -10,8 +10,9 @@ order and only between instances of one class, the hash of the fields (a mutable
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from operator import attrgetter
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast, dataclass_transform, overload
 
 T = TypeVar("T", bound=type)
 
@@ -31,17 +32,26 @@ def _repr(self: Any) -> str:
     return f"{self.__class__.__qualname__}({shown})"
 
 
+@overload
+def record(cls: T, /) -> T: ...
+
+
+@overload
+def record(cls: None = None, /, *, frozen: bool = True) -> Callable[[T], T]: ...
+
+
+@dataclass_transform(frozen_default=True)
 def record(cls: T | None = None, /, *, frozen: bool = True) -> Any:
-    """`@record`, or `@record(frozen=False)` for a mutable one."""
+    """`@record`, or `@record(frozen=False)` for a mutable one (a type checker reads it as `dataclass`)."""
 
     def wrap(cls: T) -> T:
-        made = dataclasses.dataclass(cls, frozen=frozen, eq=False, repr=False)
+        made: Any = dataclasses.dataclass(cls, frozen=frozen, eq=False, repr=False)
         names = [f.name for f in dataclasses.fields(made)]
         # the field values as a tuple (attrgetter of fewer than two names gives no tuple)
         values = attrgetter(*names) if len(names) > 1 else lambda item: tuple(getattr(item, n) for n in names)
         made._record_values = staticmethod(values)
         made.__eq__, made.__repr__ = _eq, _repr
         made.__hash__ = _hash if frozen else None
-        return made
+        return cast(T, made)
 
     return wrap if cls is None else wrap(cls)

@@ -164,6 +164,7 @@ def _run_job(job: dict[str, Any], base: Path, root: Path) -> dict[str, Any]:
 
 def _produce(job: dict[str, Any], what: Any, workspace: Workspace, scratch: Path) -> dict[str, Any]:
     from .steps.compilers import compiler
+    from .steps.compilers.external import ExternalToolCompiler
     from .steps.preprocess import produce_stage
     from .steps.toolchains import supported_operators
     from .steps.validate import validate
@@ -175,7 +176,9 @@ def _produce(job: dict[str, Any], what: Any, workspace: Workspace, scratch: Path
     elif job["kind"] == "stage":
         result["answer"] = produce_stage(what, workspace, scratch)
     elif job["kind"] == "ops":
-        toolchain = compiler(what.target).found(what)
+        backend = compiler(what.target)
+        assert isinstance(backend, ExternalToolCompiler), "ops tasks are made for external toolchains only"
+        toolchain = backend.found(what)
         operators = supported_operators(toolchain, what.log(workspace.layout, "ops"))
         return {"answer": sorted(operators), "version": toolchain.version, "files": {}, "digests": {}}
     else:

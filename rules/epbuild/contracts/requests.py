@@ -75,6 +75,8 @@ class MemberValidation(TypedDict):
     task: NotRequired[dict[str, Any]]  # a task metric on a dataset (`manifest.task_metric.task_settings`)
     repeat_within_s: NotRequired[float]  # a first run at most this long is repeated (`steps.repeatability`)
     package: NotRequired[dict[str, str] | None]  # root, component, variant: the session through a model package
+    foldable_on_cpu: NotRequired[dict[str, int]]  # op type -> nodes left on CPU that only compute constants
+    share: NotRequired[bool]  # a member of a shared context, loaded as its loading contract says
 
 
 class ValidationRequest(TypedDict):
@@ -84,22 +86,12 @@ class ValidationRequest(TypedDict):
     run_blocked: str | None  # why this host cannot load the shared context
     pipeline: dict[str, Any] | None  # `pipeline`: token steps, and the members compiled alone (their requests)
     phase: NotRequired[str]  # a large model: "reference" (the CPU reference alone), then "artifact" (with it)
-    workdir: NotRequired[str]  # the reference phase writes its arrays here
-    reference: NotRequired[dict[str, Any]]  # the artifact phase: what the reference phase saved
+    reference: NotRequired[str]  # the artifact phase: the folder the reference (restored or computed) is in
+    reference_to: NotRequired[str]  # a single model: the folder its child saves the reference it computes in
+    references: NotRequired[dict[str, str]]  # a group: member -> the folder its restored reference is in
+    references_to: NotRequired[dict[str, str]]  # a group: member -> the folder its computed reference goes to
 
 
-class ValidationReport(TypedDict, total=False):
-    status: str  # passed, failed or skipped
-    reason: str
-    precision: str
-    thresholds: dict[str, float]
-    ran_on: dict[str, list[str]]  # EP -> op types it ran
-    outputs: dict[str, dict[str, Any]]  # per output: epbuild.steps.validate.compare's metrics
-    inputs: dict[str, Any]
-    against_float_model: dict[str, dict[str, Any]]
-    notes: list[str]  # what the figures mean where they can mislead (a nearly constant reference)
-    divergence: dict[str, Any]  # validation.localise: the first tensor where the EP departs from CPU
-    pipeline: dict[str, Any]  # a group's pipeline validation: per-step metrics, greedy tokens
-    summary: str  # a passed pipeline's figures
-    members: dict[str, Any]  # groups: each member's report
-    structural: str
+# A validation child's answer as it travels (JSON): the verdict (`status`, a `statuses.Verdict` word, or "reference"
+# from a reference phase) and its figures; what is published is `contracts.validation.ValidationRecord`
+ValidationReport = dict[str, Any]

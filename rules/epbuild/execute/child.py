@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -125,7 +125,7 @@ def _waiting(what: str, limits: Limits, budget: float | None, seconds: float, he
         f"{budget:.0f} MB budget{line} ({seconds:.0f} s so far)")
 
 
-def run_child(module: str, request: dict[str, Any], workdir: Path, limits: Limits, what: str,
+def run_child(module: str, request: Mapping[str, Any], workdir: Path, limits: Limits, what: str,
               log: Path | None = None, *, ep: str = "", reuse: bool = False,
               expect: Provenance | None = None, links: Links | None = None) -> dict[str, Any]:
     """Run `python -m module request.json result.json` within `limits`, forked by the fork server of EP alias
@@ -154,7 +154,8 @@ def run_child(module: str, request: dict[str, Any], workdir: Path, limits: Limit
             if waited >= 0.05:
                 log_line(__name__, "debug", "%s: admitted after %.2f s waiting for %.0f MB", what, waited,
                          limits.expected_mb)
-            child = fork_job(links, module, ep, arguments, output_file, workdir, reuse, request if inline else None,
+            child: ForkedJob | _PlainChild | None = fork_job(
+                links, module, ep, arguments, output_file, workdir, reuse, request if inline else None,
                              {"timeout_s": limits.timeout_s, "max_memory_gb": limits.max_memory_gb}, expect)
             if child is None:
                 if inline:
@@ -224,7 +225,7 @@ def describe(exc: BaseException) -> dict[str, Any]:
     return {"error": f"{type(exc).__name__}: {text}", "internal": True}
 
 
-def serve(function: Callable[[dict[str, Any]], dict[str, Any]], handoff: forked_jobs.Handoff | None = None) -> None:
+def serve(function: Callable[[Any], Mapping[str, Any]], handoff: forked_jobs.Handoff | None = None) -> None:
     """The child's main: read the request, call `function`, write its result or its error as JSON. In a warm
     worker (`handoff`), the request may have come over the lease and the answer goes back so."""
     parent = os.environ.pop(DIE_WITH, None)  # a plain child: tied to the build process that started it
@@ -245,7 +246,7 @@ def serve(function: Callable[[dict[str, Any]], dict[str, Any]], handoff: forked_
         result = describe(exc)
         status = 1
     if handoff is not None and inline is not None:
-        handoff.result = result
+        handoff.result = dict(result)
     else:
         result_file.write_text(json.dumps(result))
     sys.stdout.flush()

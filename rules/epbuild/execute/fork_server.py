@@ -332,7 +332,7 @@ def _lease(links: Links, alias: str, expect: Provenance | None = None) -> _Lease
         return links.leases[key]
     connection = _server(links, alias, expect)
     answer = _ask(connection, {"lease": True, "client": owner_tag()}) if connection is not None else None
-    if answer is None:
+    if connection is None or answer is None:
         return None
     lease = links.leases[key] = _Lease(key, connection, answer.pid, links)
     return lease
@@ -388,10 +388,10 @@ def serve(path: Path, alias: str, preloaded: bool = False) -> None:
     if alias and alias != SHAPE_STAGE:
         import onnxruntime as ort
 
-        from ..manifest.eps import lookup
+        from ..manifest.eps import known
         from .host import register_plugin
 
-        info = lookup(alias)
+        info = known(alias)
         register_plugin(ort, info)
         if _threads() > baseline:
             print(f"refused: registering {info.name} started {_threads() - baseline} thread(s); forking after it is "
@@ -443,7 +443,7 @@ def serve(path: Path, alias: str, preloaded: bool = False) -> None:
 
     last_job = time.monotonic()
     while True:
-        leased = [w.control for w in workers.values() if w.client]
+        leased: list[Any] = [w.control for w in workers.values() if w.client]
         readable = select.select([listener, wake[0], *leased], [], [], 0.2)[0]
         # a job never outlives its build: the process that asked for it gone (killed, crashed) ends its forked job
         # and its warm worker (a pid and its start time: a reused pid is another process)

@@ -272,7 +272,7 @@ class WorkerHandle:
         for line in lines:
             message = json.loads(line)
             self.guard = JobGuard(self.pid, message["job"], self.client_tag) if "job" in message else None
-            if "free" in message:
+            if "free" in message and self.client is not None:
                 self.client.close()
                 self.client, self.client_tag, freed = None, "", True
         return freed

@@ -217,6 +217,7 @@ def unavailable_reason(info: EpInfo, source: str, device: str, caps: dict[str, A
 def plugin_library(info: EpInfo) -> str:
     """The library to register for a PyPI plugin EP: the plugin's, or on a host that needs it the vendor-id shim,
     which then loads the plugin from SHIM_PLUGIN."""
+    assert info.module is not None, f"{info.name} is built into onnxruntime: no plugin library"
     library: str = __import__(info.module).get_library_path()
     if info.vendor_shim and os.environ.get(SHIM_LIBRARY):
         os.environ[SHIM_PLUGIN] = library

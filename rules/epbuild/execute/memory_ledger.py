@@ -114,7 +114,7 @@ def _entry(found: Any, kind: str, now: float) -> bool:
     if not isinstance(found, dict) or not all(isinstance(found.get(k), str) for k in ("id", "owner", "what")):
         return False
     numbers = [found.get(k) for k in ("mb", "since", "seen", "timeout_s")]
-    if not all(type(n) in (int, float) and math.isfinite(n) and n >= 0 for n in numbers):
+    if not all(isinstance(n, (int, float)) and type(n) is not bool and math.isfinite(n) and n >= 0 for n in numbers):
         return False
     if found["since"] > now + GRACE_S or found["seen"] > now + GRACE_S or owner_gone(found["owner"]):
         return False

@@ -40,7 +40,7 @@ IMPORT = re.compile(r"^[ \t]*from[ \t]+(\.*)([\w.]*)[ \t]+import[ \t]+(\([^)]*\)
 
 def _imported(path: Path) -> set[Path]:
     """The package's modules `path` imports (any depth of `from .. import`, also inside functions)."""
-    found = set()
+    found: set[Path] = set()
     for dots, module, names, plain in IMPORT.findall(path.read_text(encoding="utf-8")):
         if plain or (not dots and (module == "epbuild" or module.startswith("epbuild."))):
             base, module = PACKAGE.parent, plain or module

@@ -20,7 +20,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ..records import record
 
@@ -131,14 +131,14 @@ def write_atomic(path: Path, data: str | bytes | list[str] | list[bytes]) -> Non
     The folder must exist: a writer never creates a folder that looks like an artifact. A list is written piece
     by piece (a page of 10,000 parts is never joined into one string); text as UTF-8."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    pieces = [data] if isinstance(data, (str, bytes)) else data
+    pieces: list[str] | list[bytes] = [data] if isinstance(data, str) else [data] if isinstance(data, bytes) else data
     try:
         if pieces and isinstance(pieces[0], bytes):
             with open(temporary, "wb") as handle:
                 handle.writelines(pieces)
         else:
             with open(temporary, "w", encoding="utf-8") as handle:
-                handle.writelines(pieces)
+                handle.writelines(cast("list[str]", pieces))
         os.replace(temporary, path)
     finally:
         temporary.unlink(missing_ok=True)

@@ -53,7 +53,7 @@ def owner_gone(name: str) -> bool:
 def owner_judged(name: str) -> bool:
     """Whether this host can tell if the owner marked in `name` still runs (a mark of this host, with /proc)."""
     found = OWNER.search(name)
-    return bool(found) and found.group(1) == HOST and Path("/proc/self/stat").exists()
+    return found is not None and found.group(1) == HOST and Path("/proc/self/stat").exists()
 
 
 def sweep(folders: list[Path]) -> tuple[list[Path], int]:

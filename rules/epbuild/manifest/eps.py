@@ -181,6 +181,15 @@ def lookup(ep: str) -> EpInfo | None:
     return REGISTRY.get(ep.lower()) or BY_NAME.get(ep)
 
 
+def known(ep: str) -> EpInfo:
+    """The EP of a manifest already checked (its targets' `ep` resolved) or of a job's request: an unknown one here
+    is epbuild's bug, never a user's mistake (KeyError)."""
+    info = lookup(ep)
+    if info is None:
+        raise KeyError(f"unknown EP {ep!r}")
+    return info
+
+
 def valid_ep_names() -> list[str]:
     return [*REGISTRY, *BY_NAME]
 

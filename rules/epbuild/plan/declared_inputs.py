@@ -47,7 +47,7 @@ def resolve_dims(manifest: Manifest, read: dict[str, ModelInputs]) -> Manifest:
                 raise UserError(manifest.path.name, f"{model.key}.dims.{dim}", f"no input of the model has a "
                                 f"dimension named '{dim}'{closest(dim, known)}; its named dimensions: "
                                 f"{', '.join(known) or 'none'}")
-        derived = {}
+        derived: dict[str, tuple[int, ...]] = {}
         for input_name, dims in names.items():
             named = _named(dims)
             if input_name in model.inputs or not any(dim in model.dims for dim in named if dim):
@@ -55,7 +55,7 @@ def resolve_dims(manifest: Manifest, read: dict[str, ModelInputs]) -> Manifest:
             shape = [size if size is not None else model.dims.get(dim) if dim else None
                      for size, dim in zip(found[input_name], named, strict=True)]
             if all(size is not None for size in shape):
-                derived[input_name] = tuple(shape)
+                derived[input_name] = tuple(size for size in shape if size is not None)
         models[name] = dataclasses.replace(model, inputs={**derived, **model.inputs})
     return dataclasses.replace(manifest, models=models)
 
@@ -125,7 +125,7 @@ def check_declared_inputs(manifest: Manifest, builds: list[Build],
                                   for index in left)
                 keys = list(dict.fromkeys(dim_names[index] for index in left))
                 those = "that dimension" if len(keys) == 1 else "those dimensions"
-                fix = (f"dims = {{ {', '.join(f'{_toml_key(key)} = ...' for key in keys)} }} (every input with "
+                fix = (f"dims = {{ {', '.join(f'{_toml_key(key)} = ...' for key in keys if key)} }} (every input with "
                        f"{those}) or inputs = {{ {input_name} = [...] }}" if None not in keys
                        else f"inputs = {{ {input_name} = [...] }}")
                 key = f"{model.key}.inputs"

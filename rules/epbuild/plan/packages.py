@@ -9,6 +9,8 @@ variants only."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from ..manifest.builds import Build, package_task
 from ..manifest.parse import Manifest
 from ..records import record
@@ -28,7 +30,7 @@ class PackagePlan:
 
 
 def plan_packages(manifest: Manifest, builds: list[Build], unavailable: dict[str, str],
-                  blocked: dict[str, str]) -> list[PackagePlan]:
+                  blocked: Mapping[str, object]) -> list[PackagePlan]:
     singles = {b.name: b for b in builds if not b.shared}
     shared = {b.name: b for b in builds if b.shared}
     plans = []
@@ -43,31 +45,33 @@ def plan_packages(manifest: Manifest, builds: list[Build], unavailable: dict[str
                 why = (f"not among [packages.{spec.name}] targets" if spec.targets is not None
                        and target not in spec.targets else _left_out(build, target, unavailable, blocked))
                 if why is None:
+                    assert build is not None  # `_left_out` gives a reason for a target without a build
                     ep = build.target.ep.name
                     slot = (ep, None if ep in UNDECLARED else build.target.device)
                     if slot in taken:
                         why = (f"{taken[slot]} is the {ep} variant: ONNX Runtime selects one per EP and device where "
                                "the EP cannot judge compatibility")
                     taken.setdefault(slot, target)
-                if why is None:
+                if why is None and build is not None:
                     chosen.append(build)
                 else:
-                    left_out.append((name, why))
+                    left_out.append((name, why or "no build for it in this plan"))
             # by target name: one variant per EP and device, so their order means nothing to ONNX Runtime's
             # selection, and reordering a model's targets changes no package (which target a slot takes does)
             variants.extend(sorted(chosen, key=lambda build: build.target.name))
         for group in spec.groups:
             build = shared.get(group)
             why = _left_out(build, manifest.groups[group].target, unavailable, blocked)
-            if why is None:
+            if why is None and build is not None:
                 variants.append(build)
             else:
-                left_out.append((group, why))
+                left_out.append((group, why or "no build for it in this plan"))
         plans.append(PackagePlan(spec.name, tuple(variants), tuple(sorted(left_out))))
     return plans
 
 
-def _left_out(build: Build | None, target: str, unavailable: dict[str, str], blocked: dict[str, str]) -> str | None:
+def _left_out(build: Build | None, target: str, unavailable: dict[str, str],
+              blocked: Mapping[str, object]) -> str | None:
     """Why a model's or group's build cannot be a variant, as far as the plan knows; None: it can."""
     if build is None:
         return "no build for it in this plan"

@@ -91,6 +91,7 @@ class Plan:
     blocked: dict[str, Blocked]  # model -> why its NPU builds wait (`plan.declared_inputs.check_declared_inputs`)
 
     def as_read(self) -> Manifest:
+        assert self.read is not None, "a plan whose manifest JSON cannot hold is never saved (`Plan.text`)"
         return codec.loads(self.read, PLAN_CLASSES)
 
     @staticmethod

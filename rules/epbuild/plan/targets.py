@@ -13,7 +13,7 @@ from typing import Any
 from ..errors import UserError, closest
 from ..files.layout import Layout
 from ..manifest.builds import REPORT, Build, Member, ResolvedTarget, ValidationSettings
-from ..manifest.eps import DEFAULT_EP, QAIC, REGISTRY, SOURCES, EpInfo, lookup, valid_ep_names
+from ..manifest.eps import DEFAULT_EP, QAIC, REGISTRY, SOURCES, EpInfo, known, lookup, valid_ep_names
 from ..manifest.names import shown
 from ..manifest.parse import GroupSpec, Manifest, ModelSpec, TableReader, TargetSpec, not_a_file
 from ..manifest.qaic import check_qaic
@@ -46,7 +46,7 @@ def _normalise(value: Any) -> str | None:
 def parse_ep(file: str, path: str, text: str | None, device: str | None) -> tuple[EpInfo, str]:
     """`qnn`, `QNNExecutionProvider` or `openvino@pypi` -> (EpInfo, source). Without an EP, the device picks it."""
     if text is None:
-        return lookup(DEFAULT_EP[device or "npu"]), "default"
+        return known(DEFAULT_EP[device or "npu"]), "default"
     alias, at, source = text.partition("@")
     if at and not source:
         raise UserError(file, path, f"'{text}' names no EP source after '@'; valid: {', '.join(SOURCES)} "
@@ -65,13 +65,13 @@ def resolve_target(spec: TargetSpec, manifest: Manifest) -> ResolvedTarget:
     file, where = manifest.path.name, f"targets.{spec.name}"
     backend = COMPILERS[spec.compiler]
     backend.check(spec, file)
-    limits = {"timeout_s": spec.timeout_s or COMPILE_TIMEOUT_S,
-              "max_memory_gb": spec.max_memory_gb or default_memory_gb()}
+    timeout_s, max_memory_gb = spec.timeout_s or COMPILE_TIMEOUT_S, spec.max_memory_gb or default_memory_gb()
     if spec.compiler == "qaic":
         qaic = check_qaic(TableReader(manifest.path, f"{where}.qaic", spec.qaic or {}))
         return ResolvedTarget(name=spec.name, ep=QAIC, source="sdk", device="npu", compiler="qaic", embed=False,
                               options={}, option_files={}, optimization_level=None, qaic=qaic,
-                              sdk_root=manifest.toolchains.get("qaic"), **limits)
+                              sdk_root=manifest.toolchains.get("qaic"), timeout_s=timeout_s,
+                              max_memory_gb=max_memory_gb)
     ep, source = parse_ep(file, f"{where}.ep", spec.ep, spec.device)
     source = ep.default_source if source == "default" else source
     device = spec.device or ep.default_device
@@ -101,7 +101,8 @@ def resolve_target(spec: TargetSpec, manifest: Manifest) -> ResolvedTarget:
         name=spec.name, ep=ep, source=source, device=device, compiler=spec.compiler, embed=spec.embed,
         options=dict(sorted(options.items())), option_files=_option_files(spec, options, manifest),
         optimization_level=(spec.optimization_level or CPU_DEFAULT_LEVEL) if ep.is_cpu else None,
-        quantized=spec.quantized, sdk_root=spec.qnn_sdk_root, min_offload=spec.min_offload, **limits,
+        quantized=spec.quantized, sdk_root=spec.qnn_sdk_root, min_offload=spec.min_offload, timeout_s=timeout_s,
+        max_memory_gb=max_memory_gb,
     )
 
 
@@ -193,9 +194,9 @@ def _unknown_values(options: dict[str, str], ep: EpInfo, file: str, where: str) 
     """Warnings, as (where, what), for values of the right form that no documented device has: the EP takes them
     without a word."""
     found = []
-    for key, known in ep.known_values.items():
-        if key in options and options[key] not in known and "," not in options[key]:  # a list: each one checked
-            listed = ", ".join(f"{value} ({name})" for value, name in known.items())
+    for key, values in ep.known_values.items():
+        if key in options and options[key] not in values and "," not in options[key]:  # a list: each one checked
+            listed = ", ".join(f"{value} ({name})" for value, name in values.items())
             found.append((f"{file}: {where}.options.{key}", f"{options[key]} is not a {key} epbuild knows, and "
                           f"{ep.name} compiles without checking it; known: {listed}"))
     return tuple(found)
@@ -204,7 +205,9 @@ def _unknown_values(options: dict[str, str], ep: EpInfo, file: str, where: str) 
 def _option_files(spec: TargetSpec, options: dict[str, str], manifest: Manifest) -> dict[str, Path]:
     file, where = manifest.path.name, f"targets.{spec.name}"
     option_files: dict[str, Path] = {}
-    roots = Roots(manifest.path) if spec.option_files else None
+    if not spec.option_files:
+        return option_files
+    roots = Roots(manifest.path)
     for index, key in enumerate(spec.option_files):
         if key not in options:
             raise UserError(file, f"{where}.option_files[{index}]",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +96,7 @@ class BuildReport:
         self.path = path
         self.digest_path = StateFolder(state).path("build-report.sha256") if state is not None else None
         self.modified: set[str] = set()  # the tasks whose entries this run changed
+        self.text: str | None = None  # as read; None: nothing readable
         try:
             before = file_identity(str(path))
             self.text = path.read_text()
@@ -171,7 +173,7 @@ class BuildReport:
             vouch(self.digest_path, text)
             self.vouched = True
 
-    def summary(self, seen: set[str], ran: set[str], stages: set[str] = frozenset()) -> str | None:
+    def summary(self, seen: set[str], ran: set[str], stages: AbstractSet[str] = frozenset()) -> str | None:
         """Counts by status over the tasks this run saw (a stage that ran counts as "staged", so "compiled" counts
         compiles), and the three slowest it ran; None when it saw none."""
         counts = Counter("staged" if name in stages and status == "compiled" else status

@@ -125,7 +125,7 @@ class Sources:
     def key(self, entry_text: Callable[[str], str]) -> str | None:
         """A digest of everything the cell shows: equal digests, equal cells. None while a file may still change
         under its identity (written in the last moment): such a cell is rendered, never remembered."""
-        identities = []
+        identities: list[list[int] | None] = []
         for path in self.files:
             try:
                 stat = os.stat(path)

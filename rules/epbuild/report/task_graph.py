@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,7 @@ def edges_of(tasks: list[dict[str, Any]]) -> tuple[list[str], list[tuple[str, st
     return names, edges
 
 
-def dot_text(names: list[str], edges: list[tuple[str, str]], entries: dict[str, dict[str, Any]]) -> str:
+def dot_text(names: list[str], edges: list[tuple[str, str]], entries: Mapping[str, dict[str, Any]]) -> str:
     def escaped(text: str) -> str:
         return text.replace("\\", "\\\\").replace('"', '\\"')
 
@@ -55,7 +56,7 @@ def dot_text(names: list[str], edges: list[tuple[str, str]], entries: dict[str, 
     return "\n".join([*lines, "}"]) + "\n"
 
 
-def write_graph(tasks: list[dict[str, Any]], entries: dict[str, dict[str, Any]], folder: Path,
+def write_graph(tasks: list[dict[str, Any]], entries: Mapping[str, dict[str, Any]], folder: Path,
                 keep: set[str] | None = None, stem: str = "graph") -> str:
     """Write STEM.dot and, with Graphviz present, STEM.svg into `folder` (only the tasks in `keep` when given);
     what was written, for the console."""

@@ -18,7 +18,8 @@ import re
 import threading
 import xml.etree.ElementTree as ElementTree
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -147,7 +148,8 @@ def _from_json(part: dict[str, Any]) -> dict[str, Any]:
 def _packed(parts: dict[str, dict[str, Any]]) -> tuple[dict[str, dict[str, Any]], bytes]:
     """Parts as a record's body and blob: the HTML pieces' bytes one after another in the blob, each part's
     `@html` listing its pieces and their sizes (JSON would escape and unescape every quote of 30 MB of HTML)."""
-    index, pieces = {}, []
+    index: dict[str, Any] = {}
+    pieces: list[bytes] = []
     for name, part in parts.items():
         entry = {key: value for key, value in part.items() if key not in HTML}
         entry[PIECES] = [[key, len(part[key])] for key in HTML if key in part]
@@ -294,8 +296,8 @@ def _renderer_version() -> str:
     return digest.hexdigest()
 
 
-def parts(layout: Layout, builds: list[Build], entries: dict[str, dict[str, Any]], store: PartStore,
-          entry_text: Callable[[str], str], untouched: set[str] = frozenset()) -> list[Part]:
+def parts(layout: Layout, builds: list[Build], entries: Mapping[str, dict[str, Any]], store: PartStore,
+          entry_text: Callable[[str], str], untouched: AbstractSet[str] = frozenset()) -> list[Part]:
     """Each build's parts, remembered or rendered; `entry_text` gives an entry's JSON (the build report keeps the
     text of entries a run did not change). A build in `untouched` (no task of it ran, none of its entries
     changed) takes the part the last page showed, unkeyed, where the store knows it."""
@@ -312,7 +314,8 @@ def parts(layout: Layout, builds: list[Build], entries: dict[str, dict[str, Any]
     return found
 
 
-def stage_rows(entries: dict[str, dict[str, Any]], store: PartStore, entry_text: Callable[[str], str]) -> list[bytes]:
+def stage_rows(entries: Mapping[str, dict[str, Any]], store: PartStore,
+               entry_text: Callable[[str], str]) -> list[bytes]:
     rows = []
     for name in sorted(entries):
         if name.startswith(("compile:", "validate:", "group:")):
@@ -349,7 +352,7 @@ def published_packages(layout: Layout) -> list[dict[str, Any]]:
     return found
 
 
-def render_html(page_parts: list[Part], stages: list[bytes], entries: dict[str, dict[str, Any]],
+def render_html(page_parts: list[Part], stages: list[bytes], entries: Mapping[str, dict[str, Any]],
                 project: str, packages: list[dict[str, Any]] | None = None) -> list[bytes]:
     """The page as pieces to write one after the other: the template renders its frame around a marker per
     table, and each build's rendered parts are spliced in at the markers (through the template, a page of
@@ -401,9 +404,9 @@ def markdown_line(c: Cell) -> str:
             f"| {note} |")
 
 
-def write_views(layout: Layout, builds: list[Build], entries: dict[str, dict[str, Any]],
+def write_views(layout: Layout, builds: list[Build], entries: Mapping[str, dict[str, Any]],
                 entry_text: Callable[[str], str] | None = None, pages: bool = True, step_summary: bool = False,
-                untouched: set[str] = frozenset(), made_from: list[int] | None = None) -> int:
+                untouched: AbstractSet[str] = frozenset(), made_from: list[int] | None = None) -> int:
     """report.html and junit.xml next to build-report.json (`pages`) and the lines GitHub Actions shows, appended
     to the file GITHUB_STEP_SUMMARY names (`step_summary`), from the builds' remembered parts where what they show
     is unchanged; returns how many parts were rendered. `untouched` (`parts`) with `made_from`, the build report's

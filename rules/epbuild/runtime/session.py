@@ -14,7 +14,7 @@ from ..contracts.artifact import ArtifactFormatError, ArtifactRecord, read_artif
 from ..errors import UserError
 from ..execute.host import register_plugin, select_ep_device
 from ..manifest.builds import SIDECAR
-from ..manifest.eps import lookup
+from ..manifest.eps import known, lookup
 
 
 def artifact_record(path: Path) -> tuple[Path, ArtifactRecord]:
@@ -81,7 +81,7 @@ def open_session(artifact: str | Path, member: str | None = None, session_option
     else:
         model = folder / record.model_file
     options = session_options_for(ort, folder, record, session_options)
-    is_cpu = lookup(record.ep).is_cpu
+    is_cpu = known(record.ep).is_cpu
     return ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"] if is_cpu else None)
 
 

@@ -164,7 +164,7 @@ def _hook(classes: Classes) -> Any:
                     found[name] = tuple(map(path, value))
                 else:
                     raise ValueError(f"{tag}.{name} written as {how!r}: {value!r}")
-            made = object.__new__(cls)  # as pickle makes it: no __init__ runs, the declared fields are set
+            made: Any = object.__new__(cls)  # as pickle makes it: no __init__ runs, the declared fields are set
             object.__setattr__(made, "__dict__", found)
             objects[index] = made
             return made
@@ -176,15 +176,15 @@ def _hook(classes: Classes) -> Any:
             return {key: item for key, item in found["v"]}
         if tag == "set" or tag == "frozenset":
             return (set if tag == "set" else frozenset)(found["v"])
-        cls = by_name.get(tag)
-        if cls is None:
+        enum = by_name.get(tag)
+        if enum is None:
             raise ValueError(f"a record names {tag!r}, which it may not hold")
         table = constants.get(tag)
         if table is not None:
             if found["v"] not in table:
                 raise ValueError(f"no {tag} named {found['v']!r}")
             return table[found["v"]]
-        return cls(found["v"])  # an enum: a member by value, never a new one
+        return enum(found["v"])  # an enum: a member by value, never a new one
 
     return made
 

@@ -82,7 +82,9 @@ class StateFolder:
         """A journaled record whose base (a plain record) is current under `key` (the files it vouches for are judged
         by its owner, after its lines), and what was read (for `append`)."""
         found = read_journaled(self.path(name))
-        base = decode_record(found.data, key, None, found.start, found.end) if found is not None else None
+        if found is None:
+            return None
+        base = decode_record(found.data, key, None, found.start, found.end)
         return (base, found) if base is not None else None
 
     def write_journaled(self, name: str, record: dict[str, Any]) -> None:

@@ -49,7 +49,7 @@ def decode_record(data: bytes, key: Any, classes: codec.Classes | None = None, s
     before anything else is decoded, the vouched files before the body. `classes`: the objects its body may hold
     (typed JSON), else plain JSON. None for anything else, whatever the bytes."""
     end = len(data) if end is None else end
-    ends = []  # where the header's three lines and the body end (found, not sliced: a blob may be 30 MB)
+    ends: list[int] = []  # where the header's three lines and the body end (found, not sliced: a blob may be 30 MB)
     for _ in range(4):
         ends.append(data.find(b"\n", ends[-1] + 1 if ends else start, end))
         if ends[-1] < 0:

@@ -4,23 +4,24 @@ the compile left nothing on CPU, and where its nodes ran."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ..contracts.requests import MemberValidation, ValidationReport
 from ..contracts.statuses import Verdict
 from ..manifest.builds import SIDECAR
-from ..manifest.eps import EpInfo, lookup
+from ..manifest.eps import EpInfo, known
 from .graph import EP_CONTEXT
 from .graph import attributes as node_attributes
 from .reference import session_options
 
 
-def structural_problems(request: dict[str, Any]) -> list[str]:
+def structural_problems(request: Mapping[str, Any]) -> list[str]:
     """Without running: referenced files exist; EPContext source, embed mode and SDK version match the target."""
     import onnx
 
-    info = lookup(request["ep"])
+    info = known(request["ep"])
     artifact = Path(request["artifact"])
     problems = [f"file {Path(name).name} listed in {SIDECAR} is missing" for name in request["files"]
                 if not Path(name).is_file()]
@@ -84,8 +85,9 @@ def open_session(ort: Any, info: EpInfo, request: MemberValidation) -> tuple[Any
         if request.get("share"):  # a member of a shared context, loaded as its loading contract says
             options.add_session_config_entry("ep.share_ep_contexts", "1")
     try:
-        if request.get("package"):  # as an application opens it: ONNX Runtime's documented calls alone
-            session, refused = _through_package(ort, info, request, request["package"])
+        package = request.get("package")
+        if package:  # as an application opens it: ONNX Runtime's documented calls alone
+            session, refused = _through_package(ort, info, request, package)
             if refused:
                 return None, refused
         else:

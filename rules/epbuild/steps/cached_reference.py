@@ -126,7 +126,8 @@ def run_pipeline_against_cache(build: Build, workspace: Workspace, request: Vali
     folder = _staging(workspace, step.fingerprint)
 
     def group_child(cpu: dict[str, str]) -> ValidationReport:
-        return run_child("epbuild.steps.validate", {**request, "pipeline": {**request["pipeline"], **cpu}}, workdir,
+        return run_child("epbuild.steps.validate", {**request, "pipeline": {**(request["pipeline"] or {}), **cpu}},
+                         workdir,
                          build_limits(build, workspace, "validate", timeout), what, log, ep=build.target.ep.fork_server,
                          reuse=build.target.ep.warm_validations, expect=workspace.provenance, links=workspace.links)
 

@@ -4,6 +4,7 @@ held to. Runs in the validating child (NumPy arrays)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from .selection import Selected, compare_indices, match_rows
@@ -36,7 +37,7 @@ def compare(got: Any, want: Any) -> dict[str, Any]:
     y, r = got.astype(np.float64).ravel(), want.astype(np.float64).ravel()
     finite = np.isfinite(y) & np.isfinite(r)
     if not finite.all():
-        kinds = [np.isnan, np.isposinf, np.isneginf]
+        kinds: list[Callable[[Any], Any]] = [np.isnan, np.isposinf, np.isneginf]
         differ = np.zeros(y.shape, bool)
         for kind in kinds:
             differ |= kind(y) != kind(r)

@@ -25,7 +25,7 @@ from ..files.hashing import snapshot
 from ..files.layout import Layout, write_json
 from ..files.weights import FOLDER_OPTION
 from ..manifest.builds import SIDECAR, Build
-from ..manifest.eps import lookup
+from ..manifest.eps import known
 from ..records import record
 from ..store.cache import Outcome, Workspace, cached_folder, with_download
 from .compilers import compiler
@@ -188,7 +188,7 @@ def _prepare(request: CompileRequest) -> list[tuple[CompileMember, int, dict[str
     group never half-compiles."""
     import onnx
 
-    needs_static = not lookup(request["ep"]).is_cpu
+    needs_static = not known(request["ep"]).is_cpu
     prepared = []
     for member in request["members"]:
         source = onnx.load(member["model"], load_external_data=False)
@@ -275,7 +275,7 @@ def _say_which_ops(ort: Any, device: Any, request: CompileRequest, model: Path) 
 
     opset = next((e.version for e in onnx.load(str(model), load_external_data=False).opset_import
                   if e.domain in ("", "ai.onnx")), None)
-    if opset is not None and opset < (lookup(request["ep"]).min_opset or 0):
+    if opset is not None and opset < (known(request["ep"]).min_opset or 0):
         return
 
     def options() -> Any:
@@ -285,7 +285,7 @@ def _say_which_ops(ort: Any, device: Any, request: CompileRequest, model: Path) 
         return fresh
 
     found = refused_op_types(ort, model, options)
-    line = refused_line(lookup(request["ep"]).name, found)
+    line = refused_line(known(request["ep"]).name, found)
     if line:
         raise ModelError(line, in_model=True)
 
@@ -296,7 +296,7 @@ def _compile_in_child(request: CompileRequest) -> CompileResult:
 
     from ..execute.host import register_plugin, select_ep_device
 
-    info = lookup(request["ep"])
+    info = known(request["ep"])
     prepared = _prepare(request)
     device = None
     if not info.is_cpu:
@@ -341,8 +341,10 @@ def _prune(request: CompileRequest, member: CompileMember) -> list[str]:
     from .soc_pruning import prune
 
     output = Path(member["output"])
-    binary = output.with_name(f"{output.stem}{lookup(request['ep']).binary_suffix}")
-    return prune(request["prune"]["python"], output, binary, request["prune"]["keep"])
+    binary = output.with_name(f"{output.stem}{known(request['ep']).binary_suffix}")
+    shipped = request.get("prune")
+    assert shipped is not None, "called for a request with `prune` only"
+    return prune(shipped["python"], output, binary, shipped["keep"])
 
 
 def _opens(ort: Any, info: Any, device: Any, request: CompileRequest, output: Path,

@@ -5,6 +5,7 @@ without its weights, only after something failed, and said in the failure's one 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -224,7 +225,7 @@ LOCALISE_BELOW_DB = 20.0  # this far below what the precision explains, a failur
 BF16_BAND_DB = (30.0, 55.0)  # the SNR bf16 arithmetic gives against an fp32 reference
 
 
-def failure_hints(metrics: dict[str, dict[str, Any]], thresholds: dict[str, float], request: dict[str, Any],
+def failure_hints(metrics: dict[str, dict[str, Any]], thresholds: dict[str, float], request: Mapping[str, Any],
                   kind: str) -> list[str]:
     """Where a missed threshold points: an OpenVINO fp32 artifact missing by what bf16 explains (the CPU plugin
     runs bf16 where the CPU has it, unless load_config says f32); a result far below what its precision explains

@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import platform
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -139,7 +140,8 @@ def validation_fingerprint(artifact_files: list[Path], config: dict[str, Any], e
                     "host": {"machine": platform.machine(), "cpu_flags": cpu_flags()}})
 
 
-def reference_fingerprint(member: Member, request: dict[str, Any], hashes: FileHashes, provenance: Provenance) -> str:
+def reference_fingerprint(member: Member, request: Mapping[str, Any], hashes: FileHashes,
+                          provenance: Provenance) -> str:
     """What the CPU reference's outputs depend on, so that targets validating the same model on the same inputs
     share them: the bytes of each model it may run, in its role, and of their external data and the inputs file
     (`Member.reference_files`); the inputs' shapes and frozen values; what the notes call those models; the CPU
@@ -155,7 +157,8 @@ def reference_fingerprint(member: Member, request: dict[str, Any], hashes: FileH
                     "host": {"machine": platform.machine(), "cpu_flags": cpu_flags()}})
 
 
-def pipeline_fingerprint(build: Build, request: dict[str, Any], hashes: FileHashes, provenance: Provenance) -> str:
+def pipeline_fingerprint(build: Build, request: Mapping[str, Any], hashes: FileHashes,
+                         provenance: Provenance) -> str:
     """What a pipeline's CPU run depends on: each member's CPU reference key (its source's bytes, the CPU
     libraries, this host's CPU), in the group's order, and the number of token steps. Not the target."""
     members = [reference_fingerprint(member, request["members"][member.name], hashes, provenance)

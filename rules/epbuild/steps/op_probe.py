@@ -29,7 +29,7 @@ def refused_op_types(ort: Any, model_path: Path, options: Callable[[], Any]) -> 
     typed = {v.name: v for v in [*graph.input, *graph.value_info, *graph.output]}
     weights = {t.name: t for t in model.graph.initializer}
     counts = Counter(node.op_type for node in model.graph.node)
-    first = {}
+    first: dict[str, Any] = {}
     for node in model.graph.node:
         first.setdefault(node.op_type, node)
     found: dict[str, list[str]] = {"refused": [], "taken": [], "unasked": []}

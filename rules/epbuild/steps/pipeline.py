@@ -12,6 +12,7 @@ every step compares the same computation; the EP's own greedy tokens are reporte
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from ..contracts.requests import ValidationReport, ValidationRequest
 from ..contracts.statuses import Verdict
 from ..errors import ModelError
 from ..files.weights import read_weights_from, weights_folder
-from ..manifest.eps import lookup
+from ..manifest.eps import known
 from .artifact_session import is_qdq, open_session
 from .comparison import DEFAULT_THRESHOLDS, compare
 from .package import GENAI_CONFIG
@@ -137,7 +138,7 @@ PIPELINE_FILE = "pipeline.npz"  # a cache entry of the CPU run: the prompt, each
 PIPELINE_FILES = [PIPELINE_FILE]
 
 
-def source_options(ort: Any, member: dict[str, Any]) -> Any:
+def source_options(ort: Any, member: Mapping[str, Any]) -> Any:
     """A CPU session's options for a member's source model, wherever its weights are."""
     options = session_options(ort)
     read_weights_from(options, weights_folder(member["source"], member["weights"]))
@@ -217,7 +218,7 @@ def load_cpu_run(folder: Path) -> dict[str, Any]:
                 "checks": json.loads(str(data["checks"])) if "checks" in data.files else []}
 
 
-def independent_checks(ort: Any, member: dict[str, Any], cpu: dict[str, Any]) -> list[dict[str, Any]]:
+def independent_checks(ort: Any, member: Mapping[str, Any], cpu: dict[str, Any]) -> list[dict[str, Any]]:
     """The CPU run against a growing-cache run of the model as declared and against onnxruntime-genai's own
     generator (`steps.pipeline_checks`), each {"kind", "status", "detail"}."""
     declared = member["declared"]
@@ -251,21 +252,23 @@ def validate_pipeline(request: ValidationRequest) -> ValidationReport:
     import onnxruntime as ort
 
     pipeline, blocked = request["pipeline"], request["run_blocked"]
+    assert pipeline is not None, "a request for a group with a pipeline"
     members = list(pipeline["alone"].values()) if blocked else list(request["members"].values())
     if any(member is None for member in members):
         missing = [name for name, member in pipeline["alone"].items() if member is None]
         return {"status": Verdict.SKIPPED, "structural": Verdict.PASSED,
                 "reason": f"{blocked}; the pipeline runs here on the members compiled alone, and {', '.join(missing)} "
                           "is not built alone for this target: add the target to the model's targets"}
-    kept, save_to, answer = pipeline.get("cpu"), pipeline.get("cpu_to"), {}
+    kept, save_to = pipeline.get("cpu"), pipeline.get("cpu_to")
+    answer: dict[str, Any] = {}
     layout = layout_of(members[0]["source"])
     try:
         if kept:
             cpu = load_cpu_run(Path(kept))
         else:  # its sessions end before the EP's open: never both in memory
-            cpu = cpu_run(*(ort.InferenceSession(m["source"], source_options(ort, m),
-                                                 providers=["CPUExecutionProvider"]) for m in members),
-                          pipeline["tokens"], layout)
+            prompt, token = (ort.InferenceSession(m["source"], source_options(ort, m),
+                                                  providers=["CPUExecutionProvider"]) for m in members)
+            cpu = cpu_run(prompt, token, pipeline["tokens"], layout)
             cpu["checks"] = independent_checks(ort, members[0], cpu)
             if save_to:
                 try:
@@ -273,7 +276,7 @@ def validate_pipeline(request: ValidationRequest) -> ValidationReport:
                     answer["reference_saved"] = True
                 except OSError as exc:  # the artifact is judged anyway; the run is computed again next time
                     answer["reference_unsaved"] = f"{exc.strerror or exc}: {exc.filename}"
-        info = lookup(members[0]["ep"])
+        info = known(members[0]["ep"])
         sessions = []
         for member in members:
             session, refused = open_session(ort, info, {**member, "share": not blocked})

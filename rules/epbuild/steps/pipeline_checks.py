@@ -5,6 +5,7 @@ cache layout; a wrong layout makes them agree on a wrong answer, which only an i
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -134,7 +135,7 @@ def genai_folder_run(info: Any, folder: Path, cpu: dict[str, Any], blocked: str 
 GENAI_PROMPT, GENAI_TOKENS = 8, 8  # a fixed-seed prompt and the greedy tokens compared
 
 
-def genai_validation(request: dict[str, Any]) -> dict[str, Any]:
+def genai_validation(request: Mapping[str, Any]) -> dict[str, Any]:
     """A packaged artifact folder (`steps.package`) run as onnxruntime-genai runs it: greedy tokens from a
     fixed-seed prompt on the artifact's folder against the same on the model's own folder. What was checked is
     the tokens, and the report says only that."""

@@ -91,6 +91,8 @@ def ort_tool(name: str) -> Any:
 
         spec = importlib.util.spec_from_file_location(qualified, Path(onnxruntime.__file__).parent / "tools" /
                                                       f"{name}.py")
+        if spec is None or spec.loader is None:
+            raise ModuleNotFoundError(f"onnxruntime ships no tools/{name}.py")
         module = importlib.util.module_from_spec(spec)
         sys.modules[qualified] = module
         spec.loader.exec_module(module)
@@ -198,7 +200,7 @@ def always_written(data_file: Path) -> None:
 
 def require_static(model: Any, task: str) -> dict[str, tuple[int, ...]]:
     """The model's input shapes, or a ModelError naming the first symbolic dimension."""
-    shapes = {}
+    shapes: dict[str, tuple[int, ...]] = {}
     for value in true_inputs(model.graph):
         found = dims(value)
         for index, dim in enumerate(found):
@@ -206,7 +208,7 @@ def require_static(model: Any, task: str) -> dict[str, tuple[int, ...]]:
                 refuse_zero_size(value)
                 raise ModelError(f"{task} needs static shapes: input '{value.name}' has symbolic dimension {index} "
                                  f"('{dim or '-1'}'); set inputs.{value.name} in the model's manifest entry")
-        shapes[value.name] = tuple(found)
+        shapes[value.name] = tuple(dim for dim in found if isinstance(dim, int))
     return shapes
 
 

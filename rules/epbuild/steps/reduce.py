@@ -21,10 +21,11 @@ import json
 import re
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..contracts.requests import CompileRequest
 from ..errors import BuildError, ModelError
 from ..execute.child import run_child
 from ..files.layout import write_json
@@ -208,7 +209,7 @@ def _cut(graph: Subgraphs, indices: list[int], work: Path, name: str, probes: _P
 
 
 def _probe_with(build: Build, workspace: Workspace, graph: Subgraphs, probes: _Probes, work: Path, deadline: float,
-                kind: str, module: str, request_for: Callable[[Path], dict[str, Any]],
+                kind: str, module: str, request_for: Callable[[Path], Mapping[str, Any]],
                 judged: Callable[[dict[str, Any]], str]) -> Callable[[list[int]], str]:
     """A probe: the subgraph cut and saved, `module`'s child job run on it in the EP's fork server within the `kind`
     child's limits and the time left, its answer `judged` (a failure of the job is judged by its stem), the
@@ -238,9 +239,10 @@ def _probe_with(build: Build, workspace: Workspace, graph: Subgraphs, probes: _P
 
 def _compile_probe(build: Build, workspace: Workspace, graph: Subgraphs, probes: _Probes, work: Path,
                    deadline: float) -> Callable[[list[int]], str]:
-    def request_for(path: Path) -> dict[str, Any]:
+    def request_for(path: Path) -> CompileRequest:
         request = compile_request(build, path.parent / "out")
-        request["members"][0].update(model=str(path), inputs={}, weights=None, external_data=None)
+        member = request["members"][0]
+        member["model"], member["inputs"], member["weights"], member["external_data"] = str(path), {}, None, None
         return request
 
     def judged(answer: dict[str, Any]) -> str:

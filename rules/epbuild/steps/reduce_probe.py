@@ -45,9 +45,9 @@ def departs(request: dict[str, Any]) -> dict[str, Any]:
     import onnxruntime as ort
 
     from ..execute.host import register_plugin, select_ep_device
-    from ..manifest.eps import lookup
+    from ..manifest.eps import known
 
-    info = lookup(request["ep"])
+    info = known(request["ep"])
     register_plugin(ort, info)
     device = select_ep_device(ort, info, request["device"])
     model, compiled = Path(request["model"]), Path(request["model"]).with_name("compiled.onnx")

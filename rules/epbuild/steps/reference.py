@@ -6,6 +6,7 @@ said in the report's notes."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ def session_options(ort: Any) -> Any:
     return options
 
 
-def cpu_session(ort: Any, path: str, request: dict[str, Any], fix_dims: bool = True) -> Any:
+def cpu_session(ort: Any, path: str, request: Mapping[str, Any], fix_dims: bool = True) -> Any:
     """A session of a reference model on the CPU EP (`fix_dims`: its named dimensions fixed as the manifest's
     inputs fix them)."""
     import onnx
@@ -45,14 +46,15 @@ def cpu_session(ort: Any, path: str, request: dict[str, Any], fix_dims: bool = T
     return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
 
 
-def run_on_cpu(ort: Any, path: str, request: dict[str, Any], feeds: dict[str, Any], what: str) -> dict[str, Any]:
+def run_on_cpu(ort: Any, path: str, request: Mapping[str, Any], feeds: dict[str, Any],
+               what: str) -> dict[str, Any]:
     """Outputs of a reference model on the CPU EP, fed what it takes (frozen inputs with their values)."""
     session = cpu_session(ort, path, request)
     chosen = feeds_for(session, feeds, request["frozen"], what)
     return dict(zip([o.name for o in session.get_outputs()], session.run(None, chosen), strict=True))
 
 
-def dataset_outputs(ort: Any, request: dict[str, Any], signature: list[Any], model: str) -> dict[str, Any]:
+def dataset_outputs(ort: Any, request: Mapping[str, Any], signature: list[Any], model: str) -> dict[str, Any]:
     """The reference model's outputs on the task metric's samples (`steps.task_metrics`), in the batches the
     compiled-from model takes: the output the metric reads, or every output for a `module:function` metric."""
     from .task_metrics import batch_size, output_name, read_dataset, run_dataset
@@ -91,7 +93,7 @@ def below_floor(path: str, cause: str) -> str:
             "(an export of the same network), or validate = \"structural\" on the target")
 
 
-def reference_outputs(ort: Any, request: dict[str, Any], feeds: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+def reference_outputs(ort: Any, request: Mapping[str, Any], feeds: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
     """The reference's outputs, and a note when they come from the model as declared because the reference, a
     stage's output, could not be loaded or run on CPU. Raises ReferenceUnusable when no model can serve."""
     reference, declared, described = request["reference"], request["declared"], request["reference_is"]
@@ -115,7 +117,7 @@ def reference_outputs(ort: Any, request: dict[str, Any], feeds: dict[str, Any]) 
                      "with the model as declared instead")
 
 
-def float_outputs(ort: Any, request: dict[str, Any], feeds: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+def float_outputs(ort: Any, request: Mapping[str, Any], feeds: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
     """A quantized artifact's float model's outputs, for information: a model that cannot run is a note."""
     try:
         return run_on_cpu(ort, request["float_reference"], request, feeds, "float model"), None
@@ -132,7 +134,7 @@ REFERENCE_FILES = [NOTES_FILE, REFERENCE_FILE]  # a cache entry of the reference
 NO_TIME = (1980, 1, 1, 0, 0, 0)  # the zip members' date: the file's bytes depend on the arrays alone
 
 
-def reference_run(ort: Any, request: dict[str, Any]) -> dict[str, Any]:
+def reference_run(ort: Any, request: Mapping[str, Any]) -> dict[str, Any]:
     """What the validation compares with, computed before (and, for large models, in another process than) the
     artifact's session: the inputs, made from the compiled-from model's inputs; the reference's outputs; the float
     model's; and the notes about them. Raises ReferenceUnusable or ModelError."""

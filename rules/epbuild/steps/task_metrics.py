@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 import math
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -276,7 +276,7 @@ def summary(task: dict[str, Any]) -> str:
             f"{task['needed']:.4g}; {task['samples']} samples, against {task['against']})")
 
 
-def evaluate(session: Any, request: dict[str, Any], source_outputs: dict[str, Any], seconds: float, left_s: float,
+def evaluate(session: Any, request: Mapping[str, Any], source_outputs: dict[str, Any], seconds: float, left_s: float,
              ep: str) -> tuple[dict[str, Any], str | None]:
     """The artifact's session run on the task's samples and judged against the source's outputs on them (kept with
     the CPU reference): (validation.json's `task`, the failure). `seconds`: one run of it; `left_s`: what the
@@ -298,7 +298,7 @@ def evaluate(session: Any, request: dict[str, Any], source_outputs: dict[str, An
     return judge(task, output, dataset, source_outputs, outputs)
 
 
-def decide(session: Any, request: dict[str, Any], source_outputs: dict[str, Any], seconds: float, left_s: float,
+def decide(session: Any, request: Mapping[str, Any], source_outputs: dict[str, Any], seconds: float, left_s: float,
            ep: str, tensor_misses: list[str]) -> tuple[dict[str, Any], str | None]:
     """`evaluate`, with what the tensors missed (reported beside the task, not deciding) and, when the task is lost
     while the tensors match the model the artifact was compiled from, where to look: that model lost it already."""

@@ -86,7 +86,7 @@ def _align_legacy_broadcast(model: Any, entry: str) -> None:
                 ranks[value.name] = len(value.type.tensor_type.shape.dim)
         ranks.update({tensor.name: len(tensor.dims) for tensor in graph.initializer})
     for graph in graphs_within(model.graph):
-        nodes = []
+        nodes: list[Any] = []
         for node in graph.node:
             attributes = {a.name: a for a in node.attribute}
             if (node.domain in ("", "ai.onnx") and node.op_type in LEGACY_BROADCAST and "axis" in attributes

@@ -26,7 +26,7 @@ from ..files.owners import owner_tag
 from ..files.publish import discard
 from ..files.weights import weights_folder
 from ..manifest.builds import REPORT, SIDECAR, Build, Member
-from ..manifest.eps import EpInfo, lookup
+from ..manifest.eps import EpInfo, known
 from ..manifest.stage import Stage
 from ..store.cache import Cached, Outcome, Workspace, through_cache
 from ..store.task_configs import Published, published
@@ -70,7 +70,7 @@ def member_request(build: Build, member: Member, folder: Path, record: ArtifactR
     stages = [stage for stage in build.stages if stage.model == member.name]
     declared = member.declared or member.model.path
     reference = settings.reference or member.model.path
-    return {
+    request: MemberValidation = {
         "float_reference": str(member.float_model) if member.float_model else None,
         "float_reference_is": describe(member.float_model, declared, stages) if member.float_model else "",
         "artifact": str(folder / member.model_file), "files": [str(folder / name) for name in record.files],
@@ -91,9 +91,11 @@ def member_request(build: Build, member: Member, folder: Path, record: ArtifactR
         "entry": f"models.{member.name}", "manifest": build.manifest, "target": target.name,
         "localise": settings.localise, "compile_options": target.session_options(),
         "repeat_within_s": settings.repeat_within_s, "timeout_s": settings.timeout_s,
-        **({"task": settings.task} if settings.task else {}),
         "localise_budget_s": settings.timeout_s / 2,
     }
+    if settings.task:
+        request["task"] = settings.task
+    return request
 
 
 def describe(path: Path, declared: Path, stages: list[Stage]) -> str:
@@ -112,7 +114,7 @@ def validation_request(build: Build, folder: Path) -> ValidationRequest:
     machine = platform.machine().lower().replace("amd64", "x86_64")
     pipeline = None
     if build.pipeline_tokens:
-        alone = {}
+        alone: dict[str, MemberValidation | None] = {}
         for member in build.members:
             own = dict(build.alone).get(member.name)
             sidecar = own[0].parent / SIDECAR if own else None
@@ -298,7 +300,8 @@ def _validate_group(request: ValidationRequest) -> ValidationReport:
     if request["run_blocked"]:
         return {"status": Verdict.SKIPPED, "structural": Verdict.PASSED, "reason": request["run_blocked"],
                 "members": reports}
-    kept, save_to, saved = request.get("references", {}), request.get("references_to", {}), {}
+    kept, save_to = request.get("references", {}), request.get("references_to", {})
+    saved: dict[str, Any] = {}
     for name, member in request["members"].items():
         if member["mode"] == ValidationMode.RUN:
             try:
@@ -401,7 +404,7 @@ def validate_member(request: MemberValidation, reference: dict[str, Any] | None 
     import onnxruntime as ort
 
     began = time.monotonic()
-    info = lookup(request["ep"])
+    info = known(request["ep"])
     try:
         with located(request["manifest"], request["entry"]):
             reference = reference or reference_run(ort, request)  # first: its session is gone when the artifact's opens
@@ -424,7 +427,8 @@ def validate_member(request: MemberValidation, reference: dict[str, Any] | None 
     except Exception as exc:  # noqa: BLE001 - the EP's own error is the report
         return {"status": Verdict.FAILED, "reason": f"{info.name} could not run the artifact: {str(exc).strip()}{hint}"}
     ran_on, failures = placement_failures(session, info, request["cpu_nodes"], recorded=not request.get("package"))
-    judged = answer(ort, info.name, [request["compatibility"]]) if request.get("compatibility") else None
+    compatibility = request.get("compatibility")
+    judged = answer(ort, info.name, [compatibility]) if compatibility else None
 
     compared_graph = onnx.load(request["reference"], load_external_data=False)  # read once: kind and selections
     kind = "qdq" if is_qdq(compared_graph) else request["precision"]
@@ -449,7 +453,7 @@ def validate_member(request: MemberValidation, reference: dict[str, Any] | None 
     fp16 = fp16_hint(metrics, thresholds, request["target"], request["entry"]) if kind == "fp16" and missed else None
     sixteen = _openvino_16bit(ort, info, request, reference, thresholds, compared_graph) if missed else None
     if fp16 or sixteen:
-        failures.append(fp16 or sixteen)
+        failures.append(fp16 or sixteen or "")
     elif missed:
         failures.extend(failure_hints(metrics, thresholds, request, kind))
     del compared_graph

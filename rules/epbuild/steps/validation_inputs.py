@@ -4,6 +4,7 @@ fixed seed as the model accepts them; frozen inputs get the values the artifact 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +74,7 @@ def signature_of(model: Any) -> list[InputSignature]:
                            shape(value)) for value in true_inputs(model.graph)]
 
 
-def make_inputs(session: Any, source: Any, request: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+def make_inputs(session: Any, source: Any, request: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
     """Inputs for the true inputs of `session` (a session, or `signature_of` a model): from the user's .npz, or
     generated with a fixed seed as the model accepts them (floats normal; integer indices inside the dimension they
     index; masks as padding masks). Returns (feeds, how each generated integer input was made)."""

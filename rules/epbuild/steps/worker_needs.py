@@ -11,6 +11,7 @@ from ..execute.executor import ExecutorSettings, cpu_class, worker_resources
 from ..execute.provenance import Provenance
 from ..manifest.builds import Build, ResolvedTarget
 from .compilers import compiler
+from .compilers.external import ExternalToolCompiler
 from .fingerprint import host_properties
 
 
@@ -39,8 +40,8 @@ def _version_key(version: str) -> tuple[Any, ...]:
 def with_worker_toolchains(builds: list[Build], settings: ExecutorSettings) -> list[Build]:
     """Builds whose external toolchain (qaic, qairt) this host lacks take the version the workers offer, the newest
     when they differ, so the fingerprint names the toolchain that will compile; unchanged when no worker has it."""
-    lacking = {b.target.name for b in builds
-               if not compiler(b.target).in_onnxruntime and isinstance(compiler(b.target).toolchain(b.target), str)}
+    lacking = {b.target.name for b in builds if isinstance(backend := compiler(b.target), ExternalToolCompiler)
+               and isinstance(backend.toolchain(b.target), str)}
     if not lacking:
         return builds
     offered = set().union(*worker_resources(settings).values())

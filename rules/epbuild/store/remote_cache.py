@@ -371,7 +371,7 @@ class RemoteCache:
         """A multipart upload, each part with its sha256, completed create-only."""
         client = self.client
         upload = client.create_multipart_upload(Bucket=self.bucket, Key=key, ChecksumAlgorithm="SHA256")
-        parts = []
+        parts: list[dict[str, Any]] = []
         try:
             with open(path, "rb") as handle:
                 while chunk := handle.read(PART_SIZE):

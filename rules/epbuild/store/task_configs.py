@@ -34,6 +34,7 @@ from ..files.entry_lines import LazyEntries
 from ..files.layout import stat_key
 from ..state.folder import StateFolder
 from ..state.hash_memory import FileHashes
+from ..state.journaled import Journaled
 from ..state.registry import CONFIGS
 
 Published = dict[str, list]  # path (relative to the project) -> [*identity, sha256] of each file a task published
@@ -71,7 +72,8 @@ class ConfigRecord:
     def __init__(self, state: StateFolder):
         self.state = state
         found = state.read_entries(RECORD)
-        self.recorded, self.read_as = found if found is not None else (LazyEntries(), None)
+        self.recorded: LazyEntries = found[0] if found is not None else LazyEntries()
+        self.read_as: Journaled | None = found[1] if found is not None else None
         self.current: dict[str, str] = {}  # this run's digest of every task created
         self.settings: dict[str, dict[str, Any]] = {}  # this run's settings of every task created
         self.succeeded: dict[str, Published] = {}

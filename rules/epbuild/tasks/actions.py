@@ -250,7 +250,7 @@ def refuse_blocked(task: str, why: Blocked) -> TaskFailed:
 def fail_blocked(blocked: dict[str, Blocked]) -> TaskFailed:
     """The default run's last task: the other builds are done; what the manifest must fix, once per line, with
     the tasks that wait for it."""
-    waiting: dict[str, list[str]] = {}
+    waiting: dict[Blocked, list[str]] = {}
     for task, why in blocked.items():
         waiting.setdefault(why, []).append(task)
     return TaskFailed("\n".join(f"error: {why} ({len(tasks)} task(s) wait for it: {', '.join(tasks)}; the rest "

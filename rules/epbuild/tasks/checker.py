@@ -57,7 +57,8 @@ class HashChecker(FileChangedChecker):
         saw(self.checked, file_path, key)
         recorded = self.published.get(file_path)
         try:
-            changed = bool(recorded) and key != recorded[:4] and self.hashes.sha256(file_path, stat) != recorded[4]
+            changed = recorded is not None and bool(recorded) and key != recorded[:4] and \
+                self.hashes.sha256(file_path, stat) != recorded[4]
         except OSError:  # unreadable: its task restores or rebuilds it, or says why it cannot
             changed = True
         if changed:

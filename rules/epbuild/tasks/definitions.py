@@ -282,8 +282,8 @@ class Tasks:
             return refused
         out, config = self._out(build)[1], validate_config(build, self.project.root, self.project.workspace.provenance)
         external = [p for m in build.members for p in m.external]
-        inputs = [*(os.path.join(out, name) for name in build.outputs), *build.sources, *external,
-                  *build.validation_files]
+        inputs: list[Path | str] = [*(os.path.join(out, name) for name in build.outputs), *build.sources, *external,
+                                    *build.validation_files]
         return self._task("validate", build.name, doc, run_validate, [build, self.project.workspace, config], inputs,
                           [os.path.join(out, REPORT)], config)
 
@@ -405,6 +405,8 @@ class Tasks:
                       "unavailable": self.unavailable_task, "graph": self.graph_task, "prune": self.prune_task}
         # a generator that yields nothing is still a (blank) group in doit's listing: `stages` without a stage
         project = self.project
+        if project.key is None:  # no shortcut for this run (an executor's): no listing to answer the next with
+            return
         read = [model.path for model in project.manifest.models.values()]
         read += [path for files in project.external.values() for path in files]
         Listing(project.layout).write(project.key, {

@@ -22,10 +22,10 @@ from ..logs import configure as configure_logging
 if TYPE_CHECKING:
     from ..execute.warm_start import Candidate
 
-GENERATORS = {"stages": "stage_tasks", "compile": ("build_tasks", "compile"), "group": ("build_tasks", "group"),
-              "validate": "validate_tasks", "ops": "ops_tasks", "package": "package_tasks",
-              "backends": "backends_task", "cache": "cache_task",
-              "unavailable": "unavailable_task", "graph": "graph_task", "prune": "prune_task"}
+GENERATORS: dict[str, str | tuple[str, str]] = {
+    "stages": "stage_tasks", "compile": ("build_tasks", "compile"), "group": ("build_tasks", "group"),
+    "validate": "validate_tasks", "ops": "ops_tasks", "package": "package_tasks", "backends": "backends_task",
+    "cache": "cache_task", "unavailable": "unavailable_task", "graph": "graph_task", "prune": "prune_task"}
 
 
 def interrupted(kind: type[BaseException], value: BaseException, trace: Any) -> None:

@@ -8,7 +8,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from doit.exceptions import TaskFailed, UnmetDependency
 from doit.reporter import ConsoleReporter
@@ -303,7 +303,8 @@ class BuildReporter(ConsoleReporter):
                 up_to_date = [name for name in self.uptodate if ":" in name]
                 if self.record is not None:  # the files of those doit was not handed, as the record vouches
                     for path in {path for name in self.hidden for path in self.record.tasks[name]}:
-                        saw(self.project.checked, path, self.record.files[path])
+                        # None (absent when recorded) stays None: Stamp.write then finds the file differs, no stamp
+                        saw(self.project.checked, path, cast("list[int]", self.record.files[path]))
                 skipped = self.project.skipped() if "unavailable" in seen else {}
                 Stamp(layout).write(self.project.key, self.project.checked, self.project.looked_at, len(up_to_date),
                                     skipped)
@@ -345,7 +346,7 @@ class BuildReporter(ConsoleReporter):
             return
         caller = sys._getframe(2)  # Runner.finish -> complete_run -> here
         runner = caller.f_locals.get("self")
-        if caller.f_code.co_name == "finish" and getattr(runner, "final_result", None) == ERROR:
+        if caller.f_code.co_name == "finish" and runner is not None and getattr(runner, "final_result", None) == ERROR:
             runner.final_result = FAILURE
 
 

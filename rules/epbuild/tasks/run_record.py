@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import operator
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,7 @@ def _changes(before: dict[str, Any], after: dict[str, Any]) -> tuple[dict[str, A
 
 
 def next_record(old: Recorded | None, kept: list[str], found: dict[str, list[str]],
-                found_deps: dict[str, list[str]], checked: dict[str, Identity]) -> Recorded:
+                found_deps: dict[str, list[str]], checked: Mapping[str, Identity]) -> Recorded:
     """The record of this run: the tasks not handed to doit (`kept`, up to date by `old`) as `old` has them (its
     very objects), and those doit found up to date (`found`: their files; `found_deps`: their task_dep) with the
     identities its checks saw (`checked`). A kept file that doit saw with another identity in this run is recorded
@@ -110,7 +111,7 @@ class RunRecord:
         return Recorded(record["tasks"], record["files"], record["task_deps"], record["looked_at"],
                         (read_as, record["generation"]))
 
-    def write(self, key: str, recorded: Recorded, before: Recorded | None) -> None:
+    def write(self, key: str | None, recorded: Recorded, before: Recorded | None) -> None:
         """Record this run (`before`: the record it loaded, if any)."""
         watched = self._now()
         if any(identity is None for identity in watched.values()):
@@ -126,6 +127,7 @@ class RunRecord:
     def _append(self, recorded: Recorded, before: Recorded, watched: dict[str, Any]) -> bool:
         """Append what changed since `before`, when the record is still as it was read and its lines are not due
         to be merged (`state.journaled.append`); False when the record is to be written whole."""
+        assert before.read_as is not None  # `write` appends only to a record read whole
         read, generation = before.read_as
         line: dict[str, Any] = {"base": generation, "gone": {}, "looked_at": recorded.looked_at, "watched": watched}
         for part in PARTS:

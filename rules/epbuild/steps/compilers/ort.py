@@ -84,7 +84,7 @@ def copy_shared_weights(build: Build, workspace: Workspace, scratch: Path) -> No
 def compile_request(build: Build, scratch: Path) -> CompileRequest:
     """The ONNX Runtime child's request: each member in order, where its output goes, and the target's settings."""
     target = build.target
-    return {
+    request: CompileRequest = {
         "members": [{"model": str(m.model.path), "output": str(scratch / m.model_file),
                      "external_data": m.data_file if target.is_cpu and m.external else None,
                      "inputs": {name: list(shape) for name, shape in m.model.inputs.items()},
@@ -93,8 +93,10 @@ def compile_request(build: Build, scratch: Path) -> CompileRequest:
         "manifest": build.manifest, "share": build.shared, "ep": target.ep.alias, "device": target.device,
         "compiler": target.compiler, "embed": target.embed, "options": target.session_options(),
         "optimization_level": target.optimization_level,
-        **({"prune": request_part(target.ship_socs)} if target.ship_socs else {}),
     }
+    if target.ship_socs:
+        request["prune"] = request_part(target.ship_socs)
+    return request
 
 
 def pruning(target: ResolvedTarget, result: MemberResult) -> dict[str, Any]:

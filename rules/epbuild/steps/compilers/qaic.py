@@ -53,6 +53,7 @@ class QaicCompiler(ExternalToolCompiler):
             symbols = static_dims(source, {k: list(v) for k, v in member.model.inputs.items()}, needs_static=True)
         except ModelError as exc:
             raise BuildError(f"compile {build.name}: {exc}") from None
+        assert build.target.qaic is not None, "a qaic target's options are resolved with it (plan.targets)"
         command = qaic_command(toolchain.executables["qaic-compile"], member.model.path, scratch / "qpc",
                                build.target.qaic, symbols)
         try:

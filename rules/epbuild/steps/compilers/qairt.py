@@ -45,6 +45,7 @@ class QairtCompiler(ExternalToolCompiler):
         run_tool([str(toolchain.executables["converter"]), "--input_network", str(standalone(member, work)),
                   "--output_path", str(work / "model.dlc"), *shapes], log, what, target.timeout_s)
         binary = target.ep.binary_name(member.name)
+        assert binary is not None, "QAIRT compiles QNN targets, whose EP writes a context binary"
         run_tool([str(toolchain.executables["context"]), "--backend", str(toolchain.executables["backend"]),
                   "--model", str(toolchain.root / "lib" / "x86_64-linux-clang" / "libQnnModelDlc.so"),
                   "--dlc_path", str(work / "model.dlc"), "--binary_file", Path(binary).stem,
