@@ -199,6 +199,11 @@ class Build:
         return f"ops:{self.name}"
 
     @property
+    def reduce_task(self) -> str:
+        """`epbuild reduce compile:MODEL@TARGET`: the failing compile reduced to a repro folder."""
+        return f"reduce:{self.name}"
+
+    @property
     def folder_name(self) -> str:
         return self.name if self.shared else self.members[0].name
 

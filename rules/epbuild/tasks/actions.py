@@ -204,7 +204,7 @@ def refuse_unavailable(task: str, reason: str, named: bool) -> TaskFailed | dict
 
 def run_reduce(build: Build, workspace: Workspace, budget_s: float) -> TaskFailed | TaskResult:
     """Reduce the build's failing compile to a repro folder (`steps.reduce`, `steps.repro`); one line says how far."""
-    task = f"reduce:{build.name}"
+    task = build.reduce_task
     why_not = reducible(build)
     if why_not:
         return TaskFailed(f"{task}: {why_not}")

@@ -44,6 +44,7 @@ from .actions import (
 )
 from .checker import HashChecker
 from .commands import run_prune, show_backends, show_cache, show_graph
+from .kinds import KINDS, UNAVAILABLE, is_subtask
 from .loading import load_project
 from .project import Project, in_shard, shard_keys
 from .reporter import BuildReporter, ReportedRun
@@ -106,7 +107,7 @@ class Tasks:
         self.record = record
         self.hidden = [name for name in planned if name not in self.selection and name in record.tasks
                        and self._made.get(name, True) is not None]
-        return [name for name in default if name in self.selection or ":" not in name]
+        return [name for name in default if name in self.selection or not is_subtask(name)]
 
     def _planned(self) -> dict[str, Build | Stage | PackagePlan]:
         """Every task of the plan that does work, by name, with the build, stage or package it is made from."""
@@ -161,7 +162,7 @@ class Tasks:
         default = [name for b in builds for name in project.task_names(b)]
         default += list(self.packages)
         if project.unavailable:
-            default.append("unavailable")
+            default.append(UNAVAILABLE)
         default = self._select(default)
         if self.project.blocked_builds():
             default.append("blocked")
@@ -230,7 +231,7 @@ class Tasks:
         compile reduced to a repro folder. Never up to date: it asks the EP again (known probes are not rerun)."""
         project = self.project
         for build in project.builds:
-            if f"reduce:{build.name}" in project.requested:
+            if build.reduce_task in project.requested:
                 yield {"basename": "reduce", "name": build.name,
                        "doc": f"reduce the failing {build.task} to a repro folder (artifacts/repro/{build.name}/)",
                        "actions": [(run_reduce, [build, project.workspace, project.manifest.build.reduce_budget_s])],
@@ -398,11 +399,6 @@ class Tasks:
 
     def save_listing(self) -> None:
         """What `doit list` shows, for the next one under the same key (epbuild.fast_path)."""
-        generators = {"stages": self.stage_tasks, "compile": lambda: self.build_tasks("compile"),
-                      "group": lambda: self.build_tasks("group"), "validate": self.validate_tasks,
-                      "ops": self.ops_tasks, "package": self.package_tasks, "backends": self.backends_task,
-                      "cache": self.cache_task,
-                      "unavailable": self.unavailable_task, "graph": self.graph_task, "prune": self.prune_task}
         # a generator that yields nothing is still a (blank) group in doit's listing: `stages` without a stage
         project = self.project
         if project.key is None:  # no shortcut for this run (an executor's): no listing to answer the next with
@@ -410,8 +406,8 @@ class Tasks:
         read = [model.path for model in project.manifest.models.values()]
         read += [path for files in project.external.values() for path in files]
         Listing(project.layout).write(project.key, {
-            name: [listed(task) for task in make()] or [{"basename": name}]
-            for name, make in generators.items() if self.wants(name)}, [*read, *project.looked_at])
+            kind.name: [listed(task) for task in kind.tasks(self)] or [{"basename": kind.name}]
+            for kind in KINDS if self.wants(kind.name)}, [*read, *project.looked_at])
 
     def every_task(self) -> list[Task]:
         """Every task dict that can be named, the inspecting ones and every per-model selection included."""
@@ -419,13 +415,11 @@ class Tasks:
                                                     "compile"),
                 *self._per_model("validate", [b for b in self.project.builds if b.validates and not b.shared],
                                  "validate"),
-                *self.backends_task(), *self.cache_task(), *self.unavailable_task(), *self.graph_task(),
-                *self.prune_task()]
+                *(task for kind in KINDS if not kind.work for task in kind.tasks(self))]
 
     def all_tasks(self) -> list[Task]:
         """The tasks that do work (the graph's nodes): not the per-model selections, which only name others."""
-        every = [*self.stage_tasks(), *self.build_tasks("compile"), *self.build_tasks("group"),
-                 *self.validate_tasks(), *self.ops_tasks(), *self.package_tasks()]
+        every = [task for kind in KINDS if kind.work for task in kind.tasks(self)]
         return [task for task in every if task.get("actions") is not None or not task.get("name")]
 
     def prune_task(self) -> Iterator[Task]:
@@ -441,7 +435,7 @@ class Tasks:
                            "help": "only this model's tasks (its stages, compiles, checks, validations, groups)"}]}
 
     def unavailable_task(self) -> Iterator[Task]:
-        yield {"basename": "unavailable", "doc": "list the tasks this host cannot build, and why",
+        yield {"basename": UNAVAILABLE, "doc": "list the tasks this host cannot build, and why",
                "actions": [(report_unavailable, [self.project.skipped()])], "uptodate": [False]}
         if blocked := self.project.blocked_builds():  # last in a default run: after everything else was built
             yield {"basename": "blocked", "doc": "fail with what the manifest must fix before its blocked tasks build",

@@ -18,14 +18,11 @@ from typing import TYPE_CHECKING, Any
 from ..fast_path import shortcut
 from ..invocation import Invocation
 from ..logs import configure as configure_logging
+from .kinds import KINDS, TaskKind
 
 if TYPE_CHECKING:
     from ..execute.warm_start import Candidate
 
-GENERATORS: dict[str, str | tuple[str, str]] = {
-    "stages": "stage_tasks", "compile": ("build_tasks", "compile"), "group": ("build_tasks", "group"),
-    "validate": "validate_tasks", "ops": "ops_tasks", "package": "package_tasks", "backends": "backends_task",
-    "cache": "cache_task", "unavailable": "unavailable_task", "graph": "graph_task", "prune": "prune_task"}
 
 
 def interrupted(kind: type[BaseException], value: BaseException, trace: Any) -> None:
@@ -93,25 +90,22 @@ def namespace(source: Any) -> dict[str, Any]:
     """What doit reads from a dodo module: DOIT_CONFIG and a `task_NAME` generator per task kind. doit runs every
     one of them (in its order, which a star import sorts); the last to finish turns the collector on again and
     freezes what loading made (it lives as long as doit: later collections skip it)."""
-    kinds = {kind: method for kind, method in GENERATORS.items() if getattr(source, "wants", lambda _: True)(kind)}
-    pending = set(kinds)
+    kinds = [kind for kind in KINDS if getattr(source, "wants", lambda _: True)(kind.name)]
+    pending = {kind.name for kind in kinds}
     if not kinds:  # nothing to make (the no-op stamp holds): collect as usual from here
         gc.enable()
 
-    def generator(kind: str, method: str | tuple[str, str]) -> Callable[[], Iterator[dict[str, Any]]]:
-        name, *arguments = (method,) if isinstance(method, str) else method
-
+    def generator(kind: TaskKind) -> Callable[[], Iterator[dict[str, Any]]]:
         def task() -> Iterator[dict[str, Any]]:  # a generator, as doit requires of a task_ function
-            yield from getattr(source, name)(*arguments)
-            pending.discard(kind)
+            yield from kind.tasks(source)
+            pending.discard(kind.name)
             if not pending and not gc.isenabled():
                 gc.enable()
                 gc.freeze()
 
         return task
 
-    return {"DOIT_CONFIG": source.doit_config(),
-            **{f"task_{kind}": generator(kind, method) for kind, method in kinds.items()}}
+    return {"DOIT_CONFIG": source.doit_config(), **{f"task_{kind.name}": generator(kind) for kind in kinds}}
 
 
 def task_loader(manifest: Path, invocation: Invocation, early: Candidate | None = None) -> Any:

@@ -136,7 +136,7 @@ class Project:
     def declared_tasks(self) -> set[str]:
         """Every task the manifest declares now, built here or not."""
         return {*self.stages, *(name for build in self.builds for name in (*self.task_names(build),
-                                                                         build.ops_task, f"reduce:{build.name}")),
+                                                                         build.ops_task, build.reduce_task)),
                 *(package_task(name) for name in self.manifest.packages)}
 
     def model_tasks(self, model: str) -> set[str]:

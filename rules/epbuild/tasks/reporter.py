@@ -28,6 +28,7 @@ from ..report.views import templates_prepared_in_background, write_views
 from ..state.folder import StateFolder
 from .actions import fail_blocked
 from .checker import saw
+from .kinds import UNAVAILABLE, is_subtask
 from .run_record import RunRecord, next_record
 from .selection import Recorded, files_of
 
@@ -56,7 +57,7 @@ def _closure(tasks: dict[str, Any], selected: list[str]) -> list[str]:
         seen.add(name)
         todo.extend(tasks[name].task_dep)
         todo.extend(tasks[name].setup_tasks)
-    return sorted(name for name in seen if ":" in name and tasks[name].actions)
+    return sorted(name for name in seen if is_subtask(name) and tasks[name].actions)
 
 
 class BuildReporter(ConsoleReporter):
@@ -123,7 +124,7 @@ class BuildReporter(ConsoleReporter):
             self.live.started(task.name)
         elif task.name != "backends":  # its output, --json included, stays clean for machines
             super().execute_task(task)
-        if self.preparing is None and ":" in task.name:
+        if self.preparing is None and is_subtask(task.name):
             self.preparing = templates_prepared_in_background()
         self.started[task.name] = time.monotonic()
         if self.watch is None:
@@ -164,7 +165,7 @@ class BuildReporter(ConsoleReporter):
                 self.write("".join(action.out for action in task.actions if action.out))
             self.live.finished(task.name)
         self.project.configs.success(task.name, task.values.get(PUBLISHED))
-        if ":" in task.name and task.values.get("status"):
+        if is_subtask(task.name) and task.values.get("status"):
             self.report.succeeded(task.name, task.values)
 
     def add_failure(self, task, fail):
@@ -180,13 +181,13 @@ class BuildReporter(ConsoleReporter):
             self.causes[task.name] = causes
             failed = f"{', '.join(causes)} failed{self._left_out_hint(task.name, causes)}"
             self.write(f"not built {task.name}: {failed}\n")
-            if ":" in task.name:
+            if is_subtask(task.name):
                 self.report.not_built(task.name, failed)
             return
         super().add_failure(task, fail)
         if self.live is not None:
             self.live.finished(task.name, failed=True)
-        if ":" in task.name and not task.name.startswith("reduce:"):
+        if is_subtask(task.name) and not task.name.startswith("reduce:"):
             # a reduction that could not run (nothing to reduce) is the command's answer, not a build's outcome: a
             # row no default build would ever clear
             seconds = max(0.0, time.monotonic() - self.started.get(task.name, time.monotonic()))
@@ -198,7 +199,7 @@ class BuildReporter(ConsoleReporter):
         else:
             super().skip_uptodate(task)
         self.uptodate.add(task.name)
-        if ":" in task.name:
+        if is_subtask(task.name):
             self.report.up_to_date(task.name)
 
     def _write_run_record(self) -> None:
@@ -209,7 +210,7 @@ class BuildReporter(ConsoleReporter):
         found, found_deps = {}, {}
         for name in self.uptodate.difference(self.hidden):
             task = self.doit_tasks.get(name)
-            if task is not None and ":" in name:
+            if task is not None and is_subtask(name):
                 found[name] = files_of(task.file_dep, task.targets)
                 if task.task_dep:
                     found_deps[name] = list(task.task_dep)
@@ -269,10 +270,10 @@ class BuildReporter(ConsoleReporter):
             self.uptodate.add(name)
             self.report.up_to_date(name)
         for name in self.running():  # the run stopped under them (Ctrl-C, a lost worker)
-            if ":" in name:
+            if is_subtask(name):
                 self.report.interrupted(name)
         seen = set(self.started) | self.uptodate | self.blocked
-        if "unavailable" in seen:  # the default run: tasks this host cannot build were skipped
+        if UNAVAILABLE in seen:  # the default run: tasks this host cannot build were skipped
             for name, reason in self.project.skipped().items():
                 self.report.skipped(name, reason)
                 seen.add(name)
@@ -299,20 +300,20 @@ class BuildReporter(ConsoleReporter):
             self.write(f"warning: report.html / junit.xml not written: {type(exc).__name__}: {exc}\n")
         try:  # a record that cannot be written makes the next run check, and possibly re-run, more: never wrong
             self.project.configs.save()
-            if self.project.key and not (self.failures or self.runtime_errors) and set(self.started) <= {"unavailable"}:
-                up_to_date = [name for name in self.uptodate if ":" in name]
+            if self.project.key and not (self.failures or self.runtime_errors) and set(self.started) <= {UNAVAILABLE}:
+                up_to_date = [name for name in self.uptodate if is_subtask(name)]
                 if self.record is not None:  # the files of those doit was not handed, as the record vouches
                     for path in {path for name in self.hidden for path in self.record.tasks[name]}:
                         # None (absent when recorded) stays None: Stamp.write then finds the file differs, no stamp
                         saw(self.project.checked, path, cast("list[int]", self.record.files[path]))
-                skipped = self.project.skipped() if "unavailable" in seen else {}
+                skipped = self.project.skipped() if UNAVAILABLE in seen else {}
                 Stamp(layout).write(self.project.key, self.project.checked, self.project.looked_at, len(up_to_date),
                                     skipped)
-            elif set(self.started) - {"unavailable"}:  # what ran changed what the stamp watches: no next run reads
+            elif set(self.started) - {UNAVAILABLE}:  # what ran changed what the stamp watches: no next run reads
                 StateFolder(layout.state).drop(STAMP)  # it to find that out (45,000 identities at 10,000 targets)
             if self.project.key and self.project.command != "list":
                 self._write_run_record()
-            if self.project.writable and set(self.started) - {"unavailable"}:
+            if self.project.writable and set(self.started) - {UNAVAILABLE}:
                 # again at the end: a killed build's jobs may still have been writing into their folders when
                 # this run swept at its start
                 sweep([layout.scratch_root])
@@ -330,7 +331,7 @@ class BuildReporter(ConsoleReporter):
                      "last run's record")
         if line:
             self.write(line + "\n")
-        if layout.html_report.exists() and any(":" in name for name in self.started):  # a run that built
+        if layout.html_report.exists() and any(is_subtask(name) for name in self.started):  # a run that built
             self.write(f"report: {os.path.relpath(layout.html_report)}\n")
         super().complete_run()
         self._one_exit_status()
