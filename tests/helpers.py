@@ -23,6 +23,30 @@ ep = "cpu"
 ep = "qnn"
 options = { soc_model = 60 }
 """
+# tinycnn alone for cpu and qnn-htp (an install, the runtime helpers)
+TINYCNN_CPU_QNN = """
+[models.tinycnn]
+path = "models/tinycnn.onnx"
+
+[targets.cpu]
+ep = "cpu"
+
+[targets.qnn-htp]
+ep = "qnn"
+options = { backend_type = "htp", soc_model = 60 }
+"""
+# the same with the model's targets listed, the qnn-htp table last (a test may append its options)
+TINYCNN_LISTED = """
+[models.tinycnn]
+path = "models/tinycnn.onnx"
+targets = ["cpu", "qnn-htp"]
+
+[targets.cpu]
+ep = "cpu"
+
+[targets.qnn-htp]
+ep = "qnn"
+"""
 OPENVINO_CPU_TARGET = """
 [targets.openvino-cpu]
 ep = "openvino@pypi"

@@ -14,20 +14,10 @@ import sys
 import yaml
 
 from conftest import REPO
+from helpers import TINYCNN_LISTED
 
 WORKFLOW = REPO / "ci" / "models-repository.yml"
-MANIFEST = """
-[models.tinycnn]
-path = "models/tinycnn.onnx"
-targets = ["cpu", "qnn-htp"]
-
-[targets.cpu]
-ep = "cpu"
-
-[targets.qnn-htp]
-ep = "qnn"
-options = { soc_model = "SC8380XP" }
-"""
+MANIFEST = TINYCNN_LISTED + 'options = { soc_model = "SC8380XP" }\n'
 
 
 def _steps() -> tuple[dict, list[dict]]:

@@ -16,18 +16,9 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, SOURCE
+from helpers import TINYCNN_CPU_QNN
 
-MANIFEST = """
-[models.tinycnn]
-path = "models/tinycnn.onnx"
-
-[targets.cpu]
-ep = "cpu"
-
-[targets.qnn-htp]
-ep = "qnn"
-options = { backend_type = "htp", soc_model = 60 }
-"""
+MANIFEST = TINYCNN_CPU_QNN
 
 
 def _user_project(root: Path) -> Path:

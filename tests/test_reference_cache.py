@@ -13,19 +13,9 @@ from test_trust import external_data_model
 
 from conftest import build_report, ran
 from epbuild.steps.reference import NO_TIME, REFERENCE_FILE, load_reference, save_reference
-from helpers import perturb_weights
+from helpers import TINYCNN_CPU_QNN, perturb_weights
 
-TWO_TARGETS = """
-[models.tinycnn]
-path = "models/tinycnn.onnx"
-
-[targets.cpu]
-ep = "cpu"
-
-[targets.qnn-htp]
-ep = "qnn"
-options = { soc_model = 60 }
-"""
+TWO_TARGETS = TINYCNN_CPU_QNN
 
 
 def _references(project) -> dict[str, str]:
@@ -50,8 +40,7 @@ def test_targets_validating_one_model_share_its_cpu_reference(project):
     assert len({entry["cpu_reference"]["fingerprint"] for entry in entries if "cpu_reference" in entry}) == 1
     first = _outputs(project, "qnn-htp")
 
-    project.manifest(TWO_TARGETS.replace("options = { soc_model = 60 }",
-                                         "options = { soc_model = 60 }\nvalidation = { min_snr_db = 30 }"))
+    project.manifest(TWO_TARGETS + "validation = { min_snr_db = 30 }\n")  # the qnn-htp table is the last
     done = project.doit("-v", "2")
     assert ran(done) == {"validate:tinycnn@qnn-htp"}
     assert _references(project)["validate:tinycnn@qnn-htp"] == "cache"

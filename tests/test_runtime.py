@@ -13,18 +13,9 @@ import pytest
 
 from conftest import REPO, SOURCE
 from epbuild.errors import UserError
+from helpers import TINYCNN_CPU_QNN
 
-MANIFEST = '''
-[models.tinycnn]
-path = "models/tinycnn.onnx"
-
-[targets.cpu]
-ep = "cpu"
-
-[targets.qnn-htp]
-ep = "qnn"
-options = { backend_type = "htp", soc_model = 60 }
-'''
+MANIFEST = TINYCNN_CPU_QNN
 
 
 @pytest.fixture

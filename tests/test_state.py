@@ -5,18 +5,9 @@ from __future__ import annotations
 
 from conftest import REPO, ran
 from epbuild.state.registry import FORMAT, FORMAT_FILE, STATE_FILES, settle_format, table, unlisted
+from helpers import TINYCNN_LISTED
 
-MANIFEST = """
-[models.tinycnn]
-path = "models/tinycnn.onnx"
-targets = ["cpu", "qnn-htp"]
-
-[targets.cpu]
-ep = "cpu"
-
-[targets.qnn-htp]
-ep = "qnn"
-"""
+MANIFEST = TINYCNN_LISTED
 
 
 def test_every_file_a_build_remembers_is_in_the_registry(project):
