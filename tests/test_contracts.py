@@ -61,3 +61,47 @@ def test_statuses_are_written_as_their_words():
     assert json.dumps({"status": Verdict.INCONCLUSIVE, "task": TaskStatus.NOT_BUILT}) == \
         '{"status": "inconclusive", "task": "not built"}'
     assert Verdict.PASSED == "passed" and f"{TaskStatus.UP_TO_DATE}" == "up-to-date"
+
+
+def test_every_validation_json_a_build_writes_reads_back_to_the_same_object(project):
+    """validation.json goes out through `ValidationRecord.to_json` and in through `read_validation`: for every verdict
+    a real build writes (a model's, a fleet's per-SoC one, a group's), the record reads back exactly what was
+    written, and its status is a Verdict."""
+    from epbuild.contracts.validation import read_validation
+    from helpers import TWO_MODELS_CPU_QNN
+
+    project.manifest(TWO_MODELS_CPU_QNN + '\n[groups.pair]\ntarget = "qnn-htp"\nmodels = ["tinycnn", "encoder"]\n')
+    project.doit("-n", "2", check=False)
+    found = list(project.artifacts.glob("**/validation.json"))
+    assert len(found) >= 5
+    for path in found:
+        record = read_validation(path.parent)
+        assert isinstance(record.status, Verdict)
+        assert record.to_json() == json.loads(path.read_text()), path
+
+
+@pytest.mark.parametrize("data, why", [
+    ({"status": "ok"}, "status 'ok' is none of passed, failed"),
+    ({"status": "reference"}, "status 'reference'"),  # a reference phase's answer is never a verdict
+    ({}, "status None"),
+    ({"status": "passed", "format": RULES_FORMAT + 1}, f"format {RULES_FORMAT + 1}"),
+    ({"status": "skipped", "structural": "fine"}, "structural 'fine'"),
+    ([1, 2], "not a JSON object"),
+])
+def test_a_validation_json_without_a_verdict_it_knows_is_refused_never_passed(tmp_path, data, why):
+    from epbuild.contracts.validation import ValidationFormatError, read_validation
+
+    (tmp_path / "validation.json").write_text(json.dumps(data))
+    with pytest.raises(ValidationFormatError, match=why):
+        read_validation(tmp_path)
+
+
+def test_only_a_run_that_met_its_thresholds_is_passed():
+    from epbuild.contracts.validation import ValidationRecord
+
+    assert ValidationRecord(Verdict.PASSED).passed
+    assert not any(ValidationRecord(v).passed for v in Verdict if v is not Verdict.PASSED)
+    made = ValidationRecord(Verdict.FAILED, reason="snr", thresholds={"min_snr_db": 30.0}, figures={"outputs": {}})
+    assert made.to_json() == {"status": "failed", "format": RULES_FORMAT, "reason": "snr",
+                              "thresholds": {"min_snr_db": 30.0}, "outputs": {}}
+    assert made.replace(target="t").to_json()["target"] == "t"

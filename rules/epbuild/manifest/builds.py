@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..contracts.artifact import NAME as SIDECAR  # noqa: F401 - the artifact record's file name
+from ..contracts.validation import NAME as VALIDATION_FILE
 from ..files.layout import Layout
 from ..records import record
 from .eps import EpInfo
@@ -19,7 +20,7 @@ from .parse import ModelSpec
 from .qaic import QaicOptions
 from .stage import Stage
 
-REPORT = "validation.json"  # a validation's report, beside the artifact it judges
+REPORT = VALIDATION_FILE  # a validation's report, beside the artifact it judges (`contracts.validation`)
 QPC_PROGRAM = "qpc/programqpc.bin"  # qaic targets: the QPC folder that qaic-compile writes, with its program
 
 

@@ -10,8 +10,10 @@ import json
 import os
 from collections.abc import Callable
 from dataclasses import field
+from pathlib import Path
 from typing import Any
 
+from ..contracts.validation import read_validation
 from ..files.layout import GROUPS, Layout, settled, stat_key
 from ..manifest.builds import Build
 from ..records import record
@@ -105,6 +107,14 @@ class Cell:
         return None
 
 
+def _validation(path: str) -> dict[str, Any] | None:
+    """validation.json as its record reads it (`contracts.validation`); None when absent or not one."""
+    try:
+        return read_validation(Path(path).parent).to_json()
+    except (OSError, ValueError):
+        return None
+
+
 def _json(path: str) -> dict[str, Any] | None:
     try:
         with open(path, encoding="utf-8") as handle:
@@ -151,7 +161,7 @@ class Sources:
                     build.target.ep.name, build.shared, [m.name for m in build.members], build.task,
                     self.validate_task, entries.get(build.task, {}),
                     entries.get(self.validate_task, {}) if self.validate_task else {},
-                    _json(self.files[0]), _json(self.files[1]), logs)
+                    _json(self.files[0]), _validation(self.files[1]), logs)
 
 
 def _steps(build: Build) -> tuple[str, ...]:

@@ -7,11 +7,11 @@ every SoC passed; a SoC that did not pass is never counted as passed."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from ..contracts.statuses import Verdict
+from ..contracts.validation import ValidationRecord, load_validation
 from ..manifest.builds import Build
 from ..manifest.eps import QNN_KNOWN_VALUES
 
@@ -39,9 +39,10 @@ def fleet_verdict(build: Build, structural: dict[str, Any], compatibility: str |
     socs: dict[str, dict[str, Any]] = {}
     for soc, path in build.soc_reports:
         try:
-            own = json.loads(Path(path).read_text())
+            own = load_validation(Path(path))
         except (OSError, ValueError):
-            own = {"status": Verdict.FAILED, "reason": f"its validation report ({path.name}) is missing or unreadable"}
+            own = ValidationRecord(Verdict.FAILED, reason=f"its validation report ({path.name}) is missing or "
+                                   "unreadable")
         socs[soc] = _per_soc(own)
     problems = [structural["reason"]] if structural.get("status") == Verdict.FAILED else []
     listed = listed_socs(compatibility)
@@ -69,15 +70,15 @@ def fleet_verdict(build: Build, structural: dict[str, Any], compatibility: str |
     return report
 
 
-def _per_soc(report: dict[str, Any]) -> dict[str, Any]:
+def _per_soc(report: ValidationRecord) -> dict[str, Any]:
     """What a SoC's own report says, in short: its verdict, its worst SNR, why it did not pass."""
-    entry: dict[str, Any] = {"status": report.get("status", Verdict.FAILED)}
-    outputs = [o for o in report.get("outputs", {}).values() if "snr_db" in o]
+    entry: dict[str, Any] = {"status": report.status}
+    outputs = [o for o in report.figures.get("outputs", {}).values() if "snr_db" in o]
     if outputs:
         entry["min_snr_db"] = round(min(o["snr_db"] for o in outputs), 1)
         entry["max_abs_error"] = max(o["max_abs_error"] for o in outputs)
-    if "reason" in report:
-        entry["reason"] = report["reason"]
+    if report.reason is not None:
+        entry["reason"] = report.reason
     return entry
 
 

@@ -29,11 +29,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ..contracts.artifact import OMIT, read_artifact
 from ..contracts.statuses import Verdict
+from ..contracts.validation import ValidationRecord, read_validation
 from ..errors import BuildError
 from ..files.layout import PACKAGES, Layout
 from ..files.publish import copy_file, discard
@@ -181,21 +183,21 @@ def assemble(variants: list[Build], text: str, layout: Layout, hashes: FileHashe
 
 def unvalidated(build: Build, layout: Layout) -> str | None:
     """Why a variant cannot go in though its tasks succeeded (a verdict other than passed), or None."""
-    from .validate import REPORT
-
     try:
-        verdict = json.loads((build.out_dir(layout) / REPORT).read_text())
+        verdict = read_validation(build.out_dir(layout))
     except (OSError, ValueError) as exc:
         return f"no verdict ({exc})"
-    if verdict.get("status") == Verdict.PASSED or structural(build, verdict):
+    if verdict.passed or structural(build, verdict):
         return None
-    return f"validate:{build.name} is {verdict.get('status')}: {verdict.get('reason', 'no reason given')}"
+    return f"validate:{build.name} is {verdict.status}: {verdict.reason or 'no reason given'}"
 
 
-def structural(build: Build, verdict: dict[str, Any]) -> bool:
+def structural(build: Build, verdict: ValidationRecord | Mapping[str, Any]) -> bool:
     """A group this host cannot load (QNN's shared context on x86_64) whose structural checks passed: the most
     that can be judged here, and it goes in as such (its metadata says so when checked)."""
-    return build.shared and verdict.get("status") == Verdict.SKIPPED and verdict.get("structural") == Verdict.PASSED
+    if not isinstance(verdict, ValidationRecord):
+        verdict = ValidationRecord.from_json(verdict)
+    return build.shared and verdict.status is Verdict.SKIPPED and verdict.structural is Verdict.PASSED
 
 
 def check_variant(name: str, build: Build, workspace: Any, root: Path, workdir: Path) -> dict[str, Any]:

@@ -25,7 +25,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..contracts.artifact import read_artifact
 from ..contracts.requests import CompileRequest
+from ..contracts.statuses import Verdict
+from ..contracts.validation import read_validation
 from ..errors import BuildError, ModelError
 from ..execute.child import run_child
 from ..files.layout import write_json
@@ -192,7 +195,8 @@ def reduce_failure(build: Build, workspace: Workspace, folder: Path, budget_s: f
         (folder / "tensors.npz").unlink()
     sdk = probes.sdk
     if sdk is None and kind == "divergence":
-        sdk = json.loads((build.out_dir(workspace.layout) / "artifact.json").read_text()).get("ep_sdk_version")
+        record = read_artifact(build.out_dir(workspace.layout))
+        sdk = record.ep_sdk_version if record.has("ep_sdk_version") else None
     return Reduction(len(graph), kept, whole, message, probes.counted, time.monotonic() - started, complete, model,
                      kind, sdk, feeds, thresholds)
 
@@ -255,15 +259,14 @@ def _compile_probe(build: Build, workspace: Workspace, graph: Subgraphs, probes:
 
 def _failed_thresholds(build: Build, workspace: Workspace) -> dict[str, float]:
     """The thresholds of the build's failed validation (its validation.json), which a divergence must still miss."""
-    path = build.out_dir(workspace.layout) / "validation.json"
     try:
-        recorded = json.loads(path.read_text())
+        recorded = read_validation(build.out_dir(workspace.layout))
     except (OSError, ValueError):
-        recorded = {}
-    if recorded.get("status") != "failed" or not recorded.get("thresholds"):
+        recorded = None
+    if recorded is None or recorded.status is not Verdict.FAILED or not recorded.thresholds:
         raise BuildError(f"{build.task} compiles now and {build.validate_task} has not failed (run it first): "
                          "nothing to reduce")
-    return recorded["thresholds"]
+    return dict(recorded.thresholds)
 
 
 def _validation_request(build: Build) -> dict[str, Any]:

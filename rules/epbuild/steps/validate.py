@@ -8,7 +8,6 @@ exactly those there). `skipped` means only "this host cannot run this artifact" 
 
 from __future__ import annotations
 
-import json
 import platform
 import time
 from collections.abc import Callable
@@ -18,6 +17,7 @@ from typing import Any
 from ..contracts.artifact import OMIT, ArtifactMember, ArtifactRecord, read_artifact
 from ..contracts.requests import MemberValidation, ValidationReport, ValidationRequest
 from ..contracts.statuses import ValidationMode, Verdict
+from ..contracts.validation import ValidationRecord, read_validation
 from ..errors import BuildError, located, plain
 from ..execute.child import run_child, serve
 from ..execute.forked_jobs import Handoff
@@ -214,17 +214,19 @@ def cached_validation(label: str, fingerprint: str, workspace: Workspace, folder
     def kept(report: dict[str, Any]) -> list[str] | None:
         if report["status"] not in (Verdict.PASSED, Verdict.STRUCTURAL):  # verdicts of these bytes alone
             return None
-        write_json(scratch / REPORT, {k: v for k, v in report.items() if k not in NOT_CACHED})
+        cached = ValidationRecord.from_json({k: v for k, v in report.items() if k not in NOT_CACHED})
+        write_json(scratch / REPORT, cached.to_json())
         return [REPORT]
 
     def written(restored: Path, found: list[str] | None,
                 report: dict[str, Any] | None) -> tuple[dict[str, Any], Published]:
         if found is not None:
-            report = {**json.loads((restored / REPORT).read_text()), "target": target}
+            report = read_validation(restored).replace(target=target).to_json()
             write_json(folder / REPORT, report)
         else:
             assert report is not None
-            write_json(folder / REPORT, {k: v for k, v in report.items() if k not in NOT_PUBLISHED})
+            published = ValidationRecord.from_json({k: v for k, v in report.items() if k not in NOT_PUBLISHED})
+            write_json(folder / REPORT, published.to_json())
         return report, _identity(folder, workspace)
 
     try:
