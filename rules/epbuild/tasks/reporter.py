@@ -1,4 +1,5 @@
-"""doit's console output, a live status area on a terminal, and the reports written at the end of every run."""
+"""doit's console output and a live status area on a terminal: what each task did, and the summary of the run. What
+the run leaves behind (the build report, its views, the records) is written by `tasks.run_end` at its end."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from doit.exceptions import TaskFailed, UnmetDependency
 from doit.reporter import ConsoleReporter
@@ -17,20 +18,14 @@ from doit.runner import ERROR, FAILURE
 from ..contracts.task_result import PUBLISHED
 from ..errors import printable
 from ..execute.lifelines import WorkerLost, WorkerWatch, tie_forked_children
-from ..fast_path import STAMP, Stamp
-from ..files.owners import sweep
-from ..files.publish import discard
 from ..manifest.builds import package_task
 from ..report.build_report import BuildReport
-from ..report.cells import cell_tasks
 from ..report.progress import LiveProgress, durations
-from ..report.views import templates_prepared_in_background, write_views
-from ..state.folder import StateFolder
+from ..report.views import templates_prepared_in_background
 from .actions import fail_blocked
-from .checker import saw
 from .kinds import UNAVAILABLE, is_subtask
-from .run_record import RunRecord, next_record
-from .selection import Recorded, files_of
+from .run_end import RunEnd, RunOutcome, closure
+from .selection import Recorded
 
 if TYPE_CHECKING:
     from .project import Project
@@ -44,20 +39,6 @@ class ReportedRun:
     hidden: list[str]  # tasks not handed to doit, up to date by the last run's record (tasks.selection)
     record: Recorded | None  # that record
     looked_at: dict[str, list[int] | None]  # what task creation read besides the tasks' files, as it found them
-
-
-def _closure(tasks: dict[str, Any], selected: list[str]) -> list[str]:
-    """The tasks a run may execute: the selected ones and everything they depend on, named subtasks only."""
-    seen: set[str] = set()
-    todo = list(selected)
-    while todo:
-        name = todo.pop()
-        if name in seen or name not in tasks:
-            continue
-        seen.add(name)
-        todo.extend(tasks[name].task_dep)
-        todo.extend(tasks[name].setup_tasks)
-    return sorted(name for name in seen if is_subtask(name) and tasks[name].actions)
 
 
 class BuildReporter(ConsoleReporter):
@@ -104,8 +85,8 @@ class BuildReporter(ConsoleReporter):
         self.uptodate: set[str] = set()
         self.live = None
         if self.project.live and not {"backends", "cache"} & set(selected_tasks):
-            closure = _closure(tasks, selected_tasks)
-            self.live = LiveProgress(self.outstream, closure, durations(self.report.entries, closure),
+            reachable = closure(tasks, selected_tasks)
+            self.live = LiveProgress(self.outstream, reachable, durations(self.report.entries, reachable),
                                      catch_prints=self.project.threads)
 
     def write(self, text):
@@ -202,25 +183,6 @@ class BuildReporter(ConsoleReporter):
         if is_subtask(task.name):
             self.report.up_to_date(task.name)
 
-    def _write_run_record(self) -> None:
-        """The tasks this run found up to date, with their files' identities as doit judged them (or, for those
-        not handed to doit, as the last record had them) and the tasks they name: the next default run hands doit
-        only the others (tasks.selection). A file seen with two identities is recorded as such, so its tasks are
-        handed again."""
-        found, found_deps = {}, {}
-        for name in self.uptodate.difference(self.hidden):
-            task = self.doit_tasks.get(name)
-            if task is not None and is_subtask(name):
-                found[name] = files_of(task.file_dep, task.targets)
-                if task.task_dep:
-                    found_deps[name] = list(task.task_dep)
-        recorded = next_record(self.record, self.hidden, found, found_deps, self.project.checked)
-        # a file some task reads is that task's to check (and a model's, its tasks' suspicion: tasks.selection)
-        read = {path for task in self.doit_tasks.values() for path in task.file_dep}
-        recorded.looked_at = {path: identity for path, identity in self.looked_at.items()
-                              if path not in recorded.files and path not in read}
-        RunRecord(self.project.layout).write(self.project.key, recorded, self.record)
-
     def _left_out_hint(self, name: str, causes: list[str]) -> str:
         """For a package a failed variant stops: the manifest line that ships it without the failed targets."""
         if not name.startswith(package_task("")):
@@ -236,27 +198,6 @@ class BuildReporter(ConsoleReporter):
         kept = [target for target in targets if target not in failed]
         listed = ", ".join(f'"{target}"' for target in kept)
         return f"; to ship it without them: [packages.{package}] targets = [{listed}]" if kept else ""
-
-    def _withdraw_packages(self) -> None:
-        """A package is published only from this build's passed variants: one whose task this run tried and did not
-        end built or up to date (a variant failed or was not built, the build stopped before it), or any of whose
-        variants' tasks failed in this run, is removed with one line. An application that loads it would otherwise
-        get a model older than its source (the encoder retrained, its QNN compile failed: the old one served)."""
-        failed = {result["task"].name for result in self.failures}
-        tried = set(_closure(self.doit_tasks, self.selected))
-        for name in sorted(n for n in self.doit_tasks if n.startswith(package_task(""))):
-            needs = [dep for dep in _closure(self.doit_tasks, [name]) if dep in failed and dep != name]
-            current = name in self.uptodate or (name in self.done and name not in failed | self.blocked)
-            if current or (name not in tried and not needs):
-                continue
-            folder = self.project.layout.package_dir(name.split(":", 1)[1])
-            if not folder.exists():
-                continue
-            why = (f"{', '.join(needs)} failed" if needs else f"{name} failed" if name in failed
-                   else "the build stopped before it")
-            discard(folder)
-            self.write(f"removed {os.path.relpath(folder)}/: {why}, and it would serve artifacts older than their "
-                       "sources; it is published again when every variant passes\n")
 
     def complete_run(self):
         if self.watch is not None:
@@ -285,44 +226,13 @@ class BuildReporter(ConsoleReporter):
             if "blocked" not in self.started:  # it did not run (a task before it failed): its lines anyway
                 self.write(fail_blocked(blocked).get_msg() + "\n")
         layout = self.project.layout
-        self._withdraw_packages()
-        self.report.keep_only(self.project.declared_tasks())  # a removed model's entries would keep CI red
-        try:  # the views are for people: one that cannot be written is a warning, never a failed build
-            pages = self.report.write() or not layout.html_report.exists()
-            step_summary = bool(os.environ.get("GITHUB_STEP_SUMMARY") and seen)
-            if pages or step_summary:
-                # what no task of this run touched shows as the last page showed it
-                unchanged = set(self.hidden).difference(self.report.modified)
-                untouched = {build.name for build in self.project.builds if unchanged.issuperset(cell_tasks(build))}
-                write_views(layout, self.project.builds, self.report.entries, self.report.entry_text, pages,
-                            step_summary, untouched, self.report.read_as)
-        except Exception as exc:  # noqa: BLE001 - any rendering error, reported with its type
-            self.write(f"warning: report.html / junit.xml not written: {type(exc).__name__}: {exc}\n")
-        try:  # a record that cannot be written makes the next run check, and possibly re-run, more: never wrong
-            self.project.configs.save()
-            if self.project.key and not (self.failures or self.runtime_errors) and set(self.started) <= {UNAVAILABLE}:
-                up_to_date = [name for name in self.uptodate if is_subtask(name)]
-                if self.record is not None:  # the files of those doit was not handed, as the record vouches
-                    for path in {path for name in self.hidden for path in self.record.tasks[name]}:
-                        # None (absent when recorded) stays None: Stamp.write then finds the file differs, no stamp
-                        saw(self.project.checked, path, cast("list[int]", self.record.files[path]))
-                skipped = self.project.skipped() if UNAVAILABLE in seen else {}
-                Stamp(layout).write(self.project.key, self.project.checked, self.project.looked_at, len(up_to_date),
-                                    skipped)
-            elif set(self.started) - {UNAVAILABLE}:  # what ran changed what the stamp watches: no next run reads
-                StateFolder(layout.state).drop(STAMP)  # it to find that out (45,000 identities at 10,000 targets)
-            if self.project.key and self.project.command != "list":
-                self._write_run_record()
-            if self.project.writable and set(self.started) - {UNAVAILABLE}:
-                # again at the end: a killed build's jobs may still have been writing into their folders when
-                # this run swept at its start
-                sweep([layout.scratch_root])
-        except OSError as exc:
-            self.write(f"warning: build state not saved ({exc.strerror or exc}: {exc.filename}); the next run "
-                       "re-checks the tasks\n")
+        RunEnd(self.project, self.report, self.write).commit(RunOutcome(
+            self.doit_tasks, self.selected, set(self.started), self.done, {r["task"].name for r in self.failures},
+            self.blocked, self.uptodate, self.hidden, self.record, self.looked_at, seen,
+            not (self.failures or self.runtime_errors)))
         line = self.report.summary(seen, set(self.started), set(self.project.stages))
         if line and self.failures:  # doit stops at the first failure: what it never reached is said, not silent
-            left = [name for name in _closure(self.doit_tasks, self.selected) if name not in seen]
+            left = [name for name in closure(self.doit_tasks, self.selected) if name not in seen]
             if left:
                 line += (f"; {len(left)} not attempted (the build stopped at the first failure: `--continue` builds "
                          "the rest)")
