@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -38,38 +39,45 @@ IMPORT = re.compile(r"^[ \t]*from[ \t]+(\.*)([\w.]*)[ \t]+import[ \t]+(\([^)]*\)
                     r"|^[ \t]*import[ \t]+(epbuild[\w.]*)", re.M)
 
 
-def _imported(path: Path) -> set[Path]:
-    """The package's modules `path` imports (any depth of `from .. import`, also inside functions)."""
-    found: set[Path] = set()
-    for dots, module, names, plain in IMPORT.findall(path.read_text(encoding="utf-8")):
+def _imported(path: str, files: frozenset[str]) -> set[str]:
+    """The package's modules `path` imports (any depth of `from .. import`, also inside functions), among `files`
+    (the package's, listed once: strings and a set, not a Path and a stat per candidate)."""
+    found: set[str] = set()
+    with open(path, encoding="utf-8") as handle:
+        text = handle.read()
+    for dots, module, names, plain in IMPORT.findall(text):
         if plain or (not dots and (module == "epbuild" or module.startswith("epbuild."))):
-            base, module = PACKAGE.parent, plain or module
+            base, module = str(PACKAGE.parent), plain or module
         elif dots:
-            base = path.parent
+            base = os.path.dirname(path)
             for _ in range(len(dots) - 1):
-                base = base.parent
+                base = os.path.dirname(base)
         else:
             continue
-        target = base.joinpath(*module.split(".")) if module else base
+        target = os.path.join(base, *module.split(".")) if module else base
         words = [name.split()[0] for name in re.sub(r"#[^\n]*", "", names).strip("()").split(",") if name.split()]
-        candidates = [target.with_suffix(".py"), target / "__init__.py", *(target / f"{w}.py" for w in words)]
-        found.update(c for c in candidates if c.is_file())
+        candidates = [f"{target}.py", os.path.join(target, "__init__.py"),
+                      *(os.path.join(target, f"{word}.py") for word in words)]
+        found.update(candidate for candidate in candidates if candidate in files)
     return found
 
 
 def digested_files() -> list[Path]:
     """The job modules, everything of the package they import, and the shim's C source: the epbuild code that can
     change what an artifact, stage output or validation report contains."""
-    todo = [PACKAGE / name for name in JOB_MODULES]
-    seen: set[Path] = set()
+    files = frozenset(os.path.join(folder, name) for folder, _, names in os.walk(PACKAGE)
+                      for name in names if name.endswith(".py"))
+    top = str(PACKAGE.parent)
+    todo = [os.path.join(str(PACKAGE), *name.split("/")) for name in JOB_MODULES]
+    seen: set[str] = set()
     while todo:
         path = todo.pop()
         if path in seen:
             continue
         seen.add(path)
-        init = path.parent / "__init__.py"  # importing a module runs its package's __init__
-        todo.extend([*_imported(path), *([init] if init.is_file() and path.parent != PACKAGE.parent else [])])
-    return sorted(seen | {p for pattern in DATA_FILES for p in PACKAGE.glob(pattern)})
+        init = os.path.join(os.path.dirname(path), "__init__.py")  # importing a module runs its package's __init__
+        todo.extend([*_imported(path, files), *([init] if init in files and os.path.dirname(path) != top else [])])
+    return sorted({Path(path) for path in seen} | {p for pattern in DATA_FILES for p in PACKAGE.glob(pattern)})
 
 
 @functools.cache

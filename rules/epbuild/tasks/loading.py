@@ -79,8 +79,10 @@ def _load_project(manifest_path: Path, invocation: Invocation | list[str], early
     links = workspace.links
     links.early = early
     servers = start_fork_servers(manifest, layout, builds_here, provenance, links)
-    probe = start_probe(list(resolved.values()), layout, workspace, executor, servers)
     with contextlib.ExitStack() as stack:  # the probe's child ends with this run if it stops before the check
+        if servers:  # the report's templates compiled while this process waits for the servers it started
+            stack.enter_context(template_prepared_meanwhile())
+        probe = start_probe(list(resolved.values()), layout, workspace, executor, servers)
         if probe[0] is not None:
             stack.callback(probe[0].stop)
         index = ExternalDataIndex(layout.state, provenance, links)
@@ -210,8 +212,7 @@ def read_models(manifest: Manifest, layout: Layout, index: ExternalDataIndex, se
             prestart(links, first_build_servers(manifest, {name for m in models if m.path in changed
                                                            for name in m.targets}), expect)
         made = [p for p in (layout.scratch_root, *layout.scratch_root.parents) if not p.exists()]
-        with template_prepared_meanwhile() if servers else contextlib.nullcontext():
-            index.read(unread, reader, layout.scratch(f"read-models.{owner_tag()}"))
+        index.read(unread, reader, layout.scratch(f"read-models.{owner_tag()}"))
         for folder in made:  # the reading job's folders, empty again: a manifest refused next leaves nothing
             with contextlib.suppress(OSError):
                 folder.rmdir()
