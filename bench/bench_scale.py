@@ -190,6 +190,7 @@ def main() -> int:
     parser.add_argument("--keep", type=Path, help="keep the projects in this folder, reuse those found there")
     parser.add_argument("--against", action="append", default=[], help="LABEL=RULES_DIR of another checkout")
     parser.add_argument("--snakemake", default=shutil.which("snakemake"), help="the snakemake command (PATH's)")
+    parser.add_argument("--name", default=None, help="the results file's name (default: scale, scale-change)")
     parser.add_argument("--change-only", action="store_true",
                         help="only the run after one model changed, beside bare doit's no-op (scale-change.json)")
     arguments = parser.parse_args()
@@ -225,8 +226,9 @@ def main() -> int:
         print(f"growth {small} -> {large}: {json.dumps(growth)}")
         rows.append((f"growth {small} -> {large} targets (no-op full path, list full path, change overhead)",
                      f"{growth['noop_full_s']}x, {growth['list_full_s']}x, {growth['change_overhead_s']}x"))
-    save("scale", rows, {**{str(n): r for n, r in results.items()},
-                         **({"against": {str(n): o for n, o in others.items()}} if arguments.against else {})})
+    save(arguments.name or "scale", rows, {**{str(n): r for n, r in results.items()},
+                                           **({"against": {str(n): o for n, o in others.items()}}
+                                              if arguments.against else {})})
     return 0
 
 
@@ -241,7 +243,7 @@ def change_only(arguments: argparse.Namespace) -> int:
                 shutil.rmtree(top, ignore_errors=True)
             print(f"N={n}: {json.dumps(every)}", flush=True)
             rows.extend(change_rows(n, every))
-    save("scale-change", rows, results)
+    save(arguments.name or "scale-change", rows, results)
     return 0
 
 

@@ -18,7 +18,7 @@ import pytest
 from conftest import REPO, SOURCE, build_report, clone, ran
 from epbuild.errors import BuildError
 from epbuild.steps import vendor_shim
-from epbuild.worker import _check_versions, relocate
+from epbuild.steps.remote_job import _check_versions, relocate
 from helpers import TWO_MODELS_CPU_QNN, single_op_model, tree_bytes
 
 MANIFEST = TWO_MODELS_CPU_QNN + """

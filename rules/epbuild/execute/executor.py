@@ -1,36 +1,41 @@
 """Running compiles, stages and validations on a Dask cluster while doit stays the coordinator.
 
 With `EPBUILD_EXECUTOR=tcp://scheduler:8786` (or `[executor] scheduler`), the step that produces an output (a
-cache miss) becomes a Dask task (`epbuild.worker.run_job`) with resources derived from its target, so it runs only
-on a worker whose host has the EP or toolchain and the exact package versions of the fingerprint. Inputs travel
-by content; outputs come back by content and are verified and published by the coordinator exactly as a local
-compile's. Cache lookups, locks and publishing stay here. `distributed` is imported only when an executor is set.
+cache miss) becomes a Dask task with resources derived from its target, so it runs only on a worker whose host has
+the EP or toolchain and the exact package versions of the fingerprint. Inputs travel by content; outputs come back
+by content and are verified and published by the coordinator exactly as a local compile's. Cache lookups, locks
+and publishing stay with the caller. `distributed` is imported only when an executor is set.
+
+What a job needs of its build is narrow and declared here: a `JobContext` (settings, project layout, links, code
+digest, remote URL), an `OutputCache` for a worker's upload (the build's caches provide it), and the `entry` the
+job runs on the worker (`steps.remote_job.run_job`, handed down by the steps that call this: pickled by its name,
+never imported here).
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib
 import os
 import pickle
 import platform
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import CancelledError
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
 from ..errors import BuildError, UserError
+from ..files.layout import Layout
 from ..records import record
+from .links import Links
 
 if TYPE_CHECKING:
     from ..manifest.builds import Build
     from ..manifest.stage import Stage
-    from ..store.cache import Workspace
-    from .links import Links
 
 RESULT_CAP = 1 << 30  # bytes of outputs one Dask result may carry
 OUTSIDE = "_outside"  # where files from outside the coordinator's project land on a worker
@@ -43,6 +48,28 @@ class ExecutorSettings:
 
     address: str  # tcp://host:port of the Dask scheduler
     wait_s: float  # how long a job may wait for a worker that can run it
+
+
+@record
+class JobContext:
+    """What running one job on the cluster needs of its build, and nothing more."""
+
+    settings: ExecutorSettings
+    layout: Layout  # the project's artifacts: its root is where inputs are relative to, its logs where logs land
+    links: Links  # the build's Dask client (`execute.links`)
+    code: str  # the build's code digest: a worker running other epbuild code refuses the job
+    remote_url: str | None  # outputs travel through this remote cache, when there is one
+
+
+class OutputCache(Protocol):
+    """What a job needs of the build's caches (`store.cache.Workspace` provides it): the outputs a worker uploaded
+    under `fingerprint`, brought through the remote and the local cache into `scratch`, verified on the way;
+    the bytes downloaded, or None when they could not be."""
+
+    def fetch_into(self, fingerprint: str, scratch: Path, task: str) -> int | None: ...
+
+
+Entry = Callable[[dict[str, Any]], dict[str, Any]]  # what a job runs on the worker (`steps.remote_job.run_job`)
 
 
 def executor_settings(scheduler: str | None, wait_s: float) -> ExecutorSettings | None:
@@ -113,19 +140,14 @@ def stage_resources() -> dict[str, int]:
 
 
 class Job:
-    """Unpickles (on the worker) into the result of `epbuild.worker.run_job(job)`."""
+    """Unpickles (on the worker) into the result of `entry(job)`: pickle names the entry by its module and name,
+    which the worker imports."""
 
-    def __init__(self, job: dict[str, Any]):
-        self.job = job
+    def __init__(self, job: dict[str, Any], entry: Entry):
+        self.job, self.entry = job, entry
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return _on_the_worker, (self.job,)
-
-
-def _on_the_worker(job: dict[str, Any]) -> dict[str, Any]:
-    """What a `Job` unpickles into: the worker's side (`epbuild.worker`, which runs the steps) is imported there, by
-    its name, and never by the coordinator's side here."""
-    return importlib.import_module("epbuild.worker").run_job(job)
+        return self.entry, (self.job,)
 
 
 def _relative(path: Path, root: Path) -> str:
@@ -160,20 +182,19 @@ def _keep_logs(logs: dict[str, bytes], folder: Path) -> None:
             path.write_bytes(data)
 
 
-def _run(workspace: Workspace, kind: str, task: str, what: Any, inputs: list[Path], needs: dict[str, int],
-         through: dict[str, Any] | None = None) -> dict[str, Any]:
+def _run(context: JobContext, entry: Entry, kind: str, task: str, what: Any, inputs: list[Path],
+         needs: dict[str, int], through: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run one job; `through` (remote URL, fingerprint, identity) sends its outputs through the remote cache."""
     from distributed.scheduler import KilledWorker
 
-    settings, root = workspace.executor, workspace.project_root
-    assert settings is not None
-    client = _client(workspace.links, settings)
+    settings, root = context.settings, context.layout.root.parent
+    client = _client(context.links, settings)
     _wait_for_worker(client, needs, settings, task)
     files = {_relative(path, root): path.read_bytes() for path in dict.fromkeys(inputs)}
     job = {"kind": kind, "task": task, "what": what, "root": str(root), "files": files, "resources": needs,
-           "result_cap": RESULT_CAP, "code": workspace.provenance.code, **(through or {})}
+           "result_cap": RESULT_CAP, "code": context.code, **(through or {})}
     # The scheduler unpickles what it is given; as bytes for pickle.loads, the job needs no `rules` there.
-    future = client.submit(pickle.loads, pickle.dumps(Job(job)), resources=needs, pure=False,
+    future = client.submit(pickle.loads, pickle.dumps(Job(job, entry)), resources=needs, pure=False,
                            key=f"{task}-{uuid.uuid4().hex[:8]}")
     try:
         while True:
@@ -193,7 +214,7 @@ def _run(workspace: Workspace, kind: str, task: str, what: Any, inputs: list[Pat
     finally:
         with contextlib.suppress(Exception):  # nothing to release with a scheduler gone
             future.release()
-    _keep_logs(result.get("logs", {}), workspace.layout.logs)
+    _keep_logs(result.get("logs", {}), context.layout.logs)
     if "error" in result:
         raise BuildError(f"{result['error']} (on Dask worker {result['worker']})")
     for name, data in result["files"].items():
@@ -202,13 +223,12 @@ def _run(workspace: Workspace, kind: str, task: str, what: Any, inputs: list[Pat
     return result
 
 
-def _write(result: dict[str, Any], scratch: Path, workspace: Workspace, fingerprint: str, task: str) -> int:
+def _write(result: dict[str, Any], scratch: Path, cache: OutputCache, fingerprint: str, task: str) -> int:
     """The outputs into `scratch`: from the result, or (uploaded by the worker) through the remote and the local
     cache, verified on the way like any remote hit; bytes downloaded from the remote."""
     if result.get("via_remote"):
-        remote = workspace.remote
-        downloaded = remote.fetch(fingerprint, workspace.cache, task) if remote else None
-        if downloaded is None or workspace.cache.restore(fingerprint, scratch) is None:
+        downloaded = cache.fetch_into(fingerprint, scratch, task)
+        if downloaded is None:
             raise BuildError(f"{task}: worker {result['worker']} uploaded the outputs, but they could not be "
                              "fetched from the remote cache")
         return downloaded
@@ -218,41 +238,43 @@ def _write(result: dict[str, Any], scratch: Path, workspace: Workspace, fingerpr
     return 0
 
 
-def _through(workspace: Workspace, fingerprint: str, identity: dict[str, Any]) -> dict[str, Any] | None:
-    if workspace.remote_url is None:
+def _through(context: JobContext, fingerprint: str, identity: dict[str, Any]) -> dict[str, Any] | None:
+    if context.remote_url is None:
         return None
-    return {"remote": workspace.remote_url, "fingerprint": fingerprint, "identity": identity}
+    return {"remote": context.remote_url, "fingerprint": fingerprint, "identity": identity}
 
 
-def run_build(build: Build, workspace: Workspace, scratch: Path, fingerprint: str, identity: dict[str, Any],
-              needs: dict[str, int]) -> dict[str, Any]:
+def run_build(build: Build, context: JobContext, cache: OutputCache, entry: Entry, scratch: Path, fingerprint: str,
+              identity: dict[str, Any], needs: dict[str, int]) -> dict[str, Any]:
     """Compile `build` on a worker that has `needs` into `scratch`; the child's `usage`, the `worker`'s name, bytes
     `downloaded`."""
-    result = _run(workspace, "compile", build.task, build, build.inputs, needs,
-                  _through(workspace, fingerprint, identity))
-    return {**result, "downloaded": _write(result, scratch, workspace, fingerprint, build.task)}
+    result = _run(context, entry, "compile", build.task, build, build.inputs, needs,
+                  _through(context, fingerprint, identity))
+    return {**result, "downloaded": _write(result, scratch, cache, fingerprint, build.task)}
 
 
-def run_stage(stage: Stage, workspace: Workspace, scratch: Path, fingerprint: str,
+def run_stage(stage: Stage, context: JobContext, cache: OutputCache, entry: Entry, scratch: Path, fingerprint: str,
               identity: dict[str, Any]) -> dict[str, Any]:
     """Run a stage on a worker into `scratch`; the child's `answer`, the `worker`'s name, bytes `downloaded`."""
-    result = _run(workspace, "stage", stage.task, stage, [stage.input, *stage.input_external, *stage.calibration],
-                  stage_resources(), _through(workspace, fingerprint, identity))
-    return {**result, "downloaded": _write(result, scratch, workspace, fingerprint, stage.task)}
+    result = _run(context, entry, "stage", stage.task, stage,
+                  [stage.input, *stage.input_external, *stage.calibration], stage_resources(),
+                  _through(context, fingerprint, identity))
+    return {**result, "downloaded": _write(result, scratch, cache, fingerprint, stage.task)}
 
 
-def run_validation(build: Build, workspace: Workspace, needs: dict[str, int]) -> dict[str, Any]:
+def run_validation(build: Build, context: JobContext, entry: Entry, needs: dict[str, int]) -> dict[str, Any]:
     """Validate the published artifact of `build` on a worker that has `needs`; its report."""
-    folder = build.out_dir(workspace.layout)
+    folder = build.out_dir(context.layout)
     artifact = [path for path in sorted(folder.rglob("*")) if path.is_file()]
     external = [p for m in build.members for p in m.external]
-    result = _run(workspace, "validate", build.validate_task, build,
+    result = _run(context, entry, "validate", build.validate_task, build,
                   [*artifact, *build.sources, *external, *build.validation_files, *build.target.option_files.values()],
                   needs)
     return {**result["report"], "worker": result["worker"]}
 
 
-def run_operator_list(build: Build, workspace: Workspace, needs: dict[str, int]) -> tuple[set[str], str]:
+def run_operator_list(build: Build, context: JobContext, entry: Entry,
+                      needs: dict[str, int]) -> tuple[set[str], str]:
     """The ONNX operators a worker's qaic-compile (one that has `needs`) supports, and its version, for `ops:`."""
-    result = _run(workspace, "ops", build.ops_task, build, [], needs)
+    result = _run(context, entry, "ops", build.ops_task, build, [], needs)
     return set(result["answer"]), result["version"]

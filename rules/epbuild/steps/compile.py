@@ -34,6 +34,7 @@ from .fingerprint import compile_fingerprint, target_identity
 from .graph import EP_CONTEXT, check_ep_contexts, dims, missing_files, names_read, placement, static_dims
 from .package import write_package, write_pipeline_package
 from .preprocess import always_written, external_output
+from .remote_job import run_job
 from .shared_context import SHARED_SESSION, loading_contract
 from .worker_needs import target_resources
 
@@ -76,7 +77,8 @@ def compile_build(build: Build, workspace: Workspace) -> Compiled:
     def produce(scratch: Path) -> None:
         if workspace.executor:
             needs = target_resources(build.target, workspace.provenance)
-            ran.update(run_build(build, workspace, scratch, fingerprint, identity, needs))
+            ran.update(run_build(build, workspace.job_context(), workspace, run_job, scratch, fingerprint, identity,
+                                 needs))
             usage.update(ran["usage"])
         else:
             usage.update(compiler(build.target).produce(build, workspace, scratch) or {})

@@ -27,6 +27,7 @@ from .expected_peak import stage_limits
 from .fingerprint import stage_config, stage_fingerprint
 from .folding import fold_constants, into_bodies
 from .graph import check_input_names, clear_placeholder_dims, dims, missing_files, refuse_zero_size, true_inputs
+from .remote_job import run_job
 from .upgrade import upgrade
 from .validation_inputs import read_npz
 
@@ -394,7 +395,8 @@ def run_stage(stage: Stage, workspace: Workspace) -> tuple[Outcome, float, list[
 
     def produce(scratch: Path) -> None:
         if workspace.executor:
-            answer.update(run_stage_remotely(stage, workspace, scratch, fingerprint, config))
+            answer.update(run_stage_remotely(stage, workspace.job_context(), workspace, run_job, scratch, fingerprint,
+                                             config))
         else:
             answer["answer"] = produce_stage(stage, workspace, scratch)
 

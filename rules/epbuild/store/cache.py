@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..contracts.task_result import recorded_peaks
 from ..errors import BuildError, UserError
+from ..execute.executor import JobContext
 from ..execute.links import Links
 from ..execute.provenance import Provenance
 from ..files.hashing import changed_inputs
@@ -316,6 +317,20 @@ class Workspace:
 
         return connect(self.links, self.remote_url, self.remote_budget_s, self.remote_timeout_s,
                        self.said("remote-cache"))
+
+    def job_context(self) -> JobContext:
+        """What a job on the cluster needs of this build (`execute.executor`): no more than that."""
+        assert self.executor is not None, "only a build with an executor sends jobs to a cluster"
+        return JobContext(self.executor, self.layout, self.links, self.provenance.code, self.remote_url)
+
+    def fetch_into(self, fingerprint: str, scratch: Path, task: str) -> int | None:
+        """`execute.executor.OutputCache`: a worker's upload through the remote and the local cache into
+        `scratch`, verified on the way; the bytes downloaded, None when it could not be fetched."""
+        remote = self.remote
+        downloaded = remote.fetch(fingerprint, self.cache, task) if remote else None
+        if downloaded is None or self.cache.restore(fingerprint, scratch) is None:
+            return None
+        return downloaded
 
 
 @record

@@ -32,6 +32,7 @@ from ..steps.model_package import fingerprint as package_fingerprint
 from ..steps.package import pipeline_files
 from ..steps.preprocess import run_stage
 from ..steps.reduce import reduce_failure, reducible
+from ..steps.remote_job import run_job
 from ..steps.repro import write_repro
 from ..steps.toolchains import check_operators, find_qaic, supported_operators
 from ..steps.validate import REPORT, cached_validation, summary, validate
@@ -142,7 +143,8 @@ def run_validate(build: Build, workspace: Workspace, config: dict[str, Any]) -> 
 
         def produce(workdir: Path) -> dict[str, Any]:
             if workspace.executor:
-                return run_validation(build, workspace, target_resources(build.target, workspace.provenance))
+                return run_validation(build, workspace.job_context(), run_job,
+                                      target_resources(build.target, workspace.provenance))
             return validate(build, workspace, workdir)
 
         report, outcome, written = cached_validation(build.validate_task, fingerprint, workspace, folder, produce,
@@ -181,7 +183,7 @@ def run_ops(build: Build, workspace: Workspace, report: Path) -> TaskFailed | No
     try:
         if workspace.executor:
             needs = target_resources(build.target, workspace.provenance)
-            supported, version = run_operator_list(build, workspace, needs)
+            supported, version = run_operator_list(build, workspace.job_context(), run_job, needs)
         else:
             found = find_qaic(build.target.sdk_root)
             if isinstance(found, str):
