@@ -7,27 +7,22 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from ..errors import ModelError, located
 from ..execute.child import run_child, serve
-from ..execute.executor import run_stage as run_stage_remotely
 from ..execute.fork_server import SHAPE_STAGE
 from ..execute.forked_jobs import Handoff
-from ..files.hashing import snapshot
 from ..files.layout import STAGES
 from ..files.publish import discard
 from ..files.weights import load_with_weights, read_weights_from
 from ..manifest.stage import PROTOBUF_LIMIT, Stage
-from ..store.cache import Outcome, Workspace, cached_folder, with_download
+from ..store.cache import Workspace
 from .diagnosis import PATTERNS, REWRITES
 from .expected_peak import stage_limits
-from .fingerprint import stage_config, stage_fingerprint
 from .folding import fold_constants, into_bodies
 from .graph import check_input_names, clear_placeholder_dims, dims, missing_files, refuse_zero_size, true_inputs
-from .remote_job import run_job
 from .upgrade import upgrade
 from .validation_inputs import read_npz
 
@@ -381,30 +376,6 @@ def produce_stage(stage: Stage, workspace: Workspace, scratch: Path) -> dict[str
                          links=workspace.links)
     finally:
         discard(workdir)
-
-
-def run_stage(stage: Stage, workspace: Workspace) -> tuple[Outcome, float, list[str], str | None,
-                                                           dict[str, float] | None]:
-    """Produce (or restore) the stage's output, atomically; (where from, seconds, tensors left dynamic, the Dask
-    worker that produced it, the child's usage: seconds and peak memory, None when restored)."""
-    started = time.monotonic()
-    inputs = snapshot([stage.input, *stage.input_external, *stage.calibration])
-    fingerprint = stage_fingerprint(stage, workspace.hashes, workspace.provenance)
-    answer: dict[str, Any] = {}
-    config = stage_config(stage, workspace.provenance)
-
-    def produce(scratch: Path) -> None:
-        if workspace.executor:
-            answer.update(run_stage_remotely(stage, workspace.job_context(), workspace, run_job, scratch, fingerprint,
-                                             config))
-        else:
-            answer["answer"] = produce_stage(stage, workspace, scratch)
-
-    outcome = cached_folder(stage.task, fingerprint, workspace, stage.output.parent,
-                            sorted(p.name for p in stage.outputs), produce, config, inputs)
-    child = answer.get("answer", {})
-    return (with_download(outcome, answer), time.monotonic() - started, child.get("dynamic", []),
-            answer.get("worker"), child.get("usage"))
 
 
 def main(handoff: Handoff | None = None) -> None:

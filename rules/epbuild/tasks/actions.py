@@ -30,7 +30,7 @@ from ..steps.fleet import chip, listed_socs
 from ..steps.model_package import assemble, check_package, manifest_files, manifest_text, unvalidated
 from ..steps.model_package import fingerprint as package_fingerprint
 from ..steps.package import pipeline_files
-from ..steps.preprocess import run_stage
+from ..steps.stage_run import run_stage
 from ..steps.reduce import reduce_failure, reducible
 from ..steps.remote_job import run_job
 from ..steps.repro import write_repro
