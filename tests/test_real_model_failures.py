@@ -34,8 +34,8 @@ def test_legacy_broadcast_is_converted_to_what_it_means(tmp_path):
     other values. The stage writes the alignment itself; the result equals the network written at opset 11."""
     import onnxruntime as ort
 
-    from epbuild.steps.preprocess import save
-    from epbuild.steps.upgrade import upgrade
+    from epbuild.steps.stages.output import save
+    from epbuild.steps.stages.upgrade import upgrade
 
     legacy_broadcast(tmp_path / "old.onnx")
     same_network_at_opset_11(tmp_path / "new.onnx")

@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 from conftest import ran
 from epbuild.errors import ModelError, UserError
 from epbuild.manifest.parse import load
-from epbuild.steps.preprocess import squash
+from epbuild.steps.stages.squash import squash
 
 TARGETS = """
 [targets.qnn-htp]
@@ -250,3 +250,12 @@ def test_a_stage_after_shape_or_fold_is_its_own_task_beside_the_same_kind_of_a_c
 
     assert batch("squash").dim_param == "batch" and batch("squash+fold").dim_value == 1  # each its chain's input
     assert report(project, "cpu", "dynbatch")["status"] == report(project, "qnn-htp", "dynbatch")["status"] == "passed"
+
+
+def test_every_stage_kind_runs_in_its_own_module():
+    """One module per stage kind (`steps.stages`): the child dispatches every kind a plan can make to its `run`."""
+    from epbuild.manifest.stage import StageKind
+    from epbuild.steps.stages import RUNNERS
+
+    assert set(RUNNERS) == {kind.value for kind in StageKind}
+    assert all(runner.__module__ == f"epbuild.steps.stages.{kind}" for kind, runner in RUNNERS.items())

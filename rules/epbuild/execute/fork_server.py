@@ -77,7 +77,7 @@ LOAD_TIME_PREFIXES = ("ORT_", "OV_", "OPENVINO", "QNN_", "ADSP_", "LD_", "OMP_",
 # later and every forked child's inherited heap larger.
 PRELOAD = ("numpy", "numpy.random", "onnx", "onnx.shape_inference", "onnxruntime", "epbuild.steps.compile",
            "epbuild.steps.validate", "epbuild.steps.preprocess")
-SERVER_PRELOAD = {SHAPE_STAGE: [("epbuild.steps.preprocess", "shape_tools")]}  # one server's calls after PRELOAD
+SERVER_PRELOAD = {SHAPE_STAGE: [("epbuild.steps.stages.shape", "shape_tools")]}  # one server's calls after PRELOAD
 
 
 def enabled() -> bool:

@@ -7,7 +7,7 @@ A model's chain: `freeze` (when the model says `freeze`: configuration inputs be
 optimization folds the branches they select), `rewrite` (when the model says `rewrite`: `steps.diagnosis`'s graph
 rewrites, such as RMSNorm's rsqrt as a division), `upgrade` (for targets whose EP takes no model below some ai.onnx
 opset, QNN's 7, when the model is below it and does not say `upgrade = false`: ONNX's version converter,
-`steps.upgrade`), `shape` (for targets whose EP needs static shapes, and when
+`steps.stages.upgrade`), `shape` (for targets whose EP needs static shapes, and when
 `inputs` is given and a later stage rewrites the model, unless every shape of the model is already static and
 ONNX's inference agrees: the inputs fixed in the file, -1 and unnamed dimensions included, then shape inference so
 intermediate tensors are static too; exporters leave shapes computed at run time,

@@ -33,9 +33,9 @@ from .diagnosis import OLD_OPSET, WRITER_FAULT, compile_hints, input_branches, p
 from .fingerprint import compile_fingerprint, target_identity
 from .graph import EP_CONTEXT, check_ep_contexts, dims, missing_files, names_read, placement, static_dims
 from .package import write_package, write_pipeline_package
-from .preprocess import always_written, external_output
 from .remote_job import run_job
 from .shared_context import SHARED_SESSION, loading_contract
+from .stages.output import always_written, external_output
 from .worker_needs import target_resources
 
 CPU_LEVELS = {"basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}

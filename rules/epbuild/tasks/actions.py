@@ -30,10 +30,10 @@ from ..steps.fleet import chip, listed_socs
 from ..steps.model_package import assemble, check_package, manifest_files, manifest_text, unvalidated
 from ..steps.model_package import fingerprint as package_fingerprint
 from ..steps.package import pipeline_files
-from ..steps.stage_run import run_stage
 from ..steps.reduce import reduce_failure, reducible
 from ..steps.remote_job import run_job
 from ..steps.repro import write_repro
+from ..steps.stage_run import run_stage
 from ..steps.toolchains import check_operators, find_qaic, supported_operators
 from ..steps.validate import REPORT, cached_validation, summary, validate
 from ..steps.worker_needs import target_resources

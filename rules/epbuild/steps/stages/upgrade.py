@@ -9,9 +9,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ..errors import ModelError
-from ..files.weights import load_with_weights
-from .graph import graphs_within
+from ...errors import ModelError
+from ...files.weights import load_with_weights
+from ..graph import graphs_within
+from .job import StageJob
+from .output import save
 
 # the converter's assertions carry a source location and a printf format it never filled in
 _LOCATION = re.compile(r"^\S+\.(cc|h):\d+: \S+: Assertion `.*?` failed: ")
@@ -109,3 +111,7 @@ def _align_legacy_broadcast(model: Any, entry: str) -> None:
         if len(nodes) > len(graph.node):
             del graph.node[:]
             graph.node.extend(nodes)
+
+
+def run(job: StageJob) -> dict[str, Any]:
+    return upgrade(job.source, job.output, job.settings["opset"], job.weights_folder, save, job.data_file, job.entry)
