@@ -75,8 +75,12 @@ LOAD_TIME_PREFIXES = ("ORT_", "OV_", "OPENVINO", "QNN_", "ADSP_", "LD_", "OMP_",
 # numpy.random: numpy imports it lazily, and every validation child needs it. Not onnxruntime.quantization: only
 # quantize stages use it (~50 ms of a stage that calibrates for seconds), and it made every server start ~30 ms
 # later and every forked child's inherited heap larger.
-PRELOAD = ("numpy", "numpy.random", "onnx", "onnx.shape_inference", "onnxruntime", "epbuild.steps.compile",
-           "epbuild.steps.validate", "epbuild.steps.preprocess")
+PRELOAD = ("numpy", "numpy.random", "onnx", "onnx.shape_inference", "onnxruntime")
+# epbuild's job modules: imported once the server serves and is idle (no request for IDLE_PRELOAD_S, no forked job
+# running), so that a first build's host probe and model reading (which need none of them) are not kept waiting;
+# every job forked after that has them loaded, one forked before imports what it needs itself
+IDLE_PRELOAD = ("epbuild.steps.compile", "epbuild.steps.validate", "epbuild.steps.preprocess")
+IDLE_PRELOAD_S = 0.005
 SERVER_PRELOAD = {SHAPE_STAGE: [("epbuild.steps.stages.shape", "shape_tools")]}  # one server's calls after PRELOAD
 
 
@@ -442,9 +446,20 @@ def serve(path: Path, alias: str, preloaded: bool = False) -> None:
         return worker.pid
 
     last_job = time.monotonic()
+    deferred = [module for module in IDLE_PRELOAD if module not in sys.modules]  # a candidate may have them
     while True:
         leased: list[Any] = [w.control for w in workers.values() if w.client]
-        readable = select.select([listener, wake[0], *leased], [], [], 0.2)[0]
+        readable = select.select([listener, wake[0], *leased], [], [], IDLE_PRELOAD_S if deferred else 0.2)[0]
+        if deferred and not readable and not jobs:  # idle, no forked job (a host probe) running beside it
+            for module in deferred:
+                importlib.import_module(module)
+            deferred = []
+            if _threads() > baseline:  # an import that started a thread: no fork after it; the socket goes, the
+                # server leaves once its jobs end, and the next build's jobs start another
+                print(f"refused: importing {', '.join(IDLE_PRELOAD)} started {_threads() - baseline} thread(s)",
+                      flush=True)
+                path.unlink(missing_ok=True)
+            continue
         # a job never outlives its build: the process that asked for it gone (killed, crashed) ends its forked job
         # and its warm worker (a pid and its start time: a reused pid is another process)
         for guard in [*guards.values(), *(w.guard for w in workers.values() if w.guard)]:
@@ -509,6 +524,9 @@ def candidate() -> None:
     os.setsid()
     for module in PRELOAD:
         importlib.import_module(module)
+    if not select.select([sys.stdin], [], [], IDLE_PRELOAD_S)[0]:  # not adopted yet: the job modules meanwhile
+        for module in IDLE_PRELOAD:
+            importlib.import_module(module)
     line = sys.stdin.readline()
     if not line.strip():
         os._exit(0)
