@@ -58,7 +58,8 @@ def built(kind: str, precision: str, folder: Path) -> Path:
 
 def genai_tokens(folder: Path, prompt: list[int], count: int) -> list[int]:
     """onnxruntime-genai's own greedy decoding of `folder` (in a child process)."""
-    code = ("import json, pathlib, onnxruntime_genai as og; from epbuild.steps.pipeline_checks import genai_greedy; "
+    code = ("import json, pathlib, onnxruntime_genai as og; "
+            "from epbuild.steps.validation.pipeline_checks import genai_greedy; "
             f"print(json.dumps(genai_greedy(og, pathlib.Path({str(folder)!r}), {prompt!r}, {count})))")
     return json.loads(_in_child(code).strip().splitlines()[-1])
 
@@ -67,7 +68,8 @@ def genai_folder_check(folder: Path, prompt: list[int], tokens: list[int]) -> di
     """`pipeline_checks.genai_folder_run` on an OpenVINO group's folder (in a child process, the vendor-id shim
     prepared where the host needs it)."""
     code = ("import json, pathlib, tempfile; from epbuild.steps import vendor_shim; "
-            "from epbuild.manifest.eps import lookup; from epbuild.steps.pipeline_checks import genai_folder_run; "
+            "from epbuild.manifest.eps import lookup; "
+            "from epbuild.steps.validation.pipeline_checks import genai_folder_run; "
             "vendor_shim.prepare(pathlib.Path(tempfile.mkdtemp())); "
             f"print(json.dumps(genai_folder_run(lookup('openvino'), pathlib.Path({str(folder)!r}), "
             f"{{'prompt': {prompt!r}, 'tokens': {tokens!r}}}, None)))")

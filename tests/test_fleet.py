@@ -94,7 +94,7 @@ def test_a_soc_that_does_not_pass_fails_the_target(fleet):
 
 
 def test_the_verdict_counts_a_soc_as_passed_only_when_it_passed(tmp_path):
-    from epbuild.steps.fleet import fleet_verdict
+    from epbuild.steps.validation.fleet import fleet_verdict
 
     class Target:
         socs = ("57", "60", "69")
@@ -172,7 +172,7 @@ def _deploy_python() -> str | None:
     python3.12 exists), else none."""
     import os
 
-    from epbuild.steps.soc_pruning import _probe
+    from epbuild.steps.toolchain.soc_pruning import _probe
 
     python = os.environ.get("EPBUILD_QNN_DEPLOY_PYTHON")
     return python if python and isinstance(_probe(python), dict) else None
@@ -215,7 +215,7 @@ def test_ship_socs_prunes_the_binary_and_judges_what_it_holds(fleet):
 
 
 def test_a_multi_soc_compatibility_string_is_one_string_per_soc():
-    from epbuild.steps.fleet import soc_strings
+    from epbuild.steps.validation.fleet import soc_strings
 
     assert soc_strings("v2:6:2.51.0:5.51.0:73,75,79:60,57,69:4,4,8:0") == {
         "60": "v2:6:2.51.0:5.51.0:73:60:4:0", "57": "v2:6:2.51.0:5.51.0:75:57:4:0",

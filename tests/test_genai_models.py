@@ -103,8 +103,8 @@ def test_the_pipeline_decodes_as_onnxruntime_genai_does(project, builder_output)
     and genai's generator. A sliding window on these graphs departs from the growing-cache run."""
     import numpy as np
 
-    from epbuild.steps.pipeline import SLIDING, cpu_run
-    from epbuild.steps.pipeline_checks import growing_run
+    from epbuild.steps.validation.pipeline import SLIDING, cpu_run
+    from epbuild.steps.validation.pipeline_checks import growing_run
 
     _with_model(project, builder_output["llama"])
     project.manifest(VARIANTS)

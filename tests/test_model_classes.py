@@ -125,7 +125,7 @@ def test_an_optimized_ir3_model_never_asks_for_a_weight_it_listed_as_input(tmp_p
     from onnx import numpy_helper
 
     from epbuild.steps.compile import _settle_listed_weights
-    from epbuild.steps.validation_inputs import feeds_for, listed_weights
+    from epbuild.steps.validation.validation_inputs import feeds_for, listed_weights
 
     source = old_ir_shape_inputs(tmp_path / "caffe2.onnx")
     artifact = onnx.load(str(source))

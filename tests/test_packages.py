@@ -193,7 +193,7 @@ def test_onnx_runtime_selecting_another_variant_fails_the_check(tmp_path):
     """Two variants for one EP: ONNX Runtime takes the first; the check of the second says so in one line."""
     import onnxruntime as ort
 
-    from epbuild.steps.artifact_session import _through_package
+    from epbuild.steps.validation.artifact_session import _through_package
     from helpers import single_op_model
 
     for variant in ("a", "b"):

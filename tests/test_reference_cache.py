@@ -12,7 +12,7 @@ import onnx
 from test_trust import external_data_model
 
 from conftest import build_report, ran
-from epbuild.steps.reference import NO_TIME, REFERENCE_FILE, load_reference, save_reference
+from epbuild.steps.validation.reference import NO_TIME, REFERENCE_FILE, load_reference, save_reference
 from helpers import TINYCNN_CPU_QNN, perturb_weights
 
 TWO_TARGETS = TINYCNN_CPU_QNN

@@ -12,8 +12,8 @@ import onnx
 import pytest
 
 from conftest import build_report
-from epbuild.steps.comparison import DEFAULT_THRESHOLDS, compare_outputs
-from epbuild.steps.selection import Selected, selected_outputs
+from epbuild.steps.validation.comparison import DEFAULT_THRESHOLDS, compare_outputs
+from epbuild.steps.validation.selection import Selected, selected_outputs
 from real_models import topk_detector
 
 TOPK = Selected("TopK", "indices", False, 30)

@@ -181,7 +181,7 @@ def test_agreement_without_labels_and_a_metric_from_the_project(project, digits)
 
 
 def test_builtin_metrics_count_what_they_say():
-    from epbuild.steps.task_metrics import builtin_score
+    from epbuild.steps.validation.task_metrics import builtin_score
 
     logits = np.array([[0.1, 0.9, 0.0], [0.8, 0.1, 0.1], [0.2, 0.3, 0.5], [0.6, 0.3, 0.1]], np.float32)
     labels = np.array([1, 0, 0, 1])
@@ -251,7 +251,7 @@ def test_a_task_metric_the_model_cannot_take_is_one_line_naming_the_key(project,
 
 def test_samples_that_would_outlast_the_time_limit_are_said_with_how_many_fit(tmp_path):
     from epbuild.errors import ModelError
-    from epbuild.steps.task_metrics import evaluate
+    from epbuild.steps.validation.task_metrics import evaluate
 
     class Value:
         def __init__(self, name, shape):

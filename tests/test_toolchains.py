@@ -15,7 +15,7 @@ from epbuild.errors import UserError
 from epbuild.manifest.parse import TableReader, load
 from epbuild.manifest.qaic import QaicOptions, check_qaic
 from epbuild.plan.targets import plan
-from epbuild.steps.toolchains import qaic_command
+from epbuild.steps.toolchain.toolchains import qaic_command
 from helpers import ep_context_nodes
 
 STANDINS = REPO / "tests" / "standins"

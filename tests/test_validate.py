@@ -306,7 +306,7 @@ def test_a_reference_the_cpu_cannot_run_is_named_and_not_blamed_on_the_ep(tmp_pa
 def test_a_large_models_reference_runs_in_a_child_of_its_own_with_the_same_result(project, monkeypatch):
     """Past SEPARATE_REFERENCE_BYTES the CPU reference runs in a first child that ends before the artifact's starts
     (never both in memory); the report is the one a single child gives."""
-    import epbuild.steps.cached_reference as cached_reference
+    import epbuild.steps.validation.cached_reference as cached_reference
 
     project.manifest('[models.encoder]\npath = "models/encoder.onnx"\n[targets.cpu]\nep = "cpu"\n')
     project.doit()

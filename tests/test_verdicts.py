@@ -20,7 +20,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from conftest import build_report
-from epbuild.steps.comparison import check, compare
+from epbuild.steps.validation.comparison import check, compare
 from helpers import WAIT_S, slow_model
 
 THRESHOLDS = {"min_snr_db": 40.0, "min_cosine": 0.9999}

@@ -33,7 +33,7 @@ def host_resources(state_dir: Path, shim: dict[str, str]) -> dict[str, int]:
     each device the EP offers here; `shim` is what `epbuild.steps.vendor_shim.prepare` answered on this host."""
     from .execute.host import capabilities, package_version, unavailable_reason
     from .manifest.eps import REGISTRY
-    from .steps.toolchains import Toolchain, find_qaic, find_qairt
+    from .steps.toolchain.toolchains import Toolchain, find_qaic, find_qairt
 
     caps = {**capabilities(state_dir), "vendor_shim": shim}
     names = {f"host:{platform.machine()}", cpu_class(), "ep:CPUExecutionProvider:cpu"}

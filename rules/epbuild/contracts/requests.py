@@ -33,7 +33,7 @@ class MemberResult(TypedDict, total=False):
     binaries: list[str]  # context binaries the compiled model references
     graphs: list[str]  # the EPContext nodes' names: the graph names a runtime (Genie) looks up in the binary
     compatibility: str  # the EP's compatibility string (onnxruntime's get_compatibility_info_from_model)
-    pruned: list[str]  # SoCs whose records `ship_socs` removed from a multi-SoC binary (`steps.soc_pruning`)
+    pruned: list[str]  # SoCs whose records `ship_socs` removed from a multi-SoC binary (`steps.toolchain.soc_pruning`)
 
 
 class CompileResult(TypedDict):
@@ -68,12 +68,12 @@ class MemberValidation(TypedDict):
     entry: str  # the model's manifest entry, for errors about its keys
     manifest: str
     target: str  # the target's name, for what a failure suggests
-    localise: bool  # on failed outputs, find where the EP departs (epbuild.steps.localise)
+    localise: bool  # on failed outputs, find where the EP departs (epbuild.steps.validation.localise)
     compile_options: dict[str, str]  # the EP's options as the compile had them, for localise's sessions
     localise_budget_s: float
     timeout_s: NotRequired[float]  # the validation's time limit: a task's samples must fit in it
     task: NotRequired[dict[str, Any]]  # a task metric on a dataset (`manifest.task_metric.task_settings`)
-    repeat_within_s: NotRequired[float]  # a first run at most this long is repeated (`steps.repeatability`)
+    repeat_within_s: NotRequired[float]  # a first run at most this long is repeated (`steps.validation.repeatability`)
     package: NotRequired[dict[str, str] | None]  # root, component, variant: the session through a model package
     foldable_on_cpu: NotRequired[dict[str, int]]  # op type -> nodes left on CPU that only compute constants
     share: NotRequired[bool]  # a member of a shared context, loaded as its loading contract says

@@ -59,7 +59,7 @@ class ResolvedTarget:
     warnings: tuple[tuple[str, str], ...] = ()  # (where, what): said once per run that reads the manifest
     socs: tuple[str, ...] = ()  # QNN's soc_model as a list: one multi-SoC binary (numbers, ascending)
     fleet: str | None = None  # one SoC of that target's list, compiled alone to be run (`plan.targets.each_soc`)
-    ship_socs: tuple[str, ...] = ()  # the SoCs the multi-SoC binary is pruned to (`steps.soc_pruning`)
+    ship_socs: tuple[str, ...] = ()  # the SoCs the multi-SoC binary is pruned to (`steps.toolchain.soc_pruning`)
 
     def limits(self, timeout_s: float | None = None) -> Limits:
         """The limits of this target's children: the compile's timeout unless another is given."""
@@ -105,9 +105,9 @@ class ValidationSettings:
     reference: Path | None
     thresholds: dict[str, float]  # only those the manifest sets; the rest default by precision
     timeout_s: float
-    localise: bool = False  # a failed validation finds where the EP departs from CPU (epbuild.steps.localise)
+    localise: bool = False  # a failed validation finds where the EP departs from CPU (steps.validation.localise)
     inconclusive: str = "report"  # "fail": a validation the thresholds could not judge fails its task
-    repeat_within_s: float = 30.0  # a first run at most this long is repeated (steps.repeatability: REPEAT_WITHIN_S)
+    repeat_within_s: float = 30.0  # a first run at most this long is repeated (steps.validation.repeatability)
     task: dict[str, Any] | None = None  # a task metric on a dataset (`manifest.task_metric.task_settings`)
 
     @property

@@ -1,5 +1,5 @@
 """The `qaic = {...}` table of a qaic-compile target, checked as declared: plain data for the plan and the adapter
-(`steps.toolchains`)."""
+(`steps.toolchain.toolchains`)."""
 
 from __future__ import annotations
 

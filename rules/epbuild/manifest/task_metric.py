@@ -1,6 +1,6 @@
 """A validation's task metric as the manifest declares it (`dataset`, `samples`, `metric`, `output` and a gate,
 `min_relative` or `max_drop`): the files it names, checked to exist inside the project, and what a build's
-validation receives. The metric itself runs in the validating child (`steps.task_metrics`)."""
+validation receives. The metric itself runs in the validating child (`steps.validation.task_metrics`)."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from ..manifest.builds import Build, package_task
 from ..manifest.parse import Manifest
 from ..records import record
 from ..steps.compilers import compiler
-from ..steps.model_package import UNDECLARED
+from ..steps.packaging.model_package import UNDECLARED
 
 
 @record

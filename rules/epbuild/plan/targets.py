@@ -21,7 +21,7 @@ from ..manifest.roots import Roots
 from ..manifest.schema import THRESHOLDS
 from ..manifest.task_metric import task_settings
 from ..steps.compilers import COMPILERS, Compiler
-from ..steps.package import genai_files, pipeline_files
+from ..steps.packaging.package import genai_files, pipeline_files
 from .stages import Chain, stage_chain
 
 CPU_DEFAULT_LEVEL = "extended"  # portable across CPUs; "all" adds layout transforms tied to this host's ISA

@@ -12,8 +12,8 @@ from ..contracts.artifact import OMIT, ArtifactRecord, read_artifact
 from ..errors import printable
 from ..manifest.builds import SIDECAR
 from ..manifest.eps import lookup
-from ..steps.compatibility import answer
-from ..steps.fleet import soc_answers, soc_strings
+from ..steps.validation.compatibility import answer
+from ..steps.validation.fleet import soc_answers, soc_strings
 
 
 def judge(ort: Any, record: ArtifactRecord) -> str:

@@ -45,7 +45,7 @@ def _inputs(session: Any, given: Path | None, recorded: dict[str, list[int]]) ->
     for it (`recorded`: the manifest's `inputs` a symbolic dimension was built with)."""
     import numpy as np
 
-    from ..steps.validation_inputs import SEED, dtype_of, read_npz
+    from ..steps.validation.validation_inputs import SEED, dtype_of, read_npz
 
     if given is not None:
         return read_npz(given, "--inputs")

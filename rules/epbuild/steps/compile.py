@@ -32,11 +32,11 @@ from .compilers import compiler
 from .diagnosis import OLD_OPSET, WRITER_FAULT, compile_hints, input_branches, plain_ep_error
 from .fingerprint import compile_fingerprint, target_identity
 from .graph import EP_CONTEXT, check_ep_contexts, dims, missing_files, names_read, placement, static_dims
-from .package import write_package, write_pipeline_package
+from .packaging.package import write_package, write_pipeline_package
+from .packaging.shared_context import SHARED_SESSION, loading_contract
 from .remote_job import run_job
-from .shared_context import SHARED_SESSION, loading_contract
 from .stages.output import always_written, external_output
-from .worker_needs import target_resources
+from .toolchain.worker_needs import target_resources
 
 CPU_LEVELS = {"basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
 
@@ -270,10 +270,11 @@ def _compile_for_ep(ort: Any, options: Any, member: CompileMember, request: Comp
 
 def _say_which_ops(ort: Any, device: Any, request: CompileRequest, model: Path) -> None:
     """ONNX Runtime's "Unable to compile any nodes" names nothing: ask the EP about each op type alone
-    (`steps.op_probe`) and fail with what it said; not for a model below the EP's opset (`diagnosis` says so)."""
+    (`steps.toolchain.op_probe`) and fail with what it said; not for a model below the EP's opset (`diagnosis` says
+    so)."""
     import onnx
 
-    from .op_probe import refused_line, refused_op_types
+    from .toolchain.op_probe import refused_line, refused_op_types
 
     opset = next((e.version for e in onnx.load(str(model), load_external_data=False).opset_import
                   if e.domain in ("", "ai.onnx")), None)
@@ -330,7 +331,7 @@ def _compile_in_child(request: CompileRequest) -> CompileResult:
         results[0]["pruned"] = pruned
     # a group's members load together once published (its loading contract places the weights its binaries refer
     # to; QNN's shared context crashes an x86 host); a multi-SoC binary loads on none of its SoCs' simulators (its
-    # validation runs each SoC compiled alone: steps.fleet)
+    # validation runs each SoC compiled alone: steps.validation.fleet)
     multi_soc = "," in request["options"].get("soc_model", "")
     if not info.is_cpu and not request["share"] and not multi_soc:
         for (member, _, _, _), result in zip(prepared, results, strict=True):
@@ -340,7 +341,7 @@ def _compile_in_child(request: CompileRequest) -> CompileResult:
 
 def _prune(request: CompileRequest, member: CompileMember) -> list[str]:
     """`ship_socs`: the multi-SoC binary beside the compiled model pruned to the SoCs shipped; the SoCs removed."""
-    from .soc_pruning import prune
+    from .toolchain.soc_pruning import prune
 
     output = Path(member["output"])
     binary = output.with_name(f"{output.stem}{known(request['ep']).binary_suffix}")

@@ -9,9 +9,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .comparison import DEFAULT_THRESHOLDS
 from .folding import read_in_bodies, read_only_inside
 from .graph import consumers, true_inputs
+from .validation.comparison import DEFAULT_THRESHOLDS
 
 QNN = "QNNExecutionProvider"
 FP16_MARGIN_DB = 12.0  # an fp16 SNR this close below the threshold reads as the HTP's fp16, not a broken graph
@@ -193,7 +193,7 @@ def _old_opset(model: Any, ep_name: str, entry: str) -> str | None:
     """The model's ai.onnx opset, when it is below what the EP takes (`EpInfo.min_opset`) or below ONNX Runtime's
     own kernels (7), as a hint; else None."""
     from ..manifest.eps import BY_NAME
-    from .reference import ORT_MIN_OPSET
+    from .validation.reference import ORT_MIN_OPSET
 
     opset = next((e.version for e in model.opset_import if e.domain in ("", "ai.onnx")), None)
     info = BY_NAME.get(ep_name)

@@ -30,8 +30,8 @@ from ..state.hash_memory import FileHashes
 from ..version import RULES_FORMAT
 from . import vendor_shim
 from .compilers import compiler
-from .package import GENAI_DISTRIBUTION as GENAI
-from .package import genai_files
+from .packaging.package import GENAI_DISTRIBUTION as GENAI
+from .packaging.package import genai_files
 
 
 @functools.cache

@@ -51,7 +51,7 @@ def _check_versions(job: dict[str, Any]) -> None:
     """Defence in depth behind routing: a package version that differs from the fingerprint's refuses the job."""
     from ..execute.host import package_version
     from ..execute.provenance import code_digest
-    from .toolchains import Toolchain, find_qaic, find_qairt
+    from .toolchain.toolchains import Toolchain, find_qaic, find_qairt
 
     if job.get("code") != code_digest():
         raise BuildError(f"{job['task']}: worker refused the job: it runs other epbuild code than the coordinator "
@@ -137,7 +137,7 @@ def _produce(job: dict[str, Any], what: Any, workspace: Workspace, scratch: Path
     from .compilers import compiler
     from .compilers.external import ExternalToolCompiler
     from .preprocess import produce_stage
-    from .toolchains import supported_operators
+    from .toolchain.toolchains import supported_operators
     from .validate import validate
 
     scratch.mkdir(parents=True)

@@ -31,30 +31,30 @@ from ..manifest.stage import Stage
 from ..store.cache import Cached, Outcome, Workspace, through_cache
 from ..store.task_configs import Published, published
 from ..version import RULES_FORMAT
-from .artifact_session import context_binaries, is_qdq, open_session, placement_failures, structural_problems
-from .cached_reference import run_against_reference, run_group_against_references, run_pipeline_against_cache
-from .comparison import DEFAULT_THRESHOLDS, compare, compare_outputs
-from .compatibility import answer
 from .compilers import compiler
 from .diagnosis import failure_hints, fp16_hint, openvino_16bit_line, sixteen_bit_qdq
 from .expected_peak import build_limits
-from .fleet import fleet_verdict
-from .fleet import summary as fleet_summary
-from .localise import localise
-from .localise import summary as localised
-from .package import GENAI_CONFIG
-from .pipeline import validate_pipeline
-from .pipeline_checks import genai_validation
-from .reference import (
+from .packaging.package import GENAI_CONFIG
+from .validation.artifact_session import context_binaries, is_qdq, open_session, placement_failures, structural_problems
+from .validation.cached_reference import run_against_reference, run_group_against_references, run_pipeline_against_cache
+from .validation.comparison import DEFAULT_THRESHOLDS, compare, compare_outputs
+from .validation.compatibility import answer
+from .validation.fleet import fleet_verdict
+from .validation.fleet import summary as fleet_summary
+from .validation.localise import localise
+from .validation.localise import summary as localised
+from .validation.pipeline import validate_pipeline
+from .validation.pipeline_checks import genai_validation
+from .validation.reference import (
     ReferenceUnusable,
     load_reference,
     reference_run,
     save_reference,
     session_options,
 )
-from .repeatability import REPEAT_WITHIN_S, repeatability
-from .selection import selected_outputs
-from .validation_inputs import SEED, feeds_for, listed_weights
+from .validation.repeatability import REPEAT_WITHIN_S, repeatability
+from .validation.selection import selected_outputs
+from .validation.validation_inputs import SEED, feeds_for, listed_weights
 
 STRUCTURAL_ONLY = ('validate = "structural": its files and EPContext attributes were checked, nothing was run, so '
                    "nothing it computes was judged")
@@ -262,7 +262,7 @@ def summary(report: dict[str, Any]) -> str:
     if "members" in report:
         return "; ".join(f"{name}: {summary({'mode': 'run', **member})}" for name, member in report["members"].items())
     if "task" in report:  # the task metric decided; the tensors beside it
-        from .task_metrics import summary as task_summary
+        from .validation.task_metrics import summary as task_summary
 
         tensors = summary({key: value for key, value in report.items() if key != "task"})
         misses = report["task"].get("tensors")
@@ -443,7 +443,7 @@ def validate_member(request: MemberValidation, reference: dict[str, Any] | None 
                                                  selected_outputs(compared_graph))
     task = None
     if request.get("task"):  # the task metric decides; the tensors' misses are reported beside it
-        from .task_metrics import decide
+        from .validation.task_metrics import decide
 
         with located(request["manifest"], request["entry"]):
             task, missed_task = decide(session, request, reference["dataset"], seconds,

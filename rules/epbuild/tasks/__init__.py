@@ -5,6 +5,6 @@ console output and the reports.
 
 Task creation reads the manifest, a cached host probe and a cached external-data index; it never imports
 onnxruntime or parses an unchanged model, so `doit list` and a no-op `doit` stay near doit's own cost. Actions are
-thin: they call plain functions (`steps.compile`, `steps.validate`, `steps.preprocess`, `steps.toolchains`), print
-one line and return the values the build report keeps.
+thin: they call plain functions (`steps.compile`, `steps.validate`, `steps.preprocess`,
+`steps.toolchain.toolchains`), print one line and return the values the build report keeps.
 """

@@ -26,17 +26,17 @@ from ..report.build_report import usage_text
 from ..steps.compile import compile_build, file_records
 from ..steps.compilers import compiler
 from ..steps.fingerprint import validation_fingerprint
-from ..steps.fleet import chip, listed_socs
-from ..steps.model_package import assemble, check_package, manifest_files, manifest_text, unvalidated
-from ..steps.model_package import fingerprint as package_fingerprint
-from ..steps.package import pipeline_files
-from ..steps.reduce import reduce_failure, reducible
+from ..steps.packaging.model_package import assemble, check_package, manifest_files, manifest_text, unvalidated
+from ..steps.packaging.model_package import fingerprint as package_fingerprint
+from ..steps.packaging.package import pipeline_files
+from ..steps.reduction.reduce import reduce_failure, reducible
+from ..steps.reduction.repro import write_repro
 from ..steps.remote_job import run_job
-from ..steps.repro import write_repro
 from ..steps.stage_run import run_stage
-from ..steps.toolchains import check_operators, find_qaic, supported_operators
+from ..steps.toolchain.toolchains import check_operators, find_qaic, supported_operators
+from ..steps.toolchain.worker_needs import target_resources
 from ..steps.validate import REPORT, cached_validation, summary, validate
-from ..steps.worker_needs import target_resources
+from ..steps.validation.fleet import chip, listed_socs
 from ..store.cache import Outcome, Workspace, cached_folder
 from ..store.task_configs import published
 
@@ -205,7 +205,8 @@ def refuse_unavailable(task: str, reason: str, named: bool) -> TaskFailed | dict
 
 
 def run_reduce(build: Build, workspace: Workspace, budget_s: float) -> TaskFailed | TaskResult:
-    """Reduce the build's failing compile to a repro folder (`steps.reduce`, `steps.repro`); one line says how far."""
+    """Reduce the build's failing compile to a repro folder (`steps.reduction.reduce`, `steps.reduction.repro`); one
+    line says how far."""
     task = build.reduce_task
     why_not = reducible(build)
     if why_not:
@@ -269,8 +270,8 @@ def report_unavailable(reasons: dict[str, str]) -> None:
 
 
 def run_package(plan: PackagePlan, workspace: Workspace) -> TaskFailed | TaskResult:
-    """Make a model package from its validated variants and check it through ONNX Runtime (`steps.model_package`),
-    or restore the bytes of the same manifest from the cache."""
+    """Make a model package from its validated variants and check it through ONNX Runtime
+    (`steps.packaging.model_package`), or restore the bytes of the same manifest from the cache."""
     started = time.monotonic()
     layout = workspace.layout
     variants = list(plan.variants)

@@ -15,7 +15,7 @@ from ..logs import say
 from ..report.build_report import BuildReport
 from ..report.task_graph import write_graph
 from ..steps.compilers import COMPILERS, compiler
-from ..steps.toolchains import Toolchain, find_qaic, find_qairt
+from ..steps.toolchain.toolchains import Toolchain, find_qaic, find_qairt
 from ..store.cache import Workspace, default_dir
 from ..store.orphans import orphans, prune
 

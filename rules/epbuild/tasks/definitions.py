@@ -25,9 +25,9 @@ from ..state.folder import StateFolder
 from ..state.hash_memory import FileHashes
 from ..steps.compilers import compiler
 from ..steps.fingerprint import compile_config, stage_config, validate_config
-from ..steps.fleet import chip
-from ..steps.model_package import package_files
+from ..steps.packaging.model_package import package_files
 from ..steps.validate import REPORT
+from ..steps.validation.fleet import chip
 from ..store.task_configs import ConfigRecord
 from ..version import RULES_FORMAT
 from .actions import (

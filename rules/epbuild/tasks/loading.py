@@ -40,7 +40,7 @@ from ..state.folder import StateFolder
 from ..state.registry import CONFIGS
 from ..steps import vendor_shim
 from ..steps.compilers import COMPILERS, compiler
-from ..steps.worker_needs import with_worker_toolchains
+from ..steps.toolchain.worker_needs import with_worker_toolchains
 from ..store.cache import Workspace, cache_location, remote_location
 from ..store.doit_database import migrate as migrate_doit_database
 from ..store.doit_database import recover as recover_doit_database

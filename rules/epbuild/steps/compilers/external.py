@@ -12,7 +12,7 @@ from ...files.publish import copy_file
 from ...files.weights import resolved
 from ...manifest.builds import Build, ResolvedTarget
 from ...version import RULES_FORMAT
-from ..toolchains import Toolchain, probed_files
+from ..toolchain.toolchains import Toolchain, probed_files
 from .base import Compiler
 
 

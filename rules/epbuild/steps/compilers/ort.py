@@ -21,8 +21,8 @@ from ...store.cache import Workspace
 from ...version import RULES_FORMAT
 from .. import vendor_shim
 from ..expected_peak import build_limits
-from ..fleet import listed_socs
-from ..soc_pruning import deploy_tool, request_part
+from ..toolchain.soc_pruning import deploy_tool, request_part
+from ..validation.fleet import listed_socs
 from .base import Compiler
 
 

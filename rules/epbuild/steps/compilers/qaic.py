@@ -14,7 +14,7 @@ from ...manifest.builds import QPC_PROGRAM, SIDECAR, Build, ResolvedTarget
 from ...manifest.parse import TargetSpec
 from ...store.cache import Workspace
 from ..graph import static_dims
-from ..toolchains import Toolchain, cloud_ai_devices, find_qaic, qaic_command, run_tool
+from ..toolchain.toolchains import Toolchain, cloud_ai_devices, find_qaic, qaic_command, run_tool
 from .base import _not_for
 from .external import ExternalToolCompiler, external_sidecar
 

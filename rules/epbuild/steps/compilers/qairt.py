@@ -12,7 +12,7 @@ from ...files.layout import write_json
 from ...manifest.builds import SIDECAR, Build, ResolvedTarget
 from ...manifest.parse import TargetSpec
 from ...store.cache import Workspace
-from ..toolchains import Toolchain, ep_context_model, find_qairt, run_tool
+from ..toolchain.toolchains import Toolchain, ep_context_model, find_qairt, run_tool
 from .external import ExternalToolCompiler, external_sidecar, standalone
 
 

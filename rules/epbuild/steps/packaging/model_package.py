@@ -33,15 +33,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..contracts.artifact import OMIT, read_artifact
-from ..contracts.statuses import Verdict
-from ..contracts.validation import ValidationRecord, read_validation
-from ..errors import BuildError
-from ..files.layout import PACKAGES, Layout
-from ..files.publish import copy_file, discard
-from ..manifest.builds import Build
-from ..state.hash_memory import FileHashes
-from ..version import RULES_FORMAT
+from ...contracts.artifact import OMIT, read_artifact
+from ...contracts.statuses import Verdict
+from ...contracts.validation import ValidationRecord, read_validation
+from ...errors import BuildError
+from ...files.layout import PACKAGES, Layout
+from ...files.publish import copy_file, discard
+from ...manifest.builds import Build
+from ...state.hash_memory import FileHashes
+from ...version import RULES_FORMAT
 from .package import INLINE_OPTIONS
 
 FORMAT = 1
@@ -203,7 +203,7 @@ def structural(build: Build, verdict: ValidationRecord | Mapping[str, Any]) -> b
 def check_variant(name: str, build: Build, workspace: Any, root: Path, workdir: Path) -> dict[str, Any]:
     """The variant's validation run through the package: ONNX Runtime opens `root`, selects a variant for the
     target's EP (it must be this one), creates the session; its outputs are compared with the CPU reference."""
-    from .validate import validate
+    from ..validate import validate
 
     assets = {name: str(root / place) for name, place in placement(build, workspace.hashes, workspace.layout).items()
               if place.startswith(ASSETS)}
@@ -215,7 +215,7 @@ def check_variant(name: str, build: Build, workspace: Any, root: Path, workdir: 
 
 def check_package(name: str, variants: list[Build], workspace: Any, root: Path) -> dict[str, dict[str, Any]]:
     """Every variant checked through the package in `root`; a failure raises BuildError with its line."""
-    from .validate import summary
+    from ..validate import summary
 
     verdicts = {}
     workdir = root.parent / f"{root.name}.check"

@@ -10,10 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..contracts.artifact import ArtifactRecord, read_artifact
-from ..files.layout import Layout
-from ..manifest.builds import SIDECAR, Build
-from .compilers.base import shared_weights
+from ...contracts.artifact import ArtifactRecord, read_artifact
+from ...files.layout import Layout
+from ...manifest.builds import SIDECAR, Build
+from ..compilers.base import shared_weights
 
 SHARED_SESSION = {"ep.share_ep_contexts": "1"}  # what every member's session sets: the later ones reuse the first's
 

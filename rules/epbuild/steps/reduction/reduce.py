@@ -1,13 +1,13 @@
 """`epbuild reduce`: a failing compile, or an artifact that departs from CPU, reduced to the smallest subgraph that
-still fails the same way, then written as a folder a vendor can act on (`steps.repro`).
+still fails the same way, then written as a folder a vendor can act on (`steps.reduction.repro`).
 
 A compile's probe is a real compile of one subgraph, by the same child job as the failing task
 (`epbuild.steps.compile`: ModelCompiler, then the compiled model opened on its EP), within the target's limits and
 the reduction's time left; "the same way" is the failure's stem (`reduce_graph.stem`: its first line without
 names, paths and numbers), so a subgraph that fails otherwise (the EP compiles nothing of it, say) is not taken.
-A divergence's probe (`steps.reduce_probe`) compiles one subgraph for the EP and runs it there and on CPU, fed the
-values its inputs have in the whole model on CPU with the validation's inputs; it fails the same way when an
-output misses the thresholds the failed validation used. The search: the shortest prefix of
+A divergence's probe (`steps.reduction.reduce_probe`) compiles one subgraph for the EP and runs it there and on
+CPU, fed the values its inputs have in the whole model on CPU with the validation's inputs; it fails the same way
+when an output misses the thresholds the failed validation used. The search: the shortest prefix of
 the model's nodes (in order) that fails, then the latest start of a window ending there that fails, then each node
 of the window dropped in turn where the rest still fails. Every probe's outcome is kept by the subgraph's content
 in the repro folder (`probes.json`), so running the reduction again asks the EP nothing it was asked before; past
@@ -25,19 +25,19 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..contracts.artifact import read_artifact
-from ..contracts.requests import CompileRequest
-from ..contracts.statuses import Verdict
-from ..contracts.validation import read_validation
-from ..errors import BuildError, ModelError
-from ..execute.child import run_child
-from ..files.layout import write_json
-from ..files.weights import resolved
-from ..logs import say as say_line
-from ..manifest.builds import Build
-from ..store.cache import Workspace
-from .compilers.ort import compile_request
-from .expected_peak import build_limits
+from ...contracts.artifact import read_artifact
+from ...contracts.requests import CompileRequest
+from ...contracts.statuses import Verdict
+from ...contracts.validation import read_validation
+from ...errors import BuildError, ModelError
+from ...execute.child import run_child
+from ...files.layout import write_json
+from ...files.weights import resolved
+from ...logs import say as say_line
+from ...manifest.builds import Build
+from ...store.cache import Workspace
+from ..compilers.ort import compile_request
+from ..expected_peak import build_limits
 from .reduce_graph import Subgraphs, save_model, stem
 
 PASSES = ""  # a probe's outcome when its subgraph compiled and opened (and, for a divergence, held)
@@ -283,7 +283,7 @@ def _tensors(build: Build, workspace: Workspace, graph: Subgraphs, weights: Path
     out = folder / "tensors.npz"
     names = list(dict.fromkeys(o for node in graph.nodes for o in node.output if o))
     limits = build_limits(build, workspace, "validate")
-    run_child("epbuild.steps.reduce_probe", {"kind": "tensors", "model": str(build.members[0].model.path),
+    run_child("epbuild.steps.reduction.reduce_probe", {"kind": "tensors", "model": str(build.members[0].model.path),
                                              "weights": str(weights) if weights else None,
                                              "validation": _validation_request(build), "names": names,
                                              "out": str(out)},
@@ -308,5 +308,5 @@ def _divergence_probe(build: Build, workspace: Workspace, graph: Subgraphs, prob
         probes.messages.setdefault(DEPARTS, f"{DEPARTS}: worst SNR {answer['snr_db']} dB, thresholds {thresholds}")
         return DEPARTS
 
-    return _probe_with(build, workspace, graph, probes, work, deadline, "validate", "epbuild.steps.reduce_probe",
-                       request_for, judged)
+    return _probe_with(build, workspace, graph, probes, work, deadline, "validate",
+                       "epbuild.steps.reduction.reduce_probe", request_for, judged)

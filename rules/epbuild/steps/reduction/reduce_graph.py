@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import ModelError
+from ...errors import ModelError
 
 # what differs between two failures that are the same one: numbers, hex addresses, quoted names, paths
 _NOISE = ((re.compile(r"0x[0-9a-fA-F]+"), "0x#"), (re.compile(r"(['\"`]).*?\1"), "'…'"),

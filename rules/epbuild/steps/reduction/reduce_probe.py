@@ -1,4 +1,5 @@
-"""The child job of a divergence reduction's probes (`steps.reduce`), in the EP's fork server like a validation:
+"""The child job of a divergence reduction's probes (`steps.reduction.reduce`), in the EP's fork server like a
+validation:
 
 - `tensors`: the model run on CPU with the validation's inputs (from its .npz, else generated as the validation
   generates them), every tensor a node computes saved beside the inputs, so any subgraph is fed the values it
@@ -12,13 +13,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..errors import ModelError
-from ..execute.child import serve
-from ..execute.forked_jobs import Handoff
-from ..files.weights import load_with_weights
-from .comparison import compare
-from .localise import _held, _run_with_outputs
-from .validation_inputs import make_inputs, signature_of
+from ...errors import ModelError
+from ...execute.child import serve
+from ...execute.forked_jobs import Handoff
+from ...files.weights import load_with_weights
+from ..validation.comparison import compare
+from ..validation.localise import _held, _run_with_outputs
+from ..validation.validation_inputs import make_inputs, signature_of
 
 
 def _cpu_options(ort: Any) -> Any:
@@ -44,8 +45,8 @@ def departs(request: dict[str, Any]) -> dict[str, Any]:
     import numpy as np
     import onnxruntime as ort
 
-    from ..execute.host import register_plugin, select_ep_device
-    from ..manifest.eps import known
+    from ...execute.host import register_plugin, select_ep_device
+    from ...manifest.eps import known
 
     info = known(request["ep"])
     register_plugin(ort, info)

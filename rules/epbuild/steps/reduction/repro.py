@@ -9,8 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..files.layout import write_json
-from ..manifest.builds import Build
+from ...files.layout import write_json
+from ...manifest.builds import Build
 from .reduce import Reduction
 from .reduce_graph import save_model
 

@@ -10,7 +10,7 @@ from typing import Any
 from ...errors import ModelError
 from ...files.weights import load_with_weights
 from ..graph import dims, refuse_zero_size, true_inputs
-from ..validation_inputs import read_npz
+from ..validation.validation_inputs import read_npz
 from .job import StageJob
 
 RANDOM_SAMPLES, RANDOM_SEED = 8, 0

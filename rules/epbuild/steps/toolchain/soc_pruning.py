@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..errors import ModelError
+from ...errors import ModelError
 
 TOOL = "onnxruntime_qnn.deploy_multi_soc_ep_context"
 VARIABLE = "EPBUILD_QNN_DEPLOY_PYTHON"

@@ -15,11 +15,11 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from ..errors import BuildError
-from ..files.hashing import sha256_file
-from ..files.layout import write_json
-from ..manifest.qaic import QaicOptions
-from ..records import record
+from ...errors import BuildError
+from ...files.hashing import sha256_file
+from ...files.layout import write_json
+from ...manifest.qaic import QaicOptions
+from ...records import record
 
 QAIC_DEFAULT_ROOT = Path("/opt/qti-aic")
 LOG_TAIL_LINES = 20

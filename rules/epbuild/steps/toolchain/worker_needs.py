@@ -7,12 +7,12 @@ import dataclasses
 import platform
 from typing import Any
 
-from ..execute.executor import ExecutorSettings, cpu_class, worker_resources
-from ..execute.provenance import Provenance
-from ..manifest.builds import Build, ResolvedTarget
-from .compilers import compiler
-from .compilers.external import ExternalToolCompiler
-from .fingerprint import host_properties
+from ...execute.executor import ExecutorSettings, cpu_class, worker_resources
+from ...execute.provenance import Provenance
+from ...manifest.builds import Build, ResolvedTarget
+from ..compilers import compiler
+from ..compilers.external import ExternalToolCompiler
+from ..fingerprint import host_properties
 
 
 def target_resources(target: ResolvedTarget, provenance: Provenance) -> dict[str, int]:

@@ -8,12 +8,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..contracts.requests import MemberValidation, ValidationReport
-from ..contracts.statuses import Verdict
-from ..manifest.builds import SIDECAR
-from ..manifest.eps import EpInfo, known
-from .graph import EP_CONTEXT
-from .graph import attributes as node_attributes
+from ...contracts.requests import MemberValidation, ValidationReport
+from ...contracts.statuses import Verdict
+from ...manifest.builds import SIDECAR
+from ...manifest.eps import EpInfo, known
+from ..graph import EP_CONTEXT
+from ..graph import attributes as node_attributes
 from .reference import session_options
 
 
@@ -69,7 +69,7 @@ def context_binaries(artifact: str) -> set[str]:
 def open_session(ort: Any, info: EpInfo, request: MemberValidation) -> tuple[Any, ValidationReport | None]:
     """The artifact's session on its EP with CPU fallback disabled where the compile left nothing on CPU; or a
     report: skipped when this host cannot run the EP, failed when the EP cannot load the artifact."""
-    from ..execute.host import register_plugin, select_ep_device
+    from ...execute.host import register_plugin, select_ep_device
 
     options = session_options(ort)
     options.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
@@ -111,7 +111,7 @@ def _through_package(ort: Any, info: EpInfo, request: MemberValidation,
     and nothing of epbuild's (QNN off its device: `backend_type = htp`), `select_component`, `create_session()`,
     which applies the variant's own provider and session options. A failed report when it cannot open the package
     or selects another variant."""
-    from ..execute.host import select_ep_device
+    from ...execute.host import select_ep_device
 
     offered = ort.SessionOptions()
     if not info.is_cpu:

@@ -1,22 +1,23 @@
 """The job's side of a validation's CPU reference: computed once per (model, inputs) and kept in the caches like
 other outputs, so that every target validating the same model, and a validation after a recompile, runs only
-its artifact. The outputs are the reference child's (`epbuild.steps.reference`), saved where the cache adopts them."""
+its artifact. The outputs are the reference child's (`epbuild.steps.validation.reference`), saved where the cache
+adopts them."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from ..contracts.requests import ValidationReport, ValidationRequest
-from ..contracts.statuses import ValidationMode, Verdict
-from ..execute.child import run_child
-from ..files.hashing import snapshot
-from ..files.publish import discard, scratch_dir
-from ..logs import warn
-from ..manifest.builds import Build
-from ..store.cache import Cached, Outcome, Workspace, check_inputs, restore, store, through_cache
-from .expected_peak import build_limits
-from .fingerprint import pipeline_fingerprint, reference_fingerprint
+from ...contracts.requests import ValidationReport, ValidationRequest
+from ...contracts.statuses import ValidationMode, Verdict
+from ...execute.child import run_child
+from ...files.hashing import snapshot
+from ...files.publish import discard, scratch_dir
+from ...logs import warn
+from ...manifest.builds import Build
+from ...store.cache import Cached, Outcome, Workspace, check_inputs, restore, store, through_cache
+from ..expected_peak import build_limits
+from ..fingerprint import pipeline_fingerprint, reference_fingerprint
 from .pipeline import PIPELINE_FILES
 from .reference import REFERENCE_FILES
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..contracts.statuses import Verdict
-from ..contracts.validation import ValidationRecord, load_validation
-from ..manifest.builds import Build
-from ..manifest.eps import QNN_KNOWN_VALUES
+from ...contracts.statuses import Verdict
+from ...contracts.validation import ValidationRecord, load_validation
+from ...manifest.builds import Build
+from ...manifest.eps import QNN_KNOWN_VALUES
 
 MULTI_SOC_NOT_RUN = ("the multi-SoC binary was checked structurally (its files, EPContext attributes, the SoCs its "
                      "compatibility string lists): the HTP simulator cannot run a multi-SoC binary, so each SoC was "

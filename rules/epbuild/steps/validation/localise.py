@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..files.weights import load_with_weights
+from ...files.weights import load_with_weights
+from ..graph import constant_tensors
 from .comparison import compare
-from .graph import constant_tensors
 
 CHECKPOINTS = 48  # tensors made graph outputs per round: one EP compile each round
 ROUNDS = 3

@@ -16,14 +16,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..contracts.requests import ValidationReport, ValidationRequest
-from ..contracts.statuses import Verdict
-from ..errors import ModelError
-from ..files.weights import read_weights_from, weights_folder
-from ..manifest.eps import known
+from ...contracts.requests import ValidationReport, ValidationRequest
+from ...contracts.statuses import Verdict
+from ...errors import ModelError
+from ...files.weights import read_weights_from, weights_folder
+from ...manifest.eps import known
+from ..packaging.package import GENAI_CONFIG
 from .artifact_session import is_qdq, open_session
 from .comparison import DEFAULT_THRESHOLDS, compare
-from .package import GENAI_CONFIG
 from .pipeline_checks import genai_folder_run, genai_run, growing_run
 from .reference import NO_TIME, session_options
 from .validation_inputs import SEED, dtype_of
@@ -220,7 +220,7 @@ def load_cpu_run(folder: Path) -> dict[str, Any]:
 
 def independent_checks(ort: Any, member: Mapping[str, Any], cpu: dict[str, Any]) -> list[dict[str, Any]]:
     """The CPU run against a growing-cache run of the model as declared and against onnxruntime-genai's own
-    generator (`steps.pipeline_checks`), each {"kind", "status", "detail"}."""
+    generator (`steps.validation.pipeline_checks`), each {"kind", "status", "detail"}."""
     declared = member["declared"]
     session = ort.InferenceSession(declared, source_options(ort, {"source": declared, "weights": {}}),
                                    providers=["CPUExecutionProvider"])
@@ -246,8 +246,8 @@ def judge(steps: list[dict[str, Any]], thresholds: dict[str, float]) -> list[str
 
 
 def validate_pipeline(request: ValidationRequest) -> ValidationReport:
-    """The group as an LLM application runs it (`steps.pipeline`): on the shared context where this host loads it;
-    else on the members compiled alone, and then the shared binary itself is not validated: skipped, with the
+    """The group as an LLM application runs it (`steps.validation.pipeline`): on the shared context where this host
+    loads it; else on the members compiled alone, and then the shared binary itself is not validated: skipped, with the
     pipeline's figures, never passed."""
     import onnxruntime as ort
 

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..contracts.statuses import Verdict
+from ...contracts.statuses import Verdict
 from .comparison import compare
 from .validation_inputs import dtype_of
 
@@ -106,9 +106,10 @@ def genai_greedy(og: Any, folder: Path, prompt: list[int], count: int) -> list[i
 
 
 def genai_folder_run(info: Any, folder: Path, cpu: dict[str, Any], blocked: str | None) -> dict[str, Any]:
-    """onnxruntime-genai's greedy generator on a group's folder (its decoder-pipeline config, `steps.package`),
-    with the target's EP registered with genai, against the pipeline's CPU tokens. Not checked where the shared
-    context cannot load here (`blocked`) or genai is not installed; any other failure to run is the folder's."""
+    """onnxruntime-genai's greedy generator on a group's folder (its decoder-pipeline config,
+    `steps.packaging.package`), with the target's EP registered with genai, against the pipeline's CPU tokens. Not
+    checked where the shared context cannot load here (`blocked`) or genai is not installed; any other failure to
+    run is the folder's."""
     if blocked:
         return {"status": "not checked", "detail": f"the shared context cannot load here ({blocked})"}
     try:
@@ -116,7 +117,7 @@ def genai_folder_run(info: Any, folder: Path, cpu: dict[str, Any], blocked: str 
     except ImportError:
         return {"status": "not checked", "detail": "onnxruntime-genai is not installed here: pip install "
                                                    "'epbuild[genai]'"}
-    from ..execute.host import plugin_library
+    from ...execute.host import plugin_library
 
     try:
         if info.module:
@@ -136,7 +137,7 @@ GENAI_PROMPT, GENAI_TOKENS = 8, 8  # a fixed-seed prompt and the greedy tokens c
 
 
 def genai_validation(request: Mapping[str, Any]) -> dict[str, Any]:
-    """A packaged artifact folder (`steps.package`) run as onnxruntime-genai runs it: greedy tokens from a
+    """A packaged artifact folder (`steps.packaging.package`) run as onnxruntime-genai runs it: greedy tokens from a
     fixed-seed prompt on the artifact's folder against the same on the model's own folder. What was checked is
     the tokens, and the report says only that."""
     import json

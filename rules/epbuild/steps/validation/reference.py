@@ -10,9 +10,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import ModelError
-from ..files.weights import read_weights_from, weights_folder
-from .graph import static_dims
+from ...errors import ModelError
+from ...files.weights import read_weights_from, weights_folder
+from ..graph import static_dims
 from .validation_inputs import feeds_for, make_inputs, signature_of
 
 
@@ -55,7 +55,7 @@ def run_on_cpu(ort: Any, path: str, request: Mapping[str, Any], feeds: dict[str,
 
 
 def dataset_outputs(ort: Any, request: Mapping[str, Any], signature: list[Any], model: str) -> dict[str, Any]:
-    """The reference model's outputs on the task metric's samples (`steps.task_metrics`), in the batches the
+    """The reference model's outputs on the task metric's samples (`steps.validation.task_metrics`), in the batches the
     compiled-from model takes: the output the metric reads, or every output for a `module:function` metric."""
     from .task_metrics import batch_size, output_name, read_dataset, run_dataset
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from ..records import record
-from .graph import attributes
+from ...records import record
+from ..graph import attributes
 
 SELECTING = {"TopK": 1, "ArgMax": 0, "ArgMin": 0, "NonMaxSuppression": 0}  # op -> its output of chosen indices
 MATCH_LIMIT = 4096  # rows matched by distance beyond this are compared position by position (n^2 distances)

@@ -20,7 +20,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import ModelError
+from ...errors import ModelError
 from .validation_inputs import dtype_of, read_npz
 
 LABELS = "labels"

@@ -8,9 +8,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import ModelError
-from ..records import record
-from .graph import check_input_names, dims, index_bound, known_shapes, true_inputs
+from ...errors import ModelError
+from ...records import record
+from ..graph import check_input_names, dims, index_bound, known_shapes, true_inputs
 
 GENERATED_LIMIT = 4 * 2**30  # bytes of one generated validation input
 SEED = 0

@@ -1,0 +1,1 @@
+"""What ships: model packages, shared-context loading contracts, genai folders."""
