@@ -209,17 +209,8 @@ def main() -> int:
                 shutil.rmtree(top, ignore_errors=True)
             for label, figures in every.items():
                 print(f"N={n} {label}: {json.dumps(figures)}", flush=True)
-            snake = f"; Snakemake {found['snakemake_noop_s']:.3f} s" if "snakemake_noop_s" in found else ""
-            rows.append((f"{n} targets: no-op fast / full path; bare doit {n} / {2 * n} tasks; ninja"
-                         f"{'; Snakemake' if snake else ''}",
-                         f"{found['noop_fast_s']:.3f} / {found['noop_full_s']:.3f} s; {found['bare_noop_s']:.3f} / "
-                         f"{found['bare2n_noop_s']:.3f} s; {found['ninja_noop_s']:.3f} s{snake}"))
-            rows.append((f"{n} targets: `doit list` fast / full path; bare doit",
-                         f"{found['list_fast_s']:.3f} / {found['list_full_s']:.3f} s; {found['bare_list_s']:.3f} s"))
-            times_bare = found["change_overhead_s"] / found["bare_noop_s"]
-            rows.append((f"{n} targets: first run after one model changed (its 2 compiles + 2 validations)",
-                         f"{found['change_s']:.2f} s, of which the model's own tasks {found['change_work_s']:.2f} s: "
-                         f"overhead {found['change_overhead_s']:.2f} s ({times_bare:.1f}x a bare no-op)"))
+            rows.extend(version_rows(n, found, ""))
+            rows.extend(row for label, figures in others[n].items() for row in version_rows(n, figures, label))
     sizes = sorted(results)
     for small, large in itertools.pairwise(sizes):
         growth = {k: round(results[large][k] / results[small][k], 2) for k in results[small] if results[small][k]}
@@ -230,6 +221,23 @@ def main() -> int:
                                            **({"against": {str(n): o for n, o in others.items()}}
                                               if arguments.against else {})})
     return 0
+
+
+def version_rows(n: int, found: dict[str, float], label: str) -> list[tuple[str, str]]:
+    """The performance table's rows of one version's figures at N targets (`label`: another checkout's, else this
+    one's)."""
+    of = f" ({label})" if label else ""
+    snake = f"; Snakemake {found['snakemake_noop_s']:.3f} s" if "snakemake_noop_s" in found else ""
+    times_bare = found["change_overhead_s"] / found["bare_noop_s"]
+    return [(f"{n} targets{of}: no-op fast / full path; bare doit {n} / {2 * n} tasks; ninja"
+             f"{'; Snakemake' if snake else ''}",
+             f"{found['noop_fast_s']:.3f} / {found['noop_full_s']:.3f} s; {found['bare_noop_s']:.3f} / "
+             f"{found['bare2n_noop_s']:.3f} s; {found['ninja_noop_s']:.3f} s{snake}"),
+            (f"{n} targets{of}: `doit list` fast / full path; bare doit",
+             f"{found['list_fast_s']:.3f} / {found['list_full_s']:.3f} s; {found['bare_list_s']:.3f} s"),
+            (f"{n} targets{of}: first run after one model changed (its 2 compiles + 2 validations)",
+             f"{found['change_s']:.2f} s, of which the model's own tasks {found['change_work_s']:.2f} s: "
+             f"overhead {found['change_overhead_s']:.2f} s ({times_bare:.1f}x a bare no-op)")]
 
 
 def change_only(arguments: argparse.Namespace) -> int:

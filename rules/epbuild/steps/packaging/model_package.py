@@ -39,7 +39,7 @@ from ...contracts.validation import ValidationRecord, read_validation
 from ...errors import BuildError
 from ...files.layout import PACKAGES, Layout
 from ...files.publish import copy_file, discard
-from ...manifest.builds import Build
+from ...manifest.builds import Build, package_task
 from ...state.hash_memory import FileHashes
 from ...version import RULES_FORMAT
 from .package import INLINE_OPTIONS
@@ -189,7 +189,7 @@ def unvalidated(build: Build, layout: Layout) -> str | None:
         return f"no verdict ({exc})"
     if verdict.passed or structural(build, verdict):
         return None
-    return f"validate:{build.name} is {verdict.status}: {verdict.reason or 'no reason given'}"
+    return f"{build.validate_task} is {verdict.status}: {verdict.reason or 'no reason given'}"
 
 
 def structural(build: Build, verdict: ValidationRecord | Mapping[str, Any]) -> bool:
@@ -227,7 +227,7 @@ def check_package(name: str, variants: list[Build], workspace: Any, root: Path) 
                 build.soc_reports and report["status"] == Verdict.PASSED) else report["status"]
             verdicts[build.name] = {"status": checked, "summary": summary(report)}
             if report["status"] == Verdict.FAILED:
-                raise BuildError(f"package:{name}: {build.name} through the package: {summary(report)}")
+                raise BuildError(f"{package_task(name)}: {build.name} through the package: {summary(report)}")
     finally:
         discard(workdir)
     return verdicts
