@@ -103,7 +103,7 @@ def _load_project(manifest_path: Path, invocation: Invocation | list[str], early
             "planned anew" if fresh is not None else "from the saved plan (same manifest, files and facts)")
         if writable:  # only for a manifest that holds: a refused one writes nothing
             index.save()
-            if fresh is not None:
+            if fresh is not None and fast_path_enabled():  # with the shortcuts off nothing reads it: not encoded
                 saved_plan.save(fresh, started)
         availability = check_availability(manifest, builds, layout, workspace, executor, probe)
         if executor:

@@ -144,8 +144,11 @@ class RunEnd:
         end built or up to date (a variant failed or was not built, the build stopped before it), or any of whose
         variants' tasks failed in this run, is removed with one line. An application that loads it would otherwise
         get a model older than its source (the encoder retrained, its QNN compile failed: the old one served)."""
+        packages = sorted(n for n in run.doit_tasks if n.startswith(package_task("")))
+        if not packages:  # (the closure asks doit for every task's actions, which it makes on first asking)
+            return
         tried = set(closure(run.doit_tasks, run.selected))
-        for name in sorted(n for n in run.doit_tasks if n.startswith(package_task(""))):
+        for name in packages:
             needs = [dep for dep in closure(run.doit_tasks, [name]) if dep in run.failed and dep != name]
             current = name in run.uptodate or (name in run.done and name not in run.failed | run.blocked)
             if current or (name not in tried and not needs):
