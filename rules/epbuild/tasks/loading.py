@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import sys
 from pathlib import Path
@@ -101,15 +102,20 @@ def _load_project(manifest_path: Path, invocation: Invocation | list[str], early
         builds = with_workers(manifest, builds, executor)
         log(__name__, "debug", "%d builds and %d stages, %s", len(builds), len(stages),
             "planned anew" if fresh is not None else "from the saved plan (same manifest, files and facts)")
+        save_plan = None
         if writable:  # only for a manifest that holds: a refused one writes nothing
             index.save()
             if fresh is not None and fast_path_enabled():  # with the shortcuts off nothing reads it: not encoded
-                saved_plan.save(fresh, started)
+                save_plan = functools.partial(saved_plan.save, fresh, started)
+                if not invocation.default_run:  # a build encodes it while its jobs run (`tasks.run_end.PlanSave`)
+                    save_plan()
+                    save_plan = None
         availability = check_availability(manifest, builds, layout, workspace, executor, probe)
         if executor:
             key = None  # the workers' toolchains count: no shortcut
         return Project(invocation, key, manifest, layout, writable, workspace, external, builds, stages, availability,
-                       ConfigRecord(StateFolder(layout.state)), shard, live, rel, blocked_tasks(builds, blocked))
+                       ConfigRecord(StateFolder(layout.state)), shard, live, rel, blocked_tasks(builds, blocked),
+                       save_plan=save_plan)
 
 
 def read_manifest(manifest_path: Path, last: Plan | None) -> tuple[Manifest, dict[str, ResolvedTarget]]:

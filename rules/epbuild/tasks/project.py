@@ -8,6 +8,7 @@ import dataclasses
 import functools
 import hashlib
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,8 @@ class Project:
     blocked: dict[str, Blocked]  # task -> the manifest fix it waits for (a model's NPU targets need static shapes)
     checked: dict[str, list[int]] = dataclasses.field(default_factory=dict)  # unchanged, as the checker saw them
     edited: set[str] = dataclasses.field(default_factory=set)  # published files found changed since
+    # a build's freshly made plan, saved while its jobs run (`tasks.run_end.PlanSave`); None: nothing to save
+    save_plan: Callable[[], None] | None = None
 
     @functools.cached_property  # asked per task: read once
     def command(self) -> str | None:

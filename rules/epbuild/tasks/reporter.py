@@ -24,7 +24,7 @@ from ..report.progress import LiveProgress, durations
 from ..report.views import templates_prepared_in_background
 from .actions import fail_blocked
 from .kinds import UNAVAILABLE, is_subtask
-from .run_end import RunEnd, RunOutcome, closure
+from .run_end import PlanSave, RunEnd, RunOutcome, closure
 from .selection import Recorded
 
 if TYPE_CHECKING:
@@ -78,6 +78,7 @@ class BuildReporter(ConsoleReporter):
         self.doit_tasks = tasks
         self.selected = list(selected_tasks)  # with `tasks`: what the run would have done (`not_attempted`)
         self.preparing = None  # the page's templates, compiled while the first task that runs waits for its child
+        self.plan_save = PlanSave(self.project.save_plan)  # the fresh plan, saved while the jobs run
         self.report = BuildReport(self.project.layout.build_report, self.project.layout.state)
         self.started: dict[str, float] = {}
         self.blocked: set[str] = set()  # not run: a task they need failed
@@ -107,6 +108,7 @@ class BuildReporter(ConsoleReporter):
             super().execute_task(task)
         if self.preparing is None and is_subtask(task.name):
             self.preparing = templates_prepared_in_background()
+            self.plan_save.start()
         self.started[task.name] = time.monotonic()
         if self.watch is None:
             self._watch_workers()
@@ -207,6 +209,7 @@ class BuildReporter(ConsoleReporter):
             self.live = None
         if self.preparing is not None:
             self.preparing.join()
+        self.plan_save.finish()
         for name in self.hidden:  # up to date without doit's check: as if it had found them so
             self.uptodate.add(name)
             self.report.up_to_date(name)
