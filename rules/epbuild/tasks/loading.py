@@ -105,7 +105,7 @@ def _load_project(manifest_path: Path, invocation: Invocation | list[str], early
         save_plan = None
         if writable:  # only for a manifest that holds: a refused one writes nothing
             index.save()
-            if fresh is not None and fast_path_enabled():  # with the shortcuts off nothing reads it: not encoded
+            if fresh is not None:
                 save_plan = functools.partial(saved_plan.save, fresh, started)
                 if not invocation.default_run:  # a build encodes it while its jobs run (`tasks.run_end.PlanSave`)
                     save_plan()

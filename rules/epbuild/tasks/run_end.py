@@ -56,8 +56,8 @@ def closure(tasks: dict[str, Any], selected: list[str]) -> list[str]:
 class PlanSave:
     """A build's freshly made plan (`plan.saved_plan`), saved in a thread once the build's first job has started
     (doit's workers are forked by then, and the build's process mostly waits on its jobs): at 10,000 targets its JSON
-    takes ~0.45 s that would otherwise come before the first job. `finish` waits for it at the end of the run, or
-    saves it there when no job ran. A plan that cannot be saved is planned again next run."""
+    is the largest part of loading, which would otherwise come before the first job. `finish` waits for it at the end
+    of the run, or saves it there when no job ran. A plan that cannot be saved is planned again next run."""
 
     def __init__(self, save: Callable[[], None] | None):
         self.save = save
