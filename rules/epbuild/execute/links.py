@@ -14,7 +14,10 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .warm_start import Candidate
 
 
 class Links:
@@ -29,7 +32,7 @@ class Links:
         self.remote: dict[str, Any] = {}  # remote cache URL -> its `RemoteCache` (one warning and budget per build)
         # a first build's server imports, begun with the build (`execute.warm_start`): the first server it starts
         # adopts them; let go (`Candidate.discard`) once the project is loaded, before doit forks any worker
-        self.early: Any = None
+        self.early: Candidate | None = None
         forget = weakref.WeakMethod(self._forget_inherited)
         os.register_at_fork(after_in_child=lambda: (method := forget()) is not None and method())
 

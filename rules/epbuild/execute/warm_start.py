@@ -22,7 +22,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..state.registry import CONFIGS
+from ..files.layout import Layout
+from ..state.registry import CONFIGS, state_file
 from .job_environment import job_environment
 
 if TYPE_CHECKING:
@@ -79,7 +80,7 @@ def begin(manifest: Path, invocation: Invocation) -> Candidate | None:
         return None
     if os.environ.get(SWITCH, "1") == "0" or not manifest.is_file():
         return None
-    if (manifest.parent / "artifacts" / ".state" / CONFIGS).exists():
+    if state_file(Layout(manifest.parent / "artifacts").state, CONFIGS).exists():
         return None
     env = job_environment()
     # -P: nothing from the working folder on its import path (it starts before its private folder is known)

@@ -13,7 +13,7 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any
 
-from ..contracts.validation import read_validation
+from ..contracts.validation import load_validation
 from ..files.layout import GROUPS, Layout, settled, stat_key
 from ..manifest.builds import Build
 from ..records import record
@@ -110,7 +110,7 @@ class Cell:
 def _validation(path: str) -> dict[str, Any] | None:
     """validation.json as its record reads it (`contracts.validation`); None when absent or not one."""
     try:
-        return read_validation(Path(path).parent).to_json()
+        return load_validation(Path(path)).to_json()
     except (OSError, ValueError):
         return None
 

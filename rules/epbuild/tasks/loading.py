@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import os
 import sys
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any
 
@@ -255,8 +256,8 @@ def with_workers(manifest: Manifest, builds: list[Build], executor: ExecutorSett
 
 
 def start_probe(targets: list[ResolvedTarget], layout: Layout, workspace: Workspace,
-                executor: ExecutorSettings | None, servers: set[str] = frozenset()  # type: ignore[assignment]
-                ) -> tuple[HostProbe | None, dict[str, Any]]:
+                executor: ExecutorSettings | None,
+                servers: AbstractSet[str] = frozenset()) -> tuple[HostProbe | None, dict[str, Any]]:
     """The host probe, started before the models are read when a target may need it (an EP inside ONNX Runtime):
     its child registers the plugins while this process waits for the model reading, forked by one of the fork
     servers this build started (`servers`), which has imported onnxruntime already (a second Python importing it
