@@ -241,3 +241,60 @@ def test_the_facts_digest_holds_whatever_order_a_dict_lists_its_keys_in():
     assert one == Plan.digest((external, shapes, {"m": {"foldable": False, "static": True}}))
     assert one != Plan.digest((external, shapes, {"m": {"foldable": True, "static": True}}))
     assert one != Plan.digest(({Path("/p/m.onnx"): ()}, shapes, {"m": {"static": True, "foldable": False}}))
+
+
+def test_a_full_path_run_leaves_a_record_that_holds_its_plan_alone(folder, monkeypatch):
+    """A run without the shortcuts plans afresh; when the saved record was written under this key from the same
+    facts and files, it holds this very plan and is not encoded again (at 10,000 targets that was longer than the
+    rest of the run's planning). Other facts (a model with other inputs): written again, and taken after."""
+    assert not _taken(folder, monkeypatch)
+    saved = folder.artifacts / ".state" / "plan.record"
+    before = saved.stat()
+    _fresh(monkeypatch)
+    after = saved.stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    (folder.root / "models" / "tinycnn.onnx").write_bytes((folder.root / "models" / "dynbatch.onnx").read_bytes())
+    _fresh(monkeypatch)
+    assert saved.stat().st_ino != before.st_ino
+    assert _taken(folder, monkeypatch)
+
+
+def test_a_record_under_this_key_that_holds_no_plan_is_written_again(folder, monkeypatch):
+    """Its key says it holds this plan, its body is not one (a checkout's, or bytes gone bad): the full path, which
+    does not read bodies, keeps it; the next run that reads it writes the plan again, and the one after takes it."""
+    assert not _taken(folder, monkeypatch)
+    saved = folder.artifacts / ".state" / "plan.record"
+    head = saved.read_bytes().split(b"\n")[:3]
+    for body in (b'[]{"models":[],"folders":{},"plan":1}', b'[]{"models":[3],"folders":{},"plan":1}'):
+        saved.write_bytes(b"\n".join([*head, body]))
+        _fresh(monkeypatch)
+        assert saved.read_bytes().endswith(body)
+        assert not _taken(folder, monkeypatch)
+        assert _taken(folder, monkeypatch)
+
+
+def test_typed_json_names_each_shape_once_and_reads_only_declared_ones():
+    """A record's text is its shapes, then its value: each object carries its field values and a shape's index; a
+    value class's equal instances are written once and read back as one object; and a shape that names a class
+    the reader does not allow, a field its class lacks, an unknown way of writing one, or an index past the table
+    is not read (ValueError: a miss)."""
+    from epbuild.manifest.builds import Limits, ValidationSettings
+    from epbuild.state import codec
+
+    classes = codec.Classes(Limits, ValidationSettings, values=(ValidationSettings,))
+    settings = [ValidationSettings("run", None, Path("r.onnx"), {}, 60.0) for _ in range(3)]
+    text = codec.dumps([settings, Limits(1.0), Limits(1.0)], classes)
+    assert text.count('"r.onnx"') == 1 and text.count('"$s"') == 3 and "ValidationSettings" in text.split("]]")[0]
+    (first, *others), one, two = codec.loads(text, classes)
+    assert first == settings[0] and all(other is first for other in others)
+    assert one == two == Limits(1.0) and one is not two  # not a value class: read back as two objects
+    with pytest.raises(TypeError):
+        codec.Classes(Limits, values=(ValidationSettings,))
+    good = '[["Limits",[]]][{"$s":0,"timeout_s":1.0,"max_memory_gb":null,"expected_mb":0.0,"budget_gb":null}]'
+    assert codec.loads(good, classes) == [Limits(1.0)]
+    for bad in (good.replace('"Limits"', '"Popen"'), good.replace('[]]]', '["timeout_s","x"]]]'),
+                good.replace('[]]]', '["nothing","t"]]]'), good.replace('"$s":0', '"$s":1'),
+                good.replace('"$s":0', '"$s":"0"'), good.replace('"expected_mb":0.0,', ''), good[good.index("]]") + 2:],
+                good + "[]"):
+        with pytest.raises(ValueError):
+            codec.loads(bad, classes)

@@ -18,6 +18,8 @@ the manifest's, the builds' and the stages' own classes (`PLAN_CLASSES`), after 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import stat
 from pathlib import Path
@@ -124,7 +126,7 @@ PLAN = "plan.record"
 PLAN_CLASSES = codec.Classes(
     Plan, Manifest, ModelSpec, QuantizeSpec, TargetSpec, GroupSpec, BuildSpec, CacheSpec, ExecutorSpec, PackageSpec,
     ResolvedTarget, QaicOptions, ValidationSettings, Member, Build, Limits, Stage, StageKind, Blocked,
-    constants={EpInfo: {**REGISTRY, "qaic-compile": QAIC}},
+    constants={EpInfo: {**REGISTRY, "qaic-compile": QAIC}}, values=(ValidationSettings, Limits),
 )
 
 
@@ -134,11 +136,17 @@ class SavedPlan:
     def __init__(self, state: Path, key: str):
         self.state = StateFolder(state)
         self.key = key
+        self.unreadable = False
 
     def load(self) -> Plan | None:
         """The saved plan when its key and every file's identity match, else None (absent, unreadable, torn)."""
-        saved = self.state.read_record(PLAN, self.key, PLAN_CLASSES)
-        if saved is None:
+        written = self.state.read_key(PLAN)  # [this key, what the plan holds]: any holding under this key
+        if type(written) is not list or len(written) != 2 or written[0] != self.key:
+            return None
+        saved = self.state.read_record(PLAN, written, PLAN_CLASSES)
+        if saved is None or type(saved.get("plan")) is not Plan or type(saved.get("models")) is not list \
+                or type(saved.get("folders")) is not dict or not all(type(p) is str for p in saved["models"]):
+            self.unreadable = True  # under this key, yet no plan (a checkout's): written again, whatever it says
             return None
         if not all(_is_plain_file(path) for path in saved["models"]):
             return None
@@ -163,8 +171,15 @@ class SavedPlan:
                 return
             files[path] = identity
         folders = {path: _folder(path) for path in _folders_above(models)}
+        # what the plan was made from besides its key (which names the manifest's bytes and epbuild's code): a
+        # record written under both holds this very plan, and is not encoded again (a full-path run at 10,000
+        # targets would spend longer on that than on the rest of its planning)
+        holds = hashlib.sha256(json.dumps([plan.facts, files, models, folders]).encode()).hexdigest()
+        key = [self.key, holds]
+        if not self.unreadable and self.state.read_key(PLAN) == key:
+            return
         try:
-            self.state.write_record(PLAN, {"key": self.key, VOUCHES: files, "models": models, "folders": folders,
+            self.state.write_record(PLAN, {"key": key, VOUCHES: files, "models": models, "folders": folders,
                                            "plan": plan}, PLAN_CLASSES)
         except TypeError as exc:  # a value typed JSON cannot hold (a TOML date in a model's settings): no shortcut
             log(__name__, "debug", "plan not saved: %s", exc)

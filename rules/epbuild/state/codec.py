@@ -9,8 +9,13 @@ no code of the file's choosing runs, whatever the bytes.
     {Path("a"): 1}        {"$t": "map", "v": [[{"$t": "path", "v": "a"}, 1]]}   (keys other than strings, or "$t")
     StageKind.FOLD        {"$t": "StageKind", "v": "fold"}
     EP table's QNN entry  {"$t": "EpInfo", "v": "qnn"}                      (a constant of the code, by name)
-    Stage(kind=..., ...)  {"$t": "Stage", "$i": 7, "kind": ..., ...}           (every field, by name)
+    Stage(kind=..., ...)  {"$s": 2, "$i": 7, "kind": ..., ...}             (every field, by name; its shape)
     the same Stage again  {"$r": 7}                                            (one object, as it was)
+
+A record's text is two JSON values: its shapes, then the value. A shape is a class and how those of its fields
+written otherwise than as above were written (`$s` indexes the list): `["Stage", ["inputs", "t"]]`, a tuple field
+as an array. Each object then carries only its field values, and the reader works out each shape once (the JSON
+reader calls back for every object: at 10,000 builds, 35,000 of them). `$i` only where a reference names it.
 
 A value of any other type is not written (`TypeError`: the record is not saved, a full check does its work), and
 a file that does not decode to what was written (an unknown class, a missing or extra field, a value its enum lacks,
@@ -26,12 +31,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-TAG, INDEX, REFERENCE, FIELDS = "$t", "$i", "$r", "$f"
-# how an object's field was written when not as `encode` writes it, listed in its `$f` array (name, how, name, ...):
+TAG, INDEX, REFERENCE, SHAPE = "$t", "$i", "$r", "$s"
+# how an object's field was written when not as `encode` writes it, listed in its shape (name, how, name, ...):
 # the JSON reader calls back for every JSON object, and tuples, paths and empty dicts were most of a plan's (10,000
 # tuples, 2,500 paths, 2,500 empty dicts at 1,000 targets): a tuple as an array, a path as its string, a tuple of
 # paths as an array of strings, an empty dict as 0, an object written before as its index (a build's target)
 AS_ARRAY, AS_PATH, AS_PATHS, AS_EMPTY, AS_SEEN = "t", "p", "tp", "e", "r"
+_HOWS = frozenset({AS_ARRAY, AS_PATH, AS_PATHS, AS_EMPTY, AS_SEEN})
+_PLAIN_JSON = json.JSONDecoder()
 _PATH = type(Path())
 _PLAIN = frozenset({str, int, float, bool, type(None)})
 
@@ -40,11 +47,13 @@ class Classes:
     """The classes a record may hold (dataclasses and enums), by name: nothing else is ever made from a file.
     `constants`: classes whose instances are the code's own (a table such as the EPs'), held by their name in that
     table and read back as the very object (the code that reads the record is the code that wrote it: its key says
-    so)."""
+    so). `values`: immutable classes (frozen, never changed in place) whose equal instances a record writes once and
+    reads back as one object (a build's validation settings, the same for every model of a target)."""
 
-    __slots__ = ("by_name", "constants", "fields", "fields_of", "named", "names")
+    __slots__ = ("by_name", "constants", "fields", "fields_of", "named", "names", "values")
 
-    def __init__(self, *classes: type, constants: dict[type, dict[str, Any]] | None = None):
+    def __init__(self, *classes: type, constants: dict[type, dict[str, Any]] | None = None,
+                 values: tuple[type, ...] = ()):
         self.by_name: dict[str, type] = {}
         self.fields: dict[str, tuple[str, ...]] = {}
         self.constants: dict[str, dict[str, Any]] = {}
@@ -65,66 +74,122 @@ class Classes:
             self.by_name[cls.__name__] = cls
         self.names = {cls: name for name, cls in self.by_name.items()}
         self.fields_of = {cls: self.fields[name] for name, cls in self.by_name.items() if name in self.fields}
+        self.values = frozenset(values)
+        if not self.values <= self.fields_of.keys():
+            raise TypeError("a value class that is not one of the record's dataclasses")
 
 
-def encode(value: Any, classes: Classes, seen: dict[int, int] | None = None) -> Any:
-    """`value` as JSON values (see the module's docstring); TypeError for a type it cannot hold. `seen`: the
-    objects written so far (id -> their index), which are written again as references."""
-    kind = type(value)
-    if kind in _PLAIN:
-        return value
-    seen = {} if seen is None else seen
-    if kind is list:
-        return [encode(item, classes, seen) for item in value]
-    if kind is dict:
-        if TAG not in value and REFERENCE not in value and all(type(key) is str for key in value):
-            return {key: encode(item, classes, seen) for key, item in value.items()}
-        return {TAG: "map", "v": [[encode(key, classes, seen), encode(item, classes, seen)]
-                                  for key, item in value.items()]}
-    if kind is tuple or kind is set or kind is frozenset:
-        return {TAG: kind.__name__, "v": [encode(item, classes, seen) for item in value]}
-    if kind is _PATH:
-        return {TAG: "path", "v": str(value)}
-    name = classes.names.get(kind)
-    if name is None:
-        raise TypeError(f"a record cannot hold a {kind.__qualname__}")
-    if isinstance(value, enum.Enum):
-        return {TAG: name, "v": encode(value.value, classes, seen)}
-    if name in classes.constants:
-        if id(value) not in classes.named:
-            raise TypeError(f"a {name} that is not one of the code's own")
-        return {TAG: name, "v": classes.named[id(value)]}
-    if id(value) in seen:
-        return {REFERENCE: seen[id(value)]}
-    seen[id(value)] = index = len(seen)
-    found: dict[str, Any] = {TAG: name, INDEX: index}
-    written: list[str] = []
-    for field in classes.fields[name]:
-        item = getattr(value, field)
-        kind = type(item)
-        if kind is tuple:
-            if item and all(type(part) is _PATH for part in item):
-                found[field], how = [str(part) for part in item], AS_PATHS
+class _Writer:
+    """One record's encoding: the objects written so far (id -> index, written again as references), the shapes
+    (a class and how its fields were written) in the order first met, and which indexes a reference names (an
+    object no reference names drops its index: the reader need not keep it)."""
+
+    __slots__ = ("classes", "indexed", "named", "seen", "shapes", "values")
+
+    def __init__(self, classes: Classes):
+        self.classes = classes
+        self.seen: dict[int, int] = {}
+        self.shapes: dict[tuple[str, tuple[str, ...]], int] = {}
+        self.indexed: list[dict[str, Any]] = []  # every record object written, by index
+        self.named: set[int] = set()  # the indexes a reference names
+        self.values: dict[tuple[str, str], int] = {}  # a value class's instance (by its repr) -> its index
+
+    def reference(self, index: int) -> int:
+        self.named.add(index)
+        return index
+
+    def encode(self, value: Any) -> Any:
+        kind = type(value)
+        if kind in _PLAIN:
+            return value
+        classes = self.classes
+        if kind is list:
+            return [self.encode(item) for item in value]
+        if kind is dict:
+            if TAG not in value and REFERENCE not in value and SHAPE not in value and \
+                    all(type(key) is str for key in value):
+                return {key: self.encode(item) for key, item in value.items()}
+            return {TAG: "map", "v": [[self.encode(key), self.encode(item)] for key, item in value.items()]}
+        if kind is tuple or kind is set or kind is frozenset:
+            return {TAG: kind.__name__, "v": [self.encode(item) for item in value]}
+        if kind is _PATH:
+            return {TAG: "path", "v": str(value)}
+        name = classes.names.get(kind)
+        if name is None:
+            raise TypeError(f"a record cannot hold a {kind.__qualname__}")
+        if isinstance(value, enum.Enum):
+            return {TAG: name, "v": self.encode(value.value)}
+        if name in classes.constants:
+            if id(value) not in classes.named:
+                raise TypeError(f"a {name} that is not one of the code's own")
+            return {TAG: name, "v": classes.named[id(value)]}
+        if id(value) in self.seen:
+            return {REFERENCE: self.reference(self.seen[id(value)])}
+        equal = None
+        if kind in classes.values:  # an immutable value: one written before that equals it is this one
+            equal = (name, repr(value))
+            if equal in self.values:
+                index = self.seen[id(value)] = self.values[equal]
+                return {REFERENCE: self.reference(index)}
+        self.seen[id(value)] = index = len(self.indexed)
+        if equal is not None:
+            self.values[equal] = index
+        found: dict[str, Any] = {SHAPE: 0, INDEX: index}
+        self.indexed.append(found)
+        written: list[str] = []
+        for field in classes.fields[name]:
+            item = getattr(value, field)
+            kind = type(item)
+            if kind is tuple:
+                if item and all(type(part) is _PATH for part in item):
+                    found[field], how = [str(part) for part in item], AS_PATHS
+                else:
+                    found[field], how = [self.encode(part) for part in item], AS_ARRAY
+            elif kind is _PATH:
+                found[field], how = str(item), AS_PATH
+            elif kind is dict and not item:
+                found[field], how = 0, AS_EMPTY
+            elif id(item) in self.seen and kind in classes.fields_of:
+                found[field], how = self.reference(self.seen[id(item)]), AS_SEEN
             else:
-                found[field], how = [encode(part, classes, seen) for part in item], AS_ARRAY
-        elif kind is _PATH:
-            found[field], how = str(item), AS_PATH
-        elif kind is dict and not item:
-            found[field], how = 0, AS_EMPTY
-        elif id(item) in seen and kind in classes.fields_of:
-            found[field], how = seen[id(item)], AS_SEEN
-        else:
-            found[field] = encode(item, classes, seen)
-            continue
-        written += [field, how]
-    if written:
-        found[FIELDS] = written
-    return found
+                found[field] = self.encode(item)
+                continue
+            written += [field, how]
+        shape = (name, tuple(written))
+        found[SHAPE] = self.shapes.setdefault(shape, len(self.shapes))
+        return found
+
+    def text(self, value: Any) -> str:
+        """`value`'s record text: the shapes, then the value (each compact JSON)."""
+        encoded = self.encode(value)
+        for index, found in enumerate(self.indexed):
+            if index not in self.named:
+                del found[INDEX]
+        shapes = [[name, list(written)] for name, written in self.shapes]
+        return json.dumps(shapes, separators=(",", ":")) + json.dumps(encoded, separators=(",", ":"))
 
 
-def _hook(classes: Classes) -> Any:
+def _shapes(raw: Any, classes: Classes) -> list[tuple[type, frozenset[str], tuple[tuple[str, str], ...]]]:
+    """A record's shapes table as the reader uses it: each a class it may hold, its fields, and how those written
+    otherwise than plainly were written. ValueError for anything else."""
+    if type(raw) is not list:
+        raise ValueError("not a record: no shapes")
+    shapes = []
+    for entry in raw:
+        if type(entry) is not list or len(entry) != 2 or entry[0] not in classes.fields or type(entry[1]) is not list \
+                or len(entry[1]) % 2:
+            raise ValueError(f"not a record: a shape {entry!r:.80}")
+        name, written = entry
+        names = frozenset(classes.fields[name])
+        pairs = tuple(zip(written[::2], written[1::2], strict=True))
+        if any(field not in names or how not in _HOWS for field, how in pairs) or len(pairs) != len(set(pairs)):
+            raise ValueError(f"not a record: a shape {entry!r:.80}")
+        shapes.append((classes.by_name[name], names, pairs))
+    return shapes
+
+
+def _hook(classes: Classes, shapes: list[tuple[type, frozenset[str], tuple[tuple[str, str], ...]]]) -> Any:
     by_name, constants = classes.by_name, classes.constants
-    specs = {name: (by_name[name], frozenset(names)) for name, names in classes.fields.items()}
     objects: dict[int, Any] = {}  # index -> the object read, for the references after it
     paths: dict[str, Path] = {}  # one (immutable) Path per string: a model's path is in each of its builds
 
@@ -135,6 +200,33 @@ def _hook(classes: Classes) -> Any:
         return found
 
     def made(found: dict[str, Any]) -> Any:
+        shape = found.pop(SHAPE, None)
+        if shape is not None:  # a record: the JSON object becomes its __dict__, its fields exactly the declared ones
+            if type(shape) is not int or not 0 <= shape < len(shapes):
+                raise ValueError(f"a record of no shape: {shape!r}")
+            cls, names, written = shapes[shape]
+            index = found.pop(INDEX, None)
+            if found.keys() != names or (index is not None and (type(index) is not int or index in objects)):
+                raise ValueError(f"a {cls.__name__} with fields {sorted(found)}")
+            for name, how in written:
+                value = found[name]
+                if how == AS_ARRAY and type(value) is list:
+                    found[name] = tuple(value)
+                elif how == AS_SEEN and type(value) is int and value in objects:
+                    found[name] = objects[value]
+                elif how == AS_EMPTY and value == 0:
+                    found[name] = {}
+                elif how == AS_PATH and type(value) is str:
+                    found[name] = path(value)
+                elif how == AS_PATHS and type(value) is list and all(type(part) is str for part in value):
+                    found[name] = tuple(map(path, value))
+                else:
+                    raise ValueError(f"{cls.__name__}.{name} written as {how!r}: {value!r}")
+            made: Any = object.__new__(cls)  # as pickle makes it: no __init__ runs, the declared fields are set
+            object.__setattr__(made, "__dict__", found)
+            if index is not None:
+                objects[index] = made
+            return made
         tag = found.get(TAG)
         if tag is None:
             if REFERENCE in found:
@@ -142,32 +234,6 @@ def _hook(classes: Classes) -> Any:
                     raise ValueError(f"a reference to no object read before: {found}")
                 return objects[found[REFERENCE]]
             return found
-        spec = specs.get(tag)
-        if spec is not None:  # a record: the JSON object becomes its __dict__, its fields exactly the declared ones
-            cls, names = spec
-            del found[TAG]
-            index, written = found.pop(INDEX, None), found.pop(FIELDS, [])
-            if found.keys() != names or type(index) is not int or index in objects or type(written) is not list \
-                    or len(written) % 2:
-                raise ValueError(f"a {tag} with fields {sorted(found)}")
-            for name, how in zip(written[::2], written[1::2], strict=True):
-                value = found.get(name)
-                if how == AS_SEEN and type(value) is int and value in objects:
-                    found[name] = objects[value]
-                elif how == AS_EMPTY and value == 0:
-                    found[name] = {}
-                elif how == AS_PATH and type(value) is str:
-                    found[name] = path(value)
-                elif how == AS_ARRAY and type(value) is list:
-                    found[name] = tuple(value)
-                elif how == AS_PATHS and type(value) is list and all(type(part) is str for part in value):
-                    found[name] = tuple(map(path, value))
-                else:
-                    raise ValueError(f"{tag}.{name} written as {how!r}: {value!r}")
-            made: Any = object.__new__(cls)  # as pickle makes it: no __init__ runs, the declared fields are set
-            object.__setattr__(made, "__dict__", found)
-            objects[index] = made
-            return made
         if tag == "tuple":
             return tuple(found["v"])
         if tag == "path":
@@ -177,7 +243,7 @@ def _hook(classes: Classes) -> Any:
         if tag == "set" or tag == "frozenset":
             return (set if tag == "set" else frozenset)(found["v"])
         enum = by_name.get(tag)
-        if enum is None:
+        if enum is None or tag in classes.fields:
             raise ValueError(f"a record names {tag!r}, which it may not hold")
         table = constants.get(tag)
         if table is not None:
@@ -188,17 +254,21 @@ def _hook(classes: Classes) -> Any:
 
     return made
 
-    return made
-
 
 def loads(text: str | bytes, classes: Classes) -> Any:
     """What `dumps` wrote (ValueError for anything else: malformed, or naming a class `classes` lacks)."""
+    if not isinstance(text, str):
+        text = text.decode()
     try:
-        return json.loads(text, object_hook=_hook(classes))
-    except (KeyError, TypeError, RecursionError) as exc:  # a tag without its fields, an unhashable key, nesting
+        raw, end = _PLAIN_JSON.raw_decode(text)
+        value, end = json.JSONDecoder(object_hook=_hook(classes, _shapes(raw, classes))).raw_decode(text, end)
+    except (KeyError, TypeError, RecursionError, IndexError) as exc:  # a field missing, an unhashable key, nesting
         raise ValueError(f"not a record: {exc}") from None
+    if end != len(text):
+        raise ValueError("not a record: text after its value")
+    return value
 
 
 def dumps(value: Any, classes: Classes) -> str:
     """`value` as typed JSON text (`loads` reads it back equal)."""
-    return json.dumps(encode(value, classes), separators=(",", ":"))
+    return _Writer(classes).text(value)

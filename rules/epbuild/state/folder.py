@@ -25,7 +25,7 @@ from ..files.entry_lines import LazyEntries, entry_lines, plain_texts
 from ..files.layout import write_atomic, write_json
 from .codec import Classes
 from .journaled import Journaled, append, read_journaled, write_journaled
-from .records import current, decode_record, encode_record, read_record, write_record
+from .records import current, decode_record, encode_record, read_key, read_record, write_record
 from .registry import records_lock, settle_format, state_file
 
 
@@ -75,6 +75,10 @@ class StateFolder:
 
     def write_record(self, name: str, record: dict[str, Any], classes: Classes | None = None) -> None:
         write_record(self._writable(name), record, classes)
+
+    def read_key(self, name: str) -> Any:
+        """The key a record was written under (`records.read_key`), its body not read."""
+        return read_key(self.path(name))
 
     # journaled records: a base and the lines appended since
 

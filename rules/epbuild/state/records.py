@@ -86,6 +86,18 @@ def read_record(path: Path, key: Any, classes: codec.Classes | None = None) -> d
     return decode_record(data, key, classes)
 
 
+def read_key(path: Path) -> Any:
+    """The key a record at `path` was written under (None: none, or no record), read from its first two lines
+    only: enough for a writer to see that the record already holds what it would write."""
+    try:
+        with open(path, "rb") as file:
+            if file.readline() != MAGIC + b"\n":
+                return None
+            return json.loads(file.readline())
+    except (OSError, ValueError):
+        return None
+
+
 def encode_record(record: dict[str, Any], classes: codec.Classes | None = None) -> bytes:
     """A record's bytes, as `decode_record` reads them (alone, or as a journaled record's base): it names its `key`,
     and may carry a `blob` (bytes) after its body. TypeError for a value the form cannot hold (plain JSON, or typed

@@ -50,8 +50,10 @@ STATE_FILES = (
               "the project key differs, or a model's (or probed file's) identity: its shapes decide the stages",
               "state.json: `doit list` with it and without"),
     StateFile("plan.record", "plan.saved_plan", "the last plan: the manifest as read and checked, resolved targets, "
-              "builds and stages", "the project key, or any file the plan was made from",
-              "state.json: a full-path no-op with it and without"),
+              "builds and stages; its key names what it was made from (a run that planned the same does not write "
+              "it again)", "the project key, or any file the plan was made from",
+              "state.json: a full-path no-op with it and without; scale.json: the full-path no-op and list at "
+              "10,000 targets (not encoding the plan again)"),
     StateFile("last-run.journaled", "tasks.run_record", "the last default run's record (what it found up to date), "
               "with a line per run since of what changed", "its key (its format and the project key), or the "
               "identity of the settings record, the build report or doit's database; rewritten whole when its lines "
