@@ -9,11 +9,21 @@ from epbuild.tasks.entry import namespace
 from epbuild.tasks.kinds import KINDS, is_subtask
 
 
-def test_every_kind_has_its_method_and_every_command_builds_nothing():
+def test_every_kind_has_its_module_and_every_command_builds_nothing():
+    """One module per kind (`tasks.kind.*`): its generator, and for a kind that does work its single task's maker
+    (a selecting run's); every module there belongs to a kind."""
+    import pkgutil
+
+    import epbuild.tasks.kind as rooms
+
     for kind in KINDS:
-        assert callable(getattr(Tasks, kind.method)), kind
+        assert callable(kind.code.tasks), kind
+        assert not kind.work or callable(kind.code.make), kind
         assert kind.work or kind.name in INSPECTING, f"{kind.name}: a command that would build"
     assert len({kind.name for kind in KINDS}) == len(KINDS)
+    helper = {"reduce"}  # made with the compile kind's generator, only when named: no group of its own
+    assert {m.name for m in pkgutil.iter_modules(rooms.__path__)} == {kind.module for kind in KINDS} | helper
+    assert Tasks.made_or and not hasattr(Tasks, "build_tasks")
 
 
 def test_doit_is_handed_one_generator_per_kind_the_project_wants():

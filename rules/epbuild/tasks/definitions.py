@@ -10,41 +10,22 @@ import sys
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from ..errors import UserError, closest
 from ..execute.memory_ledger import check_settings, default_jobs
 from ..fast_path import DOIT_BASE, Listing, listed
 from ..fast_path import enabled as fast_path_enabled
-from ..files.publish import discard
 from ..invocation import Invocation
-from ..manifest.builds import Build, compile_task
+from ..manifest.builds import Build
 from ..manifest.stage import Stage
 from ..plan.packages import PackagePlan, plan_packages
-from ..state.folder import StateFolder
 from ..state.hash_memory import FileHashes
 from ..steps.compilers import compiler
-from ..steps.fingerprint import compile_config, stage_config, validate_config
-from ..steps.packaging.model_package import package_files
-from ..steps.validate import REPORT
-from ..steps.validation.fleet import chip
 from ..store.task_configs import ConfigRecord
-from ..version import RULES_FORMAT
-from .actions import (
-    fail_blocked,
-    refuse_blocked,
-    refuse_unavailable,
-    report_unavailable,
-    run_compile,
-    run_ops,
-    run_package,
-    run_reduce,
-    run_stage_task,
-    run_validate,
-)
+from .actions import refuse_blocked, refuse_unavailable
 from .checker import HashChecker
-from .commands import run_prune, show_backends, show_cache, show_graph
-from .kinds import KINDS, UNAVAILABLE, is_subtask
+from .kinds import BY_NAME, KINDS, UNAVAILABLE, is_subtask
 from .loading import load_project
 from .project import Project, in_shard, shard_keys
 from .reporter import BuildReporter, ReportedRun
@@ -55,6 +36,7 @@ if TYPE_CHECKING:
     from ..execute.warm_start import Candidate
 
 Task = dict[str, Any]
+Made = TypeVar("Made", bound="Task | None")
 
 
 class SettingsChanged:
@@ -82,7 +64,7 @@ class Tasks:
         self._made: dict[str, Task | None] = {}  # task dicts made while selecting (None: no such task)
         self._outs: dict[str, tuple[Path, str]] = {}
 
-    def _out(self, build: Build) -> tuple[Path, str]:
+    def out(self, build: Build) -> tuple[Path, str]:
         """The build's output folder, and as doit spells it: made once per run (its compile and its validation
         both need it, and a selecting run makes every task twice)."""
         found = self._outs.get(build.name)
@@ -123,14 +105,10 @@ class Tasks:
         return planned
 
     def _make(self, name: str, source: Build | Stage | PackagePlan | None) -> Task | None:
+        """One task, by its kind's `make` (a stage's task is named for the stage: `shape:m`)."""
         if source is None:
             return None
-        if isinstance(source, Stage):
-            return self._stage_task(source)
-        if isinstance(source, PackagePlan):
-            return self._package_task(source)
-        by_kind = {"validate": self._validate_task, "ops": self._ops_task}  # else compile: or group:
-        return by_kind.get(name.partition(":")[0], self._build_task)(source)
+        return BY_NAME["stages" if isinstance(source, Stage) else name.partition(":")[0]].make(self, source)
 
     def _suspects(self, record: Recorded) -> set[str]:
         """The tasks of every model whose file changed: what task creation read of it may differ (its stages,
@@ -146,10 +124,11 @@ class Tasks:
                 found |= {build.task, build.validate_task, build.ops_task, *(s.task for s in build.stages)}
         return found
 
-    def _made_or(self, name: str, make: Callable[..., Task | None], *args: Any) -> Task | None:
-        return self._made[name] if name in self._made else make(*args)
+    def made_or(self, name: str, make: Callable[[Tasks, Any], Made], item: Any) -> Made:
+        """Task `name`, as made while selecting, else by `make` (its kind's) from `item` now."""
+        return cast(Made, self._made[name]) if name in self._made else make(self, item)
 
-    def _skipped(self, task: str) -> bool:
+    def skipped(self, task: str) -> bool:
         return self.selection is not None and task not in self.selection
 
     @functools.cached_property
@@ -186,7 +165,7 @@ class Tasks:
         return {**DOIT_BASE, "verbosity": verbosity, "default_tasks": default, "check_file_uptodate": checker,
                 "reporter": reporter, "num_process": default_jobs(configured=project.manifest.build.jobs)}
 
-    def _task(self, basename: str, name: str, doc: str, action: Any, args: list[Any],
+    def task(self, basename: str, name: str, doc: str, action: Any, args: list[Any],
               file_dep: Iterable[Path | str] = (), targets: Iterable[Path | str] = (),
               config: dict[str, Any] | None = None, **extra: Any) -> Task:
         """One doit task: files spelled relative to doit's folder (a str is spelled so already: paths inside an
@@ -202,94 +181,26 @@ class Tasks:
                 "uptodate": [unchanged or (config is not None and SettingsChanged(task, self.project.configs))],
                 **({"io": {"capture": False}} if self.project.threads else {}), **extra}
 
-    def _unavailable(self, basename: str, build: Build, doc: str) -> Task | None:
+    def unavailable(self, basename: str, build: Build, doc: str) -> Task | None:
         """The task of a target this host cannot build: listed with the reason, refused by name; the task of a
         build that waits for a fix to the manifest: listed with it, failing with it; None if it can be built."""
         task = f"{basename}:{build.name}"
         if task in self.project.blocked:
-            return self._blocked(basename, build.name, doc)
+            return self.blocked(basename, build.name, doc)
         reason = self.project.unavailable.get(build.target.name)
         if reason is None:
             return None
-        return self._task(basename, build.name, f"{doc} [unavailable here: {reason}]", refuse_unavailable,
+        return self.task(basename, build.name, f"{doc} [unavailable here: {reason}]", refuse_unavailable,
                           [task, reason, task in self.project.requested])
 
-    def build_tasks(self, kind: str) -> Iterator[Task]:
-        """compile:MODEL@TARGET (kind "compile") or group:NAME (kind "group") tasks."""
-        yield {"basename": kind, "name": None, "doc": "compile every model for each of its targets" if kind ==
-               "compile" else "compile every shared-context group"}
-        for build in self.project.builds:
-            if build.kind == kind and not self._skipped(build.task):
-                yield self._made_or(build.task, self._build_task, build)  # type: ignore[misc]
-        if kind == "compile":
-            yield from self._per_model("compile", [b for b in self.project.builds if not b.shared], "compile",
-                                       self.project.requested)
-            yield from self._reduce_tasks()
-
-    def _reduce_tasks(self) -> Iterator[Task]:
-        """reduce:MODEL@TARGET, made only when named (`epbuild reduce compile:MODEL@TARGET`): the build's failing
-        compile reduced to a repro folder. Never up to date: it asks the EP again (known probes are not rerun)."""
-        project = self.project
-        for build in project.builds:
-            if build.reduce_task in project.requested:
-                yield {"basename": "reduce", "name": build.name,
-                       "doc": f"reduce the failing {build.task} to a repro folder (artifacts/repro/{build.name}/)",
-                       "actions": [(run_reduce, [build, project.workspace, project.manifest.build.reduce_budget_s])],
-                       "task_dep": [stage.task for stage in build.stages], "uptodate": [False]}
-
-    def _build_task(self, build: Build) -> Task:
-        target, (out_dir, out) = build.target, self._out(build)
-        if build.shared:
-            doc = (f"{', '.join(m.name for m in build.members)} into one shared context for {target.name} "
-                   f"({target.ep.name})")
-        elif target.fleet:
-            doc = (f"{build.members[0].name} for {target.fleet}'s SoC {chip(target.options['soc_model'])} alone "
-                   f"({target.ep.name}): the one its validation runs")
-        else:
-            socs = f", SoCs {', '.join(chip(soc) for soc in target.socs)}" if target.socs else ""
-            doc = f"{build.members[0].name} for {target.name} ({target.ep.name}, {target.device}{socs})"
-        refused = self._unavailable(build.kind, build, doc)
-        if refused:
-            return refused
-        checks = [build.ops_task] if compiler(target).operator_check else []
-        if build.shared:  # the members alone first: the group's artifact.json compares the binaries' sizes
-            checks += [compile_task(m.name, target.name) for m in build.members if target.name in m.model.targets]
-        return self._task(build.kind, build.name, f"{doc} -> {out}/", run_compile, [build, self.project.workspace],
-                          build.inputs, [os.path.join(out, name) for name in build.outputs],
-                          compile_config(build, self.project.root, self.project.workspace.provenance),
-                          clean=[(discard, [out_dir])], task_dep=checks)
-
-    def validate_tasks(self) -> Iterator[Task]:
-        yield {"basename": "validate", "name": None, "doc": "run every compiled artifact and compare with its source"}
-        for build in self.project.builds:
-            name = build.validate_task
-            if build.validates and not self._skipped(name):
-                yield self._made_or(name, self._validate_task, build)  # type: ignore[misc]
-        yield from self._per_model("validate", [b for b in self.project.builds if b.validates and not b.shared],
-                                   "validate", self.project.requested)
-
-    def _validate_task(self, build: Build) -> Task:
-        if build.shared:
-            doc = f"group {build.name}: structural checks, and each member run where this host loads the context"
-        elif build.soc_reports:
-            doc = (f"{build.members[0].name} on {build.target.name}: the multi-SoC binary's structure, and each SoC "
-                   f"compiled alone and run: {', '.join(chip(soc) for soc, _ in build.soc_reports)}")
-        else:
-            what = ("structural checks" if build.members[0].validation.mode == "structural"
-                    else "run, compare with the source on CPU")
-            doc = f"{build.members[0].name} on {build.target.name}: {what}"
-        refused = self._unavailable("validate", build, doc)
-        if refused:
-            return refused
-        out, config = self._out(build)[1], validate_config(build, self.project.root, self.project.workspace.provenance)
-        external = [p for m in build.members for p in m.external]
-        inputs: list[Path | str] = [*(os.path.join(out, name) for name in build.outputs), *build.sources, *external,
-                                    *build.validation_files]
-        return self._task("validate", build.name, doc, run_validate, [build, self.project.workspace, config], inputs,
-                          [os.path.join(out, REPORT)], config)
+    def blocked(self, basename: str, name: str, doc: str) -> Task:
+        """The task of a build or stage that waits for a fix to the manifest: listed with it, failing with it."""
+        why = self.project.blocked[f"{basename}:{name}"]
+        return self.task(basename, name, f"{doc} [blocked: {why.key_path} needs a fix]", refuse_blocked,
+                         [f"{basename}:{name}", why])
 
     @staticmethod
-    def _per_model(basename: str, builds: list[Build], verb: str,
+    def per_model(basename: str, builds: list[Build], verb: str,
                    wanted: frozenset[str] | None = None) -> Iterator[Task]:
         """compile:MODEL and validate:MODEL: every target of one model by its name alone (a target this host
         cannot build is skipped with its reason, as in the default run). Made only when named on the command line
@@ -312,90 +223,9 @@ class Tasks:
         return {plan.task: plan for plan in plan_packages(project.manifest, project.builds, project.unavailable,
                                                           project.blocked)}
 
-    def package_tasks(self) -> Iterator[Task]:
-        # the group even when none is declared: doit lists a generator that yields nothing as a blank group anyway
-        yield {"basename": "package", "name": None, "doc": "ONNX Runtime model packages of validated artifacts"}
-        for name, plan in self.packages.items():
-            if not self._skipped(name):
-                yield self._made_or(name, self._package_task, plan)  # type: ignore[misc]
-
-    def _package_task(self, plan: PackagePlan) -> Task:
-        project = self.project
-        folder = project.rel(project.layout.package_dir(plan.name))
-        inputs, needs = [], []
-        for build in plan.variants:
-            out = self._out(build)[1]
-            inputs += [os.path.join(out, name) for name in build.outputs] + [os.path.join(out, REPORT)]
-            needs.append(build.validate_task)
-        config = {"rules_format": RULES_FORMAT, "code": project.workspace.provenance.code,
-                  "variants": [b.name for b in plan.variants], "left_out": [list(pair) for pair in plan.left_out]}
-        files = package_files(list(plan.variants), project.workspace.hashes)
-        return self._task("package", plan.name, f"model package {plan.name}: {len(plan.variants)} variant(s) -> "
-                          f"{folder}/", run_package, [plan, project.workspace], inputs,
-                          [os.path.join(folder, name) for name in files], config,
-                          clean=[(discard, [project.layout.package_dir(plan.name)])], task_dep=needs)
-
     def wants(self, kind: str) -> bool:
-        """Whether doit is handed `kind`'s generator at all: `ops` only where a model is built with qaic (`doit list`
-        showed an operator check no target has)."""
-        return kind != "ops" or any(build.target.compiler == "qaic" for build in self.project.builds)
-
-    def ops_tasks(self) -> Iterator[Task]:
-        yield {"basename": "ops", "name": None, "doc": "check every qaic model's operators against qaic-compile"}
-        for build in self.project.builds:
-            name = build.ops_task
-            if not self._skipped(name) and (task := self._made_or(name, self._ops_task, build)) is not None:
-                yield task
-
-    def _ops_task(self, build: Build) -> Task | None:
-        """None for a target without an operator check, or one this host cannot build."""
-        backend = compiler(build.target)
-        if (not backend.operator_check or build.target.name in self.project.unavailable
-                or build.ops_task in self.project.blocked):
-            return None
-        report = StateFolder(self.project.layout.state).path(f"ops/{build.target.name}/{build.members[0].name}.json")
-        return self._task("ops", build.name, f"operators of {build.members[0].name} supported by qaic-compile?",
-                          run_ops, [build, self.project.workspace, report], [build.members[0].model.path], [report],
-                          {"toolchain": backend.identity(build.target)})
-
-    def backends_task(self) -> Iterator[Task]:
-        yield {"basename": "backends", "doc": "what this host can build: EPs, compilers, toolchains, targets",
-               "actions": [(show_backends, [self.project])], "uptodate": [False], "verbosity": 2,
-               "params": [{"name": "json_output", "long": "json", "type": bool, "default": False,
-                           "help": "print JSON for machines"}]}
-
-    def cache_task(self) -> Iterator[Task]:
-        yield {"basename": "cache", "doc": "the local cache's size and the remote cache's settings",
-               "actions": [(show_cache, [self.project.workspace])], "uptodate": [False], "verbosity": 2}
-
-    def stage_tasks(self) -> Iterator[Task]:
-        """shape:, optimize:, quantize:<model>[flavour] and squash: tasks, each feeding the next by file."""
-        docs = {"freeze": "configuration inputs to constants, folded", "rewrite": "graph rewrites the model asks for",
-                "upgrade": "the model converted to the lowest opset its targets' EP takes",
-                "shape": "static shapes from `inputs`",
-                "fold": "nodes that only compute constants replaced by their values (NPU targets)",
-                "optimize": "ORT graph optimization",
-                "quantize": "QDQ quantization with calibration data", "squash": "inline external data"}
-        for kind in dict.fromkeys(str(stage.kind) for stage in self.project.stages.values()):
-            yield {"basename": kind, "name": None, "doc": docs[kind]}
-        for stage in self.project.stages.values():
-            if not self._skipped(stage.task):
-                yield self._made_or(stage.task, self._stage_task, stage)  # type: ignore[misc]
-
-    def _blocked(self, basename: str, name: str, doc: str) -> Task:
-        why = self.project.blocked[f"{basename}:{name}"]
-        return self._task(basename, name, f"{doc} [blocked: {why.key_path} needs a fix]", refuse_blocked,
-                          [f"{basename}:{name}", why])
-
-    def _stage_task(self, stage: Stage) -> Task:
-        doc = (f"{stage.kind} {stage.model}{f' for {stage.flavour} targets' if stage.flavour else ''} -> "
-               f"{self.project.rel(stage.output)}")
-        if stage.task in self.project.blocked:
-            return self._blocked(str(stage.kind), stage.task.split(":", 1)[1], doc)
-        return self._task(str(stage.kind), stage.task.split(":", 1)[1], doc, run_stage_task,
-                          [stage, self.project.workspace], [stage.input, *stage.input_external, *stage.calibration],
-                          stage.outputs, stage_config(stage, self.project.workspace.provenance),
-                          clean=[(discard, [stage.output.parent])])
+        """Whether doit is handed `kind`'s generator at all (`TaskKind.wanted`)."""
+        return BY_NAME[kind].wanted(self)
 
     def save_listing(self) -> None:
         """What `doit list` shows, for the next one under the same key (epbuild.fast_path)."""
@@ -411,9 +241,9 @@ class Tasks:
 
     def every_task(self) -> list[Task]:
         """Every task dict that can be named, the inspecting ones and every per-model selection included."""
-        return [*self.all_tasks(), *self._per_model("compile", [b for b in self.project.builds if not b.shared],
+        return [*self.all_tasks(), *self.per_model("compile", [b for b in self.project.builds if not b.shared],
                                                     "compile"),
-                *self._per_model("validate", [b for b in self.project.builds if b.validates and not b.shared],
+                *self.per_model("validate", [b for b in self.project.builds if b.validates and not b.shared],
                                  "validate"),
                 *(task for kind in KINDS if not kind.work for task in kind.tasks(self))]
 
@@ -422,25 +252,6 @@ class Tasks:
         every = [task for kind in KINDS if kind.work for task in kind.tasks(self)]
         return [task for task in every if task.get("actions") is not None or not task.get("name")]
 
-    def prune_task(self) -> Iterator[Task]:
-        yield {"basename": "prune", "doc": "remove what removed models, targets, groups and stages left under "
-               "artifacts/ (--dry-run: only list it)", "actions": [(run_prune, [self.project])], "uptodate": [False],
-               "verbosity": 2, "params": [{"name": "dry_run", "long": "dry-run", "type": bool, "default": False,
-                                           "help": "list what would be removed, remove nothing"}]}
-
-    def graph_task(self) -> Iterator[Task]:
-        yield {"basename": "graph", "doc": "the task graph as artifacts/graph.dot and graph.svg (--model M: one model)",
-               "actions": [(show_graph, [self.project, self.all_tasks])], "uptodate": [False], "verbosity": 2,
-               "params": [{"name": "model", "long": "model", "type": str, "default": "",
-                           "help": "only this model's tasks (its stages, compiles, checks, validations, groups)"}]}
-
-    def unavailable_task(self) -> Iterator[Task]:
-        yield {"basename": UNAVAILABLE, "doc": "list the tasks this host cannot build, and why",
-               "actions": [(report_unavailable, [self.project.skipped()])], "uptodate": [False]}
-        if blocked := self.project.blocked_builds():  # last in a default run: after everything else was built
-            yield {"basename": "blocked", "doc": "fail with what the manifest must fix before its blocked tasks build",
-                   "actions": [(fail_blocked, [blocked])], "uptodate": [False],
-                   "task_dep": [name for name in self.default_tasks if name != "blocked"]}
 
 
 def load_full_project(manifest_path: Path, invocation: Invocation, early: Candidate | None = None) -> Tasks:
