@@ -90,7 +90,7 @@ def floor_work(folder: Path) -> float:
 
     def both(build, index: int) -> None:
         (scratch / str(index)).mkdir()
-        _compile_in_child(compile_request(build, scratch / str(index)))
+        _compile_in_child(compile_request(build, scratch / str(index)).to_json())
         _validate_in_child(validation_request(build, build.out_dir(layout)))
 
     for index, build in enumerate(builds):

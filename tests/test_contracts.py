@@ -105,3 +105,34 @@ def test_only_a_run_that_met_its_thresholds_is_passed():
     assert made.to_json() == {"status": "failed", "format": RULES_FORMAT, "reason": "snr",
                               "thresholds": {"min_snr_db": 30.0}, "outputs": {}}
     assert made.replace(target="t").to_json()["target"] == "t"
+
+
+def test_a_compile_job_and_its_answer_travel_as_versioned_records_and_nothing_else_is_read():
+    """The compile job and answer are frozen records (`contracts.jobs`): written as JSON with their format, read
+    back equal; what `execute.child` adds on the way is not theirs; another format, an unknown key or a missing one
+    is refused (a worker of another epbuild answers an internal error, never a half-understood compile)."""
+    import dataclasses
+
+    from epbuild.contracts.jobs import (
+        JOB_FORMAT,
+        CompileAnswer,
+        CompiledMember,
+        CompileJob,
+        CompileMember,
+        JobFormatError,
+    )
+
+    job = CompileJob((CompileMember("/p/m.onnx", "/s/m.onnx", None, {"x": [1, 3]}, "models.m", None),), "models.toml",
+                     False, "qnn", "npu", "ort", False, {"soc_model": "60"}, None)
+    sent = json.loads(json.dumps({**job.to_json(), "provenance": {"code": "c"}}))
+    assert sent["format"] == JOB_FORMAT and CompileJob.from_json(sent) == job
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        job.ep = "cpu"  # type: ignore[misc]
+    answer = CompileAnswer((CompiledMember({"offload": 1.0}, "2.40", ["m_qnn.bin"]),))
+    back = CompileAnswer.from_json(json.loads(json.dumps({**answer.to_json(), "usage": {"seconds": 1.0}})))
+    assert back == answer and back.members[0].graphs == [] and back.members[0].pruned is None
+    for bad in ({**sent, "format": JOB_FORMAT + 1}, {k: v for k, v in sent.items() if k != "format"},
+                {**sent, "extra": 1}, {k: v for k, v in sent.items() if k != "ep"},
+                {**sent, "members": [{**sent["members"][0], "shape": [1]}]}, {**sent, "members": {}}, [sent]):
+        with pytest.raises(JobFormatError):
+            CompileJob.from_json(bad)

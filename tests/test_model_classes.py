@@ -113,7 +113,7 @@ def test_an_artifact_its_ep_cannot_open_fails_the_compile_naming_the_partition_a
 
     info = type("Info", (), {"name": "QNNExecutionProvider"})()
     with pytest.raises(ModelError) as raised:
-        _opens(RefusingStandIn, info, None, {"options": {}, "share": False}, tmp_path / "m_ctx.onnx")
+        _opens(RefusingStandIn, info, None, {}, tmp_path / "m_ctx.onnx")
     message = str(raised.value)
     assert message.startswith("QNNExecutionProvider compiled m_ctx.onnx (1 EPContext partition(s)) but cannot open it")
     assert "tensor_wrapper" in message and "partition 1 of 1 (QNN_1) reads lengths with dynamic dimensions" in message

@@ -1,43 +1,9 @@
-"""What the parent sends its compile and validation children, and what they answer (JSON, declared here)."""
+"""What the parent sends its validation children, and what they answer (JSON, declared here; the compile job's
+records are `contracts.jobs`)."""
 
 from __future__ import annotations
 
 from typing import Any, NotRequired, TypedDict
-
-
-class CompileMember(TypedDict):
-    model: str  # the model file the compile consumes
-    output: str  # where the compiled (or optimized) model goes
-    external_data: str | None  # CPU targets: the output's own external-data file name
-    inputs: dict[str, list[int]]  # static shapes from the manifest
-    entry: str  # the model's manifest entry (models.NAME), for errors about its keys
-    weights: str | None  # the folder its external data resolves in, from its own, when not that (files.weights)
-
-
-class CompileRequest(TypedDict):
-    members: list[CompileMember]
-    manifest: str  # the manifest's file name
-    share: bool  # compile every member into one shared EP context
-    ep: str  # EP alias
-    device: str
-    compiler: str  # ort or ort_session
-    embed: bool
-    options: dict[str, str]  # provider options, option files as absolute paths
-    optimization_level: str | None  # CPU targets
-    prune: NotRequired[dict[str, Any] | None]  # `ship_socs`: {"python": the tool's interpreter, "keep": [SoCs]}
-
-
-class MemberResult(TypedDict, total=False):
-    nodes: dict[str, Any]  # where the source's nodes ended up (epbuild.steps.graph.placement)
-    ep_sdk_version: str | None
-    binaries: list[str]  # context binaries the compiled model references
-    graphs: list[str]  # the EPContext nodes' names: the graph names a runtime (Genie) looks up in the binary
-    compatibility: str  # the EP's compatibility string (onnxruntime's get_compatibility_info_from_model)
-    pruned: list[str]  # SoCs whose records `ship_socs` removed from a multi-SoC binary (`steps.toolchain.soc_pruning`)
-
-
-class CompileResult(TypedDict):
-    members: list[MemberResult]
 
 
 class MemberValidation(TypedDict):

@@ -8,6 +8,7 @@ shared EP context for a group.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..contracts.artifact import OMIT, read_artifact
-from ..contracts.requests import CompileMember, CompileRequest, CompileResult, MemberResult
+from ..contracts.jobs import CompileAnswer, CompiledMember, CompileJob, CompileMember
 from ..contracts.statuses import TaskStatus
 from ..errors import BuildError, ModelCausedError, ModelError, located
 from ..execute.child import serve
@@ -144,7 +145,7 @@ def publishing(build: Build, folder: Path, layout: Layout) -> None:
 
 # ---- child process ----
 
-def inspect_output(path: Path, source_nodes: int, ep_name: str | None) -> MemberResult:
+def inspect_output(path: Path, source_nodes: int, ep_name: str | None) -> CompiledMember:
     """Check a compiled model before it is published (every file it references is beside it; EPContext nodes
     come from `ep_name` and name binaries that exist) and say where the source's nodes ended up."""
     import onnx
@@ -160,8 +161,7 @@ def inspect_output(path: Path, source_nodes: int, ep_name: str | None) -> Member
         nodes["if_on_inputs"] = branches
     graphs = [node.name for node in model.graph.node if node.op_type == EP_CONTEXT]  # what runtimes look up
     compatibility = _compatibility(path, ep_name) if ep_name else None
-    return {"nodes": nodes, "ep_sdk_version": sdk, "binaries": binaries, **({"graphs": graphs} if graphs else {}),
-            **({"compatibility": compatibility} if compatibility else {})}
+    return CompiledMember(nodes, sdk, binaries, graphs, compatibility)
 
 
 def _compatibility(path: Path, ep_name: str) -> str | None:
@@ -185,17 +185,17 @@ def check_offload(name: str, nodes: dict[str, Any], min_offload: float) -> None:
                      f"nodes, below min_offload = {min_offload:g}; left on CPU: {left}")
 
 
-def _prepare(request: CompileRequest) -> list[tuple[CompileMember, int, dict[str, int], bool]]:
+def _prepare(request: CompileJob) -> list[tuple[CompileMember, int, dict[str, int], bool]]:
     """Each member's source node count and free-dimension overrides, checked before the first compile, so a
     group never half-compiles."""
     import onnx
 
-    needs_static = not known(request["ep"]).is_cpu
+    needs_static = not known(request.ep).is_cpu
     prepared = []
-    for member in request["members"]:
-        source = onnx.load(member["model"], load_external_data=False)
-        with located(request["manifest"], member["entry"]):
-            overrides = static_dims(source, member["inputs"], needs_static=needs_static)
+    for member in request.members:
+        source = onnx.load(member.model, load_external_data=False)
+        with located(request.manifest, member.entry):
+            overrides = static_dims(source, member.inputs, needs_static=needs_static)
         held = {t.name for t in source.graph.initializer}
         listed = any(value.name in held for value in source.graph.input)  # IR < 4: weights listed as inputs
         prepared.append((member, len(source.graph.node), overrides, listed))
@@ -205,15 +205,15 @@ def _prepare(request: CompileRequest) -> list[tuple[CompileMember, int, dict[str
 
 def _optimize_for_cpu(ort: Any, options: Any, member: CompileMember, level: str, listed: bool) -> None:
     """A CPU target: ONNX Runtime's offline-optimized model, with its own external-data file when it has one."""
-    output = Path(member["output"])
+    output = Path(member.output)
     options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, CPU_LEVELS[level])
     options.optimized_model_filepath = str(output)
-    external_output(options, member["external_data"])  # its own weights, not the source's data file
-    ort.InferenceSession(Path(member["model"]).name, options, providers=["CPUExecutionProvider"])
-    if member["external_data"]:
-        always_written(output.with_name(member["external_data"]))
+    external_output(options, member.external_data)  # its own weights, not the source's data file
+    ort.InferenceSession(Path(member.model).name, options, providers=["CPUExecutionProvider"])
+    if member.external_data:
+        always_written(output.with_name(member.external_data))
     if listed:  # only a model that lists weights as inputs (IR < 4) can leave a listing behind
-        _settle_listed_weights(output, Path(member["model"]).name, member["weights"] or ".")
+        _settle_listed_weights(output, Path(member.model).name, member.weights or ".")
 
 
 def _settle_listed_weights(output: Path, source_file: str, weights_folder: str) -> None:
@@ -240,35 +240,35 @@ def _settle_listed_weights(output: Path, source_file: str, weights_folder: str) 
     onnx.save(artifact, str(output))
 
 
-def _compile_for_ep(ort: Any, options: Any, member: CompileMember, request: CompileRequest, device: Any,
+def _compile_for_ep(ort: Any, options: Any, member: CompileMember, request: CompileJob, device: Any,
                     last: bool) -> None:
     """An EP target: an EPContext model with ModelCompiler (`ort`) or a context-enabled session (`ort_session`);
     in a group every member shares one EP context and the last one stops sharing (which writes the binary)."""
-    if request["share"]:
+    if request.share:
         options.add_session_config_entry("ep.share_ep_contexts", "1")
         if last:
             options.add_session_config_entry("ep.stop_share_ep_contexts", "1")
-    options.add_provider_for_devices([device], request["options"])
-    model_file = Path(member["model"]).name
-    if request["compiler"] == "ort":
+    options.add_provider_for_devices([device], request.options)
+    model_file = Path(member.model).name
+    if request.compiler == "ort":
         flags = int(ort.OrtCompileApiFlags.ERROR_IF_NO_NODES_COMPILED)
         try:
-            ort.ModelCompiler(options, model_file, embed_compiled_data_into_model=request["embed"],
-                              flags=flags).compile_to_file(member["output"])
+            ort.ModelCompiler(options, model_file, embed_compiled_data_into_model=request.embed,
+                              flags=flags).compile_to_file(member.output)
         except Exception as exc:
-            if "Unable to compile any nodes" not in str(exc) or request["share"]:
+            if "Unable to compile any nodes" not in str(exc) or request.share:
                 raise
             sys.stderr.write(f"{' '.join(str(exc).split())}\n")  # ONNX Runtime's words stay in the job's log
             _say_which_ops(ort, device, request, Path(model_file))
             raise
     else:
         options.add_session_config_entry("ep.context_enable", "1")
-        options.add_session_config_entry("ep.context_file_path", member["output"])
-        options.add_session_config_entry("ep.context_embed_mode", "1" if request["embed"] else "0")
+        options.add_session_config_entry("ep.context_file_path", member.output)
+        options.add_session_config_entry("ep.context_embed_mode", "1" if request.embed else "0")
         ort.InferenceSession(model_file, options)
 
 
-def _say_which_ops(ort: Any, device: Any, request: CompileRequest, model: Path) -> None:
+def _say_which_ops(ort: Any, device: Any, request: CompileJob, model: Path) -> None:
     """ONNX Runtime's "Unable to compile any nodes" names nothing: ask the EP about each op type alone
     (`steps.toolchain.op_probe`) and fail with what it said; not for a model below the EP's opset (`diagnosis` says
     so)."""
@@ -278,33 +278,34 @@ def _say_which_ops(ort: Any, device: Any, request: CompileRequest, model: Path) 
 
     opset = next((e.version for e in onnx.load(str(model), load_external_data=False).opset_import
                   if e.domain in ("", "ai.onnx")), None)
-    if opset is not None and opset < (known(request["ep"]).min_opset or 0):
+    if opset is not None and opset < (known(request.ep).min_opset or 0):
         return
 
     def options() -> Any:
         fresh = ort.SessionOptions()
         fresh.log_severity_level = 4
-        fresh.add_provider_for_devices([device], request["options"])
+        fresh.add_provider_for_devices([device], request.options)
         return fresh
 
     found = refused_op_types(ort, model, options)
-    line = refused_line(known(request["ep"]).name, found)
+    line = refused_line(known(request.ep).name, found)
     if line:
         raise ModelError(line, in_model=True)
 
 
-def _compile_in_child(request: CompileRequest) -> CompileResult:
+def _compile_in_child(sent: dict[str, Any]) -> dict[str, Any]:
     """Compile each member in order (with `share`, all into one shared EP context), then check every output."""
     import onnxruntime as ort
 
+    request = CompileJob.from_json(sent)
     from ..execute.host import register_plugin, select_ep_device
 
-    info = known(request["ep"])
+    info = known(request.ep)
     prepared = _prepare(request)
     device = None
     if not info.is_cpu:
         register_plugin(ort, info)
-        device = select_ep_device(ort, info, request["device"])
+        device = select_ep_device(ort, info, request.device)
     for index, (member, _, overrides, listed) in enumerate(prepared):
         options = ort.SessionOptions()
         options.log_severity_level = 3
@@ -313,44 +314,44 @@ def _compile_in_child(request: CompileRequest) -> CompileResult:
         # Compile by file name from the model's folder: ONNX Runtime hashes the model path into partition (graph)
         # names, so an absolute path would make two checkouts produce different bytes, and bytes without a path
         # give every member of a shared context the same graph names.
-        os.chdir(Path(member["model"]).parent)
-        if member["weights"]:  # relative, through the model's folder: it names the graphs instead (files.weights)
-            options.add_session_config_entry(FOLDER_OPTION, member["weights"])
+        os.chdir(Path(member.model).parent)
+        if member.weights:  # relative, through the model's folder: it names the graphs instead (files.weights)
+            options.add_session_config_entry(FOLDER_OPTION, member.weights)
         if info.is_cpu:
-            _optimize_for_cpu(ort, options, member, request["optimization_level"] or "extended", listed)
+            _optimize_for_cpu(ort, options, member, request.optimization_level or "extended", listed)
         else:
             _compile_for_ep(ort, options, member, request, device, last=index == len(prepared) - 1)
-        if not Path(member["output"]).is_file():
-            raise ModelError(f"{info.name} wrote no compiled model for {Path(member['model']).name}")
-    pruned = _prune(request, prepared[0][0]) if request.get("prune") else None
+        if not Path(member.output).is_file():
+            raise ModelError(f"{info.name} wrote no compiled model for {Path(member.model).name}")
+    pruned = _prune(request, prepared[0][0]) if request.prune else None
     # Check after the last compile: a shared context binary is written only when sharing stops.
     results = []
     for member, source_nodes, _, _ in prepared:
-        results.append(inspect_output(Path(member["output"]), source_nodes, None if info.is_cpu else info.name))
+        results.append(inspect_output(Path(member.output), source_nodes, None if info.is_cpu else info.name))
     if pruned is not None:
-        results[0]["pruned"] = pruned
+        results[0] = dataclasses.replace(results[0], pruned=pruned)
     # a group's members load together once published (its loading contract places the weights its binaries refer
     # to; QNN's shared context crashes an x86 host); a multi-SoC binary loads on none of its SoCs' simulators (its
     # validation runs each SoC compiled alone: steps.validation.fleet)
-    multi_soc = "," in request["options"].get("soc_model", "")
-    if not info.is_cpu and not request["share"] and not multi_soc:
+    multi_soc = "," in request.options.get("soc_model", "")
+    if not info.is_cpu and not request.share and not multi_soc:
         for (member, _, _, _), result in zip(prepared, results, strict=True):
-            _opens(ort, info, device, request, Path(member["output"]), result["nodes"].get("foldable_on_cpu") or {})
-    return {"members": results}
+            _opens(ort, info, device, request.options, Path(member.output), result.nodes.get("foldable_on_cpu") or {})
+    return CompileAnswer(tuple(results)).to_json()
 
 
-def _prune(request: CompileRequest, member: CompileMember) -> list[str]:
+def _prune(request: CompileJob, member: CompileMember) -> list[str]:
     """`ship_socs`: the multi-SoC binary beside the compiled model pruned to the SoCs shipped; the SoCs removed."""
     from .toolchain.soc_pruning import prune
 
-    output = Path(member["output"])
-    binary = output.with_name(f"{output.stem}{known(request['ep']).binary_suffix}")
-    shipped = request.get("prune")
-    assert shipped is not None, "called for a request with `prune` only"
+    output = Path(member.output)
+    binary = output.with_name(f"{output.stem}{known(request.ep).binary_suffix}")
+    shipped = request.prune
+    assert shipped is not None, "called for a job with `prune` only"
     return prune(shipped["python"], output, binary, shipped["keep"])
 
 
-def _opens(ort: Any, info: Any, device: Any, request: CompileRequest, output: Path,
+def _opens(ort: Any, info: Any, device: Any, provider_options: dict[str, str], output: Path,
            foldable: dict[str, int] | None = None) -> None:
     """Open the compiled model on its EP (QNN through the HTP simulator here) as a loader would; a model the EP
     cannot load fails the compile, naming its EPContext partitions and those fed by tensors of dynamic shape (the
@@ -359,7 +360,7 @@ def _opens(ort: Any, info: Any, device: Any, request: CompileRequest, output: Pa
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
-    options.add_provider_for_devices([device], request["options"])
+    options.add_provider_for_devices([device], provider_options)
     try:
         ort.InferenceSession(str(output), options)
     except Exception as exc:  # noqa: BLE001 - the EP's own words are the message

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ...contracts.artifact import OMIT, ArtifactMember, ArtifactRecord
-from ...contracts.requests import CompileRequest, MemberResult
+from ...contracts.jobs import CompileAnswer, CompiledMember, CompileJob, CompileMember
 from ...errors import BuildError
 from ...execute.child import run_child
 from ...execute.host import package_reason, unavailable_reason
@@ -48,7 +48,7 @@ class OrtCompiler(Compiler):
         """Write the build's files into `scratch`; return the child's usage (seconds, peak memory)."""
         layout, target = workspace.layout, build.target
         what = f"{build.kind} {build.name} ({target.ep.name})"
-        answer = run_child("epbuild.steps.compile", compile_request(build, scratch), scratch,
+        answer = run_child("epbuild.steps.compile", compile_request(build, scratch).to_json(), scratch,
                            build_limits(build, workspace, "compile"), what,
                            build.log(layout, "compile"), ep=target.ep.fork_server, reuse=target.ep.warm_compiles,
                            expect=workspace.provenance, links=workspace.links)
@@ -56,7 +56,8 @@ class OrtCompiler(Compiler):
             shutil.copyfile(target.option_files[key], scratch / name)
         if build.shared and target.ep.shared_weights_outside:
             copy_shared_weights(build, workspace, scratch)
-        write_json(scratch / SIDECAR, sidecar(build, answer["members"], workspace.provenance).to_json())
+        compiled = CompileAnswer.from_json(answer).members
+        write_json(scratch / SIDECAR, sidecar(build, list(compiled), workspace.provenance).to_json())
         return answer["usage"]
 
 
@@ -81,33 +82,28 @@ def copy_shared_weights(build: Build, workspace: Workspace, scratch: Path) -> No
         copy_file(path, scratch / name)
 
 
-def compile_request(build: Build, scratch: Path) -> CompileRequest:
-    """The ONNX Runtime child's request: each member in order, where its output goes, and the target's settings."""
+def compile_request(build: Build, scratch: Path) -> CompileJob:
+    """The ONNX Runtime child's job: each member in order, where its output goes, and the target's settings."""
     target = build.target
-    request: CompileRequest = {
-        "members": [{"model": str(m.model.path), "output": str(scratch / m.model_file),
-                     "external_data": m.data_file if target.is_cpu and m.external else None,
-                     "inputs": {name: list(shape) for name, shape in m.model.inputs.items()},
-                     "entry": f"models.{m.name}", "weights": m.weights.get(str(m.model.path))}
-                    for m in build.members],
-        "manifest": build.manifest, "share": build.shared, "ep": target.ep.alias, "device": target.device,
-        "compiler": target.compiler, "embed": target.embed, "options": target.session_options(),
-        "optimization_level": target.optimization_level,
-    }
-    if target.ship_socs:
-        request["prune"] = request_part(target.ship_socs)
-    return request
+    members = tuple(CompileMember(str(m.model.path), str(scratch / m.model_file),
+                                  m.data_file if target.is_cpu and m.external else None,
+                                  {name: list(shape) for name, shape in m.model.inputs.items()}, f"models.{m.name}",
+                                  m.weights.get(str(m.model.path)))
+                    for m in build.members)
+    return CompileJob(members, build.manifest, build.shared, target.ep.alias, target.device, target.compiler,
+                      target.embed, target.session_options(), target.optimization_level,
+                      request_part(target.ship_socs) if target.ship_socs else None)
 
 
-def pruning(target: ResolvedTarget, result: MemberResult) -> dict[str, Any]:
+def pruning(target: ResolvedTarget, result: CompiledMember) -> dict[str, Any]:
     """What `ship_socs` did: the SoCs kept and removed, or why the binary was not pruned."""
-    if "pruned" in result:
-        return {"kept": list(target.ship_socs), "removed": result["pruned"]}
+    if result.pruned is not None:
+        return {"kept": list(target.ship_socs), "removed": result.pruned}
     found = deploy_tool()
     return {"skipped": found if isinstance(found, str) else "the tool was not run"}
 
 
-def sidecar(build: Build, results: list[MemberResult], provenance: Provenance) -> ArtifactRecord:
+def sidecar(build: Build, results: list[CompiledMember], provenance: Provenance) -> ArtifactRecord:
     """`artifact.json`: what a runtime needs to load the artifact (per member for a group), and how much of each
     model the EP took. The target's name is not in the fingerprint, so it is added when the folder is published
     (`compile.publishing`), never cached."""
@@ -119,18 +115,18 @@ def sidecar(build: Build, results: list[MemberResult], provenance: Provenance) -
         vendor_shim=vendor_shim.identity() if target.ep.vendor_shim and vendor_shim.active() else OMIT)
     if build.shared:
         return common.replace(group=build.name, embed=False, order=[m.name for m in build.members], members={
-            m.name: ArtifactMember(model_file=m.model_file, binaries=r["binaries"], nodes=r["nodes"],
-                                   ep_sdk_version=r["ep_sdk_version"], graphs=r.get("graphs", []),
-                                   compatibility=r.get("compatibility") or OMIT,
+            m.name: ArtifactMember(model_file=m.model_file, binaries=r.binaries, nodes=r.nodes,
+                                   ep_sdk_version=r.ep_sdk_version, graphs=r.graphs,
+                                   compatibility=r.compatibility or OMIT,
                                    inputs={k: list(v) for k, v in m.model.inputs.items()})
             for m, r in zip(build.members, results, strict=True)})
     (member,), (result,) = build.members, results
     return common.replace(
         model=member.name, embed=target.embed, model_file=member.model_file,
         inputs={name: list(shape) for name, shape in member.model.inputs.items()},
-        ep_sdk_version=result.get("ep_sdk_version"), nodes=result["nodes"], graphs=result.get("graphs") or OMIT,
-        compatibility=result.get("compatibility") or OMIT,
-        socs={soc: QNN_KNOWN_VALUES["soc_model"].get(soc, "") for soc in listed_socs(result.get("compatibility"))
+        ep_sdk_version=result.ep_sdk_version, nodes=result.nodes, graphs=result.graphs or OMIT,
+        compatibility=result.compatibility or OMIT,
+        socs={soc: QNN_KNOWN_VALUES["soc_model"].get(soc, "") for soc in listed_socs(result.compatibility)
               or target.socs} if target.socs else OMIT,
         soc_pruning=pruning(target, result) if target.ship_socs else OMIT,
         frozen={k: list(v) for k, v in member.frozen.items()} if member.frozen else OMIT,

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ...contracts.artifact import read_artifact
-from ...contracts.requests import CompileRequest
+from ...contracts.jobs import CompileAnswer
 from ...contracts.statuses import Verdict
 from ...contracts.validation import read_validation
 from ...errors import BuildError, ModelError
@@ -243,14 +243,13 @@ def _probe_with(build: Build, workspace: Workspace, graph: Subgraphs, probes: _P
 
 def _compile_probe(build: Build, workspace: Workspace, graph: Subgraphs, probes: _Probes, work: Path,
                    deadline: float) -> Callable[[list[int]], str]:
-    def request_for(path: Path) -> CompileRequest:
-        request = compile_request(build, path.parent / "out")
-        member = request["members"][0]
-        member["model"], member["inputs"], member["weights"], member["external_data"] = str(path), {}, None, None
-        return request
+    def request_for(path: Path) -> dict[str, Any]:
+        job = compile_request(build, path.parent / "out")
+        member = dataclasses.replace(job.members[0], model=str(path), inputs={}, weights=None, external_data=None)
+        return dataclasses.replace(job, members=(member,)).to_json()
 
     def judged(answer: dict[str, Any]) -> str:
-        probes.sdk = probes.sdk or (answer.get("members") or [{}])[0].get("ep_sdk_version")
+        probes.sdk = probes.sdk or CompileAnswer.from_json(answer).members[0].ep_sdk_version
         return PASSES
 
     return _probe_with(build, workspace, graph, probes, work, deadline, "compile", "epbuild.steps.compile",
