@@ -91,7 +91,7 @@ def floor_work(folder: Path) -> float:
     def both(build, index: int) -> None:
         (scratch / str(index)).mkdir()
         _compile_in_child(compile_request(build, scratch / str(index)).to_json())
-        _validate_in_child(validation_request(build, build.out_dir(layout)))
+        _validate_in_child(validation_request(build, build.out_dir(layout)).to_json())
 
     for index, build in enumerate(builds):
         both(build, index)  # imports and first sessions: part of the process's figure

@@ -55,7 +55,7 @@ def main() -> None:
             if compiler(target).unavailable(target, caps) or not build.validates:
                 continue
             child = statistics.median(_timed(lambda b=build: validate(b, workspace, workdir)) for _ in range(repeats))
-            request = validation_request(build, build.out_dir(layout))
+            request = validation_request(build, build.out_dir(layout)).to_json()
             _validate_in_child(request)  # warm: imports, EP registration
             inside = statistics.median(_timed(lambda r=request: _validate_in_child(r)) for _ in range(repeats))
             print(f"{build.name:<28} {child:>8.3f} {inside:>13.3f} {child - inside:>11.3f}")

@@ -157,3 +157,18 @@ def job_processes(root: Path) -> list[int]:
                 except OSError:
                     continue
     return found
+
+
+def validation_member(**fields):
+    """A validation job's member (`contracts.jobs.ValidationMember`) for a test that calls the child's functions
+    itself: a CPU run of `artifact` against `reference`, every other field as a plain target leaves it."""
+    from epbuild.contracts.jobs import ValidationMember
+
+    artifact = fields.get("artifact", "artifact.onnx")
+    base = {"artifact": artifact, "files": [], "ep_sdk_version": None, "cpu_nodes": 1, "foldable_on_cpu": {},
+            "source": artifact, "weights": {}, "reference": artifact, "declared": artifact,
+            "reference_is": "the model as declared", "float_reference": None, "float_reference_is": "", "ep": "cpu",
+            "device": "cpu", "embed": False, "mode": "run", "options": {}, "inputs": {}, "inputs_file": None,
+            "precision": "fp32", "thresholds": {}, "frozen": {}, "entry": "models.m", "manifest": "models.toml",
+            "target": "cpu", "localise": False, "compile_options": {}, "localise_budget_s": 60.0}
+    return ValidationMember(**{**base, **fields})

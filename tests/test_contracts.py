@@ -136,3 +136,31 @@ def test_a_compile_job_and_its_answer_travel_as_versioned_records_and_nothing_el
                 {**sent, "members": [{**sent["members"][0], "shape": [1]}]}, {**sent, "members": {}}, [sent]):
         with pytest.raises(JobFormatError):
             CompileJob.from_json(bad)
+
+
+def test_a_validation_job_reads_back_equal_members_and_pipeline_included(project):
+    """A built artifact's validation job (`steps.validate.validation_request`) travels as JSON and reads back the
+    same record, its members and a pipeline's members alone as `ValidationMember`s; an unknown key in a member, or a
+    pipeline without its members alone, is refused."""
+    import dataclasses
+
+    from epbuild.contracts.jobs import JobFormatError, ValidationJob, ValidationMember
+    from epbuild.steps.validate import validation_request
+    from epbuild.tasks.loading import load_project
+
+    project.manifest('[models.tinycnn]\npath = "models/tinycnn.onnx"\ntargets = ["cpu"]\n\n[targets.cpu]\nep = "cpu"\n')
+    assert project.doit("compile:tinycnn@cpu").returncode == 0
+    loaded = load_project(project.root / "models.toml", ["list"])
+    (build,) = loaded.builds
+    job = validation_request(build, build.out_dir(loaded.layout))
+    sent = json.loads(json.dumps(job.to_json()))
+    back = ValidationJob.from_json(sent)
+    assert back == job and type(back.members["tinycnn"]) is ValidationMember
+    alone = dataclasses.replace(job, pipeline={"tokens": 2, "alone": {"tinycnn": job.members["tinycnn"], "x": None}})
+    again = ValidationJob.from_json(json.loads(json.dumps(alone.to_json())))
+    assert again == alone and type(again.pipeline["alone"]["tinycnn"]) is ValidationMember
+    member = sent["members"]["tinycnn"]
+    for bad in ({**sent, "members": {"tinycnn": {**member, "status": "passed"}}}, {**sent, "pipeline": {"tokens": 2}},
+                {**sent, "members": [member]}):
+        with pytest.raises(JobFormatError):
+            ValidationJob.from_json(bad)

@@ -18,7 +18,7 @@ from epbuild.manifest.parse import load
 from epbuild.plan.targets import plan
 from epbuild.steps.validate import validate, validate_member
 from epbuild.store.cache import Workspace
-from helpers import single_op_model
+from helpers import single_op_model, validation_member
 
 QNN = """
 [models.tinycnn]
@@ -264,12 +264,8 @@ def test_a_separate_reference_model_is_compared_against(project):
 
 def _reference_request(tmp_path, reference, declared, reference_is):
     artifact = single_op_model(tmp_path / "artifact.onnx", "Relu")
-    return {"artifact": str(artifact), "files": [], "ep_sdk_version": None, "cpu_nodes": 1, "foldable_on_cpu": {},
-            "source": str(artifact), "weights": {}, "reference": str(reference), "declared": str(declared),
-            "reference_is": reference_is, "float_reference": None, "float_reference_is": "", "ep": "cpu",
-            "device": "cpu", "embed": False, "mode": "run", "options": {}, "inputs": {}, "inputs_file": None,
-            "precision": "fp32", "thresholds": {}, "frozen": {}, "entry": "models.m", "manifest": "models.toml",
-            "target": "cpu", "localise": False, "compile_options": {}, "localise_budget_s": 60.0}
+    return validation_member(artifact=str(artifact), reference=str(reference), declared=str(declared),
+                             reference_is=reference_is)
 
 
 def _unloadable(path):
@@ -327,15 +323,16 @@ def test_a_large_models_reference_runs_in_a_child_of_its_own_with_the_same_resul
 def test_a_reference_that_cannot_be_saved_costs_its_keeping_not_the_validation(tmp_path):
     """The child saves the reference for the cache where it can; a disk that refuses it (here a file where its
     folder would be) leaves the validation as it is, with the reason for the one warning."""
+    from epbuild.contracts.jobs import ValidationJob
     from epbuild.steps.validate import _validate_in_child
 
     model = single_op_model(tmp_path / "m.onnx", "Relu")
     member = _reference_request(tmp_path, model, model, "the model as declared (m.onnx)")
     (tmp_path / "blocked").write_text("a file, not a folder")
-    request = {"members": {"m": member}, "shared": False, "reference_to": str(tmp_path / "blocked" / "ref")}
-    report = _validate_in_child(request)
+    request = ValidationJob({"m": member}, False, False, None, None, reference_to=str(tmp_path / "blocked" / "ref"))
+    report = _validate_in_child(request.to_json())
     assert report["status"] == "passed" and "reference_saved" not in report
     assert "blocked" in report["reference_unsaved"]
-    saved = _validate_in_child({**request, "reference_to": str(tmp_path / "ref")})
+    saved = _validate_in_child(dataclasses.replace(request, reference_to=str(tmp_path / "ref")).to_json())
     assert saved["reference_saved"] and saved["outputs"] == report["outputs"]
     assert (tmp_path / "ref" / "reference.npz").is_file()

@@ -179,17 +179,19 @@ def test_an_interrupted_validation_keeps_no_older_verdict(project):
 
 def test_a_missed_threshold_points_to_bf16_or_to_localise(tmp_path):
     from epbuild.steps.diagnosis import failure_hints
+    from helpers import validation_member
 
     metrics = {"y": {"snr_db": 43.6}}
-    request = {"ep": "openvino", "options": {}, "localise": False, "entry": "models.m"}
+    request = validation_member(ep="openvino")
     assert "INFERENCE_PRECISION_HINT" in failure_hints(metrics, {"min_snr_db": 60.0}, request, "fp32")[0]
     config = tmp_path / "f32.json"
     config.write_text('{"CPU": {"INFERENCE_PRECISION_HINT": "f32"}}')
-    f32 = {**request, "options": {"load_config": str(config)}}
+    f32 = validation_member(ep="openvino", options={"load_config": str(config)})
     assert failure_hints(metrics, {"min_snr_db": 60.0}, f32, "fp32") == []  # 43.6 < 60 - 20 does not hold
-    far = failure_hints({"y": {"snr_db": 12.0}}, {"min_snr_db": 60.0}, {**request, "ep": "qnn"}, "fp32")
+    far = failure_hints({"y": {"snr_db": 12.0}}, {"min_snr_db": 60.0}, validation_member(ep="qnn"), "fp32")
     assert len(far) == 1 and "set validation.localise = true (in models.m)" in far[0]
-    assert failure_hints({"y": {"snr_db": 12.0}}, {"min_snr_db": 60.0}, {**request, "localise": True}, "fp32") == []
+    far_localised = validation_member(ep="openvino", localise=True)
+    assert failure_hints({"y": {"snr_db": 12.0}}, {"min_snr_db": 60.0}, far_localised, "fp32") == []
 
 
 def _noisy_model(path) -> None:

@@ -1,5 +1,7 @@
-"""A compile job as records: what the parent sends its compile child (`CompileJob`) and what the child answers
-(`CompileAnswer`), frozen and versioned (`JOB_FORMAT`), as `artifact.json` is (`contracts.artifact`). They travel as
+"""Jobs as records: what the parent sends its compile child (`CompileJob`) and what the child answers
+(`CompileAnswer`), what it sends its validation child (`ValidationJob`, whose answer is the report that becomes
+`validation.json`: `contracts.validation`), frozen and versioned (`JOB_FORMAT`), as `artifact.json` is
+(`contracts.artifact`). They travel as
 JSON (`to_json`), and are read back only through `from_json`, which refuses another format, a key the record does
 not declare and a missing one: a child of another epbuild (a warm worker left from before an upgrade) answers
 "internal error", never a half-understood compile. What `execute.child` adds on the way (`ENVELOPE`: the provenance
@@ -13,7 +15,7 @@ from typing import Any, ClassVar, TypeVar
 
 from ..records import record
 
-JOB_FORMAT = 1  # 1: the compile job and answer as records (were TypedDicts)
+JOB_FORMAT = 1  # 1: the compile and validation jobs as records (were TypedDicts)
 ENVELOPE = frozenset({"format", "provenance", "usage"})
 R = TypeVar("R")
 
@@ -115,3 +117,89 @@ class CompileAnswer:
     @classmethod
     def from_json(cls, data: Any) -> CompileAnswer:
         return _top(cls, data, cls.NESTED)
+
+
+@record
+class ValidationMember:
+    """One artifact to validate: the file, what its sidecar recorded, the reference and the settings."""
+
+    artifact: str
+    files: list[str]  # every file the sidecar lists, absolute
+    ep_sdk_version: str | None
+    cpu_nodes: int  # nodes the compile left on CPU: more at run time is a fallback
+    source: str  # the model the compile consumed
+    weights: dict[str, str]  # models above whose external data resolves in another folder (files.weights)
+    reference: str  # the model to compare with
+    declared: str  # the model as declared: the reference where a stage's output cannot run on CPU
+    reference_is: str  # what the reference is, for messages: "the output of fold:m", "the model as declared (m.onnx)"
+    float_reference: str | None  # quantized artifacts: the float model, compared for information
+    float_reference_is: str
+    ep: str
+    device: str
+    embed: bool
+    mode: str  # run or structural (`manifest.builds.ValidationMode`)
+    options: dict[str, str]  # runtime options, option files inside the artifact folder
+    inputs: dict[str, list[int]]
+    inputs_file: str | None
+    precision: str  # fp32 or fp16 (qdq is recognised from the reference)
+    thresholds: dict[str, float]
+    frozen: dict[str, list[float]]
+    entry: str  # the model's manifest entry, for errors about its keys
+    manifest: str
+    target: str  # the target's name, for what a failure suggests
+    localise: bool  # on failed outputs, find where the EP departs (epbuild.steps.validation.localise)
+    compile_options: dict[str, str]  # the EP's options as the compile had them, for localise's sessions
+    localise_budget_s: float
+    compatibility: str | None = None  # the EP's compatibility string, for ONNX Runtime's answer here
+    timeout_s: float = 600.0  # the validation's time limit: a task's samples must fit in it
+    task: dict[str, Any] | None = None  # a task metric on a dataset (`manifest.task_metric.task_settings`)
+    repeat_within_s: float = 30.0  # a first run at most this long is repeated (`steps.validation.repeatability`)
+    package: dict[str, str] | None = None  # root, component, variant: the session through a model package
+    foldable_on_cpu: dict[str, int] | None = None  # op type -> nodes left on CPU that only compute constants
+    share: bool = False  # a member of a shared context, loaded as its loading contract says
+
+
+def _members(data: Any, where: str) -> dict[str, ValidationMember]:
+    if not isinstance(data, Mapping):
+        raise JobFormatError(f"{where} is not a JSON object")
+    return {name: _read(ValidationMember, member, {}) for name, member in data.items()}
+
+
+@record
+class ValidationJob:
+    """What the validation child checks: one artifact, or a group's members (then each run where this host loads
+    the shared context), and where the CPU reference comes from or goes."""
+
+    members: dict[str, ValidationMember]
+    shared: bool  # a shared-context group: structural checks of all, then each member run
+    one_binary: bool  # the EP writes one binary for all members: they must all reference it
+    run_blocked: str | None  # why this host cannot load the shared context
+    # `pipeline`: {"tokens": token steps, "alone": member -> its job compiled alone (or None)}, and the CPU
+    # references' folders once computed or restored (`steps.validation.cached_reference`)
+    pipeline: dict[str, Any] | None
+    phase: str | None = None  # a large model: "reference" (the CPU reference alone), then "artifact" (with it)
+    reference: str | None = None  # the artifact phase: the folder the reference (restored or computed) is in
+    reference_to: str | None = None  # a single model: the folder its child saves the reference it computes in
+    references: dict[str, str] | None = None  # a group: member -> the folder its restored reference is in
+    references_to: dict[str, str] | None = None  # a group: member -> the folder its computed reference goes to
+
+    def to_json(self) -> dict[str, Any]:
+        return _json(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> ValidationJob:
+        job = _top(cls, data, {})
+        members = _members(job.members, "ValidationJob.members")
+        pipeline = job.pipeline
+        if pipeline is not None:
+            if not isinstance(pipeline, Mapping) or not isinstance(pipeline.get("alone"), Mapping):
+                raise JobFormatError("ValidationJob.pipeline without its members alone")
+            alone = {name: None if member is None else _read(ValidationMember, member, {})
+                     for name, member in pipeline["alone"].items()}
+            pipeline = {**pipeline, "alone": alone}
+        return dataclasses.replace(job, members=members, pipeline=pipeline)
+
+
+# A validation child's answer as it travels (JSON): the verdict (`status`, a `statuses.Verdict` word, or "reference"
+# from a reference phase) and its figures; what is published is `contracts.validation.ValidationRecord`
+ValidationReport = dict[str, Any]

@@ -5,10 +5,10 @@ without its weights, only after something failed, and said in the failure's one 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..contracts.jobs import ValidationMember
 from .folding import read_in_bodies, read_only_inside
 from .graph import consumers, true_inputs
 from .validation.comparison import DEFAULT_THRESHOLDS
@@ -225,7 +225,7 @@ LOCALISE_BELOW_DB = 20.0  # this far below what the precision explains, a failur
 BF16_BAND_DB = (30.0, 55.0)  # the SNR bf16 arithmetic gives against an fp32 reference
 
 
-def failure_hints(metrics: dict[str, dict[str, Any]], thresholds: dict[str, float], request: Mapping[str, Any],
+def failure_hints(metrics: dict[str, dict[str, Any]], thresholds: dict[str, float], request: ValidationMember,
                   kind: str) -> list[str]:
     """Where a missed threshold points: an OpenVINO fp32 artifact missing by what bf16 explains (the CPU plugin
     runs bf16 where the CPU has it, unless load_config says f32); a result far below what its precision explains
@@ -235,15 +235,15 @@ def failure_hints(metrics: dict[str, dict[str, Any]], thresholds: dict[str, floa
     if limit is None or not snrs or min(snrs) >= limit:
         return []
     worst, hints = min(snrs), []
-    config = request["options"].get("load_config")
-    says_f32 = bool(config) and "f32" in _text(config)
-    if request["ep"] == "openvino" and kind == "fp32" and not says_f32 and BF16_BAND_DB[0] <= worst < BF16_BAND_DB[1]:
+    config = request.options.get("load_config")
+    says_f32 = config is not None and "f32" in _text(config)
+    if request.ep == "openvino" and kind == "fp32" and not says_f32 and BF16_BAND_DB[0] <= worst < BF16_BAND_DB[1]:
         hints.append(f"an SNR of {worst:.1f} dB is what bf16 gives: OpenVINO's CPU plugin runs bf16 where the CPU "
                      "has it; give options.load_config a JSON file {\"CPU\": {\"INFERENCE_PRECISION_HINT\": "
                      "\"f32\"}} with option_files = [\"load_config\"]")
-    elif not request["localise"] and worst < DEFAULT_THRESHOLDS.get(kind, {}).get("min_snr_db", 0) - LOCALISE_BELOW_DB:
+    elif not request.localise and worst < DEFAULT_THRESHOLDS.get(kind, {}).get("min_snr_db", 0) - LOCALISE_BELOW_DB:
         hints.append(f"{worst:.1f} dB is far below what {kind} explains: set validation.localise = true (in "
-                     f"{request['entry']}) to find the first node where {request['ep']} departs from CPU")
+                     f"{request.entry}) to find the first node where {request.ep} departs from CPU")
     return hints
 
 

@@ -17,10 +17,10 @@ import hashlib
 import json
 import os
 import platform
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..contracts.jobs import ValidationJob, ValidationMember
 from ..execute.host import cpu_flags
 from ..execute.provenance import Provenance
 from ..files.weights import resolved
@@ -140,32 +140,35 @@ def validation_fingerprint(artifact_files: list[Path], config: dict[str, Any], e
                     "host": {"machine": platform.machine(), "cpu_flags": cpu_flags()}})
 
 
-def reference_fingerprint(member: Member, request: Mapping[str, Any], hashes: FileHashes,
+def reference_fingerprint(member: Member, request: ValidationMember, hashes: FileHashes,
                           provenance: Provenance) -> str:
     """What the CPU reference's outputs depend on, so that targets validating the same model on the same inputs
     share them: the bytes of each model it may run, in its role, and of their external data and the inputs file
     (`Member.reference_files`); the inputs' shapes and frozen values; what the notes call those models; the CPU
     libraries and this host's CPU. Not the target: a CPU reference is the same for every EP."""
-    roles = {role: [Path(request[role]).name, hashes.sha256(Path(request[role]))] if request[role] else None
-             for role in ("source", "reference", "declared", "float_reference", "inputs_file")}  # names: in notes
+    paths = {"source": request.source, "reference": request.reference, "declared": request.declared,
+             "float_reference": request.float_reference, "inputs_file": request.inputs_file}
+    roles = {role: [Path(path).name, hashes.sha256(Path(path))] if path else None
+             for role, path in paths.items()}  # names: in notes
     return _digest({"kind": "reference", "rules_format": RULES_FORMAT, "code": provenance.code, "roles": roles,
                     "files": sorted([path.name, hashes.sha256(path)] for path in member.reference_files),
-                    "inputs": request["inputs"], "frozen": request["frozen"],
-                    "described": [request["reference_is"], request["float_reference_is"]],
-                    **({"task": _task_reference(request["task"])} if request.get("task") else {}),
+                    "inputs": request.inputs, "frozen": request.frozen,
+                    "described": [request.reference_is, request.float_reference_is],
+                    **({"task": _task_reference(request.task)} if request.task else {}),
                     "versions": provenance.of("onnxruntime", "onnx", "numpy"),
                     "host": {"machine": platform.machine(), "cpu_flags": cpu_flags()}})
 
 
-def pipeline_fingerprint(build: Build, request: Mapping[str, Any], hashes: FileHashes,
+def pipeline_fingerprint(build: Build, request: ValidationJob, hashes: FileHashes,
                          provenance: Provenance) -> str:
     """What a pipeline's CPU run depends on: each member's CPU reference key (its source's bytes, the CPU
     libraries, this host's CPU), in the group's order, and the number of token steps. Not the target."""
-    members = [reference_fingerprint(member, request["members"][member.name], hashes, provenance)
+    members = [reference_fingerprint(member, request.members[member.name], hashes, provenance)
                for member in build.members]
     first = build.members[0]
     checked = genai_files(first.declared or first.model.path)  # the CPU run is checked against genai's generator
-    return _digest({"kind": "pipeline", "members": members, "tokens": request["pipeline"]["tokens"],
+    assert request.pipeline is not None, "a pipeline's job"
+    return _digest({"kind": "pipeline", "members": members, "tokens": request.pipeline["tokens"],
                     **({"genai": provenance.version(GENAI)} if checked else {})})
 
 

@@ -8,6 +8,7 @@ exactly those there). `skipped` means only "this host cannot run this artifact" 
 
 from __future__ import annotations
 
+import dataclasses
 import platform
 import time
 from collections.abc import Callable
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..contracts.artifact import OMIT, ArtifactMember, ArtifactRecord, read_artifact
-from ..contracts.requests import MemberValidation, ValidationReport, ValidationRequest
+from ..contracts.jobs import ValidationJob, ValidationMember, ValidationReport
 from ..contracts.statuses import ValidationMode, Verdict
 from ..contracts.validation import ValidationRecord, read_validation
 from ..errors import BuildError, located, plain
@@ -52,7 +53,7 @@ from .validation.reference import (
     save_reference,
     session_options,
 )
-from .validation.repeatability import REPEAT_WITHIN_S, repeatability
+from .validation.repeatability import repeatability
 from .validation.selection import selected_outputs
 from .validation.validation_inputs import SEED, feeds_for, listed_weights
 
@@ -61,7 +62,7 @@ STRUCTURAL_ONLY = ('validate = "structural": its files and EPContext attributes 
 
 
 def member_request(build: Build, member: Member, folder: Path, record: ArtifactRecord,
-                   entry: ArtifactRecord | ArtifactMember) -> MemberValidation:
+                   entry: ArtifactRecord | ArtifactMember) -> ValidationMember:
     """One artifact's request; `entry` is the member's part of its artifact record (nodes, SDK version). A quantized
     artifact is compared with its float model too, for information; frozen inputs are fed to the reference with
     the values the artifact was built with."""
@@ -70,7 +71,7 @@ def member_request(build: Build, member: Member, folder: Path, record: ArtifactR
     stages = [stage for stage in build.stages if stage.model == member.name]
     declared = member.declared or member.model.path
     reference = settings.reference or member.model.path
-    request: MemberValidation = {
+    fields: dict[str, Any] = {
         "float_reference": str(member.float_model) if member.float_model else None,
         "float_reference_is": describe(member.float_model, declared, stages) if member.float_model else "",
         "artifact": str(folder / member.model_file), "files": [str(folder / name) for name in record.files],
@@ -93,9 +94,7 @@ def member_request(build: Build, member: Member, folder: Path, record: ArtifactR
         "repeat_within_s": settings.repeat_within_s, "timeout_s": settings.timeout_s,
         "localise_budget_s": settings.timeout_s / 2,
     }
-    if settings.task:
-        request["task"] = settings.task
-    return request
+    return ValidationMember(**fields, task=settings.task or None)
 
 
 def describe(path: Path, declared: Path, stages: list[Stage]) -> str:
@@ -106,7 +105,7 @@ def describe(path: Path, declared: Path, stages: list[Stage]) -> str:
     return f"the output of {made_by}" if made_by else f"validation.reference ({path.name})"
 
 
-def validation_request(build: Build, folder: Path) -> ValidationRequest:
+def validation_request(build: Build, folder: Path) -> ValidationJob:
     """What the validating child needs: each member's artifact, what the sidecar recorded, reference, settings."""
     record = read_artifact(folder)
     entries = record.member_entries()
@@ -114,7 +113,7 @@ def validation_request(build: Build, folder: Path) -> ValidationRequest:
     machine = platform.machine().lower().replace("amd64", "x86_64")
     pipeline = None
     if build.pipeline_tokens:
-        alone: dict[str, MemberValidation | None] = {}
+        alone: dict[str, ValidationMember | None] = {}
         for member in build.members:
             own = dict(build.alone).get(member.name)
             sidecar = own[0].parent / SIDECAR if own else None
@@ -124,9 +123,8 @@ def validation_request(build: Build, folder: Path) -> ValidationRequest:
             single = read_artifact(sidecar.parent)
             alone[member.name] = member_request(build, member, sidecar.parent, single, single)
         pipeline = {"tokens": build.pipeline_tokens, "alone": alone}
-    return {"members": members, "shared": build.shared, "one_binary": build.target.ep.shares_one_binary,
-            "run_blocked": build.target.ep.shared_context_unloadable.get(machine) if build.shared else None,
-            "pipeline": pipeline}
+    return ValidationJob(members, build.shared, build.target.ep.shares_one_binary,
+                         build.target.ep.shared_context_unloadable.get(machine) if build.shared else None, pipeline)
 
 
 def validate(build: Build, workspace: Workspace, workdir: Path, folder: Path | None = None,
@@ -144,25 +142,27 @@ def validate(build: Build, workspace: Workspace, workdir: Path, folder: Path | N
     if report is None:
         timeout = sum(m.validation.timeout_s for m in build.members)
         request = validation_request(build, folder)
-        for name, member in request["members"].items():  # a group member's component: GROUP.MODEL
-            if package:
-                member["package"] = {**package, "component": f"{build.name}.{name}"} if build.shared else package
-                _relocate(member, package["assets"])
+        members = request.members
+        if package:  # a group member's component: GROUP.MODEL
+            members = {name: _relocate(dataclasses.replace(member, package={**package, "component": f"{build.name}."
+                                                                             f"{name}"} if build.shared else package),
+                                       package["assets"]) for name, member in members.items()}
         what = f"validate {'group ' if build.shared else ''}{build.name} ({target.ep.name})"
         what += " through its package" if package else ""
         log = log or build.log(layout, "validate")
         fleet = bool(build.soc_reports)  # a multi-SoC binary: checked structurally, each SoC run alone
         if fleet:
-            for member in request["members"].values():
-                member["mode"] = ValidationMode.STRUCTURAL
+            members = {name: dataclasses.replace(member, mode=ValidationMode.STRUCTURAL)
+                       for name, member in members.items()}
+        request = dataclasses.replace(request, members=members)
         try:
-            if build.shared and request["pipeline"]:
+            if build.shared and request.pipeline:
                 report = run_pipeline_against_cache(build, workspace, request, workdir, what, log, timeout)
-            elif build.shared and not request["run_blocked"]:
+            elif build.shared and not request.run_blocked:
                 report = run_group_against_references(build, workspace, request, workdir, what, log, timeout)
             elif (fleet or build.shared or build.members[0].validation.mode != ValidationMode.RUN
                   or build.members[0].package):
-                report = run_child("epbuild.steps.validate", request, workdir,
+                report = run_child("epbuild.steps.validate", request.to_json(), workdir,
                                    build_limits(build, workspace, "validate", timeout), what, log,
                                    ep=target.ep.fork_server, reuse=target.ep.warm_validations and not package,
                                    expect=workspace.provenance, links=workspace.links)
@@ -173,7 +173,7 @@ def validate(build: Build, workspace: Workspace, workdir: Path, folder: Path | N
             report = {"status": Verdict.FAILED, "reason": str(exc)}
         if fleet:
             record = read_artifact(folder)
-            report = fleet_verdict(build, report, next(iter(request["members"].values()))["compatibility"],
+            report = fleet_verdict(build, report, next(iter(request.members.values())).compatibility,
                                    record.soc_pruning if record.has("soc_pruning") else None)
     if "reason" in report:  # an EP's colour codes: reports are read as text
         report["reason"] = plain(report["reason"])
@@ -183,12 +183,13 @@ def validate(build: Build, workspace: Workspace, workdir: Path, folder: Path | N
             "seconds": round(time.monotonic() - started, 3), **report}
 
 
-def _relocate(member: MemberValidation, assets: dict[str, str]) -> None:
+def _relocate(member: ValidationMember, assets: dict[str, str]) -> ValidationMember:
     """A package's shared assets (option files) are not in the variant's folder: its files and provider options
     name them where the package holds them."""
-    member["files"] = [assets.get(Path(path).name, path) for path in member["files"]]
-    member["options"] = {key: assets.get(Path(value).name, value) if Path(value).is_absolute() else value
-                         for key, value in member["options"].items()}
+    return dataclasses.replace(
+        member, files=[assets.get(Path(path).name, path) for path in member.files],
+        options={key: assets.get(Path(value).name, value) if Path(value).is_absolute() else value
+                 for key, value in member.options.items()})
 
 
 # outside its fingerprint, never cached: the compatibility answer depends on this host's devices, which the
@@ -282,30 +283,30 @@ def summary(report: dict[str, Any]) -> str:
 # ---- child process ----
 
 
-def _validate_group(request: ValidationRequest) -> ValidationReport:
+def _validate_group(request: ValidationJob) -> ValidationReport:
     """Structural checks of every member (and, for EPs writing one binary, that all reference the same one),
     then each member run against its source where this host can load the shared context."""
     reports: dict[str, dict[str, Any]] = {}
-    for name, member in request["members"].items():
+    for name, member in request.members.items():
         problems = structural_problems(member)
         reports[name] = ({"status": Verdict.FAILED, "reason": "; ".join(problems)} if problems
                          else {"status": Verdict.PASSED})
     failures = [f"{name}: {r['reason']}" for name, r in reports.items() if r["status"] == Verdict.FAILED]
-    if not failures and request["one_binary"]:
-        referenced = {name: sorted(context_binaries(m["artifact"])) for name, m in request["members"].items()}
+    if not failures and request.one_binary:
+        referenced = {name: sorted(context_binaries(m.artifact)) for name, m in request.members.items()}
         if len({tuple(v) for v in referenced.values()}) != 1:
             failures.append(f"members reference different context binaries: {referenced}")
     if failures:
         return {"status": Verdict.FAILED, "reason": "; ".join(failures), "members": reports}
-    if request["pipeline"]:
+    if request.pipeline:
         return {**validate_pipeline(request), "members": reports}
-    if request["run_blocked"]:
-        return {"status": Verdict.SKIPPED, "structural": Verdict.PASSED, "reason": request["run_blocked"],
+    if request.run_blocked:
+        return {"status": Verdict.SKIPPED, "structural": Verdict.PASSED, "reason": request.run_blocked,
                 "members": reports}
-    kept, save_to = request.get("references", {}), request.get("references_to", {})
+    kept, save_to = request.references or {}, request.references_to or {}
     saved: dict[str, Any] = {}
-    for name, member in request["members"].items():
-        if member["mode"] == ValidationMode.RUN:
+    for name, member in request.members.items():
+        if member.mode == ValidationMode.RUN:
             try:
                 reference, saved[name] = _reference_for(member, kept.get(name), save_to.get(name))
             except ReferenceUnusable as exc:
@@ -325,7 +326,7 @@ def _validate_group(request: ValidationRequest) -> ValidationReport:
     return report
 
 
-def _reference_for(member: MemberValidation, kept: str | None, save_to: str | None) -> tuple[dict[str, Any],
+def _reference_for(member: ValidationMember, kept: str | None, save_to: str | None) -> tuple[dict[str, Any],
                                                                                             dict[str, Any]]:
     """A member's CPU reference: from the folder the job restored it into (`kept`), else computed here and saved
     into `save_to` for the cache where the disk lets it; and what to tell the job about that saving. Raises
@@ -334,7 +335,7 @@ def _reference_for(member: MemberValidation, kept: str | None, save_to: str | No
         return load_reference(Path(kept)), {}
     import onnxruntime as ort
 
-    with located(member["manifest"], member["entry"]):
+    with located(member.manifest, member.entry):
         reference = reference_run(ort, member)
     if not save_to:
         return reference, {}
@@ -346,7 +347,7 @@ def _reference_for(member: MemberValidation, kept: str | None, save_to: str | No
 
 
 
-def _localise(ort: Any, info: EpInfo, request: MemberValidation, feeds: dict[str, Any],
+def _localise(ort: Any, info: EpInfo, request: ValidationMember, feeds: dict[str, Any],
               thresholds: dict[str, float]) -> dict[str, Any] | None:
     """Where the EP departs from CPU on the model the artifact was compiled from; None for CPU targets (both
     sides would be ONNX Runtime's CPU EP)."""
@@ -357,18 +358,18 @@ def _localise(ort: Any, info: EpInfo, request: MemberValidation, feeds: dict[str
 
     def on_ep() -> Any:
         options = session_options(ort)
-        options.add_provider_for_devices([select_ep_device(ort, info, request["device"])],
-                                         request["compile_options"])
+        options.add_provider_for_devices([select_ep_device(ort, info, request.device)],
+                                         request.compile_options)
         return options
 
     try:
-        return localise(ort, request["source"], feeds, thresholds, on_ep, lambda: session_options(ort),
-                        request["localise_budget_s"], weights_folder(request["source"], request["weights"]))
+        return localise(ort, request.source, feeds, thresholds, on_ep, lambda: session_options(ort),
+                        request.localise_budget_s, weights_folder(request.source, request.weights))
     except Exception as exc:  # noqa: BLE001 - the validation's own result stands; say why there is no more
         return {"found": False, "error": " ".join(str(exc).split())[:300]}
 
 
-def _openvino_16bit(ort: Any, info: EpInfo, request: MemberValidation, reference: dict[str, Any],
+def _openvino_16bit(ort: Any, info: EpInfo, request: ValidationMember, reference: dict[str, Any],
                     thresholds: dict[str, float], graph: Any) -> str | None:
     """OpenVINO on a model with 16-bit Q/DQ: its own plain session of the model compiled from, as far from CPU
     too, shows the plugin computes it wrongly (the same model passes on QNN); None where that is not what happened."""
@@ -378,10 +379,10 @@ def _openvino_16bit(ort: Any, info: EpInfo, request: MemberValidation, reference
     from ..execute.host import select_ep_device
 
     options = session_options(ort)
-    options.add_provider_for_devices([select_ep_device(ort, info, request["device"])], request["compile_options"])
+    options.add_provider_for_devices([select_ep_device(ort, info, request.device)], request.compile_options)
     try:
-        plain = ort.InferenceSession(request["source"], options)
-        got = plain.run(None, feeds_for(plain, reference["feeds"], request["frozen"], "quantized model"))
+        plain = ort.InferenceSession(request.source, options)
+        got = plain.run(None, feeds_for(plain, reference["feeds"], request.frozen, "quantized model"))
     except Exception as exc:  # noqa: BLE001 - the plugin's own failure is the evidence
         return openvino_16bit_line(found, None, " ".join(str(exc).split())[:160])
     snrs = [compare(value, reference["expected"][output.name])["snr_db"]
@@ -392,33 +393,33 @@ def _openvino_16bit(ort: Any, info: EpInfo, request: MemberValidation, reference
     return openvino_16bit_line(found, worst, None)
 
 
-def validate_member(request: MemberValidation, reference: dict[str, Any] | None = None) -> ValidationReport:
+def validate_member(request: ValidationMember, reference: dict[str, Any] | None = None) -> ValidationReport:
     """Structural checks; then run the artifact on its EP, check where it ran, and compare every output with the
     reference's on CPU, fed the same inputs (`reference_run`: computed here before the artifact's session opens,
     or earlier by another child or another target's validation, `cached_reference`)."""
     problems = structural_problems(request)
     if problems:
         return {"status": Verdict.FAILED, "reason": "; ".join(problems)}
-    if request["mode"] == ValidationMode.STRUCTURAL:
+    if request.mode == ValidationMode.STRUCTURAL:
         return {"status": Verdict.STRUCTURAL, "reason": STRUCTURAL_ONLY}
 
     import onnx
     import onnxruntime as ort
 
     began = time.monotonic()
-    info = known(request["ep"])
+    info = known(request.ep)
     try:
-        with located(request["manifest"], request["entry"]):
+        with located(request.manifest, request.entry):
             reference = reference or reference_run(ort, request)  # first: its session is gone when the artifact's opens
     except ReferenceUnusable as exc:
         return {"status": Verdict.FAILED, "reason": str(exc)}
     session, refused = open_session(ort, info, request)
     if refused:
         return refused
-    with located(request["manifest"], request["entry"]):
-        asked = {i.name for i in session.get_inputs()} - reference["feeds"].keys() - request["frozen"].keys()
-        weights = listed_weights(request["reference"], asked) if asked else {}
-        feeds = feeds_for(session, reference["feeds"], request["frozen"], "artifact", weights)
+    with located(request.manifest, request.entry):
+        asked = {i.name for i in session.get_inputs()} - reference["feeds"].keys() - request.frozen.keys()
+        weights = listed_weights(request.reference, asked) if asked else {}
+        feeds = feeds_for(session, reference["feeds"], request.frozen, "artifact", weights)
     generated = reference["generated"]
     hint = ("; generated integer inputs " + ", ".join(f"{k}: {v}" for k, v in generated.items())
             if any("give validation.inputs" in v for v in generated.values()) else "")
@@ -428,38 +429,38 @@ def validate_member(request: MemberValidation, reference: dict[str, Any] | None 
         seconds = time.perf_counter() - started
     except Exception as exc:  # noqa: BLE001 - the EP's own error is the report
         return {"status": Verdict.FAILED, "reason": f"{info.name} could not run the artifact: {str(exc).strip()}{hint}"}
-    ran_on, failures = placement_failures(session, info, request["cpu_nodes"], recorded=not request.get("package"))
-    compatibility = request.get("compatibility")
+    ran_on, failures = placement_failures(session, info, request.cpu_nodes, recorded=not request.package)
+    compatibility = request.compatibility
     judged = answer(ort, info.name, [compatibility]) if compatibility else None
 
-    compared_graph = onnx.load(request["reference"], load_external_data=False)  # read once: kind and selections
-    kind = "qdq" if is_qdq(compared_graph) else request["precision"]
-    thresholds = {**DEFAULT_THRESHOLDS[kind], **request["thresholds"]}
+    compared_graph = onnx.load(request.reference, load_external_data=False)  # read once: kind and selections
+    kind = "qdq" if is_qdq(compared_graph) else request.precision
+    thresholds = {**DEFAULT_THRESHOLDS[kind], **request.thresholds}
     repeated, varies = repeatability(session, feeds, outputs, seconds, thresholds, kind,
-                                     request.get("repeat_within_s", REPEAT_WITHIN_S))
+                                     request.repeat_within_s)
     if varies:
         failures.insert(0, varies)
     metrics, missed, undecided = compare_outputs(session, outputs, reference["expected"], thresholds, kind,
                                                  selected_outputs(compared_graph))
     task = None
-    if request.get("task"):  # the task metric decides; the tensors' misses are reported beside it
+    if request.task:  # the task metric decides; the tensors' misses are reported beside it
         from .validation.task_metrics import decide
 
-        with located(request["manifest"], request["entry"]):
+        with located(request.manifest, request.entry):
             task, missed_task = decide(session, request, reference["dataset"], seconds,
-                                       request.get("timeout_s", 600.0) - (time.monotonic() - began), info.name,
+                                       request.timeout_s - (time.monotonic() - began), info.name,
                                        [*missed, *undecided])
         failures += [missed_task] if missed_task else []
         missed, undecided = [], []
     failures += missed
-    fp16 = fp16_hint(metrics, thresholds, request["target"], request["entry"]) if kind == "fp16" and missed else None
+    fp16 = fp16_hint(metrics, thresholds, request.target, request.entry) if kind == "fp16" and missed else None
     sixteen = _openvino_16bit(ort, info, request, reference, thresholds, compared_graph) if missed else None
     if fp16 or sixteen:
         failures.append(fp16 or sixteen or "")
     elif missed:
         failures.extend(failure_hints(metrics, thresholds, request, kind))
     del compared_graph
-    localising = missed and request["localise"] and not sixteen  # it would crash inside OpenVINO's QDQ handling
+    localising = missed and request.localise and not sixteen  # it would crash inside OpenVINO's QDQ handling
     divergence = _localise(ort, info, request, feeds, thresholds) if localising else None
     if divergence:
         failures.append(localised(divergence) if "error" not in divergence else
@@ -474,11 +475,11 @@ def validate_member(request: MemberValidation, reference: dict[str, Any] | None 
         **({"task": task} if task else {}),
         **({"compatibility": {"answer": judged[0], "text": judged[1]}} if judged else {}),
         **({"divergence": divergence} if divergence else {}),
-        "inputs": {"from": request["inputs_file"] or f"generated, seed {SEED}",
+        "inputs": {"from": request.inputs_file or f"generated, seed {SEED}",
                    "shapes": {k: list(v.shape) for k, v in feeds.items()},
                    **({"generated": generated} if generated else {}),
-                   **({"frozen": request["frozen"]} if request["frozen"] else {})}}
-    if request["float_reference"]:  # a quantized artifact: its error against the float model, for information
+                   **({"frozen": request.frozen} if request.frozen else {})}}
+    if request.float_reference:  # a quantized artifact: its error against the float model, for information
         floats = reference["floats"]
         report["against_float_model"] = {output.name: compare(got, floats[output.name])
                                          for output, got in zip(session.get_outputs(), outputs, strict=True)
@@ -486,25 +487,26 @@ def validate_member(request: MemberValidation, reference: dict[str, Any] | None 
     if failures:
         report["reason"] = "; ".join(failures)
     elif undecided:
-        given = "these validation.inputs" if request["inputs_file"] else "generated inputs"
+        given = "these validation.inputs" if request.inputs_file else "generated inputs"
         report["reason"] = (f"{'; '.join(undecided)} ({given}); give validation.inputs with realistic data, or set "
                             "validation.inconclusive = \"fail\" to fail such builds")
     return report
 
 
-def _validate_in_child(request: ValidationRequest) -> ValidationReport:
-    if request["shared"]:
+def _validate_in_child(sent: dict[str, Any]) -> ValidationReport:
+    request = ValidationJob.from_json(sent)
+    if request.shared:
         return _validate_group(request)
-    (member,) = request["members"].values()
-    phase = request.get("phase")
+    (member,) = request.members.values()
+    phase = request.phase
     if phase == "artifact":  # the reference computed earlier, by another child or another target's validation
-        return validate_member(member, load_reference(Path(request["reference"])))
-    if member["mode"] != ValidationMode.RUN:
+        return validate_member(member, load_reference(Path(str(request.reference))))
+    if member.mode != ValidationMode.RUN:
         return validate_member(member)
-    if (Path(member["artifact"]).parent / GENAI_CONFIG).is_file():  # a folder packaged for onnxruntime-genai
+    if (Path(member.artifact).parent / GENAI_CONFIG).is_file():  # a folder packaged for onnxruntime-genai
         return genai_validation(member)
     try:  # the reference first: its session is gone before the artifact's opens
-        reference, saved = _reference_for(member, None, request.get("reference_to"))
+        reference, saved = _reference_for(member, None, request.reference_to)
     except ReferenceUnusable as exc:
         return {"status": Verdict.FAILED, "reason": str(exc)}
     if phase == "reference":  # a large model's first child: the reference alone

@@ -34,7 +34,7 @@ def tensors(request: dict[str, Any]) -> dict[str, Any]:
 
     weights = Path(request["weights"]) if request["weights"] else None
     model = load_with_weights(request["model"], weights)
-    feeds, _ = make_inputs(signature_of(model), model, request["validation"])
+    feeds, _ = make_inputs(signature_of(model), model, **request["validation"])
     values = _run_with_outputs(ort, model, request["names"], lambda: _cpu_options(ort), ["CPUExecutionProvider"],
                                feeds)
     np.savez(request["out"], **feeds, **values)

@@ -4,11 +4,10 @@ the compile left nothing on CPU, and where its nodes ran."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ...contracts.requests import MemberValidation, ValidationReport
+from ...contracts.jobs import ValidationMember, ValidationReport
 from ...contracts.statuses import Verdict
 from ...manifest.builds import SIDECAR
 from ...manifest.eps import EpInfo, known
@@ -17,13 +16,13 @@ from ..graph import attributes as node_attributes
 from .reference import session_options
 
 
-def structural_problems(request: Mapping[str, Any]) -> list[str]:
+def structural_problems(request: ValidationMember) -> list[str]:
     """Without running: referenced files exist; EPContext source, embed mode and SDK version match the target."""
     import onnx
 
-    info = known(request["ep"])
-    artifact = Path(request["artifact"])
-    problems = [f"file {Path(name).name} listed in {SIDECAR} is missing" for name in request["files"]
+    info = known(request.ep)
+    artifact = Path(request.artifact)
+    problems = [f"file {Path(name).name} listed in {SIDECAR} is missing" for name in request.files
                 if not Path(name).is_file()]
     if problems:
         return problems
@@ -43,17 +42,17 @@ def structural_problems(request: Mapping[str, Any]) -> list[str]:
         if source != info.name:
             problems.append(f"EPContext node {node.name} comes from '{source}', the target's EP is {info.name}")
         embed_mode = attributes.get("embed_mode", 1)
-        if embed_mode != int(request["embed"]):
+        if embed_mode != int(request.embed):
             problems.append(f"EPContext node {node.name} has embed_mode {embed_mode}, the target says "
-                            f"embed = {str(request['embed']).lower()}")
+                            f"embed = {str(request.embed).lower()}")
         if embed_mode == 0 and attributes.get("main_context", 1) != 0:  # main_context 0: refers to the main node
             name = attributes.get("ep_cache_context", b"").decode()
             if not name or not (artifact.parent / name).is_file():
                 problems.append(f"EPContext node {node.name} references missing context binary {name or '(none)'}")
         sdk = (attributes.get("ep_sdk_version") or b"").decode()
-        if request["ep_sdk_version"] and sdk != request["ep_sdk_version"]:
+        if request.ep_sdk_version and sdk != request.ep_sdk_version:
             problems.append(f"EPContext node {node.name} has ep_sdk_version {sdk}, the build recorded "
-                            f"{request['ep_sdk_version']}")
+                            f"{request.ep_sdk_version}")
     return problems
 
 
@@ -66,7 +65,7 @@ def context_binaries(artifact: str) -> set[str]:
 
 
 
-def open_session(ort: Any, info: EpInfo, request: MemberValidation) -> tuple[Any, ValidationReport | None]:
+def open_session(ort: Any, info: EpInfo, request: ValidationMember) -> tuple[Any, ValidationReport | None]:
     """The artifact's session on its EP with CPU fallback disabled where the compile left nothing on CPU; or a
     report: skipped when this host cannot run the EP, failed when the EP cannot load the artifact."""
     from ...execute.host import register_plugin, select_ep_device
@@ -76,26 +75,26 @@ def open_session(ort: Any, info: EpInfo, request: MemberValidation) -> tuple[Any
     if not info.is_cpu:
         try:
             register_plugin(ort, info)
-            device = select_ep_device(ort, info, request["device"])
+            device = select_ep_device(ort, info, request.device)
         except (ImportError, OSError, RuntimeError) as exc:
             return None, {"status": Verdict.SKIPPED, "reason": f"this host cannot run {info.name}: {exc}"}
-        options.add_provider_for_devices([device], request["options"])
-        if request["cpu_nodes"] == 0:
+        options.add_provider_for_devices([device], request.options)
+        if request.cpu_nodes == 0:
             options.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
-        if request.get("share"):  # a member of a shared context, loaded as its loading contract says
+        if request.share:  # a member of a shared context, loaded as its loading contract says
             options.add_session_config_entry("ep.share_ep_contexts", "1")
     try:
-        package = request.get("package")
+        package = request.package
         if package:  # as an application opens it: ONNX Runtime's documented calls alone
             session, refused = _through_package(ort, info, request, package)
             if refused:
                 return None, refused
         else:
-            session = ort.InferenceSession(request["artifact"], options,
+            session = ort.InferenceSession(request.artifact, options,
                                            providers=["CPUExecutionProvider"] if info.is_cpu else None)
         session.disable_fallback()  # no silent retry on CPU after an EP failure
     except Exception as exc:  # noqa: BLE001 - the EP's own error is the report
-        foldable = request.get("foldable_on_cpu") or {}
+        foldable = request.foldable_on_cpu or {}
         hint = (f"; {sum(foldable.values())} node(s) left on CPU only compute constants ({', '.join(foldable)}) in "
                 "front of the EPContext node, which QNN does not load: fold them (the default for NPU targets, "
                 "without optimize = \"none\")") if foldable else ""
@@ -104,7 +103,7 @@ def open_session(ort: Any, info: EpInfo, request: MemberValidation) -> tuple[Any
     return session, None
 
 
-def _through_package(ort: Any, info: EpInfo, request: MemberValidation,
+def _through_package(ort: Any, info: EpInfo, request: ValidationMember,
                      package: dict[str, str]) -> tuple[Any, ValidationReport | None]:
     """The session ONNX Runtime creates for the variant it selects from the model package, exactly as an
     application with only ONNX Runtime and the EP plugin does: the EP's device offered with what selection needs
@@ -115,7 +114,7 @@ def _through_package(ort: Any, info: EpInfo, request: MemberValidation,
 
     offered = ort.SessionOptions()
     if not info.is_cpu:
-        offered.add_provider_for_devices([select_ep_device(ort, info, request["device"])], dict(info.required_defaults))
+        offered.add_provider_for_devices([select_ep_device(ort, info, request.device)], dict(info.required_defaults))
     try:
         context = ort.ModelPackageContext(package["root"])
         component = context.select_component(package["component"], ort.ModelPackageOptions(offered))

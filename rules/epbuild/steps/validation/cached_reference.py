@@ -5,10 +5,11 @@ adopts them."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
-from ...contracts.requests import ValidationReport, ValidationRequest
+from ...contracts.jobs import ValidationJob, ValidationReport
 from ...contracts.statuses import ValidationMode, Verdict
 from ...execute.child import run_child
 from ...files.hashing import snapshot
@@ -29,7 +30,7 @@ def _large(build: Build) -> bool:
     return sum(p.stat().st_size for p in (member.model.path, *member.external)) >= SEPARATE_REFERENCE_BYTES
 
 
-def run_against_reference(build: Build, workspace: Workspace, request: ValidationRequest, workdir: Path,
+def run_against_reference(build: Build, workspace: Workspace, request: ValidationJob, workdir: Path,
                           what: str, log: Path, timeout: float, reuse: bool) -> ValidationReport:
     """One artifact run against its CPU reference, which is computed once per (model, inputs) and kept in the
     caches (`reference_fingerprint`) through the one cache protocol (`through_cache`): a target validating the
@@ -37,7 +38,7 @@ def run_against_reference(build: Build, workspace: Workspace, request: Validatio
     and stored from there, without the lock (two targets may compute a small one at once: cheaper than waiting); a
     large model's in a child of its own under the lock, which ends before the artifact's starts (never both in
     memory)."""
-    (member,) = request["members"].values()
+    (member,) = request.members.values()
     step = Cached(f"the CPU reference of validate:{build.name}",
                   reference_fingerprint(build.members[0], member, workspace.hashes, workspace.provenance),
                   snapshot(list(build.members[0].reference_files)),  # before they are hashed: the child reads those
@@ -47,7 +48,8 @@ def run_against_reference(build: Build, workspace: Workspace, request: Validatio
     limits = build_limits(build, workspace, "validate", timeout)
 
     def artifact_child(extra: dict[str, Any]) -> ValidationReport:
-        return run_child("epbuild.steps.validate", {**request, **extra}, workdir, limits, what, log,
+        return run_child("epbuild.steps.validate", dataclasses.replace(request, **extra).to_json(), workdir, limits,
+                         what, log,
                          ep=target.ep.fork_server, reuse=reuse, expect=workspace.provenance, links=workspace.links)
 
     def kept(answer: dict[str, Any]) -> list[str] | None:
@@ -68,7 +70,8 @@ def run_against_reference(build: Build, workspace: Workspace, request: Validatio
             return {**report, **origin(outcome)}
         computed, outcome = through_cache(
             step, workspace, folder, lambda into: run_child(
-                "epbuild.steps.validate", {**request, "phase": "reference", "reference_to": str(into)}, into, limits,
+                "epbuild.steps.validate",
+                dataclasses.replace(request, phase="reference", reference_to=str(into)).to_json(), into, limits,
                 f"{what}: the CPU reference", log.with_suffix(".ref.log"), expect=workspace.provenance,
                 links=workspace.links),
             lambda answer: kept(answer) if answer["status"] != Verdict.FAILED else None, lambda _, __, ran: ran)
@@ -85,23 +88,23 @@ def run_against_reference(build: Build, workspace: Workspace, request: Validatio
         discard(folder)
 
 
-def run_group_against_references(build: Build, workspace: Workspace, request: ValidationRequest, workdir: Path,
+def run_group_against_references(build: Build, workspace: Workspace, request: ValidationJob, workdir: Path,
                                  what: str, log: Path, timeout: float) -> ValidationReport:
     """A group whose members run here: each member's reference restored from the caches where one is kept
     (the same key as a standalone validation of that model: those of a full build are there), the others computed
     in the group's child and stored from there."""
     label = f"the CPU references of validate:{build.name}"
-    runs = {m.name: m for m in build.members if request["members"][m.name]["mode"] == ValidationMode.RUN}
+    runs = {m.name: m for m in build.members if request.members[m.name].mode == ValidationMode.RUN}
     inputs = snapshot([path for member in runs.values() for path in member.reference_files])
-    keys = {name: reference_fingerprint(m, request["members"][name], workspace.hashes,
+    keys = {name: reference_fingerprint(m, request.members[name], workspace.hashes,
                                         workspace.provenance) for name, m in runs.items()}
     folders = {name: _staging(workspace, key) for name, key in keys.items()}
     try:
         restored = {name for name, key in keys.items()
                     if restore(label, key, workspace, folders[name])[0] == REFERENCE_FILES}
-        report = run_child("epbuild.steps.validate", {
-            **request, "references": {name: str(folders[name]) for name in restored},
-            "references_to": {name: str(folders[name]) for name in keys if name not in restored}},
+        report = run_child("epbuild.steps.validate", dataclasses.replace(
+            request, references={name: str(folders[name]) for name in restored},
+            references_to={name: str(folders[name]) for name in keys if name not in restored}).to_json(),
             workdir, build_limits(build, workspace, "validate", timeout), what, log, ep=build.target.ep.fork_server,
             reuse=build.target.ep.warm_validations, expect=workspace.provenance, links=workspace.links)
         answers = report.pop("references", {})
@@ -115,7 +118,7 @@ def run_group_against_references(build: Build, workspace: Workspace, request: Va
             discard(folder)
 
 
-def run_pipeline_against_cache(build: Build, workspace: Workspace, request: ValidationRequest, workdir: Path,
+def run_pipeline_against_cache(build: Build, workspace: Workspace, request: ValidationJob, workdir: Path,
                                what: str, log: Path, timeout: float) -> ValidationReport:
     """A pipeline group: its CPU run (prompt, then the token steps, on the source models) restored from the caches
     where one is kept (`pipeline_fingerprint`), else computed in the group's child and stored from there (without
@@ -127,7 +130,8 @@ def run_pipeline_against_cache(build: Build, workspace: Workspace, request: Vali
     folder = _staging(workspace, step.fingerprint)
 
     def group_child(cpu: dict[str, str]) -> ValidationReport:
-        return run_child("epbuild.steps.validate", {**request, "pipeline": {**(request["pipeline"] or {}), **cpu}},
+        return run_child("epbuild.steps.validate",
+                         dataclasses.replace(request, pipeline={**(request.pipeline or {}), **cpu}).to_json(),
                          workdir,
                          build_limits(build, workspace, "validate", timeout), what, log, ep=build.target.ep.fork_server,
                          reuse=build.target.ep.warm_validations, expect=workspace.provenance, links=workspace.links)

@@ -11,12 +11,12 @@ every step compares the same computation; the EP's own greedy tokens are reporte
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ...contracts.requests import ValidationReport, ValidationRequest
+from ...contracts.jobs import ValidationJob, ValidationMember, ValidationReport
 from ...contracts.statuses import Verdict
 from ...errors import ModelError
 from ...files.weights import read_weights_from, weights_folder
@@ -138,10 +138,10 @@ PIPELINE_FILE = "pipeline.npz"  # a cache entry of the CPU run: the prompt, each
 PIPELINE_FILES = [PIPELINE_FILE]
 
 
-def source_options(ort: Any, member: Mapping[str, Any]) -> Any:
+def source_options(ort: Any, source: str, weights: dict[str, str]) -> Any:
     """A CPU session's options for a member's source model, wherever its weights are."""
     options = session_options(ort)
-    read_weights_from(options, weights_folder(member["source"], member["weights"]))
+    read_weights_from(options, weights_folder(source, weights))
     return options
 
 
@@ -218,11 +218,11 @@ def load_cpu_run(folder: Path) -> dict[str, Any]:
                 "checks": json.loads(str(data["checks"])) if "checks" in data.files else []}
 
 
-def independent_checks(ort: Any, member: Mapping[str, Any], cpu: dict[str, Any]) -> list[dict[str, Any]]:
+def independent_checks(ort: Any, member: ValidationMember, cpu: dict[str, Any]) -> list[dict[str, Any]]:
     """The CPU run against a growing-cache run of the model as declared and against onnxruntime-genai's own
     generator (`steps.validation.pipeline_checks`), each {"kind", "status", "detail"}."""
-    declared = member["declared"]
-    session = ort.InferenceSession(declared, source_options(ort, {"source": declared, "weights": {}}),
+    declared = member.declared
+    session = ort.InferenceSession(declared, source_options(ort, declared, {}),
                                    providers=["CPUExecutionProvider"])
     checks = [{"kind": "growing cache", **growing_run(session, cpu)}]
     del session
@@ -245,15 +245,15 @@ def judge(steps: list[dict[str, Any]], thresholds: dict[str, float]) -> list[str
     return failures
 
 
-def validate_pipeline(request: ValidationRequest) -> ValidationReport:
+def validate_pipeline(request: ValidationJob) -> ValidationReport:
     """The group as an LLM application runs it (`steps.validation.pipeline`): on the shared context where this host
     loads it; else on the members compiled alone, and then the shared binary itself is not validated: skipped, with the
     pipeline's figures, never passed."""
     import onnxruntime as ort
 
-    pipeline, blocked = request["pipeline"], request["run_blocked"]
+    pipeline, blocked = request.pipeline, request.run_blocked
     assert pipeline is not None, "a request for a group with a pipeline"
-    members = list(pipeline["alone"].values()) if blocked else list(request["members"].values())
+    members = list(pipeline["alone"].values()) if blocked else list(request.members.values())
     if any(member is None for member in members):
         missing = [name for name, member in pipeline["alone"].items() if member is None]
         return {"status": Verdict.SKIPPED, "structural": Verdict.PASSED,
@@ -261,12 +261,12 @@ def validate_pipeline(request: ValidationRequest) -> ValidationReport:
                           "is not built alone for this target: add the target to the model's targets"}
     kept, save_to = pipeline.get("cpu"), pipeline.get("cpu_to")
     answer: dict[str, Any] = {}
-    layout = layout_of(members[0]["source"])
+    layout = layout_of(members[0].source)
     try:
         if kept:
             cpu = load_cpu_run(Path(kept))
         else:  # its sessions end before the EP's open: never both in memory
-            prompt, token = (ort.InferenceSession(m["source"], source_options(ort, m),
+            prompt, token = (ort.InferenceSession(m.source, source_options(ort, m.source, m.weights),
                                                   providers=["CPUExecutionProvider"]) for m in members)
             cpu = cpu_run(prompt, token, pipeline["tokens"], layout)
             cpu["checks"] = independent_checks(ort, members[0], cpu)
@@ -276,22 +276,22 @@ def validate_pipeline(request: ValidationRequest) -> ValidationReport:
                     answer["reference_saved"] = True
                 except OSError as exc:  # the artifact is judged anyway; the run is computed again next time
                     answer["reference_unsaved"] = f"{exc.strerror or exc}: {exc.filename}"
-        info = known(members[0]["ep"])
+        info = known(members[0].ep)
         sessions = []
         for member in members:
-            session, refused = open_session(ort, info, {**member, "share": not blocked})
+            session, refused = open_session(ort, info, dataclasses.replace(member, share=not blocked))
             if refused:
                 return {**refused, "structural": Verdict.PASSED, **answer}
             sessions.append(session)
         steps, ep_tokens = ep_run(sessions[0], sessions[1], cpu, layout)
         del sessions  # genai opens the shared context again, in the members' order
-        folder = Path(next(iter(request["members"].values()))["artifact"]).parent
+        folder = Path(next(iter(request.members.values())).artifact).parent
         packaged = genai_folder_run(info, folder, cpu, blocked) if (folder / GENAI_CONFIG).is_file() else None
     except ModelError as exc:
         return {"status": Verdict.FAILED, "structural": Verdict.PASSED, "reason": exc.message, **answer}
     cpu_tokens = cpu["tokens"]
-    kind = "qdq" if is_qdq(members[0]["reference"]) else members[0]["precision"]
-    thresholds = {**DEFAULT_THRESHOLDS[kind], **members[0]["thresholds"]}
+    kind = "qdq" if is_qdq(members[0].reference) else members[0].precision
+    thresholds = {**DEFAULT_THRESHOLDS[kind], **members[0].thresholds}
     failures = judge(steps, thresholds) + [f"{check['detail']}: the pipeline's cache layout ({layout}) is not the "
                                            "model's" for check in cpu["checks"] if check["status"] == "departs"]
     if packaged is not None and packaged["status"] == "departs":

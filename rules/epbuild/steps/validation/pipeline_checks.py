@@ -5,10 +5,10 @@ cache layout; a wrong layout makes them agree on a wrong answer, which only an i
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ...contracts.jobs import ValidationMember
 from ...contracts.statuses import Verdict
 from .comparison import compare
 from .validation_inputs import dtype_of
@@ -136,7 +136,7 @@ def genai_folder_run(info: Any, folder: Path, cpu: dict[str, Any], blocked: str 
 GENAI_PROMPT, GENAI_TOKENS = 8, 8  # a fixed-seed prompt and the greedy tokens compared
 
 
-def genai_validation(request: Mapping[str, Any]) -> dict[str, Any]:
+def genai_validation(request: ValidationMember) -> dict[str, Any]:
     """A packaged artifact folder (`steps.packaging.package`) run as onnxruntime-genai runs it: greedy tokens from a
     fixed-seed prompt on the artifact's folder against the same on the model's own folder. What was checked is
     the tokens, and the report says only that."""
@@ -146,8 +146,8 @@ def genai_validation(request: Mapping[str, Any]) -> dict[str, Any]:
 
     from .validation_inputs import SEED
 
-    folder, source = Path(request["artifact"]).parent, Path(request["declared"]).parent
-    if request["ep"] != "cpu":
+    folder, source = Path(request.artifact).parent, Path(request.declared).parent
+    if request.ep != "cpu":
         return {"status": Verdict.SKIPPED,
                 "reason": "the artifact keeps genai's dynamic shapes, which a single run cannot feed, and "
                           "onnxruntime-genai runs this EP only where genai has it: not checked here"}

@@ -6,10 +6,10 @@ said in the report's notes."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ...contracts.jobs import ValidationMember
 from ...errors import ModelError
 from ...files.weights import read_weights_from, weights_folder
 from ..graph import static_dims
@@ -30,7 +30,7 @@ def session_options(ort: Any) -> Any:
     return options
 
 
-def cpu_session(ort: Any, path: str, request: Mapping[str, Any], fix_dims: bool = True) -> Any:
+def cpu_session(ort: Any, path: str, request: ValidationMember, fix_dims: bool = True) -> Any:
     """A session of a reference model on the CPU EP (`fix_dims`: its named dimensions fixed as the manifest's
     inputs fix them)."""
     import onnx
@@ -38,34 +38,35 @@ def cpu_session(ort: Any, path: str, request: Mapping[str, Any], fix_dims: bool 
     options = session_options(ort)
     if fix_dims:
         model = onnx.load(path, load_external_data=False)
-        inputs = {k: v for k, v in request["inputs"].items() if k in {i.name for i in model.graph.input}}
+        inputs = {k: v for k, v in request.inputs.items() if k in {i.name for i in model.graph.input}}
         for name, value in static_dims(model, inputs, needs_static=False).items():
             options.add_free_dimension_override_by_name(name, value)
         del model
-    read_weights_from(options, weights_folder(path, request["weights"]))
+    read_weights_from(options, weights_folder(path, request.weights))
     return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
 
 
-def run_on_cpu(ort: Any, path: str, request: Mapping[str, Any], feeds: dict[str, Any],
+def run_on_cpu(ort: Any, path: str, request: ValidationMember, feeds: dict[str, Any],
                what: str) -> dict[str, Any]:
     """Outputs of a reference model on the CPU EP, fed what it takes (frozen inputs with their values)."""
     session = cpu_session(ort, path, request)
-    chosen = feeds_for(session, feeds, request["frozen"], what)
+    chosen = feeds_for(session, feeds, request.frozen, what)
     return dict(zip([o.name for o in session.get_outputs()], session.run(None, chosen), strict=True))
 
 
-def dataset_outputs(ort: Any, request: Mapping[str, Any], signature: list[Any], model: str) -> dict[str, Any]:
+def dataset_outputs(ort: Any, request: ValidationMember, signature: list[Any], model: str) -> dict[str, Any]:
     """The reference model's outputs on the task metric's samples (`steps.validation.task_metrics`), in the batches the
     compiled-from model takes: the output the metric reads, or every output for a `module:function` metric."""
     from .task_metrics import batch_size, output_name, read_dataset, run_dataset
 
-    task = request["task"]
-    dataset = read_dataset(task, [(s.name, s.type, s.shape) for s in signature], request["frozen"])
+    task = request.task
+    assert task is not None, "a job with a task metric"
+    dataset = read_dataset(task, [(s.name, s.type, s.shape) for s in signature], request.frozen)
     session = cpu_session(ort, model, request, fix_dims=False)  # batches of the compiled-from model's size
     names = [o.name for o in session.get_outputs()]
     keep = None if ":" in task["metric"] else [output_name(task, names)]
     size = batch_size(signature[0].shape if signature else [])
-    return run_dataset(session, dataset, size, keep, request["frozen"], "reference model")
+    return run_dataset(session, dataset, size, keep, request.frozen, "reference model")
 
 
 def _cause(exc: Exception) -> str:
@@ -93,10 +94,10 @@ def below_floor(path: str, cause: str) -> str:
             "(an export of the same network), or validate = \"structural\" on the target")
 
 
-def reference_outputs(ort: Any, request: Mapping[str, Any], feeds: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+def reference_outputs(ort: Any, request: ValidationMember, feeds: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
     """The reference's outputs, and a note when they come from the model as declared because the reference, a
     stage's output, could not be loaded or run on CPU. Raises ReferenceUnusable when no model can serve."""
-    reference, declared, described = request["reference"], request["declared"], request["reference_is"]
+    reference, declared, described = request.reference, request.declared, request.reference_is
     try:
         return run_on_cpu(ort, reference, request, feeds, "reference model"), None
     except ModelError:
@@ -117,14 +118,14 @@ def reference_outputs(ort: Any, request: Mapping[str, Any], feeds: dict[str, Any
                      "with the model as declared instead")
 
 
-def float_outputs(ort: Any, request: Mapping[str, Any], feeds: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+def float_outputs(ort: Any, request: ValidationMember, feeds: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
     """A quantized artifact's float model's outputs, for information: a model that cannot run is a note."""
     try:
-        return run_on_cpu(ort, request["float_reference"], request, feeds, "float model"), None
+        return run_on_cpu(ort, str(request.float_reference), request, feeds, "float model"), None
     except ModelError:
         raise
     except Exception as exc:  # noqa: BLE001
-        return {}, (f"the float model, {request['float_reference_is']}, could not run on CPU ({_cause(exc)}): no "
+        return {}, (f"the float model, {request.float_reference_is}, could not run on CPU ({_cause(exc)}): no "
                     "comparison with it")
 
 
@@ -134,21 +135,21 @@ REFERENCE_FILES = [NOTES_FILE, REFERENCE_FILE]  # a cache entry of the reference
 NO_TIME = (1980, 1, 1, 0, 0, 0)  # the zip members' date: the file's bytes depend on the arrays alone
 
 
-def reference_run(ort: Any, request: Mapping[str, Any]) -> dict[str, Any]:
+def reference_run(ort: Any, request: ValidationMember) -> dict[str, Any]:
     """What the validation compares with, computed before (and, for large models, in another process than) the
     artifact's session: the inputs, made from the compiled-from model's inputs; the reference's outputs; the float
     model's; and the notes about them. Raises ReferenceUnusable or ModelError."""
     import onnx
 
-    source = onnx.load(request["source"], load_external_data=False)
+    source = onnx.load(request.source, load_external_data=False)
     signature = signature_of(source)
-    feeds, generated = make_inputs(signature, source, request)
+    feeds, generated = make_inputs(signature, source, request.inputs, request.inputs_file, request.frozen)
     del source
     expected, declared_instead = reference_outputs(ort, request, feeds)
-    floats, float_note = float_outputs(ort, request, feeds) if request["float_reference"] else ({}, None)
+    floats, float_note = float_outputs(ort, request, feeds) if request.float_reference else ({}, None)
     # the task's source is the model as the user declared it (the fp32 model before quantization, as MLPerf
     # judges a compiled model against the reference one), whatever the tensors are compared with
-    dataset = dataset_outputs(ort, request, signature, request["declared"]) if request.get("task") else {}
+    dataset = dataset_outputs(ort, request, signature, request.declared) if request.task else {}
     return {"feeds": feeds, "generated": generated, "expected": expected, "floats": floats, "dataset": dataset,
             "notes": [note for note in (declared_instead, float_note) if note]}
 

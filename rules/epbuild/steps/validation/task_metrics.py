@@ -16,10 +16,11 @@ from __future__ import annotations
 import importlib
 import math
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ...contracts.jobs import ValidationMember
 from ...errors import ModelError
 from .validation_inputs import dtype_of, read_npz
 
@@ -276,14 +277,15 @@ def summary(task: dict[str, Any]) -> str:
             f"{task['needed']:.4g}; {task['samples']} samples, against {task['against']})")
 
 
-def evaluate(session: Any, request: Mapping[str, Any], source_outputs: dict[str, Any], seconds: float, left_s: float,
+def evaluate(session: Any, request: ValidationMember, source_outputs: dict[str, Any], seconds: float, left_s: float,
              ep: str) -> tuple[dict[str, Any], str | None]:
     """The artifact's session run on the task's samples and judged against the source's outputs on them (kept with
     the CPU reference): (validation.json's `task`, the failure). `seconds`: one run of it; `left_s`: what the
     validation's time limit leaves. Samples that would not fit are said, with how many would, before any runs."""
-    task = request["task"]
+    task = request.task
+    assert task is not None, "a job with a task metric"
     inputs = [(i.name, i.type, i.shape) for i in session.get_inputs()]
-    dataset = read_dataset(task, inputs, request["frozen"])
+    dataset = read_dataset(task, inputs, request.frozen)
     size = batch_size(inputs[0][2] if inputs else [])
     runs = math.ceil(dataset.count / size)
     if runs * seconds > left_s:
@@ -298,14 +300,14 @@ def evaluate(session: Any, request: Mapping[str, Any], source_outputs: dict[str,
     return judge(task, output, dataset, source_outputs, outputs)
 
 
-def decide(session: Any, request: Mapping[str, Any], source_outputs: dict[str, Any], seconds: float, left_s: float,
+def decide(session: Any, request: ValidationMember, source_outputs: dict[str, Any], seconds: float, left_s: float,
            ep: str, tensor_misses: list[str]) -> tuple[dict[str, Any], str | None]:
     """`evaluate`, with what the tensors missed (reported beside the task, not deciding) and, when the task is lost
     while the tensors match the model the artifact was compiled from, where to look: that model lost it already."""
     task, failure = evaluate(session, request, source_outputs, seconds, left_s, ep)
     task["tensors"] = tensor_misses or "within the thresholds"
-    declared = f"the model as declared ({Path(request['declared']).name})"
-    if failure and not tensor_misses and request["reference_is"] != declared:
-        failure += (f"; the artifact matches {request['reference_is']} (tensors within the thresholds): that model "
+    declared = f"the model as declared ({Path(request.declared).name})"
+    if failure and not tensor_misses and request.reference_is != declared:
+        failure += (f"; the artifact matches {request.reference_is} (tensors within the thresholds): that model "
                     "loses it already (a quantization's calibration data?)")
     return task, failure

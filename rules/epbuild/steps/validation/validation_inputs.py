@@ -4,7 +4,6 @@ fixed seed as the model accepts them; frozen inputs get the values the artifact 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -74,18 +73,18 @@ def signature_of(model: Any) -> list[InputSignature]:
                            shape(value)) for value in true_inputs(model.graph)]
 
 
-def make_inputs(session: Any, source: Any, request: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+def make_inputs(session: Any, source: Any, inputs: dict[str, list[int]], inputs_file: str | None,
+                frozen: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
     """Inputs for the true inputs of `session` (a session, or `signature_of` a model): from the user's .npz, or
     generated with a fixed seed as the model accepts them (floats normal; integer indices inside the dimension they
     index; masks as padding masks). Returns (feeds, how each generated integer input was made)."""
     import numpy as np
 
     signature = {i.name: i for i in (session if isinstance(session, list) else session.get_inputs())}
-    shapes = {name: list(shape) for name, shape in request["inputs"].items()}
-    if request["inputs_file"]:
-        file = Path(request["inputs_file"]).name
-        given = {k: v for k, v in read_npz(request["inputs_file"], "validation.inputs").items()
-                 if k not in request["frozen"]}
+    shapes = {name: list(shape) for name, shape in inputs.items()}
+    if inputs_file:
+        file = Path(inputs_file).name
+        given = {k: v for k, v in read_npz(inputs_file, "validation.inputs").items() if k not in frozen}
         check_input_names(source.graph, list(given), f"validation.inputs {file}")
         missing = signature.keys() - given.keys()
         if missing:
