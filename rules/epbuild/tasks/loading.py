@@ -114,9 +114,10 @@ def _load_project(manifest_path: Path, invocation: Invocation | list[str], early
         availability = check_availability(manifest, builds, layout, workspace, executor, probe)
         if executor:
             key = None  # the workers' toolchains count: no shortcut
-        return Project(invocation, key, manifest, layout, writable, workspace, external, builds, stages, availability,
-                       ConfigRecord(StateFolder(layout.state)), shard, live, rel, blocked_tasks(builds, blocked),
-                       save_plan=save_plan)
+        return Project(invocation=invocation, key=key, manifest=manifest, layout=layout, writable=writable,
+                       workspace=workspace, external=external, builds=builds, stages=stages, availability=availability,
+                       configs=ConfigRecord(StateFolder(layout.state)), shard=shard, live=live, rel=rel,
+                       blocked=blocked_tasks(builds, blocked), save_plan=save_plan)
 
 
 def read_manifest(manifest_path: Path, last: Plan | None) -> tuple[Manifest, dict[str, ResolvedTarget]]:

@@ -51,7 +51,7 @@ class Availability:
     looked_at: list[Path]  # besides the tasks' files: what task creation looked at (toolchain probes, configs)
 
 
-@dataclasses.dataclass(eq=False)
+@dataclasses.dataclass(eq=False, kw_only=True)
 class Project:
     """A loaded manifest with everything task creation needs. Its run's state (`checked`, `edited`) is filled by
     doit's file checker during the run."""
