@@ -18,6 +18,7 @@ the manifest's, the builds' and the stages' own classes (`PLAN_CLASSES`), after 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -82,7 +83,7 @@ class Plan:
     planned from. The manifest as read is needed only to plan again when the facts changed: kept as text, a taken
     plan does not decode it (its size grows with the manifest)."""
 
-    read: str | None  # None: a manifest typed JSON cannot hold (the plan is not saved)
+    read: str | None  # None: not made yet (a fresh plan: `SavedPlan.save` makes it), or JSON cannot hold it
     resolved: dict[str, ResolvedTarget]
     facts: str  # the digest of what it was planned from (`digest`): external data, inputs and graph facts by model
     manifest: Manifest
@@ -154,10 +155,11 @@ class SavedPlan:
             return None
         return saved["plan"]
 
-    def save(self, plan: Plan, started_ns: int) -> None:
+    def save(self, plan: Plan, started_ns: int, read: Manifest | None = None) -> None:
         """Save the plan, unless a file it was made from changed at or after `started_ns` (`now_ns` when this run
-        began reading): its bytes then may not be those read."""
-        if plan.read is None:
+        began reading): its bytes then may not be those read. `read`: the manifest as read, for a fresh plan whose
+        `read` is not made yet (it is made only when the record is written)."""
+        if plan.read is None and read is None:
             return
         # the planned manifest has the models and files of the one read (planning sets only the models' facts)
         models = [path for path in dict.fromkeys(str(m.path) for m in plan.manifest.models.values())
@@ -178,6 +180,11 @@ class SavedPlan:
         key = [self.key, holds]
         if not self.unreadable and self.state.read_key(PLAN) == key:
             return
+        if plan.read is None:
+            assert read is not None, "checked on entry"
+            plan = dataclasses.replace(plan, read=Plan.text(read))
+            if plan.read is None:
+                return
         try:
             self.state.write_record(PLAN, {"key": key, VOUCHES: files, "models": models, "folders": folders,
                                            "plan": plan}, PLAN_CLASSES)

@@ -98,7 +98,7 @@ def _load_project(manifest_path: Path, invocation: Invocation | list[str], early
             manifest = with_graph_facts(resolve_dims(read, shapes), graphs)
             builds, stages = plan_builds(manifest, external, resolved)
             blocked = check_declared_inputs(manifest, builds, shapes)
-            fresh = Plan(Plan.text(read), resolved, Plan.digest(facts), manifest, builds,
+            fresh = Plan(None, resolved, Plan.digest(facts), manifest, builds,
                          stages, provenance.code, provenance.versions, blocked)
         builds = with_workers(manifest, builds, executor)
         log(__name__, "debug", "%d builds and %d stages, %s", len(builds), len(stages),
@@ -107,7 +107,7 @@ def _load_project(manifest_path: Path, invocation: Invocation | list[str], early
         if writable:  # only for a manifest that holds: a refused one writes nothing
             index.save()
             if fresh is not None:
-                save_plan = functools.partial(saved_plan.save, fresh, started)
+                save_plan = functools.partial(saved_plan.save, fresh, started, read)
                 if not invocation.default_run:  # a build encodes it while its jobs run (`tasks.run_end.PlanSave`)
                     save_plan()
                     save_plan = None
