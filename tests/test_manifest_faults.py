@@ -372,3 +372,23 @@ def test_a_path_the_locale_cannot_spell_is_said_so_not_missing(project):
     assert "PYTHONUTF8=1" in done.stderr and "not found" not in done.stderr
     project.env.update({"PYTHONUTF8": "1"})
     assert project.doit("list").returncode == 0
+
+
+def test_the_roots_check_resolves_as_the_file_system_does(tmp_path):
+    """`Roots.resolved` resolves each folder once per reading (10,000 models in one folder); its answer is
+    `Path.resolve()`'s for plain files, links to files, links to folders, `..` after a link and absent files."""
+    import os
+
+    from epbuild.manifest.roots import Roots
+
+    (tmp_path / "proj" / "models").mkdir(parents=True)
+    (tmp_path / "outside" / "deep").mkdir(parents=True)
+    (tmp_path / "proj" / "models" / "m.onnx").write_bytes(b"x")
+    (tmp_path / "outside" / "deep" / "o.onnx").write_bytes(b"x")
+    os.symlink(tmp_path / "outside" / "deep" / "o.onnx", tmp_path / "proj" / "models" / "link.onnx")
+    os.symlink(tmp_path / "outside" / "deep", tmp_path / "proj" / "away")
+    roots = Roots(tmp_path / "proj" / "models.toml")
+    for relative in ("models/m.onnx", "models/link.onnx", "away/o.onnx", "away/../m.onnx", "models/./m.onnx",
+                     "models/absent.onnx", "away/absent.onnx"):
+        path = tmp_path / "proj" / relative
+        assert roots.resolved(path) == path.resolve(), relative

@@ -39,16 +39,31 @@ def extra_roots() -> tuple[Path, ...]:
 class Roots:
     """The project's folder and the extra roots, resolved once per reading of a manifest."""
 
-    __slots__ = ("file", "project", "roots")
+    __slots__ = ("file", "folders", "project", "roots")
 
     def __init__(self, manifest: Path):
         self.file = manifest
         self.project = manifest.parent.resolve()
         self.roots = (self.project, *extra_roots())
+        self.folders: dict[str, str] = {}  # a folder -> where it resolves: 10,000 models in one folder, one answer
+
+    def resolved(self, path: Path) -> Path:
+        """`path.resolve()`, its folder resolved once per reading: a file that is not a link resolves to its name
+        in its folder's resolution; a link, or a path through `..`, is resolved whole."""
+        if ".." in path.parts:  # abspath would drop `link/..` before the link is followed
+            return path.resolve()
+        absolute = os.path.abspath(path)
+        folder, name = os.path.split(absolute)
+        if not name or os.path.islink(absolute):
+            return path.resolve()
+        found = self.folders.get(folder)
+        if found is None:
+            found = self.folders[folder] = os.path.realpath(folder)
+        return Path(found, name)
 
     def check(self, key_path: str, path: Path) -> Path:
         """`path` when it (or what it links to) lies inside a root; else one line naming the key and the fix."""
-        resolved = path.resolve()
+        resolved = self.resolved(path)
         if any(resolved.is_relative_to(root) for root in self.roots):
             return path
         target = f" (a link to {resolved})" if str(resolved) != os.path.normpath(path.absolute()) else ""

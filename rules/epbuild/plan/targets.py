@@ -385,15 +385,17 @@ def plan(manifest: Manifest, external: dict[Path, tuple[Path, ...]] | None = Non
     external = external or {}
     resolved = resolved or resolve_targets(manifest)
     builds = []
+    layout = Layout(manifest.root / "artifacts")
     for model in manifest.models.values():
         for name in model.targets:
             build = _build(f"{model.name}@{name}", resolved[name], [model], manifest, external, shared=False)
             runs = build.members[0].validation.mode == "run"  # each SoC alone only to be run
             alone = [_build(f"{model.name}@{soc.name}", soc, [model], manifest, external, shared=False)
                      for soc in each_soc(resolved[name])] if runs else []
-            layout = Layout(manifest.root / "artifacts")
-            builds += [dataclasses.replace(build, soc_reports=tuple(
-                (one.target.options[SOC_OPTION], one.out_dir(layout) / REPORT) for one in alone)), *alone]
+            if alone:
+                build = dataclasses.replace(build, soc_reports=tuple(
+                    (one.target.options[SOC_OPTION], one.out_dir(layout) / REPORT) for one in alone))
+            builds += [build, *alone]
     for spec in manifest.groups.values():
         target = resolved[spec.target]
         builds.append(_build(spec.name, target, [manifest.models[m] for m in spec.models], manifest, external,
