@@ -265,8 +265,10 @@ def test_samples_that_would_outlast_the_time_limit_are_said_with_how_many_fit(tm
             return [Value("y", [1, 2])]
 
     np.savez(tmp_path / "d.npz", x=np.zeros((500, 4), np.float32))
-    request = {"task": {"dataset": [str(tmp_path / "d.npz")], "samples": None, "metric": "top1", "output": None,
-                        "gate": {"min_relative": 0.99}, "metric_file": None}, "frozen": {}}
+    from helpers import validation_member
+
+    request = validation_member(task={"dataset": [str(tmp_path / "d.npz")], "samples": None, "metric": "top1",
+                                      "output": None, "gate": {"min_relative": 0.99}, "metric_file": None})
     with pytest.raises(ModelError, match=r"500 samples take 500 runs of about 2 s on QNNExecutionProvider .*: about "
                                          r"1000 s, beyond the 580 s validation.timeout_s leaves; about 290 fit "
                                          r"\(validation.samples = 290\)"):
