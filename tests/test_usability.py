@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from conftest import ran
+from conftest import build_report, ran
 
 MANIFEST = """
 [models.tinycnn]
@@ -207,3 +207,30 @@ def test_epbuilds_own_help_and_version(project):
     doit_help = subprocess.run([sys.executable, "-m", "epbuild", "help", "run"], cwd=project.root, env=project.env,
                                capture_output=True, text=True, timeout=120)
     assert doit_help.returncode == 0 and "--continue" in doit_help.stdout  # doit's own help for a command
+
+
+def test_a_task_the_stopped_build_never_reached_loses_its_last_verdict(project):
+    """An entry of build-report.json says what this run found: a task doit was handed and never reached (the build
+    stopped at the first failure) is `pending`, not the `compiled` or `up-to-date` of the run before, which this
+    run never checked (its code or inputs may have changed since)."""
+    import numpy as np
+
+    (project.root / "models" / "cal").mkdir()
+    np.savez(project.root / "models" / "cal" / "0.npz", x=np.zeros((1, 3, 64, 64), np.float32))
+    project.manifest('[models.tinycnn]\npath = "models/tinycnn.onnx"\nquantize = { calibration = "models/cal/" }\n'
+                     'targets = ["cpu", "cpu-int8"]\n[targets.cpu]\nep = "cpu"\n'
+                     '[targets.cpu-int8]\nep = "cpu"\nquantized = true\n')
+    project.doit()
+    np.savez(project.root / "models" / "cal" / "0.npz", y=np.zeros((1, 3, 64, 64), np.float32))  # no input y now
+    project.env["EPBUILD_FAST_PATH"] = "0"  # every task handed to doit
+    done = project.doit(check=False)
+    assert done.returncode == 1
+    attempted = ran(done) | {line[3:].strip() for line in done.stdout.splitlines() if line.startswith("-- ")}
+    entries = build_report(project)
+    left = [name for name in entries if name not in attempted and entries[name]["status"] == "pending"]
+    assert left, done.stdout
+    for name in left:
+        assert entries[name]["reason"].startswith("not attempted: the build stopped at the first failure"), name
+    assert f"; {len(left)} not attempted" in done.stdout
+    assert not [name for name, entry in entries.items() if name not in attempted and entry["status"] in
+                ("compiled", "validated", "up-to-date")], entries

@@ -84,6 +84,9 @@ def named_statuses(entries: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
     return ((name, entry.get("status", "?")) for name, entry in entries.items())
 
 
+NOT_ATTEMPTED = "not attempted: the build stopped at the first failure (`--continue` builds the rest)"
+
+
 class BuildReport:
     """The report's entries, read from the last run and updated task by task.
 
@@ -140,6 +143,11 @@ class BuildReport:
         self._set(task, {"status": TaskStatus.INTERRUPTED,
                          "reason": "the run stopped while it ran (Ctrl-C, a signal, a lost worker): no verdict; a "
                                    "rerun makes it"})
+
+    def not_attempted(self, task: str) -> None:
+        """Handed to doit, never reached: the build stopped at the first failure. Its last run's entry would claim
+        a state this run never checked (up to date with code or inputs that have changed since): pending."""
+        self._set(task, {"status": TaskStatus.PENDING, "reason": NOT_ATTEMPTED})
 
     def up_to_date(self, task: str) -> None:
         # 20,000 unchanged entries are not copied

@@ -228,17 +228,20 @@ class BuildReporter(ConsoleReporter):
                 seen.add(name)
             if "blocked" not in self.started:  # it did not run (a task before it failed): its lines anyway
                 self.write(fail_blocked(blocked).get_msg() + "\n")
+        # doit stops at the first failure: what it never reached is said, not silent, and its entry loses what the
+        # last run said of it (this run did not check it)
+        left = [name for name in closure(self.doit_tasks, self.selected) if name not in seen] if self.failures else []
+        for name in left:
+            self.report.not_attempted(name)
         layout = self.project.layout
         RunEnd(self.project, self.report, self.write).commit(RunOutcome(
             self.doit_tasks, self.selected, set(self.started), self.done, {r["task"].name for r in self.failures},
             self.blocked, self.uptodate, self.hidden, self.record, self.looked_at, seen,
             not (self.failures or self.runtime_errors)))
         line = self.report.summary(seen, set(self.started), set(self.project.stages))
-        if line and self.failures:  # doit stops at the first failure: what it never reached is said, not silent
-            left = [name for name in closure(self.doit_tasks, self.selected) if name not in seen]
-            if left:
-                line += (f"; {len(left)} not attempted (the build stopped at the first failure: `--continue` builds "
-                         "the rest)")
+        if line and left:
+            line += (f"; {len(left)} not attempted (the build stopped at the first failure: `--continue` builds "
+                     "the rest)")
         if line and self.hidden:
             line += (f"; {len(seen) - len(self.hidden)} tasks handed to doit, {len(self.hidden)} unchanged since the "
                      "last run's record")
