@@ -32,7 +32,10 @@ ORDER = {"doit": "bench_doit.py 1000 9 KEEP_DIR", "fork": "bench_fork.py 40 100 
          "scale-10k": "bench_scale.py 10000 --repeats 5 --keep DIR --against 9281db2=DIR --name scale-10k",
          "scale-10k-change": "bench_scale.py 10000 --change-only --repeats 9 --keep DIR --against 9281db2=DIR "
                              "--name scale-10k-change",
-         "structure": "bench_structure.py '94261db=DIR' 'HEAD=rules'"}
+         "structure": "bench_structure.py '94261db=DIR' 'HEAD=rules'",
+         "scale-1k": "bench_scale.py 1000 --repeats 5 --keep DIR --against 9281db2=DIR --name scale-1k",
+         "scale-1k-change": "bench_scale.py 1000 --change-only --repeats 15 --keep DIR --against 9281db2=DIR "
+                            "--name scale-1k-change"}
 
 
 def table() -> str:
