@@ -126,6 +126,8 @@ def test_a_compile_job_and_its_answer_travel_as_versioned_records_and_nothing_el
                      False, "qnn", "npu", "ort", False, {"soc_model": "60"}, None)
     sent = json.loads(json.dumps({**job.to_json(), "provenance": {"code": "c"}}))
     assert sent["format"] == JOB_FORMAT and CompileJob.from_json(sent) == job
+    assert job.to_json() == {k: v for k, v in sent.items() if k != "provenance"}  # JSON's types, in this process too
+    assert CompileJob.from_json(job.to_json()) == job
     with pytest.raises(dataclasses.FrozenInstanceError):
         job.ep = "cpu"  # type: ignore[misc]
     answer = CompileAnswer((CompiledMember({"offload": 1.0}, "2.40", ["m_qnn.bin"]),))

@@ -50,8 +50,18 @@ def _top(cls: type[R], data: Any, nested: Mapping[str, type]) -> R:
     return _read(cls, data, nested)
 
 
+def _plain(value: Any) -> Any:
+    """JSON's own types: a record's tuples as lists (what a reader in this process gets is what one across a pipe
+    gets)."""
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return value
+
+
 def _json(value: Any) -> dict[str, Any]:
-    return {"format": JOB_FORMAT, **dataclasses.asdict(value)}
+    return {"format": JOB_FORMAT, **_plain(dataclasses.asdict(value))}
 
 
 @record
