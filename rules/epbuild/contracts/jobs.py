@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Self, TypeVar
 
 from ..records import record
 
@@ -64,6 +64,20 @@ def _json(value: Any) -> dict[str, Any]:
     return {"format": JOB_FORMAT, **_plain(dataclasses.asdict(value))}
 
 
+class _Travelling:
+    """What every job record does: written as JSON with its format, read back through `_top` (its `NESTED` fields:
+    tuples of another record)."""
+
+    NESTED: ClassVar[dict[str, type]] = {}
+
+    def to_json(self) -> dict[str, Any]:
+        return _json(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> Self:
+        return _top(cls, data, cls.NESTED)
+
+
 @record
 class CompileMember:
     """One model of a compile job."""
@@ -77,7 +91,7 @@ class CompileMember:
 
 
 @record
-class CompileJob:
+class CompileJob(_Travelling):
     """What the compile child compiles: each member in order, with the target's settings."""
 
     members: tuple[CompileMember, ...]
@@ -93,13 +107,6 @@ class CompileJob:
 
     NESTED: ClassVar[dict[str, type]] = {"members": CompileMember}
 
-    def to_json(self) -> dict[str, Any]:
-        return _json(self)
-
-    @classmethod
-    def from_json(cls, data: Any) -> CompileJob:
-        return _top(cls, data, cls.NESTED)
-
 
 @record
 class CompiledMember:
@@ -114,19 +121,12 @@ class CompiledMember:
 
 
 @record
-class CompileAnswer:
+class CompileAnswer(_Travelling):
     """The compile child's answer: each member's result, in the job's order."""
 
     members: tuple[CompiledMember, ...]
 
     NESTED: ClassVar[dict[str, type]] = {"members": CompiledMember}
-
-    def to_json(self) -> dict[str, Any]:
-        return _json(self)
-
-    @classmethod
-    def from_json(cls, data: Any) -> CompileAnswer:
-        return _top(cls, data, cls.NESTED)
 
 
 @record
@@ -176,7 +176,7 @@ def _members(data: Any, where: str) -> dict[str, ValidationMember]:
 
 
 @record
-class ValidationJob:
+class ValidationJob(_Travelling):
     """What the validation child checks: one artifact, or a group's members (then each run where this host loads
     the shared context), and where the CPU reference comes from or goes."""
 
@@ -193,11 +193,8 @@ class ValidationJob:
     references: dict[str, str] | None = None  # a group: member -> the folder its restored reference is in
     references_to: dict[str, str] | None = None  # a group: member -> the folder its computed reference goes to
 
-    def to_json(self) -> dict[str, Any]:
-        return _json(self)
-
     @classmethod
-    def from_json(cls, data: Any) -> ValidationJob:
+    def from_json(cls, data: Any) -> Self:
         job = _top(cls, data, {})
         members = _members(job.members, "ValidationJob.members")
         pipeline = job.pipeline
