@@ -54,6 +54,41 @@ def test_frozen_replace_and_pickle_as_a_dataclass():
     assert pickle.loads(pickle.dumps(point)) == point
 
 
+def test_frozen_as_a_frozen_dataclass_is_with_its_two_methods_shared_and_dataclasses_left_as_it_was():
+    """`records._frozen_methods` stands in for what `dataclass` compiles: the same errors for the same attempts, on
+    the class and on a subclass of it, and `dataclasses` itself unchanged after (a frozen dataclass made later gets
+    its own compiled methods)."""
+    import epbuild.records as records
+
+    class Sub(Point):
+        pass
+
+    class SameSub(SamePoint):
+        pass
+
+    for made, same in ((Point(1), SamePoint(1)), (Sub(1), SameSub(1))):
+        for attempt in (lambda o: setattr(o, "x", 2), lambda o: setattr(o, "other", 2), lambda o: delattr(o, "x"),
+                        lambda o: delattr(o, "other")):
+            outcomes = []
+            for item in (made, same):
+                try:
+                    attempt(item)
+                    outcomes.append("allowed")
+                except Exception as exc:  # noqa: BLE001 - the outcome compared, whatever it is
+                    outcomes.append(f"{type(exc).__name__}: {exc}".replace("SameSub", "Sub"))
+            assert outcomes[0] == outcomes[1]
+    assert Point.__setattr__.__qualname__ == "Point.__setattr__"
+    if records._SHARED:
+        assert Point.__setattr__.__code__ is One.__setattr__.__code__  # one function's code, not one per class
+    assert dataclasses._frozen_get_del_attr is records._GENERATED
+
+    @dataclasses.dataclass(frozen=True)
+    class Later:
+        x: int
+
+    assert Later.__setattr__.__code__ is not Point.__setattr__.__code__
+
+
 def test_a_mutable_record_compares_by_value_and_has_no_hash():
     made = Mutable()
     made.items.append(1)

@@ -255,7 +255,7 @@ def test_a_stage_after_shape_or_fold_is_its_own_task_beside_the_same_kind_of_a_c
 def test_every_stage_kind_runs_in_its_own_module():
     """One module per stage kind (`steps.stages`): the child dispatches every kind a plan can make to its `run`."""
     from epbuild.manifest.stage import StageKind
-    from epbuild.steps.stages import RUNNERS
+    from epbuild.steps.stages.runners import RUNNERS
 
     assert set(RUNNERS) == {kind.value for kind in StageKind}
     assert all(runner.__module__ == f"epbuild.steps.stages.{kind}" for kind, runner in RUNNERS.items())

@@ -117,12 +117,12 @@ def test_one_rule_judges_every_record_its_key_and_the_files_it_vouches_for(tmp_p
     foreign bytes included, is a miss."""
     from epbuild.files.layout import file_identity
     from epbuild.state.folder import StateFolder
-    from epbuild.state.records import VOUCHES
+    from epbuild.state.records import VOUCHES, vouch
 
     state = StateFolder(tmp_path / "state")
     model, absent = tmp_path / "model.onnx", tmp_path / "absent.json"
     model.write_bytes(b"1")
-    vouches = {str(model): file_identity(str(model)), str(absent): None}
+    vouches = vouch({str(model): file_identity(str(model)), str(absent): None})
     state.write_record("plan.record", {"key": "k", VOUCHES: vouches, "plan": 1})
     state.write_document("listing.json", {"key": "k", VOUCHES: vouches, "tasks": {}})
     readers = [lambda key: state.read_record("plan.record", key), lambda key: state.read_document("listing.json", key)]
@@ -136,6 +136,46 @@ def test_one_rule_judges_every_record_its_key_and_the_files_it_vouches_for(tmp_p
     state.path("plan.record").write_bytes(b"torn")
     state.path("listing.json").write_text('{"key": "k", "vouches_for": [')
     assert all(read("k") is None for read in readers)
+
+
+def test_the_vouched_identities_are_judged_file_by_file_through_one_digest(tmp_path, monkeypatch):
+    """`records.vouch` keeps paths and one digest: every way a file can change still breaks it (its bytes with size
+    and mtime restored, a replacement under the same name, an absent file appearing), relative paths are judged
+    from the working folder, and vouches that are not `vouch`'s, or identities no digest can pack, never hold."""
+    import os
+
+    from epbuild.files.layout import file_identity
+    from epbuild.state.records import IDENTITIES, PATHS, identities_hold, vouch, vouched_files
+
+    monkeypatch.chdir(tmp_path)
+    model, absent = tmp_path / "model.onnx", tmp_path / "absent.json"
+    model.write_bytes(b"12345678")
+    files = {"model.onnx": file_identity("model.onnx"), str(absent): None, "a\0b": None}
+    vouches = vouch(files)
+    assert identities_hold(vouches) and vouched_files(vouches) == 2  # the path holding NUL names no file
+    assert identities_hold(vouch({})) and vouched_files(vouch({})) == 0
+    before = model.stat()
+    model.write_bytes(b"87654321")  # same size, mtime put back: ctime still moves
+    os.utime(model, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert not identities_hold(vouches)
+    vouches = vouch({**files, "model.onnx": file_identity("model.onnx")})
+    assert identities_hold(vouches)
+    (tmp_path / "new").write_bytes(b"87654321")
+    os.replace(tmp_path / "new", model)  # another file under the same name
+    assert not identities_hold(vouches)
+    vouches = vouch({**files, "model.onnx": file_identity("model.onnx")})
+    absent.write_text("{}")
+    assert not identities_hold(vouches)
+    absent.unlink()
+    assert identities_hold(vouches)
+    monkeypatch.chdir(tmp_path.parent)  # the same name from another folder names another file
+    assert not identities_hold(vouches)
+    monkeypatch.chdir(tmp_path)
+    huge = vouch({"model.onnx": [1, 2, 3, 2**64]})
+    assert huge[IDENTITIES] == "" and not identities_hold(huge)
+    for foreign in (None, [], {"model.onnx": file_identity("model.onnx")}, {PATHS: "model.onnx"},
+                    {PATHS: 1, IDENTITIES: vouches[IDENTITIES]}):
+        assert not identities_hold(foreign)
 
 
 def test_every_shortcut_names_its_measured_figure():

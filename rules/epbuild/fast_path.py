@@ -30,7 +30,7 @@ from .files.layout import Layout, file_identity, settled, stat_key
 from .invocation import Invocation
 from .logs import log
 from .state.folder import StateFolder
-from .state.records import VOUCHES
+from .state.records import VOUCHES, vouch, vouched_files
 from .state.registry import CONFIGS, HOST
 
 PACKAGE = Path(__file__).resolve().parent
@@ -107,7 +107,11 @@ class Stamp:
                 return
             if stat_key(stat) != checked[name] or not settled(stat):
                 return  # a file changed while this run checked it, or may still change under the same identity
-        self.state.write_record(STAMP, {"key": key, VOUCHES: files, "tasks": tasks, "skipped": skipped})
+        # one name per file: doit names a task's files relative to the working folder, task creation absolute (the
+        # working folder is in the key)
+        here = os.getcwd() + os.sep
+        files = {path[len(here):] if path.startswith(here) else path: identity for path, identity in files.items()}
+        self.state.write_record(STAMP, {"key": key, VOUCHES: vouch(files), "tasks": tasks, "skipped": skipped})
 
 
 class Listing:
@@ -136,7 +140,7 @@ class Listing:
                 self.state.drop(LISTING)
                 return
             files[str(path)] = stat_key(stat)
-        self.state.write_document(LISTING, {"key": key, "tasks": tasks, VOUCHES: files})
+        self.state.write_document(LISTING, {"key": key, "tasks": tasks, VOUCHES: vouch(files)})
 
 
 def listed(task: dict[str, Any]) -> dict[str, Any]:
@@ -185,7 +189,7 @@ def _reporter(stamp: dict[str, Any]) -> type:
                 self.write(f"skipped {task}: {reason}\n")
             counts = f"{len(stamp['skipped'])} skipped, " if stamp["skipped"] else ""
             self.write(f"summary: {counts}{stamp['tasks']} up-to-date (no input, output or setting changed since the "
-                       f"last full check of {len(stamp[VOUCHES])} files)\n")
+                       f"last full check of {vouched_files(stamp[VOUCHES])} files)\n")
             super().complete_run()
 
     return UpToDateReporter
@@ -196,16 +200,15 @@ def enabled() -> bool:
     return os.environ.get("EPBUILD_FAST_PATH", "1") != "0"
 
 
-def shortcut(manifest: Path, invocation: Invocation) -> UpToDate | str | None:
+def shortcut(manifest: Path, invocation: Invocation, key: str) -> UpToDate | str | None:
     """When this run is a plain `doit list` or a default run and its shortcut holds: the listing's text, or the
-    stand-in project of a no-op run."""
+    stand-in project of a no-op run. `key`: `project_key(manifest)`, which the full load reads too (made once)."""
     if not enabled() or os.environ.get("GITHUB_STEP_SUMMARY"):
         return None
     listing_asked = invocation.listing
     if not listing_asked and not invocation.default_run:
         return None
     layout = Layout(manifest.parent / "artifacts")
-    key = project_key(manifest)
     if listing_asked:
         listing = Listing(layout).load(key)
         return listing_text(listing) if listing is not None else None

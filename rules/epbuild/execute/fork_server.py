@@ -79,7 +79,8 @@ PRELOAD = ("numpy", "numpy.random", "onnx", "onnx.shape_inference", "onnxruntime
 # epbuild's job modules: imported once the server serves and is idle (no request for IDLE_PRELOAD_S, no forked job
 # running), so that a first build's host probe and model reading (which need none of them) are not kept waiting;
 # every job forked after that has them loaded, one forked before imports what it needs itself
-IDLE_PRELOAD = ("epbuild.steps.compile", "epbuild.steps.validate", "epbuild.steps.preprocess")
+IDLE_PRELOAD = ("epbuild.steps.compile", "epbuild.steps.validate", "epbuild.steps.preprocess",
+                "epbuild.steps.stages.runners")
 IDLE_PRELOAD_S = 0.005
 SERVER_PRELOAD = {SHAPE_STAGE: [("epbuild.steps.stages.shape", "shape_tools")]}  # one server's calls after PRELOAD
 
@@ -166,8 +167,11 @@ class ForkedJob:
 
 @functools.lru_cache(maxsize=1)
 def _sources() -> list[tuple[str, list[int]]]:
-    """epbuild's sources as this build process found them (looked at once, not per job: a walk of the package)."""
-    return sorted((str(p), stat_key(p.stat())) for p in (IMPORT_ROOT / "epbuild").rglob("*.py"))
+    """epbuild's sources as this build process found them (looked at once, not per job: a walk of the package,
+    with `os.walk`: pathlib's glob took several times as long on every run that starts or finds a server)."""
+    paths = [os.path.join(folder, name) for folder, _, names in os.walk(IMPORT_ROOT / "epbuild")
+             for name in names if name.endswith(".py")]
+    return sorted((path, stat_key(os.stat(path))) for path in paths)
 
 
 def _server_key(alias: str, expect: Provenance | None = None) -> str:

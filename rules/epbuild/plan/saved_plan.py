@@ -46,7 +46,7 @@ from ..manifest.stage import Stage, StageKind
 from ..records import record
 from ..state import codec
 from ..state.folder import StateFolder
-from ..state.records import VOUCHES
+from ..state.records import VOUCHES, vouch
 from .declared_inputs import Blocked
 
 
@@ -186,7 +186,7 @@ class SavedPlan:
             if plan.read is None:
                 return
         try:
-            self.state.write_record(PLAN, {"key": key, VOUCHES: files, "models": models, "folders": folders,
+            self.state.write_record(PLAN, {"key": key, VOUCHES: vouch(files), "models": models, "folders": folders,
                                            "plan": plan}, PLAN_CLASSES)
         except TypeError as exc:  # a value typed JSON cannot hold (a TOML date in a model's settings): no shortcut
             log(__name__, "debug", "plan not saved: %s", exc)

@@ -1,4 +1,4 @@
-"""A stage's child: its request read into a `stages.job.StageJob`, the stage's own module run (`stages.RUNNERS`: one
+"""A stage's child: its request read into a `stages.job.StageJob`, the stage's own module run (`stages.runners`: one
 module per stage kind), and what it wrote checked (leftovers removed, every file it names present, the model opening
 on CPU). `produce_stage` runs this child for the coordinator (`stage_run`). Outputs go through the artifact cache
 like compiles."""
@@ -20,7 +20,6 @@ from ..manifest.stage import Stage
 from ..store.cache import Workspace
 from .expected_peak import stage_limits
 from .graph import missing_files
-from .stages import RUNNERS
 from .stages.job import StageJob
 
 STAGE_TIMEOUT_S = 3600
@@ -29,6 +28,8 @@ STAGE_TIMEOUT_S = 3600
 def _run_stage(request: dict[str, Any]) -> dict[str, Any]:
     import onnx
     import onnxruntime as ort
+
+    from .stages.runners import RUNNERS  # the stages' modules: a child's imports, not the build process's
 
     job = StageJob.of(request)
     source, output, data_file, elsewhere = job.source, job.output, job.data_file, job.weights_folder

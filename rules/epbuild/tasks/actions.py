@@ -29,8 +29,7 @@ from ..steps.fingerprint import validation_fingerprint
 from ..steps.packaging.model_package import assemble, check_package, manifest_files, manifest_text, unvalidated
 from ..steps.packaging.model_package import fingerprint as package_fingerprint
 from ..steps.packaging.package import pipeline_files
-from ..steps.reduction.reduce import reduce_failure, reducible
-from ..steps.reduction.repro import write_repro
+from ..steps.reduction.scope import reducible
 from ..steps.remote_job import run_job
 from ..steps.stage_run import run_stage
 from ..steps.toolchain.toolchains import check_operators, find_qaic, supported_operators
@@ -211,6 +210,9 @@ def run_reduce(build: Build, workspace: Workspace, budget_s: float) -> TaskFaile
     why_not = reducible(build)
     if why_not:
         return TaskFailed(f"{task}: {why_not}")
+    from ..steps.reduction.reduce import reduce_failure  # a reduce task's own: not imported by every build
+    from ..steps.reduction.repro import write_repro
+
     folder = workspace.layout.repro_dir(build.name)
     try:
         reduction = reduce_failure(build, workspace, folder, budget_s)

@@ -254,11 +254,12 @@ class Tasks:
 
 
 
-def load_full_project(manifest_path: Path, invocation: Invocation, early: Candidate | None = None) -> Tasks:
+def load_full_project(manifest_path: Path, invocation: Invocation, early: Candidate | None = None,
+                      key: str | None = None) -> Tasks:
     """The project with all its tasks (`epbuild.dodo` loads this when no shortcut holds); a user error prints one
     line and exits 2, without a traceback."""
     try:
-        project = load_project(manifest_path, invocation, early)
+        project = load_project(manifest_path, invocation, early, key)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

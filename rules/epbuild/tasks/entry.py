@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..fast_path import shortcut
+from ..fast_path import project_key, shortcut
 from ..invocation import Invocation
 from ..logs import configure as configure_logging
 from .kinds import KINDS, TaskKind
@@ -72,7 +72,8 @@ def load(manifest: Path, invocation: Invocation, early: Candidate | None = None)
     if "doit.loader" in sys.modules:  # a doit process, which consumes the generators
         gc.disable()
         gc.set_threshold(100_000, 50, 100)
-    quick = shortcut(manifest, invocation)
+    key = project_key(manifest)  # the shortcuts' and the saved plan's: read once (it hashes epbuild's sources)
+    quick = shortcut(manifest, invocation, key)
     if quick is not None and early is not None:  # a shortcut holds: no server to start
         early.discard()
     if isinstance(quick, str):  # `doit list` unchanged
@@ -83,7 +84,7 @@ def load(manifest: Path, invocation: Invocation, early: Candidate | None = None)
         return quick
     from .definitions import load_full_project
 
-    return load_full_project(manifest, invocation, early)
+    return load_full_project(manifest, invocation, early, key)
 
 
 def namespace(source: Any) -> dict[str, Any]:

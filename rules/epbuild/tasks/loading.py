@@ -52,26 +52,29 @@ from .project import Availability, Project, Relative
 Facts = tuple[dict[Path, tuple[Path, ...]], dict[str, ModelInputs], dict[str, dict[str, bool]]]
 
 
-def load_project(manifest_path: Path, invocation: Invocation | list[str], early: Candidate | None = None) -> Project:
+def load_project(manifest_path: Path, invocation: Invocation | list[str], early: Candidate | None = None,
+                 key: str | None = None) -> Project:
     """The project for this run's command line; `early`: the fork-server imports this run began before it loaded
-    (`execute.warm_start`), adopted by the first server it starts, else let go here."""
+    (`execute.warm_start`), adopted by the first server it starts, else let go here; `key`: the project key, where
+    the run made it already (`fast_path.project_key`)."""
     try:
-        return _load_project(manifest_path, invocation, early)
+        return _load_project(manifest_path, invocation, early, key or project_key(manifest_path))
     finally:
         if early is not None:
             early.discard()
 
 
-def _load_project(manifest_path: Path, invocation: Invocation | list[str], early: Candidate | None) -> Project:
+def _load_project(manifest_path: Path, invocation: Invocation | list[str], early: Candidate | None,
+                  project: str) -> Project:
     if not isinstance(invocation, Invocation):
         invocation = Invocation.of(invocation)
-    key = project_key(manifest_path) if invocation.listing or invocation.default_run else None
+    key = project if invocation.listing or invocation.default_run else None
     shard = shard_of(os.environ.get("EPBUILD_SHARD"))
     live = not invocation.inspecting and live_wanted(sys.stdout)
     rel = Relative(Path.cwd())
     started = now_ns()
     saved_plan = SavedPlan(Layout(manifest_path.parent / "artifacts").state,
-                           f"{key or project_key(manifest_path)}:{default_memory_gb()}")
+                           f"{project}:{default_memory_gb()}")
     last = saved_plan.load() if fast_path_enabled() else None
     # what this run's fingerprints name: as the saved plan of this project key holds it, else read now
     provenance = Provenance(last.code, last.versions) if last is not None else Provenance.read()

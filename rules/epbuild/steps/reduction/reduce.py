@@ -109,19 +109,6 @@ def search(count: int, fails: Callable[[list[int]], bool], deadline: float) -> t
     return best, True
 
 
-def reducible(build: Build) -> str | None:
-    """Why `build`'s failure cannot be reduced here (None: it can): a probe is a compile through ONNX Runtime of
-    one model for an EP."""
-    target = build.target
-    if build.shared:
-        return f"a group's failure: reduce the compile of one of its members (reduce:{build.members[0].name}@...)"
-    if target.is_cpu:
-        return "a CPU target compiles nothing to reduce (its failures are the model's: see the compile log)"
-    if target.compiler not in ("ort", "ort_session"):
-        return f"compiler = \"{target.compiler}\" runs outside ONNX Runtime: only ONNX Runtime compiles are reduced"
-    return None
-
-
 class _Probes:
     """Probe outcomes by subgraph content, kept in the repro folder (`probes-KIND.json`) across reductions, and the
     first whole message of each failure seen."""
