@@ -3,6 +3,7 @@ record, byte for byte; a record of another format refused with one line; statuse
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -138,6 +139,46 @@ def test_a_compile_job_and_its_answer_travel_as_versioned_records_and_nothing_el
                 {**sent, "members": [{**sent["members"][0], "shape": [1]}]}, {**sent, "members": {}}, [sent]):
         with pytest.raises(JobFormatError):
             CompileJob.from_json(bad)
+
+
+def test_every_other_job_kind_travels_as_a_record_with_its_tuples_and_paths_read_back():
+    """The stage, model-reading and reduce-probe jobs and answers (`contracts.jobs`) are records as the compile's
+    are: JSON across the pipe, read back equal (a tuple a tuple, a path a path again), refused when of another
+    format or with keys they do not declare."""
+    from pathlib import Path
+
+    from epbuild.contracts.jobs import (
+        DepartureProbe,
+        JobFormatError,
+        ModelReadJob,
+        ModelsRead,
+        ProbeAnswer,
+        StageAnswer,
+        StageJob,
+        TensorsProbe,
+    )
+
+    stage = StageJob(kind="quantize", task="quantize:m", source=Path("/p/m.onnx"), output=Path("/s/m.onnx"),
+                     settings={"per_channel": True}, data_file=None, graph_only=False, weights_folder=None,
+                     flavour="qnn", calibration=("/p/a.npz", "/p/b.npz"), manifest="models.toml", entry="models.m")
+    made = [stage, dataclasses.replace(stage, weights_folder=Path("/w"), graph_only=True),
+            StageAnswer(("x",), {"from_opset": 11}), StageAnswer(), ModelReadJob(("/p/m.onnx",)),
+            ModelsRead({"/p/m.onnx": {"locations": []}, "/p/n.onnx": {"error": "cut short"}}),
+            TensorsProbe(model="/p/m.onnx", weights=None, names=("a", "b"), inputs={"x": [1, 3]}, inputs_file=None,
+                         frozen={}, out="/r/tensors.npz"),
+            DepartureProbe(model="/r/0/m.onnx", tensors="/r/tensors.npz", ep="qnn", device="npu", options={},
+                           thresholds={"min_snr_db": 30.0}),
+            ProbeAnswer(saved=3), ProbeAnswer(departs=True, snr_db=12.5)]
+    for record in made:
+        sent = json.loads(json.dumps({**record.to_json(), "usage": {"seconds": 0.1}}))
+        back = type(record).from_json(sent)
+        assert back == record, type(record).__name__
+        assert all(type(getattr(back, f.name)) is type(getattr(record, f.name)) for f in dataclasses.fields(record))
+        with pytest.raises(JobFormatError):
+            type(record).from_json({**sent, "format": 1})
+        with pytest.raises(JobFormatError):
+            type(record).from_json({**sent, "unknown": 1})
+    assert StageJob.from_json(stage.to_json()).weights and not made[1].weights
 
 
 def test_a_validation_job_reads_back_equal_members_and_pipeline_included(project):

@@ -29,7 +29,7 @@ _SHARED = (sys.version_info < (3, 13) and _GENERATED is not None
 _SWAP = threading.Lock()
 
 
-def _frozen_methods(cls: type, fields: list[dataclasses.Field[Any]], globals: dict[str, Any]) -> tuple[Any, Any]:
+def _frozen_methods(cls: Any, fields: list[dataclasses.Field[Any]], globals: dict[str, Any]) -> tuple[Any, Any]:
     """A frozen dataclass's `__setattr__` and `__delattr__`, as `dataclasses` writes them: no field may be set or
     deleted, nor anything on an instance of the class itself; a subclass's own attributes go to its base."""
     names = frozenset(field.name for field in fields)

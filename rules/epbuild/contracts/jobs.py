@@ -1,21 +1,26 @@
-"""Jobs as records: what the parent sends its compile child (`CompileJob`) and what the child answers
-(`CompileAnswer`), what it sends its validation child (`ValidationJob`, whose answer is the report that becomes
-`validation.json`: `contracts.validation`), frozen and versioned (`JOB_FORMAT`), as `artifact.json` is
-(`contracts.artifact`). They travel as
-JSON (`to_json`), and are read back only through `from_json`, which refuses another format, a key the record does
-not declare and a missing one: a child of another epbuild (a warm worker left from before an upgrade) answers
-"internal error", never a half-understood compile. What `execute.child` adds on the way (`ENVELOPE`: the provenance
-the job checks, the usage it measured) is not the job's and is ignored here."""
+"""Jobs as records: what the parent sends each kind of child and what the child answers, frozen and versioned
+(`JOB_FORMAT`), as `artifact.json` is (`contracts.artifact`): the compile (`CompileJob`, `CompileAnswer`), the
+validation (`ValidationJob`, whose answer is the report that becomes `validation.json`: `contracts.validation`), a
+stage (`StageJob`, `StageAnswer`), the model reading (`ModelReadJob`, `ModelsRead`) and a reduction's probes
+(`TensorsProbe`, `DepartureProbe`, `ProbeAnswer`). They travel as JSON (`to_json`: a tuple as a list, a path as its
+string), and are read back only through `from_json`, which refuses another format, a key the record does not
+declare and a missing one, and gives each field its declared kind again (a tuple, a path): a child of another
+epbuild (a warm worker left from before an upgrade) answers "internal error", never a half-understood job. What
+`execute.child` adds on the way (`ENVELOPE`: the provenance the job checks, the usage it measured) is not the job's
+and is ignored here."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from pathlib import Path, PurePath
 from typing import Any, ClassVar, Self, TypeVar
 
 from ..records import record
 
-JOB_FORMAT = 1  # 1: the compile and validation jobs as records (were TypedDicts)
+# 1: the compile and validation jobs as records (were TypedDicts); 2: every job kind (stages, the model reading and
+# the reduction's probes were plain dicts)
+JOB_FORMAT = 2
 ENVELOPE = frozenset({"format", "provenance", "usage"})
 R = TypeVar("R")
 
@@ -36,6 +41,12 @@ def _read(cls: type[R], data: Any, nested: Mapping[str, type]) -> R:
                              f"{' and ' if unknown and missing else ''}"
                              f"{f'missing keys {sorted(missing)}' if missing else ''}")
     values = {name: data[name] for name in names & data.keys()}
+    for field in fields:  # JSON's list and string made the declared tuple and path again (`from __future__`: text)
+        value = values.get(field.name)
+        if type(value) is list and str(field.type).startswith("tuple[") and field.name not in nested:
+            values[field.name] = tuple(value)
+        elif type(value) is str and field.type in ("Path", "Path | None"):
+            values[field.name] = Path(value)
     for name, inner in nested.items():
         if not isinstance(values[name], list):
             raise JobFormatError(f"{cls.__name__}.{name} is not a list")
@@ -57,6 +68,8 @@ def _plain(value: Any) -> Any:
         return {key: _plain(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
         return [_plain(item) for item in value]
+    if isinstance(value, PurePath):
+        return str(value)
     return value
 
 
@@ -205,6 +218,92 @@ class ValidationJob(_Travelling):
                      for name, member in pipeline["alone"].items()}
             pipeline = {**pipeline, "alone": alone}
         return dataclasses.replace(job, members=members, pipeline=pipeline)
+
+
+@record
+class StageJob(_Travelling):
+    """What a stage's child runs (`steps.preprocess`): one stage of one model, by its kind (`steps.stages`)."""
+
+    kind: str
+    task: str  # the stage's task name, for messages
+    source: Path  # the model the stage reads
+    output: Path  # the model it writes
+    settings: dict[str, Any]  # the stage's own settings (`manifest.stage.Stage.settings`)
+    data_file: str | None  # the output's external-data file beside it, when it has one
+    graph_only: bool  # the graph read and written without its weights (they stay where they are)
+    weights_folder: Path | None  # where the input's weights are, when not beside it
+    flavour: str | None  # quantize: "qnn" or the generic QDQ
+    calibration: tuple[str, ...]  # quantize: the calibration files
+    manifest: str  # the manifest's file name and the model's entry, for errors about its keys
+    entry: str
+
+    @property
+    def weights(self) -> bool:
+        """Whether the stage reads and writes the model's weights (not a graph-only stage)."""
+        return not self.graph_only
+
+
+@record
+class StageAnswer(_Travelling):
+    """What a stage's child reports: the tensors `shape` left dynamic, and what the stage says of its work for its
+    log (the opsets `upgrade` converted between, what `rewrite` rewrote)."""
+
+    dynamic: tuple[str, ...] = ()
+    facts: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@record
+class ModelReadJob(_Travelling):
+    """What the model-reading child reads (`plan.external_data`): each model's external-data files, inputs and graph
+    facts, without its weights."""
+
+    models: tuple[str, ...]
+
+
+@record
+class ModelsRead(_Travelling):
+    """The model reading's answer, per model path: its external-data index entry (`plan.external_data`), or
+    {"error": why it cannot be used}."""
+
+    models: dict[str, dict[str, Any]]
+
+
+@record
+class TensorsProbe(_Travelling):
+    """A divergence reduction's first job (`steps.reduction.reduce_probe`): the model run on CPU with the
+    validation's inputs, every tensor in `names` saved with them to `out` (an .npz)."""
+
+    model: str
+    weights: str | None  # the folder the model's external data resolves in, when not its own
+    names: tuple[str, ...]
+    inputs: dict[str, list[int]]  # the validation's inputs (`steps.validation.validation_inputs.make_inputs`)
+    inputs_file: str | None
+    frozen: dict[str, list[float]]
+    out: str
+    kind: str = "tensors"
+
+
+@record
+class DepartureProbe(_Travelling):
+    """A divergence reduction's probe: one subgraph compiled for the EP, run there and on CPU with the values
+    `tensors` holds, each output held against the failed validation's thresholds."""
+
+    model: str
+    tensors: str
+    ep: str
+    device: str
+    options: dict[str, str]
+    thresholds: dict[str, float]
+    kind: str = "departs"
+
+
+@record
+class ProbeAnswer(_Travelling):
+    """A probe's answer: how many arrays `TensorsProbe` saved; whether the subgraph departs, and its worst SNR."""
+
+    saved: int | None = None
+    departs: bool | None = None
+    snr_db: float | None = None
 
 
 # A validation child's answer as it travels (JSON): the verdict (`status`, a `statuses.Verdict` word, or "reference"

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..contracts.jobs import ModelReadJob, ModelsRead
 from ..errors import BuildError, UserError
 from ..files.entry_lines import LazyEntries
 from ..files.layout import stat_key
@@ -223,14 +224,15 @@ def read_models(paths: list[str], server: str | None, workdir: Path | None = Non
     """Per model path: {"locations": [...]} or {"error": why it cannot be used}. With `server` (a fork server's
     alias), in one job in its warm worker working in `workdir` (removed after), and in one job per model should
     that job crash or time out, so that the error names its model."""
+    job = ModelReadJob(tuple(paths)).to_json()
     if server is None or workdir is None:
-        return _read_in_child({"models": paths})["models"]
+        return ModelsRead.from_json(_read_in_child(job)).models
     from ..execute.child import run_child
     from ..manifest.builds import Limits
 
     try:
-        return run_child(__name__, {"models": paths}, workdir, Limits(READ_TIMEOUT_S), "reading the models",
-                         ep=server, reuse=True, expect=expect, links=links)["models"]
+        return ModelsRead.from_json(run_child(__name__, job, workdir, Limits(READ_TIMEOUT_S), "reading the models",
+                                              ep=server, reuse=True, expect=expect, links=links)).models
     except BuildError as exc:
         if len(paths) == 1:
             return {paths[0]: {"error": f"reading it failed: {exc}"}}
@@ -315,12 +317,12 @@ class ExternalDataIndex:
 
 def _read_in_child(request: dict[str, Any]) -> dict[str, Any]:
     answers: dict[str, dict[str, Any]] = {}
-    for path in request["models"]:
+    for path in ModelReadJob.from_json(request).models:
         try:
             answers[path] = _read(Path(path))
         except UserError as exc:
             answers[path] = {"error": exc.message}
-    return {"models": answers}
+    return ModelsRead(answers).to_json()
 
 
 def main(handoff: Handoff | None = None) -> None:

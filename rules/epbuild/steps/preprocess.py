@@ -1,4 +1,4 @@
-"""A stage's child: its request read into a `stages.job.StageJob`, the stage's own module run (`stages.runners`: one
+"""A stage's child: its request read into a `contracts.jobs.StageJob`, the stage's own module run (`stages.runners`: one
 module per stage kind), and what it wrote checked (leftovers removed, every file it names present, the model opening
 on CPU). `produce_stage` runs this child for the coordinator (`stage_run`). Outputs go through the artifact cache
 like compiles."""
@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..contracts.jobs import StageAnswer, StageJob
 from ..errors import ModelError
 from ..execute.child import run_child, serve
 from ..execute.fork_server import SHAPE_STAGE
@@ -20,7 +21,6 @@ from ..manifest.stage import Stage
 from ..store.cache import Workspace
 from .expected_peak import stage_limits
 from .graph import missing_files
-from .stages.job import StageJob
 
 STAGE_TIMEOUT_S = 3600
 
@@ -31,7 +31,7 @@ def _run_stage(request: dict[str, Any]) -> dict[str, Any]:
 
     from .stages.runners import RUNNERS  # the stages' modules: a child's imports, not the build process's
 
-    job = StageJob.of(request)
+    job = StageJob.from_json(request)
     source, output, data_file, elsewhere = job.source, job.output, job.data_file, job.weights_folder
     os.chdir(elsewhere or source.parent)  # external data read from bytes resolves in the working folder
     result = RUNNERS[job.kind](job)
@@ -46,7 +46,7 @@ def _run_stage(request: dict[str, Any]) -> dict[str, Any]:
         raise ModelError("; ".join(problems))
     if job.weights:  # a graph-only stage keeps a large model's weights on disk and out of memory: not loaded
         _loads_on_cpu(ort, output, None, job.kind)
-    return result
+    return StageAnswer(tuple(result.pop("dynamic", ())), result).to_json()
 
 
 def _loads_on_cpu(ort: Any, output: Path, weights: Path | None, kind: str) -> None:
@@ -64,12 +64,12 @@ def _loads_on_cpu(ort: Any, output: Path, weights: Path | None, kind: str) -> No
                          "stage, not of the model or the EP") from None
 
 
-def stage_request(stage: Stage, output: Path) -> dict[str, Any]:
-    return {"kind": str(stage.kind), "task": stage.task, "flavour": stage.flavour, "input": str(stage.input),
-            "manifest": stage.manifest, "entry": f"models.{stage.model}",
-            "output": str(output), "settings": stage.settings, "calibration": [str(p) for p in stage.calibration],
-            "data_file": stage.output_data.name if stage.output_data else None, "graph_only": stage.graph_only,
-            "weights": str(stage.input_folder) if stage.input_weights else None}
+def stage_request(stage: Stage, output: Path) -> StageJob:
+    return StageJob(kind=str(stage.kind), task=stage.task, source=stage.input, output=output, settings=stage.settings,
+                    data_file=stage.output_data.name if stage.output_data else None, graph_only=stage.graph_only,
+                    weights_folder=stage.input_folder if stage.input_weights else None, flavour=stage.flavour,
+                    calibration=tuple(str(p) for p in stage.calibration), manifest=stage.manifest,
+                    entry=f"models.{stage.model}")
 
 
 def produce_stage(stage: Stage, workspace: Workspace, scratch: Path) -> dict[str, Any]:
@@ -77,7 +77,8 @@ def produce_stage(stage: Stage, workspace: Workspace, scratch: Path) -> dict[str
     workdir = workspace.layout.scratch(f"{scratch.name}.child")
     try:
         log = workspace.layout.log(STAGES, stage.task.replace(":", "."))
-        return run_child("epbuild.steps.preprocess", stage_request(stage, scratch / stage.output.name), workdir,
+        request = stage_request(stage, scratch / stage.output.name).to_json()
+        return run_child("epbuild.steps.preprocess", request, workdir,
                          stage_limits(stage, workspace, STAGE_TIMEOUT_S), stage.task, log,
                          ep=SHAPE_STAGE if stage.kind == "shape" else "", expect=workspace.provenance,
                          links=workspace.links)

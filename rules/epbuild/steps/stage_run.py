@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..contracts.jobs import StageAnswer
 from ..execute.executor import run_stage as run_stage_remotely
 from ..files.hashing import snapshot
 from ..manifest.stage import Stage
@@ -36,6 +37,7 @@ def run_stage(stage: Stage, workspace: Workspace) -> tuple[Outcome, float, list[
 
     outcome = cached_folder(stage.task, fingerprint, workspace, stage.output.parent,
                             sorted(p.name for p in stage.outputs), produce, config, inputs)
-    child = answer.get("answer", {})
-    return (with_download(outcome, answer), time.monotonic() - started, child.get("dynamic", []),
-            answer.get("worker"), child.get("usage"))
+    child = answer.get("answer")  # the child's answer, with its usage (None: restored)
+    dynamic = list(StageAnswer.from_json(child).dynamic) if child is not None else []
+    return (with_download(outcome, answer), time.monotonic() - started, dynamic, answer.get("worker"),
+            child.get("usage") if child is not None else None)

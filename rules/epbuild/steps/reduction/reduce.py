@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ...contracts.artifact import read_artifact
-from ...contracts.jobs import CompileAnswer
+from ...contracts.jobs import CompileAnswer, DepartureProbe, ProbeAnswer, TensorsProbe
 from ...contracts.statuses import Verdict
 from ...contracts.validation import read_validation
 from ...errors import BuildError, ModelError
@@ -255,27 +255,21 @@ def _failed_thresholds(build: Build, workspace: Workspace) -> dict[str, float]:
     return dict(recorded.thresholds)
 
 
-def _validation_request(build: Build) -> dict[str, Any]:
-    member = build.members[0]
-    settings = member.validation
-    return {"inputs": {name: list(shape) for name, shape in member.model.inputs.items()},
-            "inputs_file": str(settings.inputs) if settings.inputs else None,
-            "frozen": {name: list(values) for name, values in (member.frozen or {}).items()}}
-
-
 def _tensors(build: Build, workspace: Workspace, graph: Subgraphs, weights: Path | None, folder: Path,
              deadline: float) -> Path:
     """Every tensor a node of the model computes, on CPU with the validation's inputs (`tensors.npz`)."""
     out = folder / "tensors.npz"
     names = list(dict.fromkeys(o for node in graph.nodes for o in node.output if o))
     limits = build_limits(build, workspace, "validate")
-    run_child("epbuild.steps.reduction.reduce_probe", {"kind": "tensors", "model": str(build.members[0].model.path),
-                                             "weights": str(weights) if weights else None,
-                                             "validation": _validation_request(build), "names": names,
-                                             "out": str(out)},
-              folder / "probes" / "tensors", dataclasses.replace(limits, timeout_s=max(5.0, deadline -
-                                                                                         time.monotonic())),
-              f"reduce {build.name}: the model's tensors on CPU", folder / "probes" / "tensors.log",
+    member = build.members[0]
+    job = TensorsProbe(model=str(member.model.path), weights=str(weights) if weights else None, names=tuple(names),
+                       inputs={name: list(shape) for name, shape in member.model.inputs.items()},
+                       inputs_file=str(member.validation.inputs) if member.validation.inputs else None,
+                       frozen={name: list(values) for name, values in (member.frozen or {}).items()}, out=str(out))
+    left = max(5.0, deadline - time.monotonic())
+    run_child("epbuild.steps.reduction.reduce_probe", job.to_json(), folder / "probes" / "tensors",
+              dataclasses.replace(limits, timeout_s=left), f"reduce {build.name}: the model's tensors on CPU",
+              folder / "probes" / "tensors.log",
               expect=workspace.provenance, links=workspace.links)
     return out
 
@@ -285,13 +279,14 @@ def _divergence_probe(build: Build, workspace: Workspace, graph: Subgraphs, prob
     target = build.target
 
     def request_for(path: Path) -> dict[str, Any]:
-        return {"kind": "departs", "model": str(path), "tensors": str(tensors), "ep": target.ep.alias,
-                "device": target.device, "options": target.session_options(), "thresholds": thresholds}
+        return DepartureProbe(model=str(path), tensors=str(tensors), ep=target.ep.alias, device=target.device,
+                              options=target.session_options(), thresholds=thresholds).to_json()
 
     def judged(answer: dict[str, Any]) -> str:
-        if not answer["departs"]:
+        probed = ProbeAnswer.from_json(answer)
+        if not probed.departs:
             return PASSES
-        probes.messages.setdefault(DEPARTS, f"{DEPARTS}: worst SNR {answer['snr_db']} dB, thresholds {thresholds}")
+        probes.messages.setdefault(DEPARTS, f"{DEPARTS}: worst SNR {probed.snr_db} dB, thresholds {thresholds}")
         return DEPARTS
 
     return _probe_with(build, workspace, graph, probes, work, deadline, "validate",

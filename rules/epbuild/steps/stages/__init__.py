@@ -2,6 +2,6 @@
 (`steps.preprocess`, which reads its request, dispatches by kind through `runners.RUNNERS` and checks what it
 wrote): `upgrade` (ONNX's version converter), `freeze` (configuration inputs made constants), `shape` (static
 shapes), `fold` (constant subgraphs folded), `rewrite` (known patterns rewritten), `optimize` (ONNX Runtime's offline
-optimization), `quantize` (QDQ with calibration data), `squash` (external data inlined). `job` is what each is
-given, `output` how each writes. Nothing is imported here: the build process imports `job` and `output` for its own
-work and runs no stage itself."""
+optimization), `quantize` (QDQ with calibration data), `squash` (external data inlined). A `StageJob` is what each is
+given (`contracts.jobs.StageJob`), `output` how each writes. Nothing is imported here: the build process imports
+`output` for its own work and runs no stage itself."""

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...contracts.jobs import StageJob
 from ..folding import fold_constants, into_bodies
-from .job import StageJob
 from .output import save
 
 

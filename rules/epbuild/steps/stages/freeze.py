@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ...contracts.jobs import StageJob
 from ...errors import ModelError, located
 from ..graph import check_input_names, dims
-from .job import StageJob
 from .output import always_written, external_output
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...contracts.jobs import StageJob
 from ...files.weights import read_weights_from
-from .job import StageJob
 from .output import always_written, external_output
 
 

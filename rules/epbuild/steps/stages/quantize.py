@@ -7,11 +7,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ...contracts.jobs import StageJob
 from ...errors import ModelError
 from ...files.weights import load_with_weights
 from ..graph import dims, refuse_zero_size, true_inputs
 from ..validation.validation_inputs import read_npz
-from .job import StageJob
 
 RANDOM_SAMPLES, RANDOM_SEED = 8, 0
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...contracts.jobs import StageJob
 from ...errors import ModelError, located
 from ..diagnosis import PATTERNS, REWRITES
-from .job import StageJob
 from .output import save
 
 

@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ...contracts.jobs import StageJob
 from ...errors import ModelError, located
 from ..graph import check_input_names, clear_placeholder_dims, dims
-from .job import StageJob
 from .output import save
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ...contracts.jobs import StageJob
 from ...errors import ModelError
 from ...files.weights import load_with_weights
 from ...manifest.stage import PROTOBUF_LIMIT
-from .job import StageJob
 
 
 def squash(source: Path, output: Path, limit_bytes: int = PROTOBUF_LIMIT, weights: Path | None = None) -> int:

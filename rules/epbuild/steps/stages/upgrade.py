@@ -9,10 +9,10 @@ import re
 from pathlib import Path
 from typing import Any
 
+from ...contracts.jobs import StageJob
 from ...errors import ModelError
 from ...files.weights import load_with_weights
 from ..graph import graphs_within
-from .job import StageJob
 from .output import save
 
 # the converter's assertions carry a source location and a printf format it never filled in
