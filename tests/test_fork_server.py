@@ -296,9 +296,11 @@ def test_without_fork_the_plain_child_path_runs(tmp_path, monkeypatch, crash_chi
 
 def test_a_first_full_build_starts_its_fork_servers_while_it_loads(project, monkeypatch, links):
     import epbuild.tasks.loading
+    import epbuild.tasks.run_start
 
     started: list[set[str]] = []
-    monkeypatch.setattr(epbuild.tasks.loading, "prestart", lambda links, servers, expect=None: started.append(servers))
+    monkeypatch.setattr(epbuild.tasks.run_start, "prestart",
+                        lambda links, servers, expect=None: started.append(servers))
     monkeypatch.chdir(project.root)
     project.manifest(TWO_MODELS_CPU_QNN)
     manifest = project.root / "models.toml"

@@ -172,13 +172,13 @@ def test_a_run_after_a_model_changed_starts_its_targets_servers_while_it_reads(p
     """On a CI runner after a commit no fork server is running: those the changed model's builds use are started
     while the models are read, not when its first job asks; nothing is started when no model changed, nor for
     targets of models that did not."""
-    from epbuild.tasks import loading
+    from epbuild.tasks import loading, run_start
 
     project.manifest(TWO_MODELS_CPU_QNN.replace('path = "models/tinycnn.onnx"',
                                                 'path = "models/tinycnn.onnx"\ntargets = ["cpu"]'))
     project.doit()
     started: list[set[str]] = []
-    monkeypatch.setattr(loading, "prestart", lambda links, aliases, expect=None: started.append(set(aliases)))
+    monkeypatch.setattr(run_start, "prestart", lambda links, aliases, expect=None: started.append(set(aliases)))
     monkeypatch.chdir(project.root)
     for name, value in project.env.items():
         monkeypatch.setenv(name, value)
