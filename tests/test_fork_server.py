@@ -294,6 +294,24 @@ def test_without_fork_the_plain_child_path_runs(tmp_path, monkeypatch, crash_chi
     assert run_child("crash_child", {"action": "sleep", "seconds": 0}, Path(tmp_path), Limits(60), "x")["usage"]
 
 
+def test_the_job_modules_a_server_imports_are_named_by_the_build_not_by_execute():
+    """`execute/` imports nothing above itself, by name either: the job modules a server imports ahead of its jobs
+    are the build's (`steps.job_modules`), handed to the server on its command line and read back equal; anything
+    else on that line is refused."""
+    import re
+
+    from epbuild.execute.links import JobModules
+    from epbuild.steps.job_modules import JOB_MODULES
+
+    assert JobModules.of(JOB_MODULES.argument()) == JOB_MODULES and "epbuild.steps.compile" in JOB_MODULES.idle
+    for bad in ("[]", "[[1], []]", '[["a"], [["x", "y"]]]', "{"):
+        with pytest.raises(ValueError):
+            JobModules.of(bad)
+    upper = re.compile(r"[\"']epbuild\.(?!execute\b)[a-z_]+")
+    named = {path.name for path in (SOURCE / "epbuild" / "execute").glob("*.py") if upper.search(path.read_text())}
+    assert named == set()
+
+
 def test_a_first_full_build_starts_its_fork_servers_while_it_loads(project, monkeypatch, links):
     import epbuild.tasks.loading
     import epbuild.tasks.run_start

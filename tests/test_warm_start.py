@@ -23,6 +23,7 @@ from epbuild.execute.host import HostProbe
 from epbuild.execute.job_environment import job_environment
 from epbuild.execute.links import Links
 from epbuild.invocation import Invocation
+from epbuild.steps.job_modules import JOB_MODULES
 from helpers import TWO_MODELS_CPU_QNN, wait_for
 
 
@@ -75,16 +76,16 @@ def test_a_first_build_starts_one_server_the_candidate_begun_before_it_loaded(pr
 
 def test_only_a_first_default_run_begins_a_candidate(tmp_path, monkeypatch):
     manifest = tmp_path / "models.toml"
-    assert warm_start.begin(manifest, Invocation.of([])) is None  # no manifest: nothing to build
+    assert warm_start.begin(manifest, Invocation.of([]), JOB_MODULES) is None  # no manifest: nothing to build
     manifest.write_text(TWO_MODELS_CPU_QNN)
-    assert warm_start.begin(manifest, Invocation.of(["list"])) is None
-    assert warm_start.begin(manifest, Invocation.of(["compile:tinycnn@cpu"])) is None
+    assert warm_start.begin(manifest, Invocation.of(["list"]), JOB_MODULES) is None
+    assert warm_start.begin(manifest, Invocation.of(["compile:tinycnn@cpu"]), JOB_MODULES) is None
     monkeypatch.setenv(warm_start.SWITCH, "0")
-    assert warm_start.begin(manifest, Invocation.of([])) is None
+    assert warm_start.begin(manifest, Invocation.of([]), JOB_MODULES) is None
     monkeypatch.delenv(warm_start.SWITCH)
     (tmp_path / "artifacts" / ".state").mkdir(parents=True)
     (tmp_path / "artifacts" / ".state" / "configs.journaled").write_text("")
-    assert warm_start.begin(manifest, Invocation.of([])) is None  # built here before: maybe nothing to do
+    assert warm_start.begin(manifest, Invocation.of([]), JOB_MODULES) is None  # built here before: maybe nothing to do
 
 
 @pytest.mark.parametrize("how", ["discarded", "another environment"])
@@ -93,7 +94,7 @@ def test_a_candidate_not_adopted_exits_without_serving(tmp_path, servers, monkey
     monkeypatch.setenv("EPBUILD_TEST_MARK", marker)  # an EPBUILD_ variable: the candidate's environment has it
     manifest = tmp_path / "models.toml"
     manifest.write_text(TWO_MODELS_CPU_QNN)
-    candidate = warm_start.begin(manifest, Invocation.of(["-n", "2"]))
+    candidate = warm_start.begin(manifest, Invocation.of(["-n", "2"]), JOB_MODULES)
     assert candidate is not None
     wait_for("the candidate to start", lambda: _marked(marker))
     if how == "discarded":
@@ -111,8 +112,8 @@ def test_a_candidate_whose_build_was_killed_exits(tmp_path, servers, monkeypatch
     monkeypatch.setenv("EPBUILD_TEST_MARK", marker)
     (tmp_path / "models.toml").write_text(TWO_MODELS_CPU_QNN)
     script = ("import os, signal, sys\nfrom pathlib import Path\nfrom epbuild.execute.warm_start import begin\n"
-              "from epbuild.invocation import Invocation\n"
-              "begin(Path(sys.argv[1]), Invocation.of([]))\nos.kill(os.getpid(), signal.SIGKILL)\n")
+              "from epbuild.invocation import Invocation\nfrom epbuild.steps.job_modules import JOB_MODULES\n"
+              "begin(Path(sys.argv[1]), Invocation.of([]), JOB_MODULES)\nos.kill(os.getpid(), signal.SIGKILL)\n")
     build = subprocess.run([sys.executable, "-c", script, str(tmp_path / "models.toml")], timeout=120)
     assert build.returncode == -signal.SIGKILL
     wait_for("the candidate to exit", lambda: not _marked(marker))
@@ -123,8 +124,8 @@ def test_an_adopted_candidate_serves_jobs_and_the_host_probe(tmp_path, servers, 
     monkeypatch.setenv("EPBUILD_TEST_MARK", marker)
     manifest = tmp_path / "models.toml"
     manifest.write_text(TWO_MODELS_CPU_QNN)
-    links = Links()
-    links.early = warm_start.begin(manifest, Invocation.of([]))
+    links = Links(JOB_MODULES)
+    links.early = warm_start.begin(manifest, Invocation.of([]), JOB_MODULES)
     try:
         fork_server.prestart(links, {"qnn"})
         assert links.early is None  # the first server started took it

@@ -112,9 +112,10 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["EPBUILD_MANIFEST"] = manifest.name
     from .execute.warm_start import begin
     from .invocation import Invocation
+    from .steps.job_modules import JOB_MODULES
 
     invocation = Invocation.of(argv)
-    early = begin(manifest, invocation)  # a first build's fork-server imports, begun before ours
+    early = begin(manifest, invocation, JOB_MODULES)  # a first build's fork-server imports, begun before ours
     from doit.doit_cmd import DoitMain
 
     from .tasks.entry import quiet_when_piped, task_loader

@@ -11,9 +11,10 @@ import sys
 
 from .execute.warm_start import begin
 from .invocation import Invocation, manifest_path
+from .steps.job_modules import JOB_MODULES
 
 _invocation = Invocation.of(sys.argv[1:])
-_early = begin(manifest_path(), _invocation)  # a first build's fork-server imports, begun before the tasks' own
+_early = begin(manifest_path(), _invocation, JOB_MODULES)  # a first build's server imports, begun before our own
 
 from .tasks.entry import load, namespace  # noqa: E402 - after the start above, which it would delay
 

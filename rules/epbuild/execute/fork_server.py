@@ -54,18 +54,16 @@ from ..logs import warn
 from . import private_folder
 from .forked_jobs import JobGuard, WorkerHandle, run_many, run_one
 from .job_environment import job_environment
+from .links import NO_MODULES, SHAPE_STAGE, JobModules
 from .provenance import Provenance, record_loaded, versions
-
-if TYPE_CHECKING:
-    from .links import Links
 from .python_path import IMPORT_ROOT
 from .warm_start import CANDIDATE, SWITCH
 
+if TYPE_CHECKING:
+    from .links import Links
+
 # SWITCH ("EPBUILD_FORK_SERVER"): "0": a plain child for every job; "fork": a forked child for every job, no warm
 # workers; unset or "1": warm workers where the EP allows them
-# The shape stage's server also loads onnxruntime's shape tools with sympy: in every other server that larger heap
-# made each forked job ~15 ms slower (the child's allocations copy more of the inherited pages).
-SHAPE_STAGE = "shape-stage"
 IDLE_S = 30.0
 LET_GO_WAIT_S = 1.0  # how long a lease waits for a worker whose client has just let it go
 START_TIMEOUT_S = 120.0
@@ -76,13 +74,12 @@ LOAD_TIME_PREFIXES = ("ORT_", "OV_", "OPENVINO", "QNN_", "ADSP_", "LD_", "OMP_",
 # quantize stages use it (~50 ms of a stage that calibrates for seconds), and it made every server start ~30 ms
 # later and every forked child's inherited heap larger.
 PRELOAD = ("numpy", "numpy.random", "onnx", "onnx.shape_inference", "onnxruntime")
-# epbuild's job modules: imported once the server serves and is idle (no request for IDLE_PRELOAD_S, no forked job
-# running), so that a first build's host probe and model reading (which need none of them) are not kept waiting;
-# every job forked after that has them loaded, one forked before imports what it needs itself
-IDLE_PRELOAD = ("epbuild.steps.compile", "epbuild.steps.validate", "epbuild.steps.preprocess",
-                "epbuild.steps.stages.runners")
+# the job modules a build names (`links.JobModules.idle`) are imported once the server serves and is idle (no
+# request for IDLE_PRELOAD_S, no forked job running), so that a first build's host probe and model reading (which
+# need none of them) are not kept waiting; every job forked after that has them loaded, one forked before imports
+# what it needs itself
 IDLE_PRELOAD_S = 0.005
-SERVER_PRELOAD = {SHAPE_STAGE: [("epbuild.steps.stages.shape", "shape_tools")]}  # one server's calls after PRELOAD
+MODULES = "--modules"  # the server's command line: [--detach] [--modules JSON] PATH ALIAS
 
 
 def enabled() -> bool:
@@ -245,7 +242,8 @@ def _launch(links: Links, alias: str, path: Path, log: Path) -> subprocess.Popen
     if adopted is not None:
         return adopted
     with open(log, "w", encoding="utf-8") as output:
-        return subprocess.Popen([sys.executable, "-m", "epbuild.execute.fork_server", "--detach", str(path), alias],
+        return subprocess.Popen([sys.executable, "-m", "epbuild.execute.fork_server", "--detach", MODULES,
+                                 links.modules.argument(), str(path), alias],
                                 env=env, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 cwd=path.parent)
 
@@ -381,7 +379,7 @@ def fork_job(links: Links, module: str, alias: str, arguments: list[str], output
 
 # ---- the server ----
 
-def serve(path: Path, alias: str, preloaded: bool = False) -> None:
+def serve(path: Path, alias: str, modules: JobModules = NO_MODULES, preloaded: bool = False) -> None:
     """Preload, register the EP, check that no thread was started, then fork a child per job request, or lease a
     warm worker to a client that asks for one, until idle."""
     import importlib
@@ -389,7 +387,7 @@ def serve(path: Path, alias: str, preloaded: bool = False) -> None:
     if not preloaded:
         for module in PRELOAD:
             importlib.import_module(module)
-    for module, function in SERVER_PRELOAD.get(alias, ()):
+    for module, function in modules.calls_for(alias):
         getattr(importlib.import_module(module), function)()
     record_loaded()  # what every job forked from here has loaded: a job expecting other versions refuses
     baseline = _threads()
@@ -450,7 +448,7 @@ def serve(path: Path, alias: str, preloaded: bool = False) -> None:
         return worker.pid
 
     last_job = time.monotonic()
-    deferred = [module for module in IDLE_PRELOAD if module not in sys.modules]  # a candidate may have them
+    deferred = [module for module in modules.idle if module not in sys.modules]  # a candidate may have them
     while True:
         leased: list[Any] = [w.control for w in workers.values() if w.client]
         readable = select.select([listener, wake[0], *leased], [], [], IDLE_PRELOAD_S if deferred else 0.2)[0]
@@ -460,7 +458,7 @@ def serve(path: Path, alias: str, preloaded: bool = False) -> None:
             deferred = []
             if _threads() > baseline:  # an import that started a thread: no fork after it; the socket goes, the
                 # server leaves once its jobs end, and the next build's jobs start another
-                print(f"refused: importing {', '.join(IDLE_PRELOAD)} started {_threads() - baseline} thread(s)",
+                print(f"refused: importing {', '.join(modules.idle)} started {_threads() - baseline} thread(s)",
                       flush=True)
                 path.unlink(missing_ok=True)
             continue
@@ -518,7 +516,7 @@ def serve(path: Path, alias: str, preloaded: bool = False) -> None:
         path.with_suffix(".log").unlink(missing_ok=True)
 
 
-def candidate() -> None:
+def candidate(modules: JobModules) -> None:
     """`execute.warm_start`'s candidate: detached, the preloads imported, then adopted (a socket and an EP on its
     stdin, its output to the server's log, its folder the sockets') or, at the end of its stdin, gone."""
     import importlib
@@ -529,7 +527,7 @@ def candidate() -> None:
     for module in PRELOAD:
         importlib.import_module(module)
     if not select.select([sys.stdin], [], [], IDLE_PRELOAD_S)[0]:  # not adopted yet: the job modules meanwhile
-        for module in IDLE_PRELOAD:
+        for module in modules.idle:
             importlib.import_module(module)
     line = sys.stdin.readline()
     if not line.strip():
@@ -543,19 +541,22 @@ def candidate() -> None:
     os.dup2(nothing, 0)
     os.close(nothing)
     os.chdir(Path(path).parent)
-    serve(Path(path), alias, preloaded=True)
+    serve(Path(path), alias, modules, preloaded=True)
 
 
 def main(argv: list[str]) -> None:
-    if argv == [CANDIDATE]:
-        candidate()
+    """`--candidate [JSON]` (`execute.warm_start`), or `[--detach] [--modules JSON] PATH ALIAS`."""
+    if argv[:1] == [CANDIDATE]:
+        candidate(JobModules.of(argv[1]) if len(argv) > 1 else JobModules())
         return
-    detach, (path, alias) = argv[0] == "--detach", argv[-2:]
+    detach = argv[0] == "--detach"
+    modules = JobModules.of(argv[argv.index(MODULES) + 1]) if MODULES in argv[:-2] else JobModules()
+    path, alias = argv[-2:]
     if detach and os.fork():  # the starter waits for this first process only; the server is not its child
         os._exit(0)
     if detach:
         os.setsid()
-    serve(Path(path), alias)
+    serve(Path(path), alias, modules)
 
 
 if __name__ == "__main__":

@@ -11,19 +11,55 @@ its warm workers leased after the parent let them go."""
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from .warm_start import Candidate
 
+# The shape stage's fork server: it also loads onnxruntime's shape tools with sympy (in every other server that
+# larger heap made each forked job ~15 ms slower: the child's allocations copy more of the inherited pages).
+SHAPE_STAGE = "shape-stage"
+
+
+class JobModules(NamedTuple):
+    """What a fork server imports ahead of the jobs it will run, named by the layer whose jobs they are
+    (`steps.job_modules`: nothing here imports above itself): `idle`, imported once the server serves and no job
+    runs; `calls`, (server alias, module, function) called before that server listens (the shape stage's tools).
+    Handed to a server on its command line (`argument`, `of`); none named, a server imports what each job needs.
+    A named tuple, not a record: `epbuild.dodo` imports it before the no-op shortcut, which must stay cheap."""
+
+    idle: tuple[str, ...] = ()
+    calls: tuple[tuple[str, str, str], ...] = ()
+
+    def argument(self) -> str:
+        return json.dumps([list(self.idle), [list(call) for call in self.calls]])
+
+    @classmethod
+    def of(cls, text: str) -> JobModules:
+        """What `argument` wrote; ValueError for anything else."""
+        found = json.loads(text)
+        if not (isinstance(found, list) and len(found) == 2 and all(isinstance(m, str) for m in found[0])
+                and all(isinstance(c, list) and len(c) == 3 and all(isinstance(p, str) for p in c) for c in found[1])):
+            raise ValueError(f"not a list of job modules: {text[:80]}")
+        return cls(tuple(found[0]), tuple((alias, module, function) for alias, module, function in found[1]))
+
+    def calls_for(self, alias: str) -> list[tuple[str, str]]:
+        return [(module, function) for server, module, function in self.calls if server == alias]
+
+
+NO_MODULES = JobModules()
+
 
 class Links:
-    """Mutable by design: connections are made on first use and dropped when they fail. Compared by identity."""
+    """Mutable by design: connections are made on first use and dropped when they fail. Compared by identity.
+    `modules`: what the fork servers this build starts import ahead of its jobs."""
 
-    def __init__(self) -> None:
+    def __init__(self, modules: JobModules = NO_MODULES) -> None:
+        self.modules = modules
         self.lock = threading.Lock()  # doit's `-P thread` workers share one build's links
         self.refused: dict[str, str] = {}  # fork server key -> why it cannot serve (jobs use plain children)
         self.prestarted: dict[str, tuple[Any, float]] = {}  # fork server key -> its starter (Popen), when run

@@ -28,6 +28,7 @@ from .job_environment import job_environment
 
 if TYPE_CHECKING:
     from ..invocation import Invocation
+    from .links import JobModules
 
 SWITCH = "EPBUILD_FORK_SERVER"  # "0": a plain child for every job (`fork_server.enabled`); no candidate either
 CANDIDATE = "--candidate"  # `python -m epbuild.execute.fork_server --candidate`: preload, then wait to be adopted
@@ -73,9 +74,10 @@ class Candidate:
         process.poll()  # the starter exits once it has forked the candidate off: reaped here when it has
 
 
-def begin(manifest: Path, invocation: Invocation) -> Candidate | None:
+def begin(manifest: Path, invocation: Invocation, modules: JobModules) -> Candidate | None:
     """A candidate for this run, when it is a first build here (a default run, no settings record under the
-    project's `artifacts/.state/`) on a host where fork servers can run; else None."""
+    project's `artifacts/.state/`) on a host where fork servers can run; else None. `modules`: the jobs' modules
+    it imports while it waits (`links.JobModules.idle`)."""
     if not invocation.default_run or not hasattr(os, "fork") or not sys.platform.startswith("linux"):
         return None
     if os.environ.get(SWITCH, "1") == "0" or not manifest.is_file():
@@ -84,7 +86,8 @@ def begin(manifest: Path, invocation: Invocation) -> Candidate | None:
         return None
     env = job_environment()
     # -P: nothing from the working folder on its import path (it starts before its private folder is known)
-    process = subprocess.Popen([sys.executable, "-P", "-m", "epbuild.execute.fork_server", CANDIDATE],
+    process = subprocess.Popen([sys.executable, "-P", "-m", "epbuild.execute.fork_server", CANDIDATE,
+                                modules.argument()],
                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                env=env, cwd="/", text=True)
     return Candidate(process, env)

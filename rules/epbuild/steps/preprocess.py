@@ -12,8 +12,8 @@ from typing import Any
 from ..contracts.jobs import StageAnswer, StageJob
 from ..errors import ModelError
 from ..execute.child import run_child, serve
-from ..execute.fork_server import SHAPE_STAGE
 from ..execute.forked_jobs import Handoff
+from ..execute.links import SHAPE_STAGE
 from ..files.layout import STAGES
 from ..files.publish import discard
 from ..files.weights import read_weights_from

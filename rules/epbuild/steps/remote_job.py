@@ -116,7 +116,9 @@ def _logs(artifacts: Path) -> dict[str, bytes]:
 
 
 def _run_job(job: dict[str, Any], base: Path, root: Path) -> dict[str, Any]:
+    from ..execute.links import Links
     from ..store.cache import Workspace
+    from .job_modules import JOB_MODULES
 
     _check_versions(job)
     for relative, data in job["files"].items():
@@ -126,7 +128,7 @@ def _run_job(job: dict[str, Any], base: Path, root: Path) -> dict[str, Any]:
     what = relocate(job["what"], Path(job["root"]), root)
     if job["kind"] != "stage" and what.target.compiler in ("qaic", "qairt"):  # this host's SDK, as advertised
         what = dataclasses.replace(what, target=dataclasses.replace(what.target, sdk_root=None))
-    workspace = Workspace(root / "artifacts", base / "cache", None)
+    workspace = Workspace(root / "artifacts", base / "cache", None, links=Links(JOB_MODULES))
     try:  # the job's leases and remote connection are its own, let go when it ends
         return _produce(job, what, workspace, root / ".job-output")
     finally:

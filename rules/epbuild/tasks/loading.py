@@ -36,6 +36,7 @@ from ..report.progress import live_wanted
 from ..report.views import template_prepared_meanwhile
 from ..state.folder import StateFolder
 from ..steps.compilers import compiler
+from ..steps.job_modules import JOB_MODULES
 from ..steps.toolchain.worker_needs import with_worker_toolchains
 from ..store.cache import Workspace, cache_location, remote_location
 from ..store.task_configs import ConfigRecord
@@ -70,7 +71,7 @@ def _load_project(manifest_path: Path, invocation: Invocation | list[str], early
     # what this run's fingerprints name: as the saved plan of this project key holds it, else read now
     provenance = Provenance(last.code, last.versions) if last is not None else Provenance.read()
     manifest, resolved = read_manifest(manifest_path, last)  # nothing is written before it is known good
-    links = Links()
+    links = Links(JOB_MODULES)
     links.early = early
     start = RunStart(invocation, rel, links, provenance)
     layout, writable = start.folders(manifest)
