@@ -55,12 +55,16 @@ def test_the_fork_server_key_names_the_toolchain_versions(monkeypatch):
 
 def test_the_project_key_hashes_every_file_the_code_digest_reads():
     """So a saved plan, valid under that key, may carry the digest (`execute.provenance.Provenance`)."""
-    from epbuild.fast_path import PACKAGE, SOURCES
+    from epbuild.fast_path import PACKAGE, sources
 
-    hashed = {path for pattern in SOURCES for path in PACKAGE.glob(pattern)}
+    hashed = {PACKAGE / path for path in sources()}
     digested = set(provenance.digested_files())
     assert digested and digested <= hashed
     assert any(path.suffix == ".c" for path in digested)
+    templates = {p for p in (PACKAGE / "report" / "templates").iterdir() if p.is_file()}
+    assert templates and templates <= hashed  # the report's templates shape what task creation makes
+    assert hashed == {p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts} | templates | {
+        p for p in (PACKAGE / "steps" / "shims").iterdir() if p.is_file()}
 
 
 def test_the_code_digest_covers_the_job_modules_and_what_they_import(tmp_path, monkeypatch):

@@ -44,22 +44,36 @@ ENVIRONMENT = ("EPBUILD_", "QAIC_ROOT", "QNN_SDK_ROOT", "XDG_CACHE_HOME", "HOME"
 OUTPUT_ONLY = ("EPBUILD_FAST_PATH", "EPBUILD_PROGRESS")  # change what a run prints, not its tasks
 FORMAT = 2
 # epbuild's files the key hashes: its code, the report's templates, the shim's C source (every file the jobs' code
-# digest reads is among them: `execute.provenance.digested_files`)
-SOURCES = ("**/*.py", "report/templates/*", "steps/shims/*")
+# digest reads is among them: `execute.provenance.digested_files`): every .py file, and every file of these folders
+DATA_FOLDERS = (os.path.join("report", "templates"), os.path.join("steps", "shims"))
 
 
-def _file_bytes(path: Path) -> bytes:
+def _file_bytes(path: Path | str) -> bytes:
     try:
-        return path.read_bytes()
+        with open(path, "rb") as file:
+            return file.read()
     except OSError:
         return b""
 
 
+def sources() -> list[str]:
+    """epbuild's files the key hashes, relative to the package, sorted (one `os.walk`: pathlib's glob and
+    `relative_to` took most of the key's time on every run)."""
+    root, found = str(PACKAGE), list[str]()
+    for folder, folders, files in os.walk(root):
+        folders[:] = [name for name in folders if name != "__pycache__"]
+        relative = os.path.relpath(folder, root)
+        data = relative in DATA_FOLDERS
+        found.extend(os.path.normpath(os.path.join(relative, name)) for name in files
+                     if data or name.endswith(".py"))
+    return sorted(found)
+
+
 def project_key(manifest: Path) -> str:
     """Everything task creation reads, as one digest (see the module's docstring)."""
-    digest = hashlib.sha256()
-    for source in sorted({path for pattern in SOURCES for path in PACKAGE.glob(pattern)}):
-        digest.update(str(source.relative_to(PACKAGE)).encode() + b"\0" + _file_bytes(source) + b"\0")
+    digest, root = hashlib.sha256(), str(PACKAGE)
+    for source in sources():
+        digest.update(source.encode() + b"\0" + _file_bytes(os.path.join(root, source)) + b"\0")
     layout = Layout(manifest.parent / "artifacts")
     for path in (manifest, manifest.parent / "dodo.py", StateFolder(layout.state).path(HOST)):
         digest.update(str(path).encode() + b"\0" + _file_bytes(path) + b"\0")

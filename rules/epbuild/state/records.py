@@ -31,10 +31,12 @@ import os
 from array import array
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..files.layout import write_atomic
-from . import codec
+
+if TYPE_CHECKING:
+    from . import codec
 
 KEY, VOUCHES = "key", "vouches_for"  # every record's staleness fields: one rule for all (`current`)
 PATHS, IDENTITIES = "paths", "identities"  # what `vouches_for` holds (`vouch`)
@@ -75,7 +77,12 @@ def decode_record(data: bytes, key: Any, classes: codec.Classes | None = None, s
         vouches = json.loads(vouch_line)
         if vouches is not None and not identities_hold(vouches):
             return None
-        found = json.loads(body) if classes is None else codec.loads(body, classes)
+        if classes is None:
+            found = json.loads(body)
+        else:  # typed JSON: the saved plan's (imported only by its readers and writers)
+            from .codec import loads
+
+            found = loads(body, classes)
     except ValueError:  # malformed JSON, bytes that are not UTF-8, an object the reader does not allow
         return None
     if not isinstance(found, dict) or KEY in found or VOUCHES in found or BLOB in found:
@@ -115,7 +122,12 @@ def encode_record(record: dict[str, Any], classes: codec.Classes | None = None) 
     JSON of `classes`)."""
     assert KEY in record, "a record names what makes it stale"
     body = {name: value for name, value in record.items() if name not in (KEY, VOUCHES, BLOB)}
-    text = json.dumps(body, separators=(",", ":")) if classes is None else codec.dumps(body, classes)
+    if classes is None:
+        text = json.dumps(body, separators=(",", ":"))
+    else:
+        from .codec import dumps
+
+        text = dumps(body, classes)
     header = [json.dumps(record[KEY]), json.dumps(record.get(VOUCHES), separators=(",", ":"))]
     blob = [record[BLOB]] if BLOB in record else []
     return b"\n".join([MAGIC, *(line.encode() for line in header), text.encode(), *blob])

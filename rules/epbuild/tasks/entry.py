@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any
 from ..fast_path import project_key, shortcut
 from ..invocation import Invocation
 from ..logs import configure as configure_logging
-from .kinds import KINDS, TaskKind
 
 if TYPE_CHECKING:
     from ..execute.warm_start import Candidate
+    from .kinds import TaskKind
 
 
 
@@ -91,6 +91,8 @@ def namespace(source: Any) -> dict[str, Any]:
     """What doit reads from a dodo module: DOIT_CONFIG and a `task_NAME` generator per task kind. doit runs every
     one of them (in its order, which a star import sorts); the last to finish turns the collector on again and
     freezes what loading made (it lives as long as doit: later collections skip it)."""
+    from .kinds import KINDS  # not for a listing the shortcut answers: it prints and ends before this
+
     kinds = [kind for kind in KINDS if getattr(source, "wants", lambda _: True)(kind.name)]
     pending = {kind.name for kind in kinds}
     if not kinds:  # nothing to make (the no-op stamp holds): collect as usual from here
