@@ -4,6 +4,7 @@ runs every kind of change through it on doit's command line; these look at the p
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -273,6 +274,13 @@ def test_a_record_under_this_key_that_holds_no_plan_is_written_again(folder, mon
         assert _taken(folder, monkeypatch)
 
 
+@dataclasses.dataclass
+class _Holder:
+    settings: object
+    empty: tuple[str, ...]
+    paths: tuple[Path, ...]
+
+
 def test_typed_json_names_each_shape_once_and_reads_only_declared_ones():
     """A record's text is its shapes, then its value: each object carries its field values and a shape's index; a
     value class's equal instances are written once and read back as one object; and a shape that names a class
@@ -290,6 +298,14 @@ def test_typed_json_names_each_shape_once_and_reads_only_declared_ones():
     assert one == two == Limits(1.0) and one is not two  # not a value class: read back as two objects
     with pytest.raises(TypeError):
         codec.Classes(Limits, values=(ValidationSettings,))
+    held = codec.Classes(Limits, ValidationSettings, _Holder, values=(ValidationSettings,))
+    holders = [_Holder(settings[i], (), (Path("a"),)) for i in range(3)]
+    text = codec.dumps(holders, held)
+    assert text.count('"r.onnx"') == 1 and '"$r"' not in text and '"empty":' not in text  # in the shape alone
+    back = codec.loads(text, held)
+    assert back == holders and back[0].settings is back[2].settings and back[1].empty == ()
+    with pytest.raises(ValueError):  # a field its shape says is not written, written
+        codec.loads(text.replace('"$s":1,', '"$s":1,"empty":[],', 1), held)
     good = '[["Limits",[]]][{"$s":0,"timeout_s":1.0,"max_memory_gb":null,"expected_mb":0.0,"budget_gb":null}]'
     assert codec.loads(good, classes) == [Limits(1.0)]
     for bad in (good.replace('"Limits"', '"Popen"'), good.replace('[]]]', '["timeout_s","x"]]]'),

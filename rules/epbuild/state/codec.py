@@ -9,7 +9,7 @@ no code of the file's choosing runs, whatever the bytes.
     {Path("a"): 1}        {"$t": "map", "v": [[{"$t": "path", "v": "a"}, 1]]}   (keys other than strings, or "$t")
     StageKind.FOLD        {"$t": "StageKind", "v": "fold"}
     EP table's QNN entry  {"$t": "EpInfo", "v": "qnn"}                      (a constant of the code, by name)
-    Stage(kind=..., ...)  {"$s": 2, "$i": 7, "kind": ..., ...}             (every field, by name; its shape)
+    Stage(kind=..., ...)  {"$s": 2, "$i": 7, "kind": ..., ...}             (its fields, by name; its shape)
     the same Stage again  {"$r": 7}                                            (one object, as it was)
 
 A record's text is two JSON values: its shapes, then the value. A shape is a class and how those of its fields
@@ -35,9 +35,11 @@ TAG, INDEX, REFERENCE, SHAPE = "$t", "$i", "$r", "$s"
 # how an object's field was written when not as `encode` writes it, listed in its shape (name, how, name, ...):
 # the JSON reader calls back for every JSON object, and tuples, paths and empty dicts were most of a plan's (10,000
 # tuples, 2,500 paths, 2,500 empty dicts at 1,000 targets): a tuple as an array, a path as its string, a tuple of
-# paths as an array of strings, an empty dict as 0, an object written before as its index (a build's target)
-AS_ARRAY, AS_PATH, AS_PATHS, AS_EMPTY, AS_SEEN = "t", "p", "tp", "e", "r"
-_HOWS = frozenset({AS_ARRAY, AS_PATH, AS_PATHS, AS_EMPTY, AS_SEEN})
+# paths as an array of strings, an empty dict as [] (read by `dict`), an object written before (a build's target, a
+# member's validation settings) as its index, an empty tuple not at all (the shape gives it: most of a build's and
+# a member's tuples are empty, and each field the reader converts costs it a turn of a Python loop)
+AS_ARRAY, AS_PATH, AS_PATHS, AS_EMPTY, AS_SEEN, AS_NONE = "t", "p", "tp", "e", "r", "n"
+_HOWS = frozenset({AS_ARRAY, AS_PATH, AS_PATHS, AS_EMPTY, AS_SEEN, AS_NONE})
 _PLAIN_JSON = json.JSONDecoder()
 _PATH = type(Path())
 _PLAIN = frozenset({str, int, float, bool, type(None)})
@@ -98,6 +100,15 @@ class _Writer:
         self.named.add(index)
         return index
 
+    def written_as(self, value: Any, kind: type) -> int | None:
+        """The index of `value` when it was written before: this very object, or one equal to it of a value class."""
+        index = self.seen.get(id(value))
+        if index is None and kind in self.classes.values:
+            index = self.values.get((self.classes.names[kind], repr(value)))
+            if index is not None:
+                self.seen[id(value)] = index
+        return index
+
     def encode(self, value: Any) -> Any:
         kind = type(value)
         if kind in _PLAIN:
@@ -141,16 +152,19 @@ class _Writer:
             item = getattr(value, field)
             kind = type(item)
             if kind is tuple:
-                if item and all(type(part) is _PATH for part in item):
+                if not item:
+                    written += [field, AS_NONE]
+                    continue
+                if all(type(part) is _PATH for part in item):
                     found[field], how = [str(part) for part in item], AS_PATHS
                 else:
                     found[field], how = [self.encode(part) for part in item], AS_ARRAY
             elif kind is _PATH:
                 found[field], how = str(item), AS_PATH
             elif kind is dict and not item:
-                found[field], how = 0, AS_EMPTY
-            elif id(item) in self.seen and kind in classes.fields_of:
-                found[field], how = self.reference(self.seen[id(item)]), AS_SEEN
+                found[field], how = [], AS_EMPTY
+            elif kind in classes.fields_of and (seen := self.written_as(item, kind)) is not None:
+                found[field], how = self.reference(seen), AS_SEEN
             else:
                 found[field] = self.encode(item)
                 continue
@@ -169,9 +183,13 @@ class _Writer:
         return json.dumps(shapes, separators=(",", ":")) + json.dumps(encoded, separators=(",", ":"))
 
 
-def _shapes(raw: Any, classes: Classes) -> list[tuple[type, frozenset[str], tuple[tuple[str, str], ...]]]:
-    """A record's shapes table as the reader uses it: each a class it may hold, its fields, and how those written
-    otherwise than plainly were written. ValueError for anything else."""
+Shape = tuple[type, frozenset[str], tuple[tuple[str, str], ...], dict[str, Any]]
+
+
+def _shapes(raw: Any, classes: Classes) -> list[Shape]:
+    """A record's shapes table as the reader uses it: each a class it may hold, its fields, how those written
+    otherwise than plainly were written, and those not written at all (empty tuples). ValueError for anything
+    else."""
     if type(raw) is not list:
         raise ValueError("not a record: no shapes")
     shapes = []
@@ -184,11 +202,12 @@ def _shapes(raw: Any, classes: Classes) -> list[tuple[type, frozenset[str], tupl
         pairs = tuple(zip(written[::2], written[1::2], strict=True))
         if any(field not in names or how not in _HOWS for field, how in pairs) or len(pairs) != len(set(pairs)):
             raise ValueError(f"not a record: a shape {entry!r:.80}")
-        shapes.append((classes.by_name[name], names, pairs))
+        shapes.append((classes.by_name[name], names, tuple(pair for pair in pairs if pair[1] != AS_NONE),
+                       {field: () for field, how in pairs if how == AS_NONE}))
     return shapes
 
 
-def _hook(classes: Classes, shapes: list[tuple[type, frozenset[str], tuple[tuple[str, str], ...]]]) -> Any:
+def _hook(classes: Classes, shapes: list[Shape]) -> Any:
     by_name, constants = classes.by_name, classes.constants
     objects: dict[int, Any] = {}  # index -> the object read, for the references after it
     paths: dict[str, Path] = {}  # one (immutable) Path per string: a model's path is in each of its builds
@@ -196,32 +215,34 @@ def _hook(classes: Classes, shapes: list[tuple[type, frozenset[str], tuple[tuple
     def path(text: str) -> Path:
         found = paths.get(text)
         if found is None:
+            if type(text) is not str:  # JSON's other values: a number, true, null (a list: unhashable, above)
+                raise TypeError(f"a path written as {text!r}")
             found = paths[text] = _PATH(text)
         return found
+
+    # each way of writing a field, read back by one call (in C where it can be: the reader calls it for tens of
+    # thousands of fields); a value of the wrong kind fails there (KeyError, TypeError: a miss)
+    read_as: dict[str, Any] = {AS_SEEN: objects.__getitem__, AS_ARRAY: tuple, AS_EMPTY: dict, AS_PATH: path,
+                               AS_PATHS: lambda value: tuple(map(path, value))}
+    readers: list[tuple[type, frozenset[str], tuple[tuple[str, Any], ...], dict[str, Any]]] = [
+        (cls, names, tuple((name, read_as[how]) for name, how in written), empty)
+        for cls, names, written, empty in shapes]
 
     def made(found: dict[str, Any]) -> Any:
         shape = found.pop(SHAPE, None)
         if shape is not None:  # a record: the JSON object becomes its __dict__, its fields exactly the declared ones
-            if type(shape) is not int or not 0 <= shape < len(shapes):
+            if type(shape) is not int or not 0 <= shape < len(readers):
                 raise ValueError(f"a record of no shape: {shape!r}")
-            cls, names, written = shapes[shape]
+            cls, names, fields, empty = readers[shape]
             index = found.pop(INDEX, None)
+            if empty:
+                if not found.keys().isdisjoint(empty):
+                    raise ValueError(f"a {cls.__name__} that writes a field its shape says it does not")
+                found.update(empty)
             if found.keys() != names or (index is not None and (type(index) is not int or index in objects)):
                 raise ValueError(f"a {cls.__name__} with fields {sorted(found)}")
-            for name, how in written:
-                value = found[name]
-                if how == AS_ARRAY and type(value) is list:
-                    found[name] = tuple(value)
-                elif how == AS_SEEN and type(value) is int and value in objects:
-                    found[name] = objects[value]
-                elif how == AS_EMPTY and value == 0:
-                    found[name] = {}
-                elif how == AS_PATH and type(value) is str:
-                    found[name] = path(value)
-                elif how == AS_PATHS and type(value) is list and all(type(part) is str for part in value):
-                    found[name] = tuple(map(path, value))
-                else:
-                    raise ValueError(f"{cls.__name__}.{name} written as {how!r}: {value!r}")
+            for name, read in fields:
+                found[name] = read(found[name])
             made: Any = object.__new__(cls)  # as pickle makes it: no __init__ runs, the declared fields are set
             object.__setattr__(made, "__dict__", found)
             if index is not None:
