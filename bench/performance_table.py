@@ -24,15 +24,15 @@ ORDER = {"doit": "bench_doit.py 1000 9 KEEP_DIR", "fork": "bench_fork.py 40 100 
          "packages": "bench_packages.py 1000 --repeats 5 --keep DIR --against prev=DIR",
          "parallel": "bench_parallel.py --stress-budget-gb 1.8", "reduce": "bench_reduce.py",
          "state": "bench_state.py 1000 --repeats 5 --keep DIR", "fleet": "bench_fleet.py --repeats 3",
-         "floor": "bench_floor.py --repeats 5 --baseline DIR --baseline-name 'before (3e3b1d2)'",
+         "floor": "bench_floor.py --repeats 5 --baseline DIR --baseline-name 'before (43773b9)'",
          "floor-mldtypes07": "bench_floor.py --repeats 3 --path-first DIR --name floor-mldtypes07 (DIR: "
                              "ml_dtypes 0.7.0, before the pin; the code of 6b2238b)",
          "scale-warm-start": "bench_scale.py 1000 --repeats 5 --keep DIR --against 'before (3e3b1d2)=DIR' "
                              "--name scale-warm-start",
          "scale-10k": "bench_scale.py 10000 --repeats 5 --keep DIR --against 9281db2=DIR --name scale-10k",
-         "scale-10k-change": "bench_scale.py 10000 --change-only --repeats 9 --keep DIR --against 9281db2=DIR "
+         "scale-10k-change": "bench_scale.py 10000 --change-only --repeats 15 --keep DIR --against 9281db2=DIR "
                              "--name scale-10k-change",
-         "structure": "bench_structure.py '94261db=DIR' 'HEAD=rules'",
+         "structure": "bench_structure.py '43773b9=DIR' 'HEAD=rules'",
          "scale-1k": "bench_scale.py 1000 --repeats 5 --keep DIR --against 9281db2=DIR --name scale-1k",
          "scale-1k-change": "bench_scale.py 1000 --change-only --repeats 15 --keep DIR --against 9281db2=DIR "
                             "--name scale-1k-change"}
