@@ -55,7 +55,7 @@ from . import private_folder
 from .forked_jobs import JobGuard, WorkerHandle, run_many, run_one
 from .job_environment import job_environment
 from .links import NO_MODULES, SHAPE_STAGE, JobModules
-from .provenance import Provenance, record_loaded, versions
+from .provenance import Provenance, python_files, record_loaded, versions
 from .python_path import IMPORT_ROOT
 from .warm_start import CANDIDATE, SWITCH
 
@@ -164,11 +164,8 @@ class ForkedJob:
 
 @functools.lru_cache(maxsize=1)
 def _sources() -> list[tuple[str, list[int]]]:
-    """epbuild's sources as this build process found them (looked at once, not per job: a walk of the package,
-    with `os.walk`: pathlib's glob took several times as long on every run that starts or finds a server)."""
-    paths = [os.path.join(folder, name) for folder, _, names in os.walk(IMPORT_ROOT / "epbuild")
-             for name in names if name.endswith(".py")]
-    return sorted((path, stat_key(os.stat(path))) for path in paths)
+    """epbuild's sources as this build process found them (looked at once, not per job: a walk of the package)."""
+    return sorted((path, stat_key(os.stat(path))) for path in python_files(IMPORT_ROOT / "epbuild"))
 
 
 def _server_key(alias: str, expect: Provenance | None = None) -> str:
