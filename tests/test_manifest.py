@@ -81,6 +81,56 @@ def test_manifest_errors(tmp_path, text, message):
     assert str(raised.value).startswith(message), str(raised.value)
 
 
+@pytest.mark.parametrize("kind, message", [
+    ("link inside", None),
+    ("link outside", "models.toml: models.m.path: {named} (a link to {outside}) is outside the project"), ("dangling link", "model file not found"),
+    ("folder", "model file is a folder"), ("fifo", "model file is not a regular file (a FIFO"),
+    ("link to a folder", "model file is a folder"),
+    ("its folder a link outside", "models.toml: models.m.path: {named} (a link to {outside_folder}/named.onnx) is "
+                                  "outside the project"),
+])
+def test_a_model_path_is_a_regular_file_inside_the_project(tmp_path, kind, message):
+    """One `lstat` says both whether a model path is a regular file and whether it is a link to resolve
+    (`manifest.roots.Roots.check_file`): each kind of path gets the line it got when each was asked apart."""
+    import os
+
+    project = tmp_path / "project"
+    project.mkdir()
+    (tmp_path / "outside.onnx").write_bytes((REPO / "models" / "tinycnn.onnx").read_bytes())
+    named = project / "models" / "named.onnx"
+    if kind == "its folder a link outside":
+        (tmp_path / "models").mkdir()
+        named.parent.symlink_to(tmp_path / "models")
+    else:
+        named.parent.mkdir()
+    if kind == "its folder a link outside":
+        (tmp_path / "models" / "named.onnx").write_bytes((REPO / "models" / "tinycnn.onnx").read_bytes())
+    elif kind == "link inside":
+        (project / "real.onnx").write_bytes((REPO / "models" / "tinycnn.onnx").read_bytes())
+        named.symlink_to(project / "real.onnx")
+    elif kind == "link outside":
+        named.symlink_to(tmp_path / "outside.onnx")
+    elif kind == "dangling link":
+        named.symlink_to(project / "gone.onnx")
+    elif kind == "folder":
+        named.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(named)
+    else:
+        (project / "folder.onnx").mkdir()
+        named.symlink_to(project / "folder.onnx")
+    text = '[models.m]\npath = "models/named.onnx"\n[models.m.variants.v]\n[targets.t]\nep = "cpu"\n'
+    if message is None:
+        assert [b.name for b in build_plan(project, text)] == ["m.v@t"]
+        return
+    with pytest.raises(UserError) as raised:
+        build_plan(project, text)
+    expected = message.format(named=named, outside=tmp_path / "outside.onnx", outside_folder=tmp_path / "models")
+    if not expected.startswith("models.toml"):
+        expected = f"models.toml: models.m.path: {expected}"
+    assert str(raised.value).startswith(expected), str(raised.value)
+
+
 def test_extends_merges_options_per_key_and_infers_device(tmp_path):
     builds = build_plan(tmp_path, MODEL + """
 [targets.base]

@@ -16,7 +16,7 @@ from epbuild.files.layout import Layout
 from epbuild.state.journaled import outgrown, read_journaled, write_journaled
 from epbuild.state.registry import CONFIGS
 from epbuild.tasks.checker import SEEN_CHANGING, saw
-from epbuild.tasks.run_record import RECORD, RunRecord, _changes, next_record
+from epbuild.tasks.run_record import FORMAT, RECORD, RunRecord, _changes, next_record, packed, unpacked
 from epbuild.tasks.selection import Recorded
 
 
@@ -176,3 +176,50 @@ def test_changes_are_found_by_value_where_the_objects_differ():
     before = {"a": same, "b": [1, 2], "c": [5], "gone": [0]}
     after = {"a": same, "b": [1, 2], "c": [6], "new": None}  # a new None entry is a change
     assert _changes(before, after) == ({"c": [6], "new": None}, ["gone"])
+
+
+def test_packed_files_read_back_exactly_whatever_their_identities():
+    """The base packs identities as 64-bit numbers (`packed`): every identity of another form (absent, seen
+    changing, an inode past 2**63, a time before 1970) comes back as it was, by position, and so does every path."""
+    files = {"models/a.onnx": [10, 1_796_000_000_000_000_000, 1_796_000_000_000_000_001, 42],
+             "gone.onnx": None, "seen.onnx": list(SEEN_CHANGING), "big inode": [1, 2, 3, 2**64 - 1],
+             "old": [0, -5_000_000_000, -1, 7], "dïr ü/m.onnx": [5, 6, 7, 8],
+             "bad\udcff.onnx": [1, 1, 1, 1], "too wide": [2**63, 0, 0, 0], "": [9, 9, 9, 9]}
+    form = json.loads(json.dumps(packed(files)))  # as the record holds it
+    assert unpacked(form) == files and list(unpacked(form)) == list(files)
+    assert unpacked(json.loads(json.dumps(packed({})))) == {}
+    plain = {f"p{i}": [i, i + 1, i + 2, i + 3] for i in range(1000)}
+    assert unpacked(packed(plain)) == plain and packed(plain)["others"] == []
+
+
+@pytest.mark.parametrize("forged", ["not a dict", "short", "bad base64", "negative position", "past the end",
+                                    "missing key"])
+def test_a_packed_form_that_is_not_what_packed_wrote_is_refused(forged):
+    form = packed({"a": [1, 2, 3, 4], "b": None})
+    if forged == "not a dict":
+        form = [form]
+    elif forged == "short":
+        form["paths"] += "\0c"
+    elif forged == "bad base64":
+        form["identities"] = "!!!!"
+    elif forged == "negative position":
+        form["others"] = [[-1, None]]
+    elif forged == "past the end":
+        form["others"] = [[5, None]]
+    else:
+        del form["others"]
+    with pytest.raises((ValueError, IndexError)):
+        unpacked(form)
+
+
+def test_a_base_whose_files_are_not_packed_leaves_no_record(layout):
+    """A record of the previous format, or one edited by hand, is a miss (the full path), never a traceback."""
+    records = RunRecord(layout)
+    records.write("key", _record(20), None)
+    path = records.state.path(RECORD)
+    base = json.loads(read_journaled(path).base.split(b"\n", 3)[3])
+    base["files"] = {"models/m0.onnx": [0, 2, 3, 4]}  # the previous form: a list per file
+    from epbuild.state.records import encode_record
+
+    write_journaled(path, encode_record({"key": f"{FORMAT}:key", **base}))
+    assert records.load("key") is None

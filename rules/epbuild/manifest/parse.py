@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import sys
 from dataclasses import field
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from ..files.layout import GROUPS, PACKAGES
 from ..records import record
 from .names import check_name, shown
 from .packages import PackageSpec, read_package
-from .roots import Roots, check_named_files
+from .roots import Roots, check_named_files, not_a_file
 from .schema import GATES, THRESHOLDS, keys
 from .task_metric import read_task
 
@@ -149,21 +148,6 @@ class Manifest:
     @property
     def root(self) -> Path:
         return self.path.parent
-
-
-def not_a_file(path: Path) -> str:
-    """Why `path`, which is not a regular file, cannot be read as one: a FIFO would block the reader forever; a
-    name this process's locale cannot spell (an ASCII locale, a name with 'ü') is no missing file."""
-    try:
-        os.fsencode(path)
-    except UnicodeEncodeError:
-        return (f"cannot be named in this locale's file-name encoding ({sys.getfilesystemencoding()}): run with a "
-                "UTF-8 locale (LANG=C.UTF-8) or PYTHONUTF8=1")
-    if path.is_dir():
-        return "is a folder"
-    if path.exists():
-        return "is not a regular file (a FIFO, socket or device)"
-    return "not found"
 
 
 class TableReader:
@@ -404,8 +388,6 @@ def _model(table: TableReader, name: str, targets: dict[str, TargetSpec]) -> Mod
     model_path = _looked_at(table, table.file.parent / values["path"])
     if model_path.suffix.lower() != ".onnx":
         table.fail(f"must name an .onnx model file, found {shown(values['path'])}", "path")
-    if not model_path.is_file():
-        table.fail(f"model file {not_a_file(model_path)}: {model_path}", "path")
     inputs = _inputs(table)
     wanted = values["targets"]
     if wanted is None:
@@ -557,7 +539,6 @@ def _winml_config(target: TableReader) -> tuple[dict[str, Any], list[str]]:
 
     File-valued options are resolved relative to the config file and re-expressed relative to the manifest."""
     import json
-    import os
 
     config_path = _looked_at(target, target.file.parent / target.get("config", str))
     Roots(target.file).check(f"{target.path}.config", config_path)

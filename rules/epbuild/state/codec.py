@@ -180,7 +180,8 @@ class _Writer:
             if index not in self.named:
                 del found[INDEX]
         shapes = [[name, list(written)] for name, written in self.shapes]
-        return json.dumps(shapes, separators=(",", ":")) + json.dumps(encoded, separators=(",", ":"))
+        return json.dumps(shapes, separators=(",", ":")) + json.dumps(encoded, separators=(",", ":"),
+                                                                      check_circular=False)  # built as a tree
 
 
 Shape = tuple[type, frozenset[str], tuple[tuple[str, str], ...], dict[str, Any]]

@@ -97,7 +97,7 @@ class StateFolder:
     def append(self, name: str, read: Journaled, line: dict[str, Any]) -> bool:
         """Append `line` to the record as it was read; False when it is to be written whole (it changed since, or
         its lines outgrew the base)."""
-        return append(self.path(name), read, json.dumps(line))
+        return append(self.path(name), read, json.dumps(line, separators=(",", ":"), check_circular=False))
 
     # entry records: a JSON object of one entry per line, decoded entry by entry, with lines of changed entries
 

@@ -123,7 +123,7 @@ def encode_record(record: dict[str, Any], classes: codec.Classes | None = None) 
     assert KEY in record, "a record names what makes it stale"
     body = {name: value for name, value in record.items() if name not in (KEY, VOUCHES, BLOB)}
     if classes is None:
-        text = json.dumps(body, separators=(",", ":"))
+        text = json.dumps(body, separators=(",", ":"), check_circular=False)  # a record is built as a tree
     else:
         from .codec import dumps
 
