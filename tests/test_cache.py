@@ -233,6 +233,33 @@ def test_a_lookup_reads_its_own_shard_of_the_memory_and_passes_over_a_torn_line(
     assert set(fresh._shards) == {hashing.shard_of(str(model)), hashing.shard_of(str(other))}
 
 
+def test_two_appends_run_together_cost_one_hash_and_never_a_wrong_one(tmp_path, monkeypatch):
+    """A process killed mid-line, then another's append: one line holds both. The first path's earlier whole line
+    still counts (found line by line); the second path's is lost, so that file is hashed again, once."""
+    from epbuild.state import hash_memory as hashing
+
+    model, other = _same_shard(tmp_path, 2)
+    memory = hashing.FileHashes(tmp_path / "state")
+    model.write_bytes(b"weights")
+    time.sleep(0.01)
+    memory.sha256(model)
+    shard = tmp_path / "state" / "hashes" / hashing.shard_of(str(model))
+    with open(shard, "a") as handle:
+        handle.write(f"{model}\t1\t2\t3")  # killed mid-line
+    other.write_bytes(b"other")
+    time.sleep(0.01)
+    hashing.FileHashes(tmp_path / "state").sha256(other)  # appends its line to the torn one
+    assert len(shard.read_text().splitlines()) == 2
+    reads = []
+    real = hashing.sha256_file
+    monkeypatch.setattr(hashing, "sha256_file", lambda path: reads.append(path) or real(path))
+    fresh = hashing.FileHashes(tmp_path / "state")
+    assert fresh.sha256(model) == hashlib.sha256(b"weights").hexdigest() and reads == []
+    assert fresh.sha256(other) == hashlib.sha256(b"other").hexdigest() and reads == [str(other)]
+    assert hashing.FileHashes(tmp_path / "state").sha256(other) == hashlib.sha256(b"other").hexdigest()
+    assert reads == [str(other)]
+
+
 def test_a_file_under_several_names_is_read_once_until_it_changes(tmp_path, monkeypatch):
     """With `[cache] hard_links` the cache stores, publishes and restores by hard links: one read per file, not one
     per name."""

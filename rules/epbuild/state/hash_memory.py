@@ -20,7 +20,7 @@ from .registry import state_file
 
 COMPACT_SLACK = 64  # superseded lines a shard tolerates before it is rewritten
 
-Remembered = dict[str, tuple[list[int], str]]  # path -> (identity, sha256)
+Remembered = dict[str, str]  # path -> the rest of its last line: size, mtime, ctime, inode, sha256 (tab-separated)
 
 
 def shard_of(absolute: str) -> str:
@@ -41,31 +41,44 @@ class FileHashes:
         self._by_identity: dict[tuple[int, ...], str] = {}
 
     def _shard(self, name: str) -> Remembered:
-        """The shard's last line per path, read in order; rewritten with one line per file that still exists
-        when superseded lines pile up (a line another builder appends meanwhile may be lost: that file is then
-        hashed once more)."""
+        """The shard's last line per path, read in order, kept as the text after the path (parsed only for the
+        paths looked up: after a fresh clone every file's identity differs from doit's record and all 256 shards
+        are read, 270,000 lines at 10,000 targets); rewritten with one line per file that still exists when
+        superseded lines pile up (a line another builder appends meanwhile may be lost: that file is then hashed
+        once more)."""
         found = self._shards.get(name)
         if found is None:
-            found = self._shards[name] = {}
-            lines = 0
             try:
                 with open(self.folder / name, encoding="utf-8", errors="surrogateescape") as handle:
-                    for line in handle:
-                        lines += 1
-                        fields = line.rstrip("\n").split("\t")
-                        if len(fields) == 6 and len(fields[5]) == 64:  # else a line cut short by a killed process
-                            found[fields[0]] = ([int(f) for f in fields[1:5]], fields[5])
+                    lines = handle.read().split("\n")
             except FileNotFoundError:
-                pass
-            if lines > 2 * len(found) + COMPACT_SLACK:
-                kept = {path: entry for path, entry in found.items() if os.path.exists(path)}
-                write_atomic(self.folder / name, "".join(_line(path, *entry) for path, entry in kept.items()))
+                lines = [""]
+            lines.pop()  # what follows the last newline: nothing, or a line cut short by a killed process
+            found = self._shards[name] = dict(line.partition("\t")[::2] for line in lines)
+            if len(lines) > 2 * len(found) + COMPACT_SLACK:
+                kept = {path: fields for path, fields in found.items()
+                        if _parsed(fields) is not None and os.path.exists(path)}
+                write_atomic(self.folder / name, "".join(f"{path}\t{fields}\n" for path, fields in kept.items()))
                 self._shards[name] = found = kept
+        return found
+
+    def _remembered(self, absolute: str) -> tuple[list[int], str] | None:
+        """The identity and sha256 the memory holds for `absolute`: its last whole line (a line that is not one,
+        two appends run together after a killed process, sends the lookup through the shard line by line)."""
+        name = shard_of(absolute)
+        fields = self._shard(name).get(absolute)
+        found = None if fields is None else _parsed(fields)
+        if fields is not None and found is None:
+            with open(self.folder / name, encoding="utf-8", errors="surrogateescape") as handle:
+                for line in handle:
+                    path, _, rest = line.rstrip("\n").partition("\t")
+                    if path == absolute and line.endswith("\n") and _parsed(rest) is not None:
+                        found = _parsed(rest)
         return found
 
     def _remember(self, absolute: str, key: list[int], digest: str) -> None:
         name = shard_of(absolute)
-        self._shard(name)[absolute] = (key, digest)
+        self._shard(name)[absolute] = "\t".join([*map(str, key), digest])
         if "\t" in absolute or "\n" in absolute:
             return  # not a line the memory can hold: hashed again by the next process
         if not self.folder.is_dir():
@@ -84,7 +97,7 @@ class FileHashes:
         stat = stat or os.stat(absolute)
         key = stat_key(stat)
         identity = (stat.st_dev, *key)  # the same file under another name: a hard link (cache entry, artifact)
-        remembered = self._shard(shard_of(absolute)).get(absolute)
+        remembered = self._remembered(absolute)
         if remembered and remembered[0] == key:
             self._by_identity[identity] = remembered[1]
             return remembered[1]
@@ -98,3 +111,14 @@ class FileHashes:
 
 def _line(path: str, key: list[int], digest: str) -> str:
     return "\t".join([path, *map(str, key), digest]) + "\n"
+
+
+def _parsed(fields: str) -> tuple[list[int], str] | None:
+    """(identity, sha256) of a line's text after its path; None for anything else."""
+    parts = fields.split("\t")
+    if len(parts) != 5 or len(parts[4]) != 64:
+        return None
+    try:
+        return [int(part) for part in parts[:4]], parts[4]
+    except ValueError:
+        return None
