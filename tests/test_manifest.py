@@ -83,7 +83,8 @@ def test_manifest_errors(tmp_path, text, message):
 
 @pytest.mark.parametrize("kind, message", [
     ("link inside", None),
-    ("link outside", "models.toml: models.m.path: {named} (a link to {outside}) is outside the project"), ("dangling link", "model file not found"),
+    ("link outside", "models.toml: models.m.path: {named} (a link to {outside}) is outside the project"),
+    ("dangling link", "model file not found"),
     ("folder", "model file is a folder"), ("fifo", "model file is not a regular file (a FIFO"),
     ("link to a folder", "model file is a folder"),
     ("its folder a link outside", "models.toml: models.m.path: {named} (a link to {outside_folder}/named.onnx) is "
