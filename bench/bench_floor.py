@@ -4,7 +4,7 @@
 
 Projects: `qnn` (the shipped example's tinycnn and encoder for qnn-htp, soc_model 60), `cpu` (the same two for the
 cpu target) and `tiny` (the 100-target project of bench_fork: TINY/2 copies of tinycnn x cpu and qnn-htp, `-n JOBS`).
-For each, interleaved repeat by repeat (this VM's speed drifts), medians:
+For each, interleaved repeat by repeat (this VM's speed drifts), the two epbuild versions in turns, medians:
 
 - floor, compile: one fresh process that imports onnxruntime, registers the QNN plugin where needed and compiles each
   model (ModelCompiler; the cpu target: an offline-optimized model); floor, compile and run: the same, then each
@@ -164,19 +164,18 @@ def main() -> None:
             project(folder, kind, arguments.tiny)
             samples: dict[str, list[float]] = {}
             jobs = arguments.jobs if kind == "tiny" else 1
-            for _ in range(arguments.repeats):
-                samples.setdefault("floor compile", []).append(floor(folder, False))
-                for key, value in epbuild(folder, False, jobs).items():
-                    samples.setdefault(f"epbuild {key}", []).append(value)
-                if baseline:
-                    for key, value in epbuild(folder, False, jobs, baseline).items():
-                        samples.setdefault(f"baseline {key}", []).append(value)
-                samples.setdefault("floor compile and run", []).append(floor(folder, True))
-                for key, value in epbuild(folder, True, jobs).items():
-                    samples.setdefault(f"epbuild {key}, validated", []).append(value)
-                if baseline:
-                    for key, value in epbuild(folder, True, jobs, baseline).items():
-                        samples.setdefault(f"baseline {key}, validated", []).append(value)
+            for repeat in range(arguments.repeats):
+                # this version and the baseline take turns going first: the one right after the floor ran in a
+                # warmer machine (a fixed order read as a 2.7% difference of the 100-target build, which pairs
+                # in alternating order did not show)
+                versions = [("epbuild", REPO / "rules"), *([("baseline", baseline)] if baseline else [])]
+                versions = versions if repeat % 2 == 0 else versions[::-1]
+                for validated in (False, True):
+                    samples.setdefault("floor compile and run" if validated else "floor compile",
+                                       []).append(floor(folder, validated))
+                    for label, rules in versions:
+                        for key, value in epbuild(folder, validated, jobs, rules).items():
+                            samples.setdefault(f"{label} {key}{', validated' if validated else ''}", []).append(value)
         medians = {key: round(statistics.median(values), 3) for key, values in samples.items()}
         data[kind] = medians
         compile_ratio = medians["epbuild clean"] / medians["floor compile"]
