@@ -4,8 +4,10 @@ server answers as a fresh Python does."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -20,7 +22,7 @@ from conftest import SOURCE
 from epbuild.execute import fork_server, warm_start
 from epbuild.execute.fork_server import fork_job
 from epbuild.execute.host import HostProbe
-from epbuild.execute.job_environment import job_environment
+from epbuild.execute.job_environment import SECRET, job_environment
 from epbuild.execute.links import Links
 from epbuild.invocation import Invocation
 from epbuild.steps.job_modules import JOB_MODULES
@@ -52,14 +54,18 @@ def _marked(marker: str) -> list[int]:
     return found
 
 
-def _server_pids(folder: Path) -> dict[str, int]:
-    """The servers serving under the private TMPDIR: their log's first line names the pid."""
+def _server_lines(folder: Path) -> dict[str, tuple[int, str]]:
+    """The servers serving under the private TMPDIR: their pid and the line their log begins with."""
     found = {}
     for log in folder.glob("epbuild-fork-*/*.log"):
         for line in log.read_text().splitlines():
             if line.startswith("serving "):
-                found[line.split()[1]] = int(line.split("(pid ")[1].split(",")[0])
+                found[line.split()[1]] = int(line.split("(pid ")[1].split(",")[0]), line
     return found
+
+
+def _server_pids(folder: Path) -> dict[str, int]:
+    return {alias: pid for alias, (pid, _) in _server_lines(folder).items()}
 
 
 def test_a_first_build_starts_one_server_the_candidate_begun_before_it_loaded(project, servers):
@@ -67,11 +73,46 @@ def test_a_first_build_starts_one_server_the_candidate_begun_before_it_loaded(pr
     project.manifest(TWO_MODELS_CPU_QNN)
     done = project.doit()
     assert "compiled compile:tinycnn@cpu" in done.stdout and "failed" not in done.stdout
-    started = wait_for("a server serving", lambda: _server_pids(servers))
-    pid = started["cpu"]
-    assert b"--candidate" in Path(f"/proc/{pid}/cmdline").read_bytes()  # adopted, not started afresh
-    for answer in started.values():
+    started = wait_for("a server serving", lambda: _server_lines(servers))
+    assert "begun with a build" in started["cpu"][1]  # adopted, not started afresh
+    for answer, _ in started.values():
         os.kill(answer, signal.SIGTERM)  # this test's own servers
+
+
+SHADOW = "import os\nopen(os.path.join({folder!r}, f'imported-{{os.getpid()}}'), 'w').close()\nraise ImportError()\n"
+
+
+@pytest.mark.parametrize("secret", [False, True])
+def test_a_first_builds_candidate_is_the_build_forked_as_a_new_python(project, servers, secret):
+    """Forked from the build where that is what a new Python would be, else started: either way nothing of the
+    project folder on its import path (modules named like the toolchain's there are never imported), none of the
+    files the build was started with held open (a CI runner waits for its pipe to close), no secret in it."""
+    marker = uuid.uuid4().hex
+    env = {name: value for name, value in project.env.items() if not SECRET.search(name)}
+    env.update({"TMPDIR": str(servers), "EPBUILD_TEST_MARK": marker, **({"CI_DEPLOY_TOKEN": marker} if secret else {})})
+    project.manifest(TWO_MODELS_CPU_QNN)
+    for name in ("onnx.py", "onnxruntime_qnn.py", "numpy.py"):
+        (project.root / name).write_text(SHADOW.format(folder=str(project.root)))
+    read, write = os.pipe()  # the build is started holding this pipe's write end, as a CI runner's step would be
+    try:
+        done = subprocess.run([sys.executable, "-m", "doit"], cwd=project.root, env=env, capture_output=True,
+                              text=True, timeout=900, pass_fds=(write,))
+        os.close(write)
+        assert done.returncode == 0 and "compiled compile:tinycnn@qnn-htp" in done.stdout, done.stdout + done.stderr
+        started = wait_for("a server serving", lambda: _server_lines(servers))
+        (pid,) = [pid for pid, line in started.values() if "begun with a build" in line]  # the one adopted
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        assert (b"--candidate" in cmdline) == secret  # started afresh where the build's environment holds a secret
+        if not secret:
+            assert b"doit" in cmdline and not Path(f"/proc/{pid}/environ").read_bytes().strip(b"\0")  # zeroed
+        assert select.select([read], [], [], 60)[0] and os.read(read, 1) == b""  # no process holds the pipe
+        os.kill(pid, 0)  # while the server still runs
+        assert not list(project.root.glob("imported-*"))
+    finally:
+        os.close(read)
+        for answer, _ in _server_lines(servers).values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(answer, signal.SIGTERM)
 
 
 def test_only_a_first_default_run_begins_a_candidate(tmp_path, monkeypatch):
@@ -157,3 +198,35 @@ def test_a_probe_no_server_forks_runs_in_a_fresh_python(tmp_path, servers):
     assert probe.forked is None and probe.child is not None
     assert json.loads((tmp_path / "host.json").read_text())["eps"] if probe.result() else False
     assert not list(servers.glob("epbuild-probe-*"))
+
+
+PATHS = """import json, subprocess, sys
+from pathlib import Path
+{before}
+from epbuild.execute.job_environment import job_environment
+from epbuild.execute.python_path import fresh_import_path
+env = job_environment()
+fresh = subprocess.run([sys.executable, "-P", "-c", "import sys, json; print(json.dumps(sys.path))"], env=env,
+                       capture_output=True, text=True, check=True).stdout
+print(json.dumps([fresh_import_path(env, Path.cwd()), json.loads(fresh)]))
+"""
+
+
+@pytest.mark.parametrize(("flags", "before", "environ", "said"), [
+    ([], "", {}, True),
+    (["-O"], "", {"PYTHONOPTIMIZE": "1"}, True),  # the switch the job's environment carries too
+    (["-O"], "", {}, False),  # a switch a new Python would not have
+    (["-X", "importtime"], "", {}, False),
+    (["-W", "error"], "", {}, False),
+    ([], "sys.path.insert(1, '/opt/elsewhere')", {}, False),  # added by a dodo.py: a new Python lacks it
+    ([], "sys.path.pop()", {}, False),  # a standard entry removed: a new Python has it
+    ([], "sys.path.insert(0, str(Path.cwd()))", {}, True),  # the project's folder: dropped, as -P drops it
+])
+def test_the_import_path_a_new_python_would_have(tmp_path, flags, before, environ, said):
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}, "PYTHONPATH": str(SOURCE),
+           **environ}
+    done = subprocess.run([sys.executable, *flags, "-c", PATHS.format(before=before)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    made, fresh = json.loads(done.stdout.splitlines()[-1])
+    assert made == (fresh if said else None)

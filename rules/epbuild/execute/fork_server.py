@@ -57,7 +57,7 @@ from .job_environment import job_environment
 from .links import NO_MODULES, SHAPE_STAGE, JobModules
 from .provenance import Provenance, python_files, record_loaded, versions
 from .python_path import IMPORT_ROOT
-from .warm_start import CANDIDATE, SWITCH
+from .server_start import CANDIDATE, PRELOAD, SWITCH, Starter
 
 if TYPE_CHECKING:
     from .links import Links
@@ -73,7 +73,6 @@ LOAD_TIME_PREFIXES = ("ORT_", "OV_", "OPENVINO", "QNN_", "ADSP_", "LD_", "OMP_",
 # numpy.random: numpy imports it lazily, and every validation child needs it. Not onnxruntime.quantization: only
 # quantize stages use it (~50 ms of a stage that calibrates for seconds), and it made every server start ~30 ms
 # later and every forked child's inherited heap larger.
-PRELOAD = ("numpy", "numpy.random", "onnx", "onnx.shape_inference", "onnxruntime")
 # the job modules a build names (`links.JobModules.idle`) are imported once the server serves and is idle (no
 # request for IDLE_PRELOAD_S, no forked job running), so that a first build's host probe and model reading (which
 # need none of them) are not kept waiting; every job forked after that has them loaded, one forked before imports
@@ -230,7 +229,7 @@ def _paths(key: str) -> tuple[Path, Path, Path]:
     return folder / f"{key}.sock", folder / f"{key}.log", folder / f"start-{int(key[:4], 16) % 16}.lock"
 
 
-def _launch(links: Links, alias: str, path: Path, log: Path) -> subprocess.Popen:
+def _launch(links: Links, alias: str, path: Path, log: Path) -> Starter:
     """Start the server, or make the build's candidate into it (`execute.warm_start`: its imports begun with the
     build); the starter exits as soon as it has forked the server off (`--detach`)."""
     env = job_environment()  # what its jobs' processes may read when the EP loads, not the build's secrets
@@ -406,7 +405,8 @@ def serve(path: Path, alias: str, modules: JobModules = NO_MODULES, preloaded: b
     listener.listen(64)
     os.replace(temporary, path)  # clients see a listening server or none
     identity = path.stat().st_ino
-    print(f"serving {alias or 'cpu'} jobs on {path} (pid {os.getpid()}, {baseline} threads)", flush=True)
+    print(f"serving {alias or 'cpu'} jobs on {path} (pid {os.getpid()}, {baseline} threads"
+          f"{', begun with a build' if preloaded else ''})", flush=True)
     # a child's end wakes the loop at once: SIGCHLD writes a byte into this pipe (Python's wakeup fd)
     wake = os.pipe()
     for descriptor in wake:
@@ -513,14 +513,16 @@ def serve(path: Path, alias: str, modules: JobModules = NO_MODULES, preloaded: b
         path.with_suffix(".log").unlink(missing_ok=True)
 
 
-def candidate(modules: JobModules) -> None:
-    """`execute.warm_start`'s candidate: detached, the preloads imported, then adopted (a socket and an EP on its
-    stdin, its output to the server's log, its folder the sockets') or, at the end of its stdin, gone."""
+def candidate(modules: JobModules, detached: bool = False) -> None:
+    """`execute.warm_start`'s candidate: detached (here, unless forked from the build, `detached`), the preloads
+    imported, then adopted (a socket and an EP on its stdin, its output to the server's log, its folder the
+    sockets') or, at the end of its stdin, gone."""
     import importlib
 
-    if os.fork():
-        os._exit(0)
-    os.setsid()
+    if not detached:
+        if os.fork():
+            os._exit(0)
+        os.setsid()
     for module in PRELOAD:
         importlib.import_module(module)
     if not select.select([sys.stdin], [], [], IDLE_PRELOAD_S)[0]:  # not adopted yet: the job modules meanwhile

@@ -3,11 +3,18 @@
 On a first build here (no settings record: a fresh clone in CI, a restore after `artifacts/` was deleted) the
 build's first job, reading the models, waits for a fork server to import numpy, onnx and onnxruntime; a server
 started only once the manifest is read and the build's own modules are imported puts that whole start on the
-build's critical path. Those imports are the same for every EP (`fork_server.PRELOAD`), so the build starts one
-Python that makes them while the build is still importing itself (`begin`, from `epbuild.dodo` and the `epbuild`
-command), and the first server the build starts adopts it (`Candidate.adopt`): it is handed the socket and the EP,
-registers the EP and listens, as a server started then would. Not adopted (no server to start, one already
-running, another environment by then), its stdin is closed and it exits without serving anything.
+build's critical path. Those imports are the same for every EP (`PRELOAD`), so the build starts a process that
+makes them while the build is still importing itself (`begin`, from `epbuild.dodo` and the `epbuild` command), and
+the first server the build starts adopts it (`Candidate.adopt`): it is handed the socket and the EP, registers the
+EP and listens, as a server started then would. Not adopted (no server to start, one already running, another
+environment by then), its stdin is closed and it exits without serving anything.
+
+That process is the build's own, forked (`_forked`), where it can be made into what a new Python would be: one
+thread, no open file of its own beyond stdin, stdout and stderr, no variable named as a secret, an import path and
+switches a new `python -P` with the job's environment would have (`python_path.fresh_import_path`); it then takes
+that environment (the one it started with zeroed) and path, closes what the build inherited, leaves the build's
+session and folder, and is detached like a started one. A new Python would cost its own start and epbuild's imports
+before the toolchain's begin; elsewhere one is started (`python -m epbuild.execute.fork_server --candidate`).
 
 Standard library only, and cheap: it runs before anything heavy is imported.
 """
@@ -15,33 +22,48 @@ Standard library only, and cheap: it runs before anything heavy is imported.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
 from ..files.layout import Layout
 from ..state.registry import CONFIGS, state_file
-from .job_environment import job_environment
+from .job_environment import SECRET, job_environment
+from .python_path import fresh_import_path
+from .server_start import CANDIDATE, PRELOAD, SWITCH, Starter
 
 if TYPE_CHECKING:
     from ..invocation import Invocation
     from .links import JobModules
 
-SWITCH = "EPBUILD_FORK_SERVER"  # "0": a plain child for every job (`fork_server.enabled`); no candidate either
-CANDIDATE = "--candidate"  # `python -m epbuild.execute.fork_server --candidate`: preload, then wait to be adopted
+class _Forked:
+    """The starter of a candidate forked from the build: already exited and reaped (`_forked`); `stdin` the pipe
+    the candidate reads."""
+
+    def __init__(self, stdin: IO[str]):
+        self.stdin: IO[str] | None = stdin
+
+    def poll(self) -> int | None:
+        return 0
+
+    def wait(self, timeout: float | None = None) -> int:
+        return 0
 
 
 class Candidate:
-    """A started Python importing a fork server's preloads, waiting on its stdin for a socket and an EP."""
+    """A process importing a fork server's preloads, waiting on its stdin for a socket and an EP."""
 
-    def __init__(self, process: subprocess.Popen, env: dict[str, str]):
-        self.process: subprocess.Popen | None = process
+    def __init__(self, process: subprocess.Popen[str] | _Forked, env: dict[str, str]):
+        self.process: subprocess.Popen[str] | _Forked | None = process
         self.env = env  # the environment it was given: a server started later must get the same
 
-    def adopt(self, path: Path, alias: str, log: Path, env: dict[str, str]) -> subprocess.Popen | None:
+    def adopt(self, path: Path, alias: str, log: Path, env: dict[str, str]) -> Starter | None:
         """The starter of the server for `alias` at `path`, this candidate made into it (its output to `log`), or
         None when it cannot be: already adopted or gone, or its environment differs from `env` (what a server
         started now gets)."""
@@ -67,7 +89,7 @@ class Candidate:
             self._close(process)
 
     @staticmethod
-    def _close(process: subprocess.Popen) -> None:
+    def _close(process: subprocess.Popen[str] | _Forked) -> None:
         with contextlib.suppress(OSError):
             assert process.stdin is not None
             process.stdin.close()
@@ -85,9 +107,100 @@ def begin(manifest: Path, invocation: Invocation, modules: JobModules) -> Candid
     if state_file(Layout(manifest.parent / "artifacts").state, CONFIGS).exists():
         return None
     env = job_environment()
+    forked = _forked(env, manifest.parent.resolve(), modules)
+    if forked is not None:
+        return forked
     # -P: nothing from the working folder on its import path (it starts before its private folder is known)
     process = subprocess.Popen([sys.executable, "-P", "-m", "epbuild.execute.fork_server", CANDIDATE,
                                 modules.argument()],
                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                env=env, cwd="/", text=True)
     return Candidate(process, env)
+
+
+def _inherited() -> list[int] | None:
+    """The file descriptors past stdin, stdout and stderr this process was started with (inheritable: Python opens
+    its own not so), closed in a forked candidate as a started one never gets them; None where this process holds
+    one of its own (a lock, a file being read), which a fork would keep open beside its Python object."""
+    found = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            inheritable = os.get_inheritable(int(name))
+        except OSError:  # the listing's own, closed by now
+            continue
+        if int(name) > 2 and not inheritable:
+            return None
+        found += [int(name)] if int(name) > 2 else []
+    return found
+
+
+def _forked(env: dict[str, str], project: Path, modules: JobModules) -> Candidate | None:
+    """The candidate as a fork of this process, or None where the fork would not be what a new Python is: another
+    thread (forking it is not safe), a variable whose name says it is a secret (a job never gets one), another open
+    file (a lock, a pipe a CI runner waits on: a server would hold it
+    open; those it was started with are closed in the fork), an import path or switch `fresh_import_path` cannot
+    tell."""
+    if any(SECRET.search(name) for name in os.environ.keys() - env.keys()):
+        return None  # never in a server's memory, even forgotten (`_forget_environment`)
+    path = fresh_import_path(env, project)
+    inherited = _inherited()
+    if path is None or inherited is None or len(os.listdir("/proc/self/task")) != 1:
+        return None
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()  # never written twice
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            for descriptor in [write, *inherited]:
+                os.close(descriptor)
+            if os.fork():  # detached as a started one is: the server is not the build's child
+                os._exit(0)
+            _become_candidate(read, env, path, modules)
+        except BaseException:  # noqa: BLE001 - never back into the build's code: said into the candidate's output
+            traceback.print_exc()
+        finally:
+            os._exit(0)
+    os.close(read)
+    os.waitpid(pid, 0)  # the first child exits as soon as it has forked the candidate
+    return Candidate(_Forked(os.fdopen(write, "w", encoding="utf-8")), env)
+
+
+def _forget_environment() -> None:
+    """Zero the environment this process was started with (what /proc/PID/environ shows, and its forked jobs'),
+    once libc's environment no longer points into it: the variables a job is not given are not in its memory there
+    either."""
+    import ctypes
+
+    with open("/proc/self/stat", "rb") as handle:
+        fields = handle.read().rsplit(b")", 1)[1].split()
+    start, end = int(fields[47]), int(fields[48])  # env_start and env_end, fields 50 and 51 of proc(5)'s stat
+    if 0 < start < end:
+        ctypes.memset(start, 0, end - start)
+
+
+def _become_candidate(read: int, env: dict[str, str], path: list[str], modules: JobModules) -> None:
+    """In the forked candidate: as a started one is (its own session, stdin the pipe, output to nowhere until
+    adopted, in "/", the job's environment and import path, Python's own SIGINT handling), then preload and wait."""
+    os.setsid()
+    os.dup2(read, 0)
+    os.close(read)
+    nothing = os.open(os.devnull, os.O_WRONLY)
+    for stream in (1, 2):
+        os.dup2(nothing, stream)
+    os.close(nothing)
+    os.chdir("/")
+    os.environ.clear()
+    _forget_environment()
+    os.environ.update(env)
+    sys.path[:] = path
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115 - the process's own stdin, for its life
+    for cached in ("epbuild.execute.provenance", "epbuild.execute.host"):  # what it loaded is read after its imports
+        for function in vars(sys.modules.get(cached, object)).values():
+            getattr(function, "cache_clear", lambda: None)()
+    for module in PRELOAD:  # before the server's own modules: the toolchain's imports are the long part
+        importlib.import_module(module)
+    from .fork_server import candidate  # only here: the build itself never imports the server's module
+
+    candidate(modules, detached=True)

@@ -1,0 +1,20 @@
+"""What a build and the fork servers it starts agree on: the switch, the imports every server makes before it
+serves, the argument that makes a Python a candidate, and what a server is started through. Apart from both sides
+(`execute.warm_start`, `execute.fork_server`) so that neither imports the other's module to learn them."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+SWITCH = "EPBUILD_FORK_SERVER"  # "0": a plain child for every job (`fork_server.enabled`); no candidate either
+CANDIDATE = "--candidate"  # `python -m epbuild.execute.fork_server --candidate`: preload, then wait to be adopted
+# what every fork server imports before it serves, whatever its EP
+PRELOAD = ("numpy", "numpy.random", "onnx", "onnx.shape_inference", "onnxruntime")
+
+
+class Starter(Protocol):
+    """The process a build starts a fork server through (it exits once it has forked the server off)."""
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
