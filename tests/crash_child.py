@@ -1,7 +1,7 @@
 """A child for run_child tests: dies by the signal named in its request (or aborts as a C++ exception does),
 sleeps (past its timeout), holds memory (answering when it started and ended), leaves a thread running,
-answers with its pid and an environment variable (what a warm worker carries from job to job), or exits 0
-without an answer."""
+answers with its pid and an environment variable (what a warm worker carries from job to job) or the libraries it
+found loaded, or exits 0 without an answer."""
 
 import os
 import signal
@@ -32,6 +32,10 @@ def _misbehave(request: dict) -> dict:
 
         threading.Thread(target=lambda: time.sleep(3600), daemon=True).start()
         return {"pid": os.getpid()}
+    if request["action"] == "maps":  # which of these libraries this process had loaded when its job began
+        with open("/proc/self/maps", encoding="utf-8") as maps:
+            mapped = {line.split()[-1].rsplit("/", 1)[-1] for line in maps if "/" in line}
+        return {"pid": os.getpid(), "loaded": sorted(set(request["names"]) & mapped)}
     if request["action"] == "env":
         return {"pid": os.getpid(), "value": os.environ.get(request["name"])}
     time.sleep(request.get("seconds", 0))

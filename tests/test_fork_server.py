@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -19,8 +21,9 @@ from conftest import REPO, SOURCE, Project
 from epbuild.errors import BuildError
 from epbuild.execute.child import run_child
 from epbuild.execute.fork_server import SWITCH, fork_job
-from epbuild.execute.links import Links
+from epbuild.execute.links import JobModules, Links
 from epbuild.manifest.builds import Limits
+from epbuild.manifest.eps import OWN_BACKEND, known, served_ep
 from helpers import OPENVINO_CPU_TARGET, TWO_MODELS_CPU_QNN, WAIT_S, job_processes, tree_bytes, wait_for
 
 MANIFEST = TWO_MODELS_CPU_QNN + """
@@ -447,3 +450,56 @@ def test_two_builds_in_one_process_keep_their_own_warm_workers(tmp_path, monkeyp
     finally:
         first.close()
         second.close()
+
+
+BACKEND = ["libQnnHtp.so", "libQnnSystem.so"]
+
+
+@pytest.mark.parametrize("server", ["qnn", "qnn" + OWN_BACKEND])
+@pytest.mark.parametrize("mode", ["1", "fork"])
+def test_a_qnn_servers_jobs_find_its_backend_loaded(tmp_path, monkeypatch, crash_child, server, mode):
+    """The server loads the EP's backend libraries once, before it forks the first job of the build's job modules
+    (a forked child or a warm worker), so that no job loads them again; a server for targets naming a backend of
+    their own loads none (two builds of one backend in one process are never risked)."""
+    private = Path(tempfile.mkdtemp(prefix="epb", dir="/tmp"))  # this test's own servers: they leave with it
+    monkeypatch.setenv("TMPDIR", str(private))
+    monkeypatch.setattr(tempfile, "tempdir", str(private))
+    monkeypatch.setenv(SWITCH, mode)
+    links = Links(JobModules(idle=("crash_child",)))
+    try:
+        for job in ("a", "b"):
+            answer = run_child("crash_child", {"action": "maps", "names": BACKEND}, tmp_path / job, Limits(60),
+                               "compile m@t", ep=server, reuse=True, links=links)
+            assert answer["loaded"] == (BACKEND if server == "qnn" else [])
+    finally:
+        links.close()
+        shutil.rmtree(private, ignore_errors=True)
+
+
+def test_a_target_naming_its_own_backend_has_a_server_of_its_own():
+    qnn = known("qnn")
+    assert qnn.fork_server_for({"backend_type", "soc_model"}) == "qnn"
+    assert qnn.fork_server_for({"backend_path", "soc_model"}) == "qnn" + OWN_BACKEND
+    assert served_ep("qnn") == (qnn, True) and served_ep("qnn" + OWN_BACKEND) == (qnn, False)
+    assert known("cpu").fork_server_for({"backend_path"}) == "" and served_ep("openvino")[1] is False
+
+
+def test_a_build_whose_target_names_its_backend_runs_its_jobs_on_that_server(project, monkeypatch):
+    """backend_path (here the plugin's own library, by its path): the jobs run where no backend was loaded ahead,
+    and the artifact is the one the bundled backend gives."""
+    private = Path(tempfile.mkdtemp(prefix="epb", dir="/tmp"))
+    project.env["TMPDIR"] = str(private)
+    import onnxruntime_qnn
+
+    library = Path(onnxruntime_qnn.get_library_path()).with_name("libQnnHtp.so")
+    own = f'{{ soc_model = 60, backend_path = "{library}" }}'
+    project.manifest(TWO_MODELS_CPU_QNN.replace("{ soc_model = 60 }", own))
+    try:
+        done = project.doit("validate:tinycnn@qnn-htp")
+        assert "passed validate:tinycnn@qnn-htp" in done.stdout
+        served = [line for log in private.glob("epbuild-fork-*/*.log") for line in log.read_text().splitlines()
+                  if line.startswith("serving ")]
+        assert any(line.startswith(f"serving qnn{OWN_BACKEND} jobs") for line in served), served
+        assert not any(line.startswith("serving qnn jobs") for line in served), served
+    finally:
+        shutil.rmtree(private, ignore_errors=True)

@@ -481,8 +481,15 @@ def test_report_html_shows_packages_counts_stages_as_staged_and_links_logs(proje
     summary = next(line for line in done.stdout.splitlines() if line.startswith("summary:"))
     staged = int(summary.split(" staged")[0].rsplit(" ", 1)[1])
     assert staged >= 1 and f'<span class="badge good">{staged} staged</span>' in html
-    assert '<a class="mono" href=".logs/qnn-htp/dyn.compile.log">' in html
     assert '<a class="mono" href="qnn-htp/dyn/validation.json">validation.json</a>' in html
+    log = project.artifacts / ".logs" / "qnn-htp" / "dyn.compile.log"
+    link = '<a class="mono" href=".logs/qnn-htp/dyn.compile.log">'
+    assert (link in html) == (log.stat().st_size > 0)  # an empty log says nothing: not linked
+    with log.open("a") as written:
+        written.write("what the EP said\n")
+    project.env["EPBUILD_FAST_PATH"] = "0"  # a run that renders the report again
+    project.doit()
+    assert link in (project.artifacts / "report.html").read_text()
 
 
 @pytest.mark.parametrize("command", [["doit"], ["epbuild"]])

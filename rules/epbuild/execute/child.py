@@ -11,6 +11,8 @@ errors as JSON, telling the model's problems and the EP's own words from interna
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import functools
 import json
 import os
@@ -41,6 +43,9 @@ if TYPE_CHECKING:
     from ..manifest.builds import Limits
 
 PROGRESS_EVERY_S = 30.0
+# a child's exit status when its result could not be written for want of space (sysexits' EX_IOERR): the disk may
+# be too full for its log to say so either, so the status says it
+NO_SPACE_EXIT = 74
 
 
 FRAME = re.compile(r'^  File "|^    ')  # a Python traceback's frame lines ("  File ...", then its code line)
@@ -186,7 +191,8 @@ def run_child(module: str, request: Mapping[str, Any], workdir: Path, limits: Li
         try:
             answer = json.loads(result_file.read_text())
         except ValueError:  # cut short, e.g. by a full disk
-            answer = {"error": f"its result file was cut short (a full disk?){see_log}\n{_tail(text)}"}
+            why = "No space left on device" if code == NO_SPACE_EXIT else "a full disk?"
+            answer = {"error": f"its result file was cut short ({why}){see_log}\n{_tail(text)}"}
         result_file.unlink()
     result: dict[str, Any] = answer if isinstance(answer, dict) else {}
     if killed:
@@ -194,6 +200,9 @@ def run_child(module: str, request: Mapping[str, Any], workdir: Path, limits: Li
     if code < 0:
         name = signal.Signals(-code).name
         raise BuildError(f"{what}: the child process was killed by {name}{see_log}\n{_tail(text)}")
+    if answer is None and code == NO_SPACE_EXIT:
+        raise BuildError(f"{what}: No space left on device: the child could not write its result into {workdir}"
+                         f"{see_log}\n{_tail(text)}")
     if answer is None and code == 0:  # never a success without its answer: a worker that died flushing its log
         raise BuildError(f"{what}: the child exited without its answer{see_log}\n{_tail(text)}")
     if code != 0 or "error" in result:
@@ -242,15 +251,22 @@ def serve(function: Callable[[Any], Mapping[str, Any]], handoff: forked_jobs.Han
         result = function(request)
         status = 0
     except Exception as exc:  # noqa: BLE001 - every failure is reported to the parent as text
-        traceback.print_exc()
+        with contextlib.suppress(OSError):  # a full disk takes the log too: the result, or the status, says why
+            traceback.print_exc()
         result = describe(exc)
         status = 1
     if handoff is not None and inline is not None:
         handoff.result = dict(result)
     else:
-        result_file.write_text(json.dumps(result))
-    sys.stdout.flush()
-    sys.stderr.flush()
+        try:
+            result_file.write_text(json.dumps(result))
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            os._exit(NO_SPACE_EXIT)  # nothing more can be written: the status tells the parent
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError):
+            stream.flush()
     if handoff is not None:
         sys.exit(status)  # back to the fork server's warm worker, which runs the next job
     os._exit(status)  # skip EP library teardown at exit, which can abort after a good compile

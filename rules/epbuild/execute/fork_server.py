@@ -20,6 +20,11 @@ peak or the worker holds 256 MB more than when it was forked
 reset before every job). Since a worker serves one client at a time, a client's late kill can only hit its own
 worker, which it then lets go.
 
+Before it forks the first job of the build's job modules (or when idle before that) it imports those modules and
+loads the EP's backend libraries (`EpInfo.backend_libraries`, QNN's HTP backend) that every job's first session
+would load, so each is loaded once; a server for targets naming a backend library of their own loads none
+(`EpInfo.fork_server_for`: another server key).
+
 Fork safety is checked, not assumed: a server whose EP registration starts threads (a thread holding a lock at
 fork time can deadlock the child) refuses to serve, and that EP keeps plain children. So do platforms without
 fork (Windows) and `EPBUILD_FORK_SERVER=0`. A server is shared by every build process with the same Python,
@@ -53,6 +58,7 @@ from ..files.owners import owner_gone, owner_tag
 from ..logs import warn
 from . import private_folder
 from .forked_jobs import JobGuard, WorkerHandle, run_many, run_one
+from .host import load_backend
 from .job_environment import job_environment
 from .links import NO_MODULES, SHAPE_STAGE, JobModules
 from .provenance import Provenance, python_files, record_loaded, versions
@@ -60,6 +66,7 @@ from .python_path import IMPORT_ROOT
 from .server_start import CANDIDATE, PRELOAD, SWITCH, Starter
 
 if TYPE_CHECKING:
+    from ..manifest.eps import EpInfo
     from .links import Links
 
 # SWITCH ("EPBUILD_FORK_SERVER"): "0": a plain child for every job; "fork": a forked child for every job, no warm
@@ -327,13 +334,14 @@ def _ask(connection: socket.socket, request: dict[str, Any]) -> ForkedJob | None
     return job
 
 
-def _lease(links: Links, alias: str, expect: Provenance | None = None) -> _Lease | None:
-    """This thread's warm worker on the EP's server, leased now if it holds none."""
+def _lease(links: Links, alias: str, expect: Provenance | None = None, module: str = "") -> _Lease | None:
+    """This thread's warm worker on the EP's server, leased now if it holds none (for a job of `module` first)."""
     key = (str(_paths(_server_key(alias, expect))[0]), os.getpid(), threading.get_ident())
     if key in links.leases:
         return links.leases[key]
     connection = _server(links, alias, expect)
-    answer = _ask(connection, {"lease": True, "client": owner_tag()}) if connection is not None else None
+    answer = (_ask(connection, {"lease": True, "module": module, "client": owner_tag()}) if connection is not None
+              else None)
     if connection is None or answer is None:
         return None
     lease = links.leases[key] = _Lease(key, connection, answer.pid, links)
@@ -360,7 +368,7 @@ def fork_job(links: Links, module: str, alias: str, arguments: list[str], output
         if job is not None:
             request["job"] = job
         for _ in range(2):  # a worker that retired or died since its last job: lease another once
-            lease = _lease(links, alias, expect)
+            lease = _lease(links, alias, expect, module)
             if lease is None:
                 return None
             try:
@@ -387,13 +395,15 @@ def serve(path: Path, alias: str, modules: JobModules = NO_MODULES, preloaded: b
         getattr(importlib.import_module(module), function)()
     record_loaded()  # what every job forked from here has loaded: a job expecting other versions refuses
     baseline = _threads()
+    backend: EpInfo | None = None  # an EP whose backend libraries are loaded before the first job is forked
     if alias and alias != SHAPE_STAGE:
         import onnxruntime as ort
 
-        from ..manifest.eps import known
+        from ..manifest.eps import served_ep
         from .host import register_plugin
 
-        info = known(alias)
+        info, ahead = served_ep(alias)
+        backend = info if ahead else None
         register_plugin(ort, info)
         if _threads() > baseline:
             print(f"refused: registering {info.name} started {_threads() - baseline} thread(s); forking after it is "
@@ -423,7 +433,11 @@ def serve(path: Path, alias: str, modules: JobModules = NO_MODULES, preloaded: b
             owned += [worker.control] + ([worker.client] if worker.client else [])
         return owned
 
-    def start(request: dict[str, Any], connection: socket.socket) -> int:
+    def start(request: dict[str, Any], connection: socket.socket) -> int | None:
+        if pending and request.get("module") in modules.idle:  # the job would load it all itself: loaded here
+            settle()  # first, so that every later job (or warm worker) has it
+            if not path.exists():
+                return None  # refused (settle said why): the client runs it in a plain child
         if not request.get("lease"):
             pid = os.fork()
             if pid == 0:
@@ -446,18 +460,27 @@ def serve(path: Path, alias: str, modules: JobModules = NO_MODULES, preloaded: b
 
     last_job = time.monotonic()
     deferred = [module for module in modules.idle if module not in sys.modules]  # a candidate may have them
+    pending = bool(deferred or backend)
+
+    def settle() -> None:
+        """What every job of the build's job modules loads: imported, and the EP's backend loaded, once."""
+        nonlocal pending
+        pending = False
+        for module in deferred:
+            importlib.import_module(module)
+        if backend is not None:
+            load_backend(backend)
+        if _threads() > baseline:  # a load that started a thread: no fork after it; the socket goes, the server
+            # leaves once its jobs end, and the next build's jobs start another
+            print(f"refused: loading {', '.join(modules.idle) or (backend and backend.name)} started "
+                  f"{_threads() - baseline} thread(s)", flush=True)
+            path.unlink(missing_ok=True)
+
     while True:
         leased: list[Any] = [w.control for w in workers.values() if w.client]
-        readable = select.select([listener, wake[0], *leased], [], [], IDLE_PRELOAD_S if deferred else 0.2)[0]
-        if deferred and not readable and not jobs:  # idle, no forked job (a host probe) running beside it
-            for module in deferred:
-                importlib.import_module(module)
-            deferred = []
-            if _threads() > baseline:  # an import that started a thread: no fork after it; the socket goes, the
-                # server leaves once its jobs end, and the next build's jobs start another
-                print(f"refused: importing {', '.join(modules.idle)} started {_threads() - baseline} thread(s)",
-                      flush=True)
-                path.unlink(missing_ok=True)
+        readable = select.select([listener, wake[0], *leased], [], [], IDLE_PRELOAD_S if pending else 0.2)[0]
+        if pending and not readable and not jobs:  # idle, no forked job (a host probe) running beside it
+            settle()
             continue
         # a job never outlives its build: the process that asked for it gone (killed, crashed) ends its forked job
         # and its warm worker (a pid and its start time: a reused pid is another process)
@@ -485,6 +508,9 @@ def serve(path: Path, alias: str, modules: JobModules = NO_MODULES, preloaded: b
                 continue
             sys.stdout.flush()
             pid = start(request, connection)
+            if pid is None:
+                connection.close()
+                continue
             with contextlib.suppress(OSError):
                 connection.sendall(json.dumps({"pid": pid}).encode() + b"\n")
         while jobs or workers:

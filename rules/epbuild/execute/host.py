@@ -225,6 +225,20 @@ def plugin_library(info: EpInfo) -> str:
     return library
 
 
+def load_backend(info: EpInfo) -> None:
+    """Load the libraries of the plugin's folder its sessions load on first use (`EpInfo.backend_libraries`), in a
+    fork server before it forks jobs: the EP's own load of each then finds it loaded (the dynamic loader matches
+    the file), so no forked job pays it. Where one cannot be loaded here, the EP's own load says why in the job."""
+    import ctypes
+
+    if info.module is None:
+        return
+    folder = os.path.dirname(__import__(info.module).get_library_path())
+    for name in info.backend_libraries:
+        with contextlib.suppress(OSError):
+            ctypes.CDLL(os.path.join(folder, name))
+
+
 def register_plugin(ort: Any, info: EpInfo) -> None:
     """Register a PyPI plugin EP library with this process's onnxruntime (no-op for built-in EPs)."""
     if info.module is None or any(d.ep_name == info.name for d in ort.get_ep_devices()):

@@ -74,6 +74,11 @@ class ResolvedTarget:
     def is_cpu(self) -> bool:
         return self.ep.is_cpu
 
+    @property
+    def fork_server(self) -> str:
+        """Which fork server runs this target's jobs (`EpInfo.fork_server_for`)."""
+        return self.ep.fork_server_for([*self.options, *self.option_files])
+
     def session_options(self) -> dict[str, str]:
         """The options passed to the EP: option-file values replaced by absolute paths."""
         return {**self.options, **{key: str(path) for key, path in self.option_files.items()}}

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Collection
 from dataclasses import field
 
 from ..records import record
 
 DEVICES = ("npu", "gpu", "cpu")
 SOURCES = ("pypi", "bundled", "nuget", "catalog")
+
+
+OWN_BACKEND = "+own-backend"  # after a fork server's alias: it serves targets that name their own backend library
 
 
 @record
@@ -58,6 +62,11 @@ class EpInfo:
     # context binary differs on a second compile in one process), validations figure for figure.
     warm_compiles: bool = False
     warm_validations: bool = False
+    # Libraries of the plugin's own folder its sessions load on first use (QNN's HTP backend): the EP's fork server
+    # loads them once before it forks a job, so that no job loads them again (the same bytes and figures, checked by
+    # the tests). A target naming a backend of its own (`backend_option`) is served by a server that loaded none.
+    backend_libraries: tuple[str, ...] = ()
+    backend_option: str | None = None
     # The lowest ai.onnx opset the EP takes a model at (found by trying each op at each opset); a model below it gets
     # an `upgrade` stage (ONNX's version converter) for this EP's targets. None: no minimum known.
     min_opset: int | None = None
@@ -70,6 +79,14 @@ class EpInfo:
         """Which fork server runs this EP's jobs (`execute.fork_server`): its own where it loads a plugin library,
         else the one shared with CPU-only work ("")."""
         return self.alias if self.module else ""
+
+    def fork_server_for(self, options: Collection[str]) -> str:
+        """The fork server of a target with these options (their names): `fork_server`, or for a target naming a
+        backend library of its own one that loads none ahead (`OWN_BACKEND` after it): two builds of one backend
+        in one process are never risked."""
+        if self.backend_libraries and self.backend_option in options:
+            return self.fork_server + OWN_BACKEND
+        return self.fork_server
 
     @property
     def is_cpu(self) -> bool:
@@ -142,6 +159,7 @@ REGISTRY: dict[str, EpInfo] = {
             shared_context_unloadable={"x86_64": "loading a multi-graph QNN context crashes the process on x86_64 "
                                                  "hosts (HTP simulator); run-validate on the device"},
             warm_validations=True,
+            backend_libraries=("libQnnHtp.so", "libQnnSystem.so"), backend_option="backend_path",
             # below opset 7 ONNX Runtime's layout transformer, which QNN's NHWC ops go through, refuses the model
             # and QNN takes none of its nodes (measured with onnxruntime-qnn 2.7.0 for 20 op types at opsets 6-14:
             # each fails at 6 and compiles at 7 and above)
@@ -188,6 +206,12 @@ def known(ep: str) -> EpInfo:
     if info is None:
         raise KeyError(f"unknown EP {ep!r}")
     return info
+
+
+def served_ep(server: str) -> tuple[EpInfo, bool]:
+    """A fork server's EP (`EpInfo.fork_server_for` named the server) and whether it loads its backend ahead."""
+    info = known(server.removesuffix(OWN_BACKEND))
+    return info, bool(info.backend_libraries) and not server.endswith(OWN_BACKEND)
 
 
 def valid_ep_names() -> list[str]:

@@ -164,7 +164,7 @@ def validate(build: Build, workspace: Workspace, workdir: Path, folder: Path | N
                   or build.members[0].package):
                 report = run_child("epbuild.steps.validate", request.to_json(), workdir,
                                    build_limits(build, workspace, "validate", timeout), what, log,
-                                   ep=target.ep.fork_server, reuse=target.ep.warm_validations and not package,
+                                   ep=target.fork_server, reuse=target.ep.warm_validations and not package,
                                    expect=workspace.provenance, links=workspace.links)
             else:
                 report = run_against_reference(build, workspace, request, workdir, what, log, timeout,

@@ -153,4 +153,4 @@ def first_build_servers(manifest: Manifest, targets: set[str] | None = None) -> 
     certainly uses: those of its ONNX Runtime targets' EPs (of `targets` only, when given)."""
     specs = [t for name, t in manifest.targets.items() if (targets is None or name in targets)
              and t.ep and (backend := COMPILERS.get(t.compiler)) and backend.in_onnxruntime]
-    return {info.fork_server for t in specs if (info := lookup(t.ep or ""))}
+    return {info.fork_server_for(t.options) for t in specs if (info := lookup(t.ep or ""))}

@@ -50,7 +50,7 @@ class OrtCompiler(Compiler):
         what = f"{build.kind} {build.name} ({target.ep.name})"
         answer = run_child("epbuild.steps.compile", compile_request(build, scratch).to_json(), scratch,
                            build_limits(build, workspace, "compile"), what,
-                           build.log(layout, "compile"), ep=target.ep.fork_server, reuse=target.ep.warm_compiles,
+                           build.log(layout, "compile"), ep=target.fork_server, reuse=target.ep.warm_compiles,
                            expect=workspace.provenance, links=workspace.links)
         for key, name in target.runtime_files().items():
             shutil.copyfile(target.option_files[key], scratch / name)

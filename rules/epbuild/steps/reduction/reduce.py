@@ -217,7 +217,7 @@ def _probe_with(build: Build, workspace: Workspace, graph: Subgraphs, probes: _P
         try:
             outcome = judged(run_child(module, request_for(path), path.parent / "out",
                                        dataclasses.replace(limits, timeout_s=min(limits.timeout_s, left)), what,
-                                       path.parent / "probe.log", ep=build.target.ep.fork_server,
+                                       path.parent / "probe.log", ep=build.target.fork_server,
                                        expect=workspace.provenance, links=workspace.links))
         except (BuildError, ModelError) as exc:
             outcome = probes.failed(str(exc).removeprefix(f"{what}: "), path.parent / "probe.log")

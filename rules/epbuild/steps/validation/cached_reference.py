@@ -50,7 +50,7 @@ def run_against_reference(build: Build, workspace: Workspace, request: Validatio
     def artifact_child(extra: dict[str, Any]) -> ValidationReport:
         return run_child("epbuild.steps.validate", dataclasses.replace(request, **extra).to_json(), workdir, limits,
                          what, log,
-                         ep=target.ep.fork_server, reuse=reuse, expect=workspace.provenance, links=workspace.links)
+                         ep=target.fork_server, reuse=reuse, expect=workspace.provenance, links=workspace.links)
 
     def kept(answer: dict[str, Any]) -> list[str] | None:
         if _saved(answer, step.label):
@@ -105,7 +105,7 @@ def run_group_against_references(build: Build, workspace: Workspace, request: Va
         report = run_child("epbuild.steps.validate", dataclasses.replace(
             request, references={name: str(folders[name]) for name in restored},
             references_to={name: str(folders[name]) for name in keys if name not in restored}).to_json(),
-            workdir, build_limits(build, workspace, "validate", timeout), what, log, ep=build.target.ep.fork_server,
+            workdir, build_limits(build, workspace, "validate", timeout), what, log, ep=build.target.fork_server,
             reuse=build.target.ep.warm_validations, expect=workspace.provenance, links=workspace.links)
         answers = report.pop("references", {})
         for name, answer in answers.items():
@@ -133,7 +133,7 @@ def run_pipeline_against_cache(build: Build, workspace: Workspace, request: Vali
         return run_child("epbuild.steps.validate",
                          dataclasses.replace(request, pipeline={**(request.pipeline or {}), **cpu}).to_json(),
                          workdir,
-                         build_limits(build, workspace, "validate", timeout), what, log, ep=build.target.ep.fork_server,
+                         build_limits(build, workspace, "validate", timeout), what, log, ep=build.target.fork_server,
                          reuse=build.target.ep.warm_validations, expect=workspace.provenance, links=workspace.links)
 
     try:
