@@ -63,7 +63,7 @@ from .job_environment import job_environment
 from .links import NO_MODULES, SHAPE_STAGE, JobModules
 from .provenance import Provenance, python_files, record_loaded, versions
 from .python_path import IMPORT_ROOT
-from .server_start import CANDIDATE, PRELOAD, SWITCH, Starter
+from .server_start import CANDIDATE, PRELOAD, SWITCH, Detached, Starter
 
 if TYPE_CHECKING:
     from ..manifest.eps import EpInfo
@@ -256,6 +256,7 @@ def prestart(links: Links, aliases: set[str], expect: Provenance | None = None) 
     start-up (the first job then finds its server ready, or waits less)."""
     if not enabled():
         return
+    wanted = []
     for alias in sorted(aliases):
         key = _server_key(alias, expect)
         if key in links.refused or key in links.prestarted:
@@ -265,6 +266,18 @@ def prestart(links: Links, aliases: set[str], expect: Provenance | None = None) 
         if connection is not None:
             connection.close()
             continue
+        wanted.append((key, alias, path, log))
+    early, links.early = links.early, None
+    if wanted and early is not None:  # a first build's candidate: it serves the first and forks off the others
+        (key, alias, path, log), rest = wanted[0], wanted[1:]
+        adopted = early.adopt(path, alias, log, job_environment(), [(p, a, g) for _, a, p, g in rest])
+        if adopted is not None:
+            now = time.monotonic()
+            links.prestarted.update({key: (adopted, now), **{other: (Detached(), now) for other, *_ in rest}})
+            return
+    elif early is not None:
+        links.early = early  # not needed here: the first server started later takes it
+    for key, alias, path, log in wanted:
         links.prestarted[key] = _launch(links, alias, path, log), time.monotonic()
 
 
@@ -539,6 +552,35 @@ def serve(path: Path, alias: str, modules: JobModules = NO_MODULES, preloaded: b
         path.with_suffix(".log").unlink(missing_ok=True)
 
 
+def _sibling(path: Path, alias: str, modules: JobModules) -> None:
+    """In an adopted candidate: fork off the server for `alias` at `path`, detached, its output to its log, as a
+    server started by the build would be (`--detach`), without importing the toolchain again."""
+    pid = os.fork()
+    if pid:
+        os.waitpid(pid, 0)  # the first child exits once it has forked the server
+        return
+    try:
+        if os.fork():
+            os._exit(0)
+        os.setsid()
+        log = os.open(path.with_suffix(".log"), os.O_WRONLY | os.O_APPEND)
+        for stream in (1, 2):
+            os.dup2(log, stream)
+        os.close(log)
+        nothing = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(nothing, 0)
+        os.close(nothing)
+        os.chdir(path.parent)
+        serve(path, alias, modules, preloaded=True)
+    except BaseException:  # noqa: BLE001 - never back into the candidate's code: said into its log
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        os._exit(0)
+
+
 def candidate(modules: JobModules, detached: bool = False) -> None:
     """`execute.warm_start`'s candidate: detached (here, unless forked from the build, `detached`), the preloads
     imported, then adopted (a socket and an EP on its stdin, its output to the server's log, its folder the
@@ -557,7 +599,9 @@ def candidate(modules: JobModules, detached: bool = False) -> None:
     line = sys.stdin.readline()
     if not line.strip():
         os._exit(0)
-    path, alias = json.loads(line)
+    path, alias, others = json.loads(line)
+    for other, other_alias in others:  # the build's other first servers: forked off with the imports made
+        _sibling(Path(other), other_alias, modules)
     log = os.open(Path(path).with_suffix(".log"), os.O_WRONLY | os.O_APPEND)
     for stream in (1, 2):
         os.dup2(log, stream)

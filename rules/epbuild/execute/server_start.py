@@ -18,3 +18,14 @@ class Starter(Protocol):
     def poll(self) -> int | None: ...
 
     def wait(self, timeout: float | None = None) -> int: ...
+
+
+class Detached:
+    """The starter of a server forked off by another (a first build's candidate forks the build's other first
+    servers): nothing of this process's to wait for."""
+
+    def poll(self) -> int | None:
+        return 0
+
+    def wait(self, timeout: float | None = None) -> int:
+        return 0

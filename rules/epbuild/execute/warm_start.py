@@ -6,8 +6,10 @@ started only once the manifest is read and the build's own modules are imported 
 build's critical path. Those imports are the same for every EP (`PRELOAD`), so the build starts a process that
 makes them while the build is still importing itself (`begin`, from `epbuild.dodo` and the `epbuild` command), and
 the first server the build starts adopts it (`Candidate.adopt`): it is handed the socket and the EP, registers the
-EP and listens, as a server started then would. Not adopted (no server to start, one already running, another
-environment by then), its stdin is closed and it exits without serving anything.
+EP and listens, as a server started then would; the build's other first servers it forks off once adopted, each
+registering its own EP (`adopt`'s `others`), instead of new Pythons importing the same beside it. Not adopted (no
+server to start, one already running, another environment by then), its stdin is closed and it exits without
+serving anything.
 
 That process is the build's own, forked (`_forked`), where it can be made into what a new Python would be: one
 thread, no open file of its own beyond stdin, stdout and stderr, no variable named as a secret, an import path and
@@ -29,6 +31,7 @@ import signal
 import subprocess
 import sys
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
@@ -63,20 +66,23 @@ class Candidate:
         self.process: subprocess.Popen[str] | _Forked | None = process
         self.env = env  # the environment it was given: a server started later must get the same
 
-    def adopt(self, path: Path, alias: str, log: Path, env: dict[str, str]) -> Starter | None:
+    def adopt(self, path: Path, alias: str, log: Path, env: dict[str, str],
+              others: Sequence[tuple[Path, str, Path]] = ()) -> Starter | None:
         """The starter of the server for `alias` at `path`, this candidate made into it (its output to `log`), or
         None when it cannot be: already adopted or gone, or its environment differs from `env` (what a server
-        started now gets)."""
+        started now gets). `others`: more servers (path, alias, log) it forks off once adopted, each as started
+        then would be, instead of a new Python importing the same beside it."""
         process, self.process = self.process, None
         if process is None:
             return None
         if env != self.env:
             self._close(process)
             return None
-        log.write_text("", encoding="utf-8")  # as a server started now finds it: empty, its lines to come
+        for each in (log, *(other for _, _, other in others)):
+            each.write_text("", encoding="utf-8")  # as a server started now finds it: empty, its lines to come
         try:
             assert process.stdin is not None
-            process.stdin.write(json.dumps([str(path), alias]) + "\n")
+            process.stdin.write(json.dumps([str(path), alias, [[str(p), a] for p, a, _ in others]]) + "\n")
             process.stdin.close()
         except OSError:  # it died (its pipe has no reader): the caller starts a server
             return None
