@@ -63,7 +63,7 @@ from .job_environment import job_environment
 from .links import NO_MODULES, SHAPE_STAGE, JobModules
 from .provenance import Provenance, python_files, record_loaded, versions
 from .python_path import IMPORT_ROOT
-from .server_start import CANDIDATE, PRELOAD, SWITCH, Detached, Starter
+from .server_start import PRELOAD, SWITCH, Detached, Starter
 
 if TYPE_CHECKING:
     from ..manifest.eps import EpInfo
@@ -552,72 +552,8 @@ def serve(path: Path, alias: str, modules: JobModules = NO_MODULES, preloaded: b
         path.with_suffix(".log").unlink(missing_ok=True)
 
 
-def _sibling(path: Path, alias: str, modules: JobModules) -> None:
-    """In an adopted candidate: fork off the server for `alias` at `path`, detached, its output to its log, as a
-    server started by the build would be (`--detach`), without importing the toolchain again."""
-    pid = os.fork()
-    if pid:
-        os.waitpid(pid, 0)  # the first child exits once it has forked the server
-        return
-    try:
-        if os.fork():
-            os._exit(0)
-        os.setsid()
-        log = os.open(path.with_suffix(".log"), os.O_WRONLY | os.O_APPEND)
-        for stream in (1, 2):
-            os.dup2(log, stream)
-        os.close(log)
-        nothing = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(nothing, 0)
-        os.close(nothing)
-        os.chdir(path.parent)
-        serve(path, alias, modules, preloaded=True)
-    except BaseException:  # noqa: BLE001 - never back into the candidate's code: said into its log
-        import traceback
-
-        traceback.print_exc()
-    finally:
-        sys.stdout.flush()
-        os._exit(0)
-
-
-def candidate(modules: JobModules, detached: bool = False) -> None:
-    """`execute.warm_start`'s candidate: detached (here, unless forked from the build, `detached`), the preloads
-    imported, then adopted (a socket and an EP on its stdin, its output to the server's log, its folder the
-    sockets') or, at the end of its stdin, gone."""
-    import importlib
-
-    if not detached:
-        if os.fork():
-            os._exit(0)
-        os.setsid()
-    for module in PRELOAD:
-        importlib.import_module(module)
-    if not select.select([sys.stdin], [], [], IDLE_PRELOAD_S)[0]:  # not adopted yet: the job modules meanwhile
-        for module in modules.idle:
-            importlib.import_module(module)
-    line = sys.stdin.readline()
-    if not line.strip():
-        os._exit(0)
-    path, alias, others = json.loads(line)
-    for other, other_alias in others:  # the build's other first servers: forked off with the imports made
-        _sibling(Path(other), other_alias, modules)
-    log = os.open(Path(path).with_suffix(".log"), os.O_WRONLY | os.O_APPEND)
-    for stream in (1, 2):
-        os.dup2(log, stream)
-    os.close(log)
-    nothing = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(nothing, 0)
-    os.close(nothing)
-    os.chdir(Path(path).parent)
-    serve(Path(path), alias, modules, preloaded=True)
-
-
 def main(argv: list[str]) -> None:
-    """`--candidate [JSON]` (`execute.warm_start`), or `[--detach] [--modules JSON] PATH ALIAS`."""
-    if argv[:1] == [CANDIDATE]:
-        candidate(JobModules.of(argv[1]) if len(argv) > 1 else JobModules())
-        return
+    """`[--detach] [--modules JSON] PATH ALIAS` (a first build's candidate: `execute.server_candidate`)."""
     detach = argv[0] == "--detach"
     modules = JobModules.of(argv[argv.index(MODULES) + 1]) if MODULES in argv[:-2] else JobModules()
     path, alias = argv[-2:]

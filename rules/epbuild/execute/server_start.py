@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Protocol
 
 SWITCH = "EPBUILD_FORK_SERVER"  # "0": a plain child for every job (`fork_server.enabled`); no candidate either
-CANDIDATE = "--candidate"  # `python -m epbuild.execute.fork_server --candidate`: preload, then wait to be adopted
+CANDIDATE = "--candidate"  # `python -m epbuild.execute.server_candidate --candidate`: preload, wait to be adopted
 # what every fork server imports before it serves, whatever its EP
 PRELOAD = ("numpy", "numpy.random", "onnx", "onnx.shape_inference", "onnxruntime")
 

@@ -16,7 +16,7 @@ thread, no open file of its own beyond stdin, stdout and stderr, no variable nam
 switches a new `python -P` with the job's environment would have (`python_path.fresh_import_path`); it then takes
 that environment (the one it started with zeroed) and path, closes what the build inherited, leaves the build's
 session and folder, and is detached like a started one. A new Python would cost its own start and epbuild's imports
-before the toolchain's begin; elsewhere one is started (`python -m epbuild.execute.fork_server --candidate`).
+before the toolchain's begin; elsewhere one is started (`python -m epbuild.execute.server_candidate --candidate`).
 
 Standard library only, and cheap: it runs before anything heavy is imported.
 """
@@ -117,7 +117,7 @@ def begin(manifest: Path, invocation: Invocation, modules: JobModules) -> Candid
     if forked is not None:
         return forked
     # -P: nothing from the working folder on its import path (it starts before its private folder is known)
-    process = subprocess.Popen([sys.executable, "-P", "-m", "epbuild.execute.fork_server", CANDIDATE,
+    process = subprocess.Popen([sys.executable, "-P", "-m", "epbuild.execute.server_candidate", CANDIDATE,
                                 modules.argument()],
                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                env=env, cwd="/", text=True)
@@ -207,6 +207,6 @@ def _become_candidate(read: int, env: dict[str, str], path: list[str], modules: 
             getattr(function, "cache_clear", lambda: None)()
     for module in PRELOAD:  # before the server's own modules: the toolchain's imports are the long part
         importlib.import_module(module)
-    from .fork_server import candidate  # only here: the build itself never imports the server's module
+    from .server_candidate import candidate  # only here: the build itself never imports the server's modules
 
     candidate(modules, detached=True)
