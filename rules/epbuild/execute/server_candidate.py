@@ -18,6 +18,19 @@ from .links import JobModules
 from .server_start import CANDIDATE, PRELOAD
 
 
+def _serve_here(path: Path, alias: str, modules: JobModules) -> None:
+    """Become the server for `alias` at `path`: output to its log, nothing on stdin, in the sockets' folder."""
+    log = os.open(path.with_suffix(".log"), os.O_WRONLY | os.O_APPEND)
+    for stream in (1, 2):
+        os.dup2(log, stream)
+    os.close(log)
+    nothing = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(nothing, 0)
+    os.close(nothing)
+    os.chdir(path.parent)
+    serve(path, alias, modules, preloaded=True)
+
+
 def _sibling(path: Path, alias: str, modules: JobModules) -> None:
     """In an adopted candidate: fork off the server for `alias` at `path`, detached, its output to its log, as a
     server started by the build would be (`--detach`), without importing the toolchain again."""
@@ -29,15 +42,7 @@ def _sibling(path: Path, alias: str, modules: JobModules) -> None:
         if os.fork():
             os._exit(0)
         os.setsid()
-        log = os.open(path.with_suffix(".log"), os.O_WRONLY | os.O_APPEND)
-        for stream in (1, 2):
-            os.dup2(log, stream)
-        os.close(log)
-        nothing = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(nothing, 0)
-        os.close(nothing)
-        os.chdir(path.parent)
-        serve(path, alias, modules, preloaded=True)
+        _serve_here(path, alias, modules)
     except BaseException:  # noqa: BLE001 - never back into the candidate's code: said into its log
         import traceback
 
@@ -68,15 +73,7 @@ def candidate(modules: JobModules, detached: bool = False) -> None:
     path, alias, others = json.loads(line)
     for other, other_alias in others:  # the build's other first servers: forked off with the imports made
         _sibling(Path(other), other_alias, modules)
-    log = os.open(Path(path).with_suffix(".log"), os.O_WRONLY | os.O_APPEND)
-    for stream in (1, 2):
-        os.dup2(log, stream)
-    os.close(log)
-    nothing = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(nothing, 0)
-    os.close(nothing)
-    os.chdir(Path(path).parent)
-    serve(Path(path), alias, modules, preloaded=True)
+    _serve_here(Path(path), alias, modules)
 
 
 def main(argv: list[str]) -> None:
