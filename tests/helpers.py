@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
+
+if TYPE_CHECKING:
+    from epbuild.store.cache import Workspace
 
 # two shipped models for cpu and qnn-htp: the project most tests start from
 TWO_MODELS_CPU_QNN = """
@@ -172,3 +176,12 @@ def validation_member(**fields):
             "precision": "fp32", "thresholds": {}, "frozen": {}, "entry": "models.m", "manifest": "models.toml",
             "target": "cpu", "localise": False, "compile_options": {}, "localise_budget_s": 60.0}
     return ValidationMember(**{**base, **fields})
+
+
+def workspace(artifacts: Path, cache: Path) -> Workspace:
+    """A build's workspace outside a build: no remote, no executor, the provenance a build here reads."""
+    from epbuild.execute.provenance import Provenance
+    from epbuild.steps.job_modules import CODE_ROOTS
+    from epbuild.store.cache import Workspace
+
+    return Workspace(artifacts, cache, None, provenance=Provenance.read(CODE_ROOTS))

@@ -239,9 +239,11 @@ def test_a_device_only_a_worker_offers_is_built_there(tmp_path, host_cache, clus
 
 def test_a_worker_refuses_a_job_whose_versions_or_epbuild_code_differ_from_its_own():
     from epbuild.execute.provenance import code_digest
+    from epbuild.steps.job_modules import CODE_ROOTS
 
     with pytest.raises(BuildError, match=r"needs onnxruntime 0\.0\.1, this worker has 1"):
-        _check_versions({"task": "compile:m@cpu", "resources": {"pkg:onnxruntime:0.0.1": 1}, "code": code_digest()})
+        _check_versions({"task": "compile:m@cpu", "resources": {"pkg:onnxruntime:0.0.1": 1},
+                         "code": code_digest(CODE_ROOTS)})
     with pytest.raises(BuildError, match="it runs other epbuild code than the coordinator"):
         _check_versions({"task": "compile:m@cpu", "resources": {}, "code": "0" * 64})
 

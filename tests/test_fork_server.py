@@ -298,19 +298,21 @@ def test_without_fork_the_plain_child_path_runs(tmp_path, monkeypatch, crash_chi
 
 
 def test_the_job_modules_a_server_imports_are_named_by_the_build_not_by_execute():
-    """`execute/` imports nothing above itself, by name either: the job modules a server imports ahead of its jobs
-    are the build's (`steps.job_modules`), handed to the server on its command line and read back equal; anything
-    else on that line is refused."""
+    """`execute/` imports nothing above itself, by name either, nor names an upper layer's files: the job modules a
+    server imports ahead of its jobs and the code digest's roots are the build's (`steps.job_modules`), handed to the
+    server on its command line and read back equal; anything else on that line is refused."""
     import re
 
     from epbuild.execute.links import JobModules
-    from epbuild.steps.job_modules import JOB_MODULES
+    from epbuild.steps.job_modules import CODE_ROOTS, JOB_MODULES
 
     assert JobModules.of(JOB_MODULES.argument()) == JOB_MODULES and "epbuild.steps.compile" in JOB_MODULES.idle
-    for bad in ("[]", "[[1], []]", '[["a"], [["x", "y"]]]', "{"):
+    assert JOB_MODULES.code == CODE_ROOTS and "steps/compile.py" in CODE_ROOTS
+    for bad in ("[]", "[[1], []]", '[["a"], [["x", "y"]]]', '[["a"], [], [1]]', '[["a"], []]', "{"):
         with pytest.raises(ValueError):
             JobModules.of(bad)
-    upper = re.compile(r"[\"']epbuild\.(?!execute\b)[a-z_]+")
+    upper = re.compile(r"[\"'](?:epbuild\.(?!execute\b)[a-z_]+|(?:steps|tasks|plan|store|report|runtime)/"
+                       r"|(?:worker|dodo|command|fast_path)\.py)")
     named = {path.name for path in (SOURCE / "epbuild" / "execute").glob("*.py") if upper.search(path.read_text())}
     assert named == set()
 

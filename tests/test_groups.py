@@ -13,9 +13,8 @@ from epbuild.errors import UserError
 from epbuild.manifest.parse import load
 from epbuild.plan.targets import plan
 from epbuild.steps.validate import validate
-from epbuild.store.cache import Workspace
 from epbuild.tasks.loading import load_project
-from helpers import ep_context_nodes, perturb_weights
+from helpers import ep_context_nodes, perturb_weights, workspace
 
 MEMBERS = """
 [models.tinycnn]
@@ -87,7 +86,7 @@ def test_a_crash_while_loading_the_shared_context_is_contained(project, monkeypa
     (group,) = [b for b in load_project(project.root / "models.toml", ["validate:trio"]).builds if b.shared]
     loadable = dataclasses.replace(group.target.ep, shared_context_unloadable={})
     group = dataclasses.replace(group, target=dataclasses.replace(group.target, ep=loadable))
-    report = validate(group, Workspace(project.artifacts, project.root / "cache.test", None), project.root / "work")
+    report = validate(group, workspace(project.artifacts, project.root / "cache.test"), project.root / "work")
     assert report["status"] == "failed" and "killed by SIGSEGV" in report["reason"]
 
 

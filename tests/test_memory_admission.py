@@ -151,9 +151,9 @@ def test_a_budget_that_is_no_number_is_one_line(monkeypatch):
 
 def test_the_expected_peak_is_the_last_recorded_one_else_the_estimate(tmp_path):
     from epbuild.steps.expected_peak import BASE_MB, FACTOR, expected_mb
-    from epbuild.store.cache import Workspace
+    from helpers import workspace as make_workspace
 
-    workspace = Workspace(tmp_path / "artifacts", tmp_path / "cache", None)
+    workspace = make_workspace(tmp_path / "artifacts", tmp_path / "cache")
     model = tmp_path / "m.onnx"
     model.write_bytes(b"\0" * (10 << 20))  # 10 MB
     assert expected_mb("compile:m@qnn-htp", "compile", "qnn", [model], workspace) == pytest.approx(
@@ -161,7 +161,7 @@ def test_the_expected_peak_is_the_last_recorded_one_else_the_estimate(tmp_path):
     (tmp_path / "artifacts").mkdir()
     (tmp_path / "artifacts" / "build-report.json").write_text(json.dumps({"format": 1, "tasks": {
         "compile:m@qnn-htp": {"status": "compiled", "child": {"seconds": 3.0, "peak_mb": 5123.4}}}}))
-    fresh = Workspace(tmp_path / "artifacts", tmp_path / "cache", None)
+    fresh = make_workspace(tmp_path / "artifacts", tmp_path / "cache")
     assert expected_mb("compile:m@qnn-htp", "compile", "qnn", [model], fresh) == 5123.4
     assert expected_mb("validate:m@qnn-htp", "validate", "qnn", [model], fresh) == pytest.approx(
         BASE_MB["qnn"] + FACTOR["validate", ""] * 10)

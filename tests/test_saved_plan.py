@@ -97,11 +97,12 @@ def test_a_taken_plan_gives_the_provenance_the_files_give(folder, monkeypatch):
     digest reads and holds each import folder's identity) and taken with it: the run's Provenance, on its
     workspace, equals what reading the files and distributions gives, and no module keeps a copy."""
     from epbuild.execute.provenance import Provenance
+    from epbuild.steps.job_modules import CODE_ROOTS
 
     first = _load([], monkeypatch).workspace.provenance
     calls: list[int] = []
     taken = _load(calls, monkeypatch).workspace.provenance
-    read = Provenance.read()
+    read = Provenance.read(CODE_ROOTS)
     assert not calls and taken == first == read
     assert read.versions["onnxruntime"] and read.versions["onnx"] and read.code
 

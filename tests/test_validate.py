@@ -18,7 +18,7 @@ from epbuild.manifest.parse import load
 from epbuild.plan.targets import plan
 from epbuild.steps.validate import validate, validate_member
 from epbuild.store.cache import Workspace
-from helpers import single_op_model, validation_member
+from helpers import single_op_model, validation_member, workspace
 
 QNN = """
 [models.tinycnn]
@@ -35,7 +35,7 @@ options = { soc_model = 60 }
 
 def _workspace(project, cache: str = "cache.test") -> Workspace:
     """The project's artifacts with a cache of the test's own (validations keep their CPU reference there)."""
-    return Workspace(project.artifacts, project.root / cache, None)
+    return workspace(project.artifacts, project.root / cache)
 
 
 def report(project, target: str, model: str) -> dict:

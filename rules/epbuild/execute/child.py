@@ -144,7 +144,7 @@ def run_child(module: str, request: Mapping[str, Any], workdir: Path, limits: Li
     request_file, result_file = workdir / ".request.json", workdir / ".result.json"
     output_file = log if log is not None else workdir / ".output.txt"  # the child writes its log directly
     output_file.parent.mkdir(parents=True, exist_ok=True)
-    request = {**request, "provenance": (expect.expected() if expect else provenance.expected())}
+    request = {**request, "provenance": (expect.expected() if expect else provenance.versions_expected())}
     own_links = links is None
     links = Links() if links is None else links
     inline = reuse and leases_in_use()  # a warm worker gets the request and answers over its lease

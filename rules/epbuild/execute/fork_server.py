@@ -406,7 +406,7 @@ def serve(path: Path, alias: str, modules: JobModules = NO_MODULES, preloaded: b
             importlib.import_module(module)
     for module, function in modules.calls_for(alias):
         getattr(importlib.import_module(module), function)()
-    record_loaded()  # what every job forked from here has loaded: a job expecting other versions refuses
+    record_loaded(modules.code)  # what every job forked from here has loaded: a job expecting other ones refuses
     baseline = _threads()
     backend: EpInfo | None = None  # an EP whose backend libraries are loaded before the first job is forked
     if alias and alias != SHAPE_STAGE:

@@ -28,24 +28,29 @@ SHAPE_STAGE = "shape-stage"
 class JobModules(NamedTuple):
     """What a fork server imports ahead of the jobs it will run, named by the layer whose jobs they are
     (`steps.job_modules`: nothing here imports above itself): `idle`, imported once the server serves and no job
-    runs; `calls`, (server alias, module, function) called before that server listens (the shape stage's tools).
+    runs; `calls`, (server alias, module, function) called before that server listens (the shape stage's tools);
+    `code`, the roots of the code digest the build's jobs expect (`execute.provenance.code_digest`), read by the
+    server once it has imported them, so a job it forks is judged by the code it loaded, not by files changed since.
     Handed to a server on its command line (`argument`, `of`); none named, a server imports what each job needs.
     A named tuple, not a record: `epbuild.dodo` imports it before the no-op shortcut, which must stay cheap."""
 
     idle: tuple[str, ...] = ()
     calls: tuple[tuple[str, str, str], ...] = ()
+    code: tuple[str, ...] = ()
 
     def argument(self) -> str:
-        return json.dumps([list(self.idle), [list(call) for call in self.calls]])
+        return json.dumps([list(self.idle), [list(call) for call in self.calls], list(self.code)])
 
     @classmethod
     def of(cls, text: str) -> JobModules:
         """What `argument` wrote; ValueError for anything else."""
         found = json.loads(text)
-        if not (isinstance(found, list) and len(found) == 2 and all(isinstance(m, str) for m in found[0])
-                and all(isinstance(c, list) and len(c) == 3 and all(isinstance(p, str) for p in c) for c in found[1])):
+        if not (isinstance(found, list) and len(found) == 3 and all(isinstance(m, str) for m in found[0])
+                and all(isinstance(c, list) and len(c) == 3 and all(isinstance(p, str) for p in c) for c in found[1])
+                and all(isinstance(r, str) for r in found[2])):
             raise ValueError(f"not a list of job modules: {text[:80]}")
-        return cls(tuple(found[0]), tuple((alias, module, function) for alias, module, function in found[1]))
+        return cls(tuple(found[0]), tuple((alias, module, function) for alias, module, function in found[1]),
+                   tuple(found[2]))
 
     def calls_for(self, alias: str) -> list[tuple[str, str]]:
         return [(module, function) for server, module, function in self.calls if server == alias]

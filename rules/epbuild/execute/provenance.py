@@ -1,10 +1,12 @@
 """What a job's process must have loaded: the package versions and the epbuild code its fingerprint names.
 
 A fingerprint names the toolchain versions the build process read from the environment and a digest of the epbuild
-code that shapes outputs (`code_digest`). A fork server, its warm workers and a fresh child each record what they
-loaded (`record_loaded`, when they import); every job request carries the build's view (`expected`) and the job
-refuses to run in a process that disagrees (`check`), so an environment changed under a running fork server, or
-during a build, never gives an artifact under another toolchain's fingerprint.
+code that shapes outputs (`code_digest`), which starts from the roots the layer whose jobs they are names
+(`steps.job_modules.CODE_ROOTS`: nothing here names a module above it). A fork server, its warm workers and a fresh
+child each record what they loaded (`record_loaded`, when they import); every job request carries the build's view
+(`Provenance.expected`, the roots with it) and the job refuses to run in a process that disagrees (`check`), so an
+environment changed under a running fork server, or during a build, never gives an artifact under another
+toolchain's fingerprint.
 """
 
 from __future__ import annotations
@@ -20,11 +22,6 @@ from ..records import record
 from .host import package_version
 
 PACKAGE = Path(__file__).resolve().parents[1]
-# The modules whose code runs in the jobs that write outputs (compiles, stages, validations, on this host or a Dask
-# worker); what they import from the package is followed from here.
-JOB_MODULES = ("steps/compile.py", "steps/preprocess.py", "steps/validate.py", "execute/fork_server.py",
-               "worker.py")
-DATA_FILES = ("steps/shims/*.c",)  # compiled into the OpenVINO vendor shim
 # Every distribution a job may load; a version that differs from the build's is refused.
 # onnxruntime-genai: validations of genai folders run its generator (absent: None, like any other); ml_dtypes: onnx
 # loads it in every job (pinned for its import time; no artifact byte depends on it, so no fingerprint names it)
@@ -68,12 +65,17 @@ def python_files(package: Path) -> list[str]:
             if name.endswith(".py")]
 
 
-def digested_files() -> list[Path]:
-    """The job modules, everything of the package they import, and the shim's C source: the epbuild code that can
-    change what an artifact, stage output or validation report contains."""
+def digested_files(roots: tuple[str, ...]) -> list[Path]:
+    """The files `roots` (paths in the package, `*` patterns allowed) match and every module of the package the
+    Python ones import: the epbuild code that can change what an artifact, stage output or validation report
+    contains. A root that matches nothing is an error, not a smaller digest."""
     files = frozenset(python_files(PACKAGE))
     top = str(PACKAGE.parent)
-    todo = [os.path.join(str(PACKAGE), *name.split("/")) for name in JOB_MODULES]
+    matched = {root: sorted(PACKAGE.glob(root)) for root in roots}
+    if missing := [root for root, found in matched.items() if not found]:
+        raise ValueError(f"code digest roots match no file of {PACKAGE}: {', '.join(missing)}")
+    named = [str(path) for found in matched.values() for path in found]
+    todo = [path for path in named if path in files]
     seen: set[str] = set()
     while todo:
         path = todo.pop()
@@ -82,14 +84,15 @@ def digested_files() -> list[Path]:
         seen.add(path)
         init = os.path.join(os.path.dirname(path), "__init__.py")  # importing a module runs its package's __init__
         todo.extend([*_imported(path, files), *([init] if init in files and os.path.dirname(path) != top else [])])
-    return sorted({Path(path) for path in seen} | {p for pattern in DATA_FILES for p in PACKAGE.glob(pattern)})
+    return sorted({Path(path) for path in (*seen, *named)})
 
 
 @functools.cache
-def code_digest() -> str:
-    """sha256 over `digested_files()`: this process's reading (a build's is its `Provenance`)."""
+def code_digest(roots: tuple[str, ...]) -> str:
+    """sha256 over `digested_files(roots)`: this process's reading (a build's is its `Provenance`); kept, so that a
+    fork server's children inherit what the server read when it imported the code."""
     digest = hashlib.sha256()
-    for path in digested_files():
+    for path in digested_files(roots):
         digest.update(path.relative_to(PACKAGE).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
 
@@ -97,11 +100,6 @@ def code_digest() -> str:
 def versions() -> dict[str, str | None]:
     """The version of each distribution a job may load (None: absent), as this process finds them."""
     return {name: package_version(name) for name in DISTRIBUTIONS}
-
-
-def expected() -> dict[str, Any]:
-    """This process's view: the versions and the code digest it reads itself."""
-    return {"versions": versions(), "code": code_digest()}
 
 
 @record
@@ -115,13 +113,14 @@ class Provenance:
 
     code: str
     versions: dict[str, str | None]
+    roots: tuple[str, ...]  # where `code` starts (`steps.job_modules.CODE_ROOTS`)
 
     @classmethod
-    def read(cls) -> Provenance:
+    def read(cls, roots: tuple[str, ...]) -> Provenance:
         from ..manifest.eps import REGISTRY
 
         names = sorted({*DISTRIBUTIONS, *(info.package for info in REGISTRY.values() if info.package)})
-        return cls(code_digest(), {name: package_version(name) for name in names})
+        return cls(code_digest(roots), {name: package_version(name) for name in names}, roots)
 
     def version(self, distribution: str) -> str | None:
         if distribution in self.versions:
@@ -139,24 +138,38 @@ class Provenance:
 
     def expected(self) -> dict[str, Any]:
         """What a job request carries: the job refuses a process that loaded other versions or code."""
-        return {"versions": self.of(*DISTRIBUTIONS), "code": self.code}
+        return {"versions": self.of(*DISTRIBUTIONS), "code": self.code, "roots": list(self.roots)}
+
+
+def versions_expected() -> dict[str, Any]:
+    """What a job run without a build's provenance (a test's, an embedding program's) carries: the versions this
+    process reads; no code is named, so none is checked."""
+    return {"versions": versions()}
 
 
 @functools.cache
-def record_loaded() -> dict[str, Any]:
-    """What this process loaded: called once it has imported the toolchain (a fork server after its preloads; a
-    fresh child at its first check), and kept, so that its forked children inherit the record."""
-    return expected()
+def loaded_versions() -> dict[str, str | None]:
+    """The versions this process loaded, read once (`record_loaded`)."""
+    return versions()
+
+
+def record_loaded(roots: tuple[str, ...] = ()) -> None:
+    """Record what this process loaded: called once it has imported the toolchain (a fork server after its
+    preloads, with the roots its build named; a fresh child at its first check), and kept, so that its forked
+    children inherit the record rather than read files changed since."""
+    loaded_versions()
+    if roots:
+        code_digest(roots)
 
 
 def check(wanted: dict[str, Any] | None) -> str | None:
     """Why this process must not run a job that expects `wanted`, or None."""
     if wanted is None:
         return None
-    loaded = record_loaded()
+    loaded = loaded_versions()
     differ = [f"{name} {have or 'absent'} (the build expects {wanted['versions'].get(name) or 'it absent'})"
-              for name, have in loaded["versions"].items() if have != wanted["versions"].get(name)]
-    if loaded["code"] != wanted["code"]:
+              for name, have in loaded.items() if have != wanted["versions"].get(name)]
+    if "code" in wanted and code_digest(tuple(wanted.get("roots", ()))) != wanted["code"]:
         differ.append("other epbuild code than the build's")
     if not differ:
         return None

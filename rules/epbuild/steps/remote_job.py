@@ -51,9 +51,10 @@ def _check_versions(job: dict[str, Any]) -> None:
     """Defence in depth behind routing: a package version that differs from the fingerprint's refuses the job."""
     from ..execute.host import package_version
     from ..execute.provenance import code_digest
+    from .job_modules import CODE_ROOTS
     from .toolchain.toolchains import Toolchain, find_qaic, find_qairt
 
-    if job.get("code") != code_digest():
+    if job.get("code") != code_digest(CODE_ROOTS):
         raise BuildError(f"{job['task']}: worker refused the job: it runs other epbuild code than the coordinator "
                          "(install the same epbuild version on every worker)")
     for name in job["resources"]:
@@ -117,8 +118,9 @@ def _logs(artifacts: Path) -> dict[str, bytes]:
 
 def _run_job(job: dict[str, Any], base: Path, root: Path) -> dict[str, Any]:
     from ..execute.links import Links
+    from ..execute.provenance import Provenance
     from ..store.cache import Workspace
-    from .job_modules import JOB_MODULES
+    from .job_modules import CODE_ROOTS, JOB_MODULES
 
     _check_versions(job)
     for relative, data in job["files"].items():
@@ -128,7 +130,8 @@ def _run_job(job: dict[str, Any], base: Path, root: Path) -> dict[str, Any]:
     what = relocate(job["what"], Path(job["root"]), root)
     if job["kind"] != "stage" and what.target.compiler in ("qaic", "qairt"):  # this host's SDK, as advertised
         what = dataclasses.replace(what, target=dataclasses.replace(what.target, sdk_root=None))
-    workspace = Workspace(root / "artifacts", base / "cache", None, links=Links(JOB_MODULES))
+    workspace = Workspace(root / "artifacts", base / "cache", None, provenance=Provenance.read(CODE_ROOTS),
+                          links=Links(JOB_MODULES))
     try:  # the job's leases and remote connection are its own, let go when it ends
         return _produce(job, what, workspace, root / ".job-output")
     finally:

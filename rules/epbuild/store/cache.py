@@ -273,8 +273,9 @@ class Workspace:
     remote_budget_s: float = 60.0  # `[cache] remote_budget_s`
     remote_timeout_s: float = 10.0  # `[cache] remote_timeout_s`
     memory_gb: float | None = None  # `[build] memory_gb`: the budget memory admission holds jobs to
-    # what this run's fingerprints and job requests name (the saved plan's, or read when the run starts)
-    provenance: Provenance = dataclasses.field(default_factory=Provenance.read)
+    # what this run's fingerprints and job requests name (the saved plan's, or read when the run starts), given by
+    # whoever makes the workspace (its roots are the steps'): never a reading of this layer's own
+    provenance: Provenance = dataclasses.field(kw_only=True)
     # the build's process (this one's mark, taken where the build starts; doit's workers get a copy): what its
     # processes said once is marked under it, in a folder swept when that process is gone
     run: str = dataclasses.field(default_factory=owner_tag)

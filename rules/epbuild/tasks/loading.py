@@ -36,7 +36,7 @@ from ..report.progress import live_wanted
 from ..report.views import template_prepared_meanwhile
 from ..state.folder import StateFolder
 from ..steps.compilers import compiler
-from ..steps.job_modules import JOB_MODULES
+from ..steps.job_modules import CODE_ROOTS, JOB_MODULES
 from ..steps.toolchain.worker_needs import with_worker_toolchains
 from ..store.cache import Workspace, cache_location, remote_location
 from ..store.task_configs import ConfigRecord
@@ -69,7 +69,7 @@ def _load_project(manifest_path: Path, invocation: Invocation | list[str], early
                            f"{project}:{default_memory_gb()}")
     last = saved_plan.load() if fast_path_enabled() else None
     # what this run's fingerprints name: as the saved plan of this project key holds it, else read now
-    provenance = Provenance(last.code, last.versions) if last is not None else Provenance.read()
+    provenance = Provenance(last.code, last.versions, CODE_ROOTS) if last is not None else Provenance.read(CODE_ROOTS)
     manifest, resolved = read_manifest(manifest_path, last)  # nothing is written before it is known good
     links = Links(JOB_MODULES)
     links.early = early
@@ -127,7 +127,7 @@ def workspace_of(manifest: Manifest, layout: Layout, invocation: Invocation, pro
         raise executor_error(manifest, reason)
     workspace = Workspace(layout.root, *cache_location(manifest.cache), remote_location(manifest.cache), executor,
                           manifest.cache.hard_links, manifest.cache.remote_budget_s, manifest.cache.remote_timeout_s,
-                          manifest.build.memory_gb, provenance, links=links)
+                          manifest.build.memory_gb, provenance=provenance, links=links)
     return workspace, executor
 
 
