@@ -96,8 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["explain"]:
         argv[0] = "info"
     if argv[:1] == ["reduce"]:  # `epbuild reduce compile:m@t` (or m@t, validate:m@t): the task reduce:m@t
-        argv = [f"reduce:{name.split(':', 1)[-1]}" if not name.startswith("-") else name for name in argv[1:]]
-        if not any(name.startswith("reduce:") for name in argv):
+        from .manifest.builds import REDUCE_PREFIX, reduce_task
+
+        argv = [reduce_task(name.split(":", 1)[-1]) if not name.startswith("-") else name for name in argv[1:]]
+        if not any(name.startswith(REDUCE_PREFIX) for name in argv):
             print("error: epbuild reduce TASK: name the failing compile, e.g. epbuild reduce compile:MODEL@TARGET",
                   file=sys.stderr)
             return 2

@@ -165,6 +165,14 @@ def package_task(name: str) -> str:
     return f"package:{name}"
 
 
+REDUCE_PREFIX = "reduce:"
+
+
+def reduce_task(name: str) -> str:
+    """The name of the task that reduces build `name`'s failing compile (`epbuild reduce`)."""
+    return f"{REDUCE_PREFIX}{name}"
+
+
 def compile_task(model: str, target: str) -> str:
     """The name of one model's compile for one target, as `Build.task` makes it."""
     return f"compile:{model}@{target}"
@@ -207,7 +215,7 @@ class Build:
     @property
     def reduce_task(self) -> str:
         """`epbuild reduce compile:MODEL@TARGET`: the failing compile reduced to a repro folder."""
-        return f"reduce:{self.name}"
+        return reduce_task(self.name)
 
     @property
     def folder_name(self) -> str:

@@ -25,7 +25,7 @@ from ..steps.compilers import compiler
 from ..store.task_configs import ConfigRecord
 from .actions import refuse_blocked, refuse_unavailable
 from .checker import HashChecker
-from .kinds import BY_NAME, KINDS, UNAVAILABLE, is_subtask
+from .kinds import BLOCKED, BY_NAME, KINDS, UNAVAILABLE, is_subtask
 from .loading import load_project
 from .project import Project, in_shard, shard_keys
 from .reporter import BuildReporter, ReportedRun
@@ -144,7 +144,7 @@ class Tasks:
             default.append(UNAVAILABLE)
         default = self._select(default)
         if self.project.blocked_builds():
-            default.append("blocked")
+            default.append(BLOCKED)
         return default
 
     def doit_config(self) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from typing import Any
 from ..records import record
 
 UNAVAILABLE = "unavailable"  # the kind whose one task says which targets this host cannot build, and why
+BLOCKED = "blocked"  # that kind's other task: last in a default run, failing with what the manifest must fix
 
 
 @record

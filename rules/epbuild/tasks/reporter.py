@@ -18,12 +18,12 @@ from doit.runner import ERROR, FAILURE
 from ..contracts.task_result import PUBLISHED
 from ..errors import printable
 from ..execute.lifelines import WorkerLost, WorkerWatch, tie_forked_children
-from ..manifest.builds import package_task
+from ..manifest.builds import REDUCE_PREFIX, package_task
 from ..report.build_report import BuildReport
 from ..report.progress import LiveProgress, durations
 from ..report.views import templates_prepared_in_background
 from .actions import fail_blocked
-from .kinds import UNAVAILABLE, is_subtask
+from .kinds import BLOCKED, UNAVAILABLE, is_subtask
 from .run_end import PlanSave, RunEnd, RunOutcome, closure
 from .selection import Recorded
 
@@ -170,7 +170,7 @@ class BuildReporter(ConsoleReporter):
         super().add_failure(task, fail)
         if self.live is not None:
             self.live.finished(task.name, failed=True)
-        if is_subtask(task.name) and not task.name.startswith("reduce:"):
+        if is_subtask(task.name) and not task.name.startswith(REDUCE_PREFIX):
             # a reduction that could not run (nothing to reduce) is the command's answer, not a build's outcome: a
             # row no default build would ever clear
             seconds = max(0.0, time.monotonic() - self.started.get(task.name, time.monotonic()))
@@ -221,12 +221,12 @@ class BuildReporter(ConsoleReporter):
             for name, reason in self.project.skipped().items():
                 self.report.skipped(name, reason)
                 seen.add(name)
-        if "blocked" in seen:  # a default run: builds that wait for a fix to the manifest were not attempted
+        if BLOCKED in seen:  # a default run: builds that wait for a fix to the manifest were not attempted
             blocked = self.project.blocked_builds()
             for name, why in blocked.items():
                 self.report.not_built(name, f"waits for a fix: {why}")
                 seen.add(name)
-            if "blocked" not in self.started:  # it did not run (a task before it failed): its lines anyway
+            if BLOCKED not in self.started:  # it did not run (a task before it failed): its lines anyway
                 self.write(fail_blocked(blocked).get_msg() + "\n")
         # doit stops at the first failure: what it never reached is said, not silent, and its entry loses what the
         # last run said of it (this run did not check it)

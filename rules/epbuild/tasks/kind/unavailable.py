@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from ..actions import fail_blocked, report_unavailable
-from ..kinds import UNAVAILABLE
+from ..kinds import BLOCKED, UNAVAILABLE
 
 if TYPE_CHECKING:
     from ..definitions import Task, Tasks
@@ -18,6 +18,6 @@ def tasks(source: Tasks) -> Iterator[Task]:
     yield {"basename": UNAVAILABLE, "doc": "list the tasks this host cannot build, and why",
            "actions": [(report_unavailable, [project.skipped()])], "uptodate": [False]}
     if blocked := project.blocked_builds():  # last in a default run: after everything else was built
-        yield {"basename": "blocked", "doc": "fail with what the manifest must fix before its blocked tasks build",
+        yield {"basename": BLOCKED, "doc": "fail with what the manifest must fix before its blocked tasks build",
                "actions": [(fail_blocked, [blocked])], "uptodate": [False],
-               "task_dep": [name for name in source.default_tasks if name != "blocked"]}
+               "task_dep": [name for name in source.default_tasks if name != BLOCKED]}
