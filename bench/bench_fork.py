@@ -118,7 +118,7 @@ def server_start() -> float:
     with tempfile.TemporaryDirectory() as tmp:
         socket_path = Path(tmp) / "s.sock"
         start = time.perf_counter()
-        server = subprocess.Popen([sys.executable, "-m", "epbuild.execute.fork_server", str(socket_path), "qnn"],
+        server = subprocess.Popen([sys.executable, "-m", "epbuild.execute.server_process", str(socket_path), "qnn"],
                                   env=environment(), stdout=subprocess.PIPE, text=True)
         line = server.stdout.readline()
         seconds = time.perf_counter() - start

@@ -269,7 +269,7 @@ def test_an_ep_whose_registration_starts_threads_keeps_plain_children(tmp_path):
     script = ("import sys, threading, time\nfrom pathlib import Path\nimport epbuild.execute.host\n"
               "epbuild.execute.host.register_plugin = lambda ort, info: threading.Thread(target=time.sleep, "
               "args=(30,), daemon=True).start()\n"
-              "from epbuild.execute.fork_server import serve\nserve(Path(sys.argv[1]), 'qnn')\n")
+              "from epbuild.execute.server_process import serve\nserve(Path(sys.argv[1]), 'qnn')\n")
     socket_path = tmp_path / "server.sock"
     done = subprocess.run([sys.executable, "-c", script, str(socket_path)], capture_output=True, text=True,
                           timeout=120, env={**os.environ, "PYTHONPATH": str(SOURCE)})
@@ -279,7 +279,7 @@ def test_an_ep_whose_registration_starts_threads_keeps_plain_children(tmp_path):
 
 def test_a_server_whose_socket_is_replaced_leaves(tmp_path):
     socket_path = tmp_path / "server.sock"
-    server = subprocess.Popen([sys.executable, "-m", "epbuild.execute.fork_server", str(socket_path), ""],
+    server = subprocess.Popen([sys.executable, "-m", "epbuild.execute.server_process", str(socket_path), ""],
                               env={**os.environ, "PYTHONPATH": str(SOURCE)}, stdout=subprocess.PIPE, text=True)
     try:
         assert "serving cpu jobs" in server.stdout.readline()

@@ -31,7 +31,8 @@ fork (Windows) and `EPBUILD_FORK_SERVER=0`. A server is shared by every build pr
 epbuild sources and load-time environment (keyed by them); it exits after `IDLE_S` without jobs, and its
 workers with it.
 
-    python -m epbuild.execute.fork_server --detach SOCKET EP_ALIAS   (started by `fork_job`, never by hand)
+The server's own process is `execute.server_process` (started by `fork_job`, never by hand); this module is the
+clients' side: the server's key, starting it, asking it for a job or a warm worker.
 """
 
 from __future__ import annotations
@@ -42,7 +43,6 @@ import hashlib
 import json
 import os
 import select
-import signal
 import socket
 import subprocess
 import sys
@@ -54,47 +54,28 @@ from typing import TYPE_CHECKING, Any
 
 from ..files.layout import stat_key
 from ..files.locks import file_lock
-from ..files.owners import owner_gone, owner_tag
+from ..files.owners import owner_tag
 from ..logs import warn
 from . import private_folder
-from .forked_jobs import JobGuard, WorkerHandle, run_many, run_one
-from .host import load_backend
 from .job_environment import job_environment
-from .links import NO_MODULES, SHAPE_STAGE, JobModules
-from .provenance import Provenance, python_files, record_loaded, versions
+from .provenance import Provenance, python_files, versions
 from .python_path import IMPORT_ROOT
-from .server_start import PRELOAD, SWITCH, Detached, Starter
+from .server_start import IDLE_S, MODULES, SWITCH, Detached, Starter
 
 if TYPE_CHECKING:
-    from ..manifest.eps import EpInfo
     from .links import Links
 
 # SWITCH ("EPBUILD_FORK_SERVER"): "0": a plain child for every job; "fork": a forked child for every job, no warm
 # workers; unset or "1": warm workers where the EP allows them
-IDLE_S = 30.0
-LET_GO_WAIT_S = 1.0  # how long a lease waits for a worker whose client has just let it go
 START_TIMEOUT_S = 120.0
 # What EP libraries, BLAS and Python may read when they load: a server serves only builds that agree on these.
 LOAD_TIME_PREFIXES = ("ORT_", "OV_", "OPENVINO", "QNN_", "ADSP_", "LD_", "OMP_", "OPENBLAS_", "MKL_", "KMP_",
                       "TBB_", "PYTHON", "EPBUILD_OPENVINO", "CUDA", "PATH")
-# numpy.random: numpy imports it lazily, and every validation child needs it. Not onnxruntime.quantization: only
-# quantize stages use it (~50 ms of a stage that calibrates for seconds), and it made every server start ~30 ms
-# later and every forked child's inherited heap larger.
-# the job modules a build names (`links.JobModules.idle`) are imported once the server serves and is idle (no
-# request for IDLE_PRELOAD_S, no forked job running), so that a first build's host probe and model reading (which
-# need none of them) are not kept waiting; every job forked after that has them loaded, one forked before imports
-# what it needs itself
-IDLE_PRELOAD_S = 0.005
-MODULES = "--modules"  # the server's command line: [--detach] [--modules JSON] PATH ALIAS
 
 
 def enabled() -> bool:
     return (hasattr(os, "fork") and sys.platform.startswith("linux") and os.environ.get(SWITCH, "1") != "0"
             and _folder() is not None)
-
-
-def _threads() -> int:
-    return len(os.listdir("/proc/self/task"))
 
 
 # ---- the client: in the build process, its state on the build's `Links` ----
@@ -245,7 +226,7 @@ def _launch(links: Links, alias: str, path: Path, log: Path) -> Starter:
     if adopted is not None:
         return adopted
     with open(log, "w", encoding="utf-8") as output:
-        return subprocess.Popen([sys.executable, "-m", "epbuild.execute.fork_server", "--detach", MODULES,
+        return subprocess.Popen([sys.executable, "-m", "epbuild.execute.server_process", "--detach", MODULES,
                                  links.modules.argument(), str(path), alias],
                                 env=env, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 cwd=path.parent)
@@ -392,177 +373,3 @@ def fork_job(links: Links, module: str, alias: str, arguments: list[str], output
         return None
     connection = _server(links, alias, expect)
     return _ask(connection, request) if connection is not None else None
-
-
-# ---- the server ----
-
-def serve(path: Path, alias: str, modules: JobModules = NO_MODULES, preloaded: bool = False) -> None:
-    """Preload, register the EP, check that no thread was started, then fork a child per job request, or lease a
-    warm worker to a client that asks for one, until idle."""
-    import importlib
-
-    if not preloaded:
-        for module in PRELOAD:
-            importlib.import_module(module)
-    for module, function in modules.calls_for(alias):
-        getattr(importlib.import_module(module), function)()
-    record_loaded(modules.code)  # what every job forked from here has loaded: a job expecting other ones refuses
-    baseline = _threads()
-    backend: EpInfo | None = None  # an EP whose backend libraries are loaded before the first job is forked
-    if alias and alias != SHAPE_STAGE:
-        import onnxruntime as ort
-
-        from ..manifest.eps import served_ep
-        from .host import register_plugin
-
-        info, ahead = served_ep(alias)
-        backend = info if ahead else None
-        register_plugin(ort, info)
-        if _threads() > baseline:
-            print(f"refused: registering {info.name} started {_threads() - baseline} thread(s); forking after it is "
-                  "not safe, so its jobs run in plain children", flush=True)
-            return
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}")
-    listener.bind(str(temporary))
-    listener.listen(64)
-    os.replace(temporary, path)  # clients see a listening server or none
-    identity = path.stat().st_ino
-    print(f"serving {alias or 'cpu'} jobs on {path} (pid {os.getpid()}, {baseline} threads"
-          f"{', begun with a build' if preloaded else ''})", flush=True)
-    # a child's end wakes the loop at once: SIGCHLD writes a byte into this pipe (Python's wakeup fd)
-    wake = os.pipe()
-    for descriptor in wake:
-        os.set_blocking(descriptor, False)
-    signal.set_wakeup_fd(wake[1])
-    signal.signal(signal.SIGCHLD, lambda *_: None)
-    jobs: dict[int, socket.socket] = {}  # pid of a child forked for one job -> its client
-    guards: dict[int, JobGuard] = {}  # the same pids -> the job's limits, held here even if its client dies
-    workers: dict[int, WorkerHandle] = {}
-
-    def server_sockets() -> list[socket.socket]:
-        owned = [listener, *jobs.values()]
-        for worker in workers.values():
-            owned += [worker.control] + ([worker.client] if worker.client else [])
-        return owned
-
-    def start(request: dict[str, Any], connection: socket.socket) -> int | None:
-        if pending and request.get("module") in modules.idle:  # the job would load it all itself: loaded here
-            settle()  # first, so that every later job (or warm worker) has it
-            if not path.exists():
-                return None  # refused (settle said why): the client runs it in a plain child
-        if not request.get("lease"):
-            pid = os.fork()
-            if pid == 0:
-                run_one(request, [*server_sockets(), connection], wake)
-            jobs[pid] = connection
-            guards[pid] = JobGuard(pid, request.get("limits") or {}, request.get("client", ""))
-            return pid
-        worker = (next((w for w in workers.values() if w.client is None), None) or
-                  next((w for w in workers.values() if w.let_go(LET_GO_WAIT_S)), None))
-        if worker is None:
-            control, worker_end = socket.socketpair()
-            pid = os.fork()
-            if pid == 0:
-                control.close()
-                run_many(worker_end, [*server_sockets(), connection], wake)
-            worker_end.close()
-            worker = workers[pid] = WorkerHandle(pid, control)
-        worker.lease(connection, request.get("client", ""))
-        return worker.pid
-
-    last_job = time.monotonic()
-    deferred = [module for module in modules.idle if module not in sys.modules]  # a candidate may have them
-    pending = bool(deferred or backend)
-
-    def settle() -> None:
-        """What every job of the build's job modules loads: imported, and the EP's backend loaded, once."""
-        nonlocal pending
-        pending = False
-        for module in deferred:
-            importlib.import_module(module)
-        if backend is not None:
-            load_backend(backend)
-        if _threads() > baseline:  # a load that started a thread: no fork after it; the socket goes, the server
-            # leaves once its jobs end, and the next build's jobs start another
-            print(f"refused: loading {', '.join(modules.idle) or (backend and backend.name)} started "
-                  f"{_threads() - baseline} thread(s)", flush=True)
-            path.unlink(missing_ok=True)
-
-    while True:
-        leased: list[Any] = [w.control for w in workers.values() if w.client]
-        readable = select.select([listener, wake[0], *leased], [], [], IDLE_PRELOAD_S if pending else 0.2)[0]
-        if pending and not readable and not jobs:  # idle, no forked job (a host probe) running beside it
-            settle()
-            continue
-        # a job never outlives its build: the process that asked for it gone (killed, crashed) ends its forked job
-        # and its warm worker (a pid and its start time: a reused pid is another process)
-        for guard in [*guards.values(), *(w.guard for w in workers.values() if w.guard)]:
-            if owner_gone(guard.client) or guard.exceeded():
-                guard.kill()
-        for worker in workers.values():
-            if worker.client is not None and owner_gone(worker.client_tag):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(worker.pid, signal.SIGKILL)
-        if wake[0] in readable:
-            with contextlib.suppress(BlockingIOError):
-                while os.read(wake[0], 4096):
-                    pass
-        for worker in list(workers.values()):
-            if worker.control in readable and worker.control in leased and worker.heard(worker.control.recv(4096)):
-                last_job = time.monotonic()  # its client let it go
-        if listener in readable:
-            connection, _ = listener.accept()
-            connection.settimeout(10)
-            try:
-                request = json.loads(connection.makefile("rb").readline())
-            except (OSError, ValueError):
-                connection.close()
-                continue
-            sys.stdout.flush()
-            pid = start(request, connection)
-            if pid is None:
-                connection.close()
-                continue
-            with contextlib.suppress(OSError):
-                connection.sendall(json.dumps({"pid": pid}).encode() + b"\n")
-        while jobs or workers:
-            pid, status, usage = os.wait4(-1, os.WNOHANG)
-            if not pid:
-                break
-            end = json.dumps({"code": os.waitstatus_to_exitcode(status), "maxrss": usage.ru_maxrss}).encode() + b"\n"
-            if pid in workers:  # retired (its client has its last answer), or killed or crashed during a job
-                workers.pop(pid).end(end)
-            elif pid in jobs:
-                guards.pop(pid, None)
-                connection = jobs.pop(pid)
-                with contextlib.suppress(OSError):
-                    connection.sendall(end)
-                connection.close()
-            last_job = time.monotonic()
-        try:
-            replaced = path.stat().st_ino != identity
-        except OSError:
-            replaced = True
-        working = jobs or any(worker.client for worker in workers.values())
-        if not working and (replaced or time.monotonic() - last_job > IDLE_S):
-            break
-    if not replaced:
-        path.unlink(missing_ok=True)
-        path.with_suffix(".log").unlink(missing_ok=True)
-
-
-def main(argv: list[str]) -> None:
-    """`[--detach] [--modules JSON] PATH ALIAS` (a first build's candidate: `execute.server_candidate`)."""
-    detach = argv[0] == "--detach"
-    modules = JobModules.of(argv[argv.index(MODULES) + 1]) if MODULES in argv[:-2] else JobModules()
-    path, alias = argv[-2:]
-    if detach and os.fork():  # the starter waits for this first process only; the server is not its child
-        os._exit(0)
-    if detach:
-        os.setsid()
-    serve(Path(path), alias, modules)
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

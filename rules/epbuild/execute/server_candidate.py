@@ -1,5 +1,5 @@
 """A first build's candidate (`execute.warm_start`) on its side: the toolchain imported while the build starts,
-then adopted as a fork server (`fork_server.serve`), forking off the build's other first servers with the imports
+then adopted as a fork server (`server_process.serve`), forking off the build's other first servers with the imports
 made; or, never adopted, gone.
 
     python -P -m epbuild.execute.server_candidate --candidate [JOB_MODULES_JSON]   (started by `warm_start.begin`)
@@ -13,8 +13,8 @@ import select
 import sys
 from pathlib import Path
 
-from .fork_server import IDLE_PRELOAD_S, serve
 from .links import JobModules
+from .server_process import IDLE_PRELOAD_S, serve
 from .server_start import CANDIDATE, PRELOAD
 
 
