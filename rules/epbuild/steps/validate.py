@@ -453,12 +453,9 @@ def validate_member(request: ValidationMember, reference: dict[str, Any] | None 
         failures += [missed_task] if missed_task else []
         missed, undecided = [], []
     failures += missed
-    fp16 = fp16_hint(metrics, thresholds, request.target, request.entry) if kind == "fp16" and missed else None
-    sixteen = _openvino_16bit(ort, info, request, reference, thresholds, compared_graph) if missed else None
-    if fp16 or sixteen:
-        failures.append(fp16 or sixteen or "")
-    elif missed:
-        failures.extend(failure_hints(metrics, thresholds, request, kind))
+    hints, sixteen = _why_missed(ort, info, request, reference, thresholds, compared_graph, metrics, kind) \
+        if missed else ([], False)
+    failures += hints
     del compared_graph
     localising = missed and request.localise and not sixteen  # it would crash inside OpenVINO's QDQ handling
     divergence = _localise(ort, info, request, feeds, thresholds) if localising else None
@@ -484,13 +481,28 @@ def validate_member(request: ValidationMember, reference: dict[str, Any] | None 
         report["against_float_model"] = {output.name: compare(got, floats[output.name])
                                          for output, got in zip(session.get_outputs(), outputs, strict=True)
                                          if output.name in floats}
-    if failures:
-        report["reason"] = "; ".join(failures)
-    elif undecided:
-        given = "these validation.inputs" if request.inputs_file else "generated inputs"
-        report["reason"] = (f"{'; '.join(undecided)} ({given}); give validation.inputs with realistic data, or set "
-                            "validation.inconclusive = \"fail\" to fail such builds")
+    if failures or undecided:
+        report["reason"] = "; ".join(failures) if failures else _undecided_reason(request, undecided)
     return report
+
+
+def _why_missed(ort: Any, info: EpInfo, request: ValidationMember, reference: dict[str, Any],
+                thresholds: dict[str, float], compared_graph: Any, metrics: dict[str, Any],
+                kind: str) -> tuple[list[str], bool]:
+    """What the report says of outputs that missed their thresholds: an fp16 or OpenVINO 16-bit explanation where
+    one holds (True with the latter: localising would crash inside OpenVINO's QDQ handling), else each miss's
+    hints."""
+    fp16 = fp16_hint(metrics, thresholds, request.target, request.entry) if kind == "fp16" else None
+    sixteen = _openvino_16bit(ort, info, request, reference, thresholds, compared_graph)
+    if fp16 or sixteen:
+        return [fp16 or sixteen or ""], bool(sixteen)
+    return failure_hints(metrics, thresholds, request, kind), False
+
+
+def _undecided_reason(request: ValidationMember, undecided: list[str]) -> str:
+    given = "these validation.inputs" if request.inputs_file else "generated inputs"
+    return (f"{'; '.join(undecided)} ({given}); give validation.inputs with realistic data, or set "
+            "validation.inconclusive = \"fail\" to fail such builds")
 
 
 def _validate_in_child(sent: dict[str, Any]) -> ValidationReport:
