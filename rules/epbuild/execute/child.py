@@ -165,10 +165,7 @@ def run_child(module: str, request: Mapping[str, Any], workdir: Path, limits: Li
             if child is None:
                 if inline:
                     request_file.write_text(json.dumps(request))
-                env = {**job_environment(), DIE_WITH: str(os.getpid())}  # it dies with this process
-                with open(output_file, "w", encoding="utf-8") as output:
-                    child = _PlainChild(subprocess.Popen([sys.executable, "-m", module, *arguments], stdout=output,
-                                                         stderr=subprocess.STDOUT, env=env, cwd=workdir))
+                child = _plain_child(module, arguments, output_file, workdir)
             runner = ("a plain child" if isinstance(child, _PlainChild) else "a warm worker" if inline
                       else "a forked child")
             log_line(__name__, "debug", "%s: running %s in %s", what, module, runner)
@@ -185,8 +182,24 @@ def run_child(module: str, request: Mapping[str, Any], workdir: Path, limits: Li
             output_file.unlink(missing_ok=True)
         if own_links:
             links.close()
+    result = _judged(what, getattr(child, "result", None), result_file, code, killed, peak_mb, text, log, workdir)
+    result["usage"] = {"seconds": round(seconds, 3), "peak_mb": round(peak_mb, 1)}
+    return result
+
+
+def _plain_child(module: str, arguments: list[str], output_file: Path, workdir: Path) -> _PlainChild:
+    """A fresh Python for the job, tied to this process (it dies with it)."""
+    env = {**job_environment(), DIE_WITH: str(os.getpid())}
+    with open(output_file, "w", encoding="utf-8") as output:
+        return _PlainChild(subprocess.Popen([sys.executable, "-m", module, *arguments], stdout=output,
+                                            stderr=subprocess.STDOUT, env=env, cwd=workdir))
+
+
+def _judged(what: str, answer: dict[str, Any] | None, result_file: Path, code: int, killed: str | None,
+            peak_mb: float, text: str, log: Path | None, workdir: Path) -> dict[str, Any]:
+    """The job's result (a warm worker's `answer`, else its result file), or the BuildError that says why there is
+    none: killed, a signal, a full disk, no answer, or the error the job reported (`text`: its output)."""
     see_log = f" (full output: {log})" if log is not None else ""
-    answer: dict[str, Any] | None = getattr(child, "result", None)
     if answer is None and result_file.exists():
         try:
             answer = json.loads(result_file.read_text())
@@ -213,7 +226,6 @@ def run_child(module: str, request: Mapping[str, Any], workdir: Path, limits: Li
         logged = "\n".join(line for line in text.splitlines() if "[E:" in line or "<E>" in line)
         kind = ModelCausedError if result.get("in_model") else BuildError
         raise kind(plain(f"{what}: {result['error']}") + (f"\n{_tail(logged)}" if logged else ""))
-    result["usage"] = {"seconds": round(seconds, 3), "peak_mb": round(peak_mb, 1)}
     return result
 
 
