@@ -408,18 +408,10 @@ def validate_member(request: ValidationMember, reference: dict[str, Any] | None 
 
     began = time.monotonic()
     info = known(request.ep)
-    try:
-        with located(request.manifest, request.entry):
-            reference = reference or reference_run(ort, request)  # first: its session is gone when the artifact's opens
-    except ReferenceUnusable as exc:
-        return {"status": Verdict.FAILED, "reason": str(exc)}
-    session, refused = open_session(ort, info, request)
-    if refused:
-        return refused
-    with located(request.manifest, request.entry):
-        asked = {i.name for i in session.get_inputs()} - reference["feeds"].keys() - request.frozen.keys()
-        weights = listed_weights(request.reference, asked) if asked else {}
-        feeds = feeds_for(session, reference["feeds"], request.frozen, "artifact", weights)
+    opened = _opened(ort, info, request, reference)
+    if isinstance(opened, dict):
+        return opened
+    session, feeds, reference = opened
     generated = reference["generated"]
     hint = ("; generated integer inputs " + ", ".join(f"{k}: {v}" for k, v in generated.items())
             if any("give validation.inputs" in v for v in generated.values()) else "")
@@ -484,6 +476,25 @@ def validate_member(request: ValidationMember, reference: dict[str, Any] | None 
     if failures or undecided:
         report["reason"] = "; ".join(failures) if failures else _undecided_reason(request, undecided)
     return report
+
+
+def _opened(ort: Any, info: EpInfo, request: ValidationMember,
+            reference: dict[str, Any] | None) -> tuple[Any, dict[str, Any], dict[str, Any]] | ValidationReport:
+    """The reference run (first: its session is gone when the artifact's opens), the artifact's session and its
+    feeds (the reference's, the frozen inputs, listed weights it asks for); or the failed report saying why not."""
+    try:
+        with located(request.manifest, request.entry):
+            reference = reference or reference_run(ort, request)
+    except ReferenceUnusable as exc:
+        return {"status": Verdict.FAILED, "reason": str(exc)}
+    session, refused = open_session(ort, info, request)
+    if refused:
+        return refused
+    with located(request.manifest, request.entry):
+        asked = {i.name for i in session.get_inputs()} - reference["feeds"].keys() - request.frozen.keys()
+        weights = listed_weights(request.reference, asked) if asked else {}
+        feeds = feeds_for(session, reference["feeds"], request.frozen, "artifact", weights)
+    return session, feeds, reference
 
 
 def _why_missed(ort: Any, info: EpInfo, request: ValidationMember, reference: dict[str, Any],
