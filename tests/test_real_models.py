@@ -11,6 +11,7 @@ import onnx
 import pytest
 
 from conftest import build_report, ran
+from epbuild.contracts.jobs import JobFailure
 from epbuild.errors import ModelError
 from epbuild.execute.child import describe
 from epbuild.manifest.parse import load
@@ -258,14 +259,16 @@ def test_compile_limits_fail_with_a_clear_line_and_usage_is_recorded(project):
 
 
 @pytest.mark.parametrize("exc, expected", [
-    (KeyError("ep_cache_context"), {"error": "KeyError: 'ep_cache_context'", "internal": True}),
-    (ModelError("inputs.x: bad"), {"error": "inputs.x: bad"}),
+    (KeyError("ep_cache_context"), JobFailure("KeyError: 'ep_cache_context'", internal=True)),
+    (ModelError("inputs.x: bad"), JobFailure("inputs.x: bad")),
+    (ModelError("the model's own", in_model=True), JobFailure("the model's own", in_model=True)),
 ])
 def test_unexpected_exceptions_are_internal_errors(exc, expected):
     try:
         raise exc
     except Exception as raised:  # noqa: BLE001 - what the child's main catches
         assert describe(raised) == expected
+    assert JobFailure.from_json(expected.to_json()) == expected  # as it travels, read back through its record
 
 
 def test_an_internal_error_names_epbuild_and_the_log(monkeypatch, tmp_path):

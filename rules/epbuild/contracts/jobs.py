@@ -1,13 +1,13 @@
 """Jobs as records: what the parent sends each kind of child and what the child answers, frozen and versioned
 (`JOB_FORMAT`), as `artifact.json` is (`contracts.artifact`): the compile (`CompileJob`, `CompileAnswer`), the
 validation (`ValidationJob`, whose answer is the report that becomes `validation.json`: `contracts.validation`), a
-stage (`StageJob`, `StageAnswer`), the model reading (`ModelReadJob`, `ModelsRead`) and a reduction's probes
-(`TensorsProbe`, `DepartureProbe`, `ProbeAnswer`). They travel as JSON (`to_json`: a tuple as a list, a path as its
-string), and are read back only through `from_json`, which refuses another format, a key the record does not
-declare and a missing one, and gives each field its declared kind again (a tuple, a path): a child of another
-epbuild (a warm worker left from before an upgrade) answers "internal error", never a half-understood job. What
-`execute.child` adds on the way (`ENVELOPE`: the provenance the job checks, the usage it measured) is not the job's
-and is ignored here."""
+stage (`StageJob`, `StageAnswer`), the model reading (`ModelReadJob`, `ModelsRead`), a reduction's probes
+(`TensorsProbe`, `DepartureProbe`, `ProbeAnswer`) and, for every kind, a failed job's answer (`JobFailure`). They
+travel as JSON (`to_json`: a tuple as a list, a path as its string), and are read back only through `from_json`,
+which refuses another format, a key the record does not declare and a missing one, and gives each field its declared
+kind again (a tuple, a path): a child of another epbuild (a warm worker left from before an upgrade) answers
+"internal error", never a half-understood job. What `execute.child` adds on the way (`ENVELOPE`: the provenance the
+job checks, the usage it measured) is not the job's and is ignored here."""
 
 from __future__ import annotations
 
@@ -304,6 +304,22 @@ class ProbeAnswer(_Travelling):
     saved: int | None = None
     departs: bool | None = None
     snr_db: float | None = None
+
+
+@record
+class JobFailure(_Travelling):
+    """What a child of any job kind answers in place of its job's answer when the job failed
+    (`execute.child.describe`): the reason as the build says it, and whose it is: the model's (`in_model`: no
+    reduction is suggested) or epbuild's own (`internal`: a bug, never the user's mistake)."""
+
+    error: str
+    in_model: bool = False
+    internal: bool = False
+
+    @staticmethod
+    def answered(answer: Mapping[str, Any]) -> bool:
+        """Whether a child's answer is a failure (its key, which no job kind's answer has)."""
+        return "error" in answer
 
 
 # A validation child's answer as it travels (JSON): the verdict (`status`, a `statuses.Verdict` word, or "reference"

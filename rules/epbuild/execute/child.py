@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..contracts.jobs import JobFailure, JobFormatError
 from ..errors import BuildError, ModelCausedError, ModelError, plain
 from ..logs import configure as configure_logging
 from ..logs import log as log_line
@@ -200,14 +201,20 @@ def _judged(what: str, answer: dict[str, Any] | None, result_file: Path, code: i
     """The job's result (a warm worker's `answer`, else its result file), or the BuildError that says why there is
     none: killed, a signal, a full disk, no answer, or the error the job reported (`text`: its output)."""
     see_log = f" (full output: {log})" if log is not None else ""
+    failure: JobFailure | None = None
     if answer is None and result_file.exists():
         try:
             answer = json.loads(result_file.read_text())
         except ValueError:  # cut short, e.g. by a full disk
             why = "No space left on device" if code == NO_SPACE_EXIT else "a full disk?"
-            answer = {"error": f"its result file was cut short ({why}){see_log}\n{_tail(text)}"}
+            answer, failure = {}, JobFailure(f"its result file was cut short ({why}){see_log}\n{_tail(text)}")
         result_file.unlink()
     result: dict[str, Any] = answer if isinstance(answer, dict) else {}
+    if failure is None and JobFailure.answered(result):
+        try:
+            failure = JobFailure.from_json(result)
+        except JobFormatError as exc:  # a child of another epbuild: its words, said as ours could not read them
+            failure = JobFailure(f"{exc}: {str(result.get('error'))[:500]}", internal=True)
     if killed:
         raise BuildError(f"{what}: {killed}, peak {peak_mb / 1024:.2f} GB{see_log}\n{_tail(text)}")
     if code < 0:
@@ -218,32 +225,32 @@ def _judged(what: str, answer: dict[str, Any] | None, result_file: Path, code: i
                          f"{see_log}\n{_tail(text)}")
     if answer is None and code == 0:  # never a success without its answer: a worker that died flushing its log
         raise BuildError(f"{what}: the child exited without its answer{see_log}\n{_tail(text)}")
-    if code != 0 or "error" in result:
-        if "error" not in result:
-            raise BuildError(f"{what}: exited with status {code}{see_log}\n{_tail(text)}")
-        if result.get("internal"):
-            raise BuildError(f"{what}: internal error in epbuild: {result['error']}, see {log or 'the output'}")
+    if failure is not None:
+        if failure.internal:
+            raise BuildError(f"{what}: internal error in epbuild: {failure.error}, see {log or 'the output'}")
         logged = "\n".join(line for line in text.splitlines() if "[E:" in line or "<E>" in line)
-        kind = ModelCausedError if result.get("in_model") else BuildError
-        raise kind(plain(f"{what}: {result['error']}") + (f"\n{_tail(logged)}" if logged else ""))
+        kind = ModelCausedError if failure.in_model else BuildError
+        raise kind(plain(f"{what}: {failure.error}") + (f"\n{_tail(logged)}" if logged else ""))
+    if code != 0:
+        raise BuildError(f"{what}: exited with status {code}{see_log}\n{_tail(text)}")
     return result
 
 
-def describe(exc: BaseException) -> dict[str, Any]:
+def describe(exc: BaseException) -> JobFailure:
     """An exception as the parent reports it: ours and the toolchain's as their text, anything else as an
     internal error (a bug of epbuild, not a problem of the user's model)."""
     text = " ".join(str(exc).split()) or type(exc).__name__
     if isinstance(exc, ModelError):
-        return {"error": text, **({"in_model": True} if exc.in_model else {})}
+        return JobFailure(text, in_model=exc.in_model)
     module = type(exc).__module__ or ""
     if module.startswith(("onnxruntime", "onnx")):
-        return {"error": text}
+        return JobFailure(text)
     frames = traceback.extract_tb(exc.__traceback__)
     inside = next((f.filename for f in reversed(frames) if f"{os.sep}site-packages{os.sep}" in f.filename), None)
     if inside and frames and frames[-1].filename == inside:
         package = inside.split(f"{os.sep}site-packages{os.sep}", 1)[1].split(os.sep, 1)[0]
-        return {"error": f"{package} failed: {type(exc).__name__}: {text}"}
-    return {"error": f"{type(exc).__name__}: {text}", "internal": True}
+        return JobFailure(f"{package} failed: {type(exc).__name__}: {text}")
+    return JobFailure(f"{type(exc).__name__}: {text}", internal=True)
 
 
 def serve(function: Callable[[Any], Mapping[str, Any]], handoff: forked_jobs.Handoff | None = None) -> None:
@@ -265,7 +272,7 @@ def serve(function: Callable[[Any], Mapping[str, Any]], handoff: forked_jobs.Han
     except Exception as exc:  # noqa: BLE001 - every failure is reported to the parent as text
         with contextlib.suppress(OSError):  # a full disk takes the log too: the result, or the status, says why
             traceback.print_exc()
-        result = describe(exc)
+        result = describe(exc).to_json()
         status = 1
     if handoff is not None and inline is not None:
         handoff.result = dict(result)
