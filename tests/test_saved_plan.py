@@ -92,6 +92,39 @@ def test_a_plan_is_taken_while_nothing_it_was_made_from_changed_and_equals_a_fre
     assert _taken(folder, monkeypatch)
 
 
+def test_planning_writes_nothing_and_starts_nothing(folder, monkeypatch):
+    """`plan.planning.planned` is a function (what a run does to the world is `tasks.run_start`'s): from the manifest,
+    its targets and the models' facts it makes the loader's builds and stages again, without a file of the project or
+    the cache written, removed or touched, and without a process started."""
+    import subprocess
+
+    from epbuild.execute.links import Links
+    from epbuild.plan.external_data import ExternalDataIndex
+    from epbuild.plan.planning import planned
+    from epbuild.tasks.loading import read_manifest, read_models
+
+    loaded = _load([], monkeypatch)  # the models read and indexed, the plan saved
+    manifest, resolved = read_manifest(folder.root / "models.toml", None)
+    provenance = loaded.workspace.provenance
+    index = ExternalDataIndex(loaded.layout.state, provenance, Links())
+    facts = read_models(manifest, loaded.layout, index, set(), None, Links())  # from the index: no job
+
+    def tree() -> dict[str, tuple[int, int, int]]:
+        return {str(p): (s.st_mtime_ns, s.st_ctime_ns, s.st_size) for top in (folder.root, folder.cache)
+                for p in top.rglob("*") if (s := p.lstat())}
+
+    def refused(*args, **kwargs):
+        raise AssertionError("planning started a process")
+
+    before = tree()
+    with monkeypatch.context() as patched:
+        patched.setattr(subprocess, "Popen", refused)
+        patched.setattr(os, "fork", refused)
+        made = planned(manifest, resolved, facts, None, provenance)
+    assert tree() == before
+    assert made.builds == loaded.builds and made.stages == loaded.stages and made.fresh is not None
+
+
 def test_a_taken_plan_gives_the_provenance_the_files_give(folder, monkeypatch):
     """The jobs' code digest and distributions' versions are saved with the plan (its key hashes every file the
     digest reads and holds each import folder's identity) and taken with it: the run's Provenance, on its
