@@ -24,18 +24,20 @@ ORDER = {"doit": "bench_doit.py 1000 9 KEEP_DIR", "fork": "bench_fork.py 40 100 
          "packages": "bench_packages.py 1000 --repeats 5 --keep DIR --against prev=DIR",
          "parallel": "bench_parallel.py --stress-budget-gb 1.8", "reduce": "bench_reduce.py",
          "state": "bench_state.py 1000 --repeats 5 --keep DIR", "fleet": "bench_fleet.py --repeats 3",
-         "floor": "bench_floor.py --repeats 11 --baseline DIR --baseline-name 'before (bb9298c)'",
+         "floor": "bench_floor.py --repeats 7 --baseline DIR --baseline-name cdf9bdc",
          "floor-mldtypes07": "bench_floor.py --repeats 3 --path-first DIR --name floor-mldtypes07 (DIR: "
                              "ml_dtypes 0.7.0, before the pin; the code of 6b2238b)",
          "scale-warm-start": "bench_scale.py 1000 --repeats 5 --keep DIR --against 'before (3e3b1d2)=DIR' "
                              "--name scale-warm-start",
          "scale-10k": "bench_scale.py 10000 --repeats 5 --keep DIR --against 9281db2=DIR --name scale-10k",
-         "scale-10k-change": "bench_scale.py 10000 --change-only --repeats 15 --keep DIR --against 9281db2=DIR "
+         "scale-10k-change": "bench_scale.py 10000 --change-only --repeats 11 --keep DIR --against 9281db2=DIR "
                              "--name scale-10k-change",
-         "structure": "bench_structure.py '43773b9=DIR' 'HEAD=rules'",
+         "structure": "bench_structure.py '9281db2=DIR' 'cdf9bdc=DIR' 'HEAD=rules'",
          "scale-1k": "bench_scale.py 1000 --repeats 5 --keep DIR --against 9281db2=DIR --name scale-1k",
-         "scale-1k-change": "bench_scale.py 1000 --change-only --repeats 15 --keep DIR --against 9281db2=DIR "
-                            "--against bb9298c=DIR --name scale-1k-change"}
+         "scale-1k-change": "bench_scale.py 1000 --change-only --repeats 15 --keep DIR --against cdf9bdc=DIR "
+                            "--against 9281db2=DIR --name scale-1k-change",
+         "scale-1k-change-ab": "bench_scale.py 1000 --change-only --repeats 21 --keep DIR --against cdf9bdc=DIR "
+                               "--name scale-1k-change-ab"}
 
 
 def table() -> str:
