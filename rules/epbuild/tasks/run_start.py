@@ -13,7 +13,10 @@ the point where the next read needs it done or where its cost overlaps the most:
 4. `keep`: the external-data index saved, and a fresh plan saved now, or by a build while its jobs run
    (`tasks.run_end.PlanSave`); only for a manifest that holds (a refused one writes nothing).
 
-What a run leaves at its end is `tasks.run_end`'s."""
+None of them waits for a task's first need, because none is a task's: doit opens its database before its first task,
+loading reads `.state/` records, and the model reading and the availability check that decide which tasks exist run in
+the servers and the probe; what can wait does (the plan saved while jobs run; an inspecting command starts and sweeps
+nothing). What a run leaves at its end is `tasks.run_end`'s."""
 
 from __future__ import annotations
 
