@@ -70,9 +70,10 @@ def serve(path: Path, alias: str, modules: JobModules = NO_MODULES, preloaded: b
     listener.bind(str(temporary))
     listener.listen(64)
     os.replace(temporary, path)  # clients see a listening server or none
+    identity = path.stat().st_ino  # before it says it serves: a client may replace or remove the socket after
     print(f"serving {alias or 'cpu'} jobs on {path} (pid {os.getpid()}, {baseline} threads"
           f"{', begun with a build' if preloaded else ''})", flush=True)
-    server = _Server(path, listener, modules, baseline, backend)
+    server = _Server(path, identity, listener, modules, baseline, backend)
     server.run()
     if not server.replaced:
         path.unlink(missing_ok=True)
@@ -83,10 +84,10 @@ class _Server:
     """A serving server's state: its socket, the jobs it forked (each one's client and limits), its warm workers,
     and what it has still to load before the build's job modules run."""
 
-    def __init__(self, path: Path, listener: socket.socket, modules: JobModules, baseline: int,
+    def __init__(self, path: Path, identity: int, listener: socket.socket, modules: JobModules, baseline: int,
                  backend: EpInfo | None):
         self.path, self.listener, self.modules, self.baseline, self.backend = path, listener, modules, baseline, backend
-        self.identity = path.stat().st_ino
+        self.identity = identity  # the socket's inode when it was made: another one there means replaced
         # a child's end wakes the loop at once: SIGCHLD writes a byte into this pipe (Python's wakeup fd)
         self.wake = os.pipe()
         for descriptor in self.wake:
