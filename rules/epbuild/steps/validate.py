@@ -25,25 +25,19 @@ from ..execute.forked_jobs import Handoff
 from ..files.layout import write_json
 from ..files.owners import owner_tag
 from ..files.publish import discard
-from ..files.weights import weights_folder
 from ..manifest.builds import REPORT, SIDECAR, Build, Member
-from ..manifest.eps import EpInfo, known
 from ..manifest.stage import Stage
 from ..store.cache import Cached, Outcome, Workspace, through_cache
 from ..store.task_configs import Published, published
 from ..version import RULES_FORMAT
 from .compilers import compiler
-from .diagnosis import failure_hints, fp16_hint, openvino_16bit_line, sixteen_bit_qdq
 from .expected_peak import build_limits
 from .packaging.package import GENAI_CONFIG
-from .validation.artifact_session import context_binaries, is_qdq, open_session, placement_failures, structural_problems
+from .validation.artifact_session import context_binaries, structural_problems
 from .validation.cached_reference import run_against_reference, run_group_against_references, run_pipeline_against_cache
-from .validation.comparison import DEFAULT_THRESHOLDS, compare, compare_outputs
-from .validation.compatibility import answer
 from .validation.fleet import fleet_verdict
 from .validation.fleet import summary as fleet_summary
-from .validation.localise import localise
-from .validation.localise import summary as localised
+from .validation.member import STRUCTURAL_ONLY, validate_member
 from .validation.pipeline import validate_pipeline
 from .validation.pipeline_checks import genai_validation
 from .validation.reference import (
@@ -51,14 +45,7 @@ from .validation.reference import (
     load_reference,
     reference_run,
     save_reference,
-    session_options,
 )
-from .validation.repeatability import repeatability
-from .validation.selection import selected_outputs
-from .validation.validation_inputs import SEED, feeds_for, listed_weights
-
-STRUCTURAL_ONLY = ('validate = "structural": its files and EPContext attributes were checked, nothing was run, so '
-                   "nothing it computes was judged")
 
 
 def member_request(build: Build, member: Member, folder: Path, record: ArtifactRecord,
@@ -345,175 +332,6 @@ def _reference_for(member: ValidationMember, kept: str | None, save_to: str | No
         return reference, {"reference_unsaved": f"{exc.strerror or exc} ({exc.filename or save_to})"}
     return reference, {"reference_saved": True}
 
-
-
-def _localise(ort: Any, info: EpInfo, request: ValidationMember, feeds: dict[str, Any],
-              thresholds: dict[str, float]) -> dict[str, Any] | None:
-    """Where the EP departs from CPU on the model the artifact was compiled from; None for CPU targets (both
-    sides would be ONNX Runtime's CPU EP)."""
-    from ..execute.host import select_ep_device
-
-    if info.is_cpu:
-        return None
-
-    def on_ep() -> Any:
-        options = session_options(ort)
-        options.add_provider_for_devices([select_ep_device(ort, info, request.device)],
-                                         request.compile_options)
-        return options
-
-    try:
-        return localise(ort, request.source, feeds, thresholds, on_ep, lambda: session_options(ort),
-                        request.localise_budget_s, weights_folder(request.source, request.weights))
-    except Exception as exc:  # noqa: BLE001 - the validation's own result stands; say why there is no more
-        return {"found": False, "error": " ".join(str(exc).split())[:300]}
-
-
-def _openvino_16bit(ort: Any, info: EpInfo, request: ValidationMember, reference: dict[str, Any],
-                    thresholds: dict[str, float], graph: Any) -> str | None:
-    """OpenVINO on a model with 16-bit Q/DQ: its own plain session of the model compiled from, as far from CPU
-    too, shows the plugin computes it wrongly (the same model passes on QNN); None where that is not what happened."""
-    found = sixteen_bit_qdq(graph) if info.name == "OpenVINOExecutionProvider" else {}
-    if not found:
-        return None
-    from ..execute.host import select_ep_device
-
-    options = session_options(ort)
-    options.add_provider_for_devices([select_ep_device(ort, info, request.device)], request.compile_options)
-    try:
-        plain = ort.InferenceSession(request.source, options)
-        got = plain.run(None, feeds_for(plain, reference["feeds"], request.frozen, "quantized model"))
-    except Exception as exc:  # noqa: BLE001 - the plugin's own failure is the evidence
-        return openvino_16bit_line(found, None, " ".join(str(exc).split())[:160])
-    snrs = [compare(value, reference["expected"][output.name])["snr_db"]
-            for output, value in zip(plain.get_outputs(), got, strict=True) if output.name in reference["expected"]]
-    worst = min(snrs, default=None)
-    if worst is None or worst >= thresholds.get("min_snr_db", 0.0):
-        return None  # OpenVINO computes the model itself right: the compile's result is the one to question
-    return openvino_16bit_line(found, worst, None)
-
-
-def validate_member(request: ValidationMember, reference: dict[str, Any] | None = None) -> ValidationReport:
-    """Structural checks; then run the artifact on its EP, check where it ran, and compare every output with the
-    reference's on CPU, fed the same inputs (`reference_run`: computed here before the artifact's session opens,
-    or earlier by another child or another target's validation, `cached_reference`)."""
-    problems = structural_problems(request)
-    if problems:
-        return {"status": Verdict.FAILED, "reason": "; ".join(problems)}
-    if request.mode == ValidationMode.STRUCTURAL:
-        return {"status": Verdict.STRUCTURAL, "reason": STRUCTURAL_ONLY}
-
-    import onnx
-    import onnxruntime as ort
-
-    began = time.monotonic()
-    info = known(request.ep)
-    opened = _opened(ort, info, request, reference)
-    if isinstance(opened, dict):
-        return opened
-    session, feeds, reference = opened
-    generated = reference["generated"]
-    hint = ("; generated integer inputs " + ", ".join(f"{k}: {v}" for k, v in generated.items())
-            if any("give validation.inputs" in v for v in generated.values()) else "")
-    try:
-        started = time.perf_counter()
-        outputs = session.run(None, feeds)
-        seconds = time.perf_counter() - started
-    except Exception as exc:  # noqa: BLE001 - the EP's own error is the report
-        return {"status": Verdict.FAILED, "reason": f"{info.name} could not run the artifact: {str(exc).strip()}{hint}"}
-    ran_on, failures = placement_failures(session, info, request.cpu_nodes, recorded=not request.package)
-    compatibility = request.compatibility
-    judged = answer(ort, info.name, [compatibility]) if compatibility else None
-
-    compared_graph = onnx.load(request.reference, load_external_data=False)  # read once: kind and selections
-    kind = "qdq" if is_qdq(compared_graph) else request.precision
-    thresholds = {**DEFAULT_THRESHOLDS[kind], **request.thresholds}
-    repeated, varies = repeatability(session, feeds, outputs, seconds, thresholds, kind,
-                                     request.repeat_within_s)
-    if varies:
-        failures.insert(0, varies)
-    metrics, missed, undecided = compare_outputs(session, outputs, reference["expected"], thresholds, kind,
-                                                 selected_outputs(compared_graph))
-    task = None
-    if request.task:  # the task metric decides; the tensors' misses are reported beside it
-        from .validation.task_metrics import decide
-
-        with located(request.manifest, request.entry):
-            task, missed_task = decide(session, request, reference["dataset"], seconds,
-                                       request.timeout_s - (time.monotonic() - began), info.name,
-                                       [*missed, *undecided])
-        failures += [missed_task] if missed_task else []
-        missed, undecided = [], []
-    failures += missed
-    hints, sixteen = _why_missed(ort, info, request, reference, thresholds, compared_graph, metrics, kind) \
-        if missed else ([], False)
-    failures += hints
-    del compared_graph
-    localising = missed and request.localise and not sixteen  # it would crash inside OpenVINO's QDQ handling
-    divergence = _localise(ort, info, request, feeds, thresholds) if localising else None
-    if divergence:
-        failures.append(localised(divergence) if "error" not in divergence else
-                        f"localise could not run: {divergence['error']}")
-    if failures and hint:
-        failures[-1] += hint
-    notes = list(reference["notes"])
-    status = Verdict.FAILED if failures else Verdict.INCONCLUSIVE if undecided else Verdict.PASSED
-    report: ValidationReport = {
-        "status": status, "precision": kind, "thresholds": thresholds,
-        "ran_on": ran_on, "outputs": metrics, "repeatability": repeated, **({"notes": notes} if notes else {}),
-        **({"task": task} if task else {}),
-        **({"compatibility": {"answer": judged[0], "text": judged[1]}} if judged else {}),
-        **({"divergence": divergence} if divergence else {}),
-        "inputs": {"from": request.inputs_file or f"generated, seed {SEED}",
-                   "shapes": {k: list(v.shape) for k, v in feeds.items()},
-                   **({"generated": generated} if generated else {}),
-                   **({"frozen": request.frozen} if request.frozen else {})}}
-    if request.float_reference:  # a quantized artifact: its error against the float model, for information
-        floats = reference["floats"]
-        report["against_float_model"] = {output.name: compare(got, floats[output.name])
-                                         for output, got in zip(session.get_outputs(), outputs, strict=True)
-                                         if output.name in floats}
-    if failures or undecided:
-        report["reason"] = "; ".join(failures) if failures else _undecided_reason(request, undecided)
-    return report
-
-
-def _opened(ort: Any, info: EpInfo, request: ValidationMember,
-            reference: dict[str, Any] | None) -> tuple[Any, dict[str, Any], dict[str, Any]] | ValidationReport:
-    """The reference run (first: its session is gone when the artifact's opens), the artifact's session and its
-    feeds (the reference's, the frozen inputs, listed weights it asks for); or the failed report saying why not."""
-    try:
-        with located(request.manifest, request.entry):
-            reference = reference or reference_run(ort, request)
-    except ReferenceUnusable as exc:
-        return {"status": Verdict.FAILED, "reason": str(exc)}
-    session, refused = open_session(ort, info, request)
-    if refused:
-        return refused
-    with located(request.manifest, request.entry):
-        asked = {i.name for i in session.get_inputs()} - reference["feeds"].keys() - request.frozen.keys()
-        weights = listed_weights(request.reference, asked) if asked else {}
-        feeds = feeds_for(session, reference["feeds"], request.frozen, "artifact", weights)
-    return session, feeds, reference
-
-
-def _why_missed(ort: Any, info: EpInfo, request: ValidationMember, reference: dict[str, Any],
-                thresholds: dict[str, float], compared_graph: Any, metrics: dict[str, Any],
-                kind: str) -> tuple[list[str], bool]:
-    """What the report says of outputs that missed their thresholds: an fp16 or OpenVINO 16-bit explanation where
-    one holds (True with the latter: localising would crash inside OpenVINO's QDQ handling), else each miss's
-    hints."""
-    fp16 = fp16_hint(metrics, thresholds, request.target, request.entry) if kind == "fp16" else None
-    sixteen = _openvino_16bit(ort, info, request, reference, thresholds, compared_graph)
-    if fp16 or sixteen:
-        return [fp16 or sixteen or ""], bool(sixteen)
-    return failure_hints(metrics, thresholds, request, kind), False
-
-
-def _undecided_reason(request: ValidationMember, undecided: list[str]) -> str:
-    given = "these validation.inputs" if request.inputs_file else "generated inputs"
-    return (f"{'; '.join(undecided)} ({given}); give validation.inputs with realistic data, or set "
-            "validation.inconclusive = \"fail\" to fail such builds")
 
 
 def _validate_in_child(sent: dict[str, Any]) -> ValidationReport:
