@@ -84,15 +84,22 @@ def test_a_first_build_starts_its_servers_from_the_candidate_begun_before_it_loa
 SHADOW = "import os\nopen(os.path.join({folder!r}, f'imported-{{os.getpid()}}'), 'w').close()\nraise ImportError()\n"
 
 
-@pytest.mark.parametrize("secret", [False, True])
-def test_a_first_builds_candidate_is_the_build_forked_as_a_new_python(project, servers, secret):
-    """Forked from the build where that is what a new Python would be, else started: either way nothing of the
-    project folder on its import path (modules named like the toolchain's there are never imported), none of the
-    files the build was started with held open (a CI runner waits for its pipe to close), no secret in it."""
+@pytest.mark.parametrize("case", ["plain", "secret", "path"])
+def test_a_first_builds_candidate_is_the_build_forked_as_a_new_python(project, servers, case):
+    """Forked from the build where that is what a new Python would be, else started (a secret in the build's
+    environment) or replaced by one once forked (a dodo.py that adds a folder to the import path): either way
+    nothing of the project folder on its import path (modules named like the toolchain's there are never imported),
+    none of the files the build was started with held open (a CI runner waits for its pipe to close), no secret."""
     marker = uuid.uuid4().hex
+    secret = case != "plain"  # whether the servers are new Pythons
     env = {name: value for name, value in project.env.items() if not SECRET.search(name)}
-    env.update({"TMPDIR": str(servers), "EPBUILD_TEST_MARK": marker, **({"CI_DEPLOY_TOKEN": marker} if secret else {})})
+    env.update({"TMPDIR": str(servers), "EPBUILD_TEST_MARK": marker,
+                **({"CI_DEPLOY_TOKEN": marker} if case == "secret" else {})})
     project.manifest(TWO_MODELS_CPU_QNN)
+    if case == "path":
+        (project.root / "elsewhere").mkdir()
+        (project.root / "dodo.py").write_text(f"import sys\nsys.path.insert(1, {str(project.root / 'elsewhere')!r})\n"
+                                              "from epbuild.dodo import *  # noqa: F403\n")
     for name in ("onnx.py", "onnxruntime_qnn.py", "numpy.py"):
         (project.root / name).write_text(SHADOW.format(folder=str(project.root)))
     read, write = os.pipe()  # the build is started holding this pipe's write end, as a CI runner's step would be
@@ -106,7 +113,7 @@ def test_a_first_builds_candidate_is_the_build_forked_as_a_new_python(project, s
         assert len(begun) == len(started) == 2, started
         for pid in begun:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            assert (b"--candidate" in cmdline) == secret  # a new Python where the build's environment holds a secret
+            assert (b"--candidate" in cmdline) == secret  # a new Python, started or replacing the fork
             if not secret:
                 assert b"doit" in cmdline and not Path(f"/proc/{pid}/environ").read_bytes().strip(b"\0")  # zeroed
         assert select.select([read], [], [], 60)[0] and os.read(read, 1) == b""  # no process holds the pipe
@@ -209,11 +216,11 @@ PATHS = """import json, subprocess, sys
 from pathlib import Path
 {before}
 from epbuild.execute.job_environment import job_environment
-from epbuild.execute.python_path import fresh_import_path
+from epbuild.execute.python_path import fresh_import_path, new_python_path
 env = job_environment()
 fresh = subprocess.run([sys.executable, "-P", "-c", "import sys, json; print(json.dumps(sys.path))"], env=env,
                        capture_output=True, text=True, check=True).stdout
-print(json.dumps([fresh_import_path(env, Path.cwd()), json.loads(fresh)]))
+print(json.dumps([fresh_import_path(env, Path.cwd(), new_python_path(env)), json.loads(fresh)]))
 """
 
 
@@ -235,3 +242,36 @@ def test_the_import_path_a_new_python_would_have(tmp_path, flags, before, enviro
     assert done.returncode == 0, done.stderr
     made, fresh = json.loads(done.stdout.splitlines()[-1])
     assert made == (fresh if said else None)
+
+
+def _interpreters() -> list[str]:
+    """Every CPython 3.11+ this machine has (pyenv's versions, Debian's, the one running the tests), once each."""
+    found = {sys.executable}
+    found.update(shutil.which(f"python3.{minor}") or "" for minor in range(11, 15))
+    pyenv = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
+    found.update(str(p) for p in Path(pyenv, "versions").glob("3.1[1-9]*/bin/python3"))
+    usable = {}
+    for candidate in filter(None, found):
+        done = subprocess.run([candidate, "-c", "import sys; print(sys.version_info >= (3, 11), sys.version[:4])"],
+                              capture_output=True, text=True, timeout=60)
+        if done.returncode == 0 and done.stdout.startswith("True"):
+            usable.setdefault(done.stdout.split()[1], candidate)
+    return [usable[version] for version in sorted(usable)]
+
+
+@pytest.mark.parametrize("site", [False, True], ids=["venv", "venv with system site-packages"])
+def test_the_import_path_a_new_python_would_have_in_a_venv(tmp_path, site):
+    """A venv's standard library is its base interpreter's (its `sysconfig` scheme names the venv's folder for
+    platstdlib): the path a new Python of the venv has is said, not refused, on every Python here."""
+    interpreters = _interpreters()
+    assert interpreters
+    for interpreter in interpreters:
+        venv = tmp_path / Path(interpreter).parent.parent.name / ("site" if site else "bare")
+        subprocess.run([interpreter, "-m", "venv", "--without-pip", *(["--system-site-packages"] if site else []),
+                        str(venv)], check=True, timeout=300)
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}, "PYTHONPATH": str(SOURCE)}
+        done = subprocess.run([str(venv / "bin" / "python"), "-c", PATHS.format(before="")], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, (interpreter, done.stderr)
+        made, fresh = json.loads(done.stdout.splitlines()[-1])
+        assert made == fresh and any(entry.endswith("lib-dynload") for entry in made), (interpreter, made)

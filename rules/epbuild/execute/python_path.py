@@ -3,8 +3,9 @@ started as `python -m epbuild...` from any folder, so they must import the same 
 
 from __future__ import annotations
 
+import json
 import os
-import site
+import subprocess
 import sys
 import sysconfig
 from collections.abc import Mapping
@@ -26,55 +27,50 @@ def _level(value: str | None) -> int:
     return 0 if not value else int(value) if value.isdigit() else 1
 
 
-def _standard_entries() -> tuple[list[str], set[str]]:
-    """The entries every interpreter of this environment starts with: the standard library's and those `site` adds
-    (site-packages, the user's, the folders .pth files name; their `import` lines are run, not read, by `site`);
-    the first list those whose folder exists (a new Python has each of them)."""
-    names = {"stdlib", "platstdlib"}
-    library = [sysconfig.get_path(name) for name in sorted(names)]
-    found = {*library, os.path.join(sysconfig.get_path("platstdlib"), "lib-dynload"),
-             os.path.join(os.path.dirname(sysconfig.get_path("stdlib")),
-                          f"python{sys.version_info[0]}{sys.version_info[1]}.zip")}
-    sites = [*site.getsitepackages(), *([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])]
-    for folder in sites:
-        found.add(folder)
-        try:
-            pth_files = sorted(name for name in os.listdir(folder) if name.endswith(".pth"))
-        except OSError:
-            continue
-        for name in pth_files:
-            try:
-                with open(os.path.join(folder, name), encoding="utf-8", errors="replace") as handle:
-                    lines = handle.read().splitlines()
-            except OSError:
-                continue
-            found.update(os.path.abspath(os.path.join(folder, line.rstrip())) for line in lines
-                         if line.strip() and not line.startswith(("#", "import ", "import\t")))
-    return [entry for entry in [*library, *sites] if os.path.isdir(entry)], found
+ASK = "import sys, json; print(json.dumps(sys.path))"
 
 
-def fresh_import_path(environ: Mapping[str, str], project: Path) -> list[str] | None:
-    """The import path (and interpreter switches) a new `python -P` started with `environ` (a job's environment,
-    `job_environment`) would have, made from this process's; None where this process's cannot say it: an entry
-    neither a new Python nor the build's own start put there (added by a dodo.py, or by a .pth file's code), a
-    standard entry removed, or a switch given on the command line (-O, -X, -W, ...) that `environ` does not carry.
-    Dropped: what Python and doit put in front for the build's script (its folder, the project's, the working one)."""
+def new_python_path(environ: Mapping[str, str]) -> list[str] | None:
+    """The import path a new `python -P` of this interpreter started with `environ` has, asked of one (run in "/",
+    nothing on stdin): what its start-up (the base installation's library, a venv's site-packages, the folders and
+    code of .pth files) makes of this environment, however the interpreter is laid out; None where it cannot say.
+    Asked rather than rebuilt from `sysconfig` names: in a venv those name the venv's folders for the standard
+    library, which stays the base interpreter's."""
+    try:
+        done = subprocess.run([sys.executable, "-P", "-c", ASK], env=dict(environ), cwd="/", capture_output=True,
+                              stdin=subprocess.DEVNULL, text=True, timeout=60, check=False)
+        path = json.loads(done.stdout) if done.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+    return path if isinstance(path, list) and all(isinstance(entry, str) for entry in path) else None
+
+
+def switches_match(environ: Mapping[str, str]) -> bool:
+    """Whether this interpreter runs with the switches a new Python started with `environ` would have: none given on
+    the command line (-I, -E, -S, -b, -X, -W) that `environ` does not carry, the PYTHON* ones it reads alike."""
     flags = sys.flags
     switches = ((flags.optimize, "PYTHONOPTIMIZE"), (flags.dont_write_bytecode, "PYTHONDONTWRITEBYTECODE"),
                 (flags.no_user_site, "PYTHONNOUSERSITE"), (flags.verbose, "PYTHONVERBOSE"),
                 (flags.inspect, "PYTHONINSPECT"))
-    if (flags.isolated or flags.ignore_environment or flags.no_site or flags.bytes_warning or sys._xoptions
-            or sys.warnoptions or any(value != _level(environ.get(name)) for value, name in switches)):
+    return not (flags.isolated or flags.ignore_environment or flags.no_site or flags.bytes_warning or sys._xoptions
+                or sys.warnoptions or any(value != _level(environ.get(name)) for value, name in switches))
+
+
+def fresh_import_path(environ: Mapping[str, str], project: Path, fresh: list[str] | None) -> list[str] | None:
+    """`fresh` (`new_python_path(environ)`: the import path a new `python -P` started with `environ`, a job's
+    environment, has) where this process's modules came from where a new Python's would: every entry of this
+    process's path is one the new Python has too, or one the build's own start put there; every entry the new
+    Python has beyond its PYTHONPATH (which names epbuild's folder and the build's own PYTHONPATH) this process has
+    too. None otherwise: an entry added by a dodo.py, one removed, a switch given on the command line that
+    `environ` does not carry. Ignored: what Python and doit put in front for the build's script (its folder, the
+    project's, the working one), which -P leaves out."""
+    if fresh is None or not switches_match(environ):
         return None
-    wanted = [os.path.abspath(entry) for entry in environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    wanted = {os.path.abspath(entry) for entry in environ.get("PYTHONPATH", "").split(os.pathsep) if entry}
     own = {os.path.abspath(entry) for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry}
     script = {"", os.getcwd(), str(project), os.path.dirname(os.path.abspath(sys.argv[0])) if sys.argv[0] else ""}
-    required, standard = _standard_entries()
-    if any(entry not in standard and entry not in own and entry not in script for entry in sys.path) or any(
-            entry not in sys.path for entry in required):
+    if any(entry not in fresh and entry not in own and entry not in script for entry in sys.path):
         return None
-    path: list[str] = []
-    for entry in [*wanted, *(entry for entry in sys.path if entry in standard)]:
-        if entry not in path:  # as `site` leaves it: each folder once, at its first place
-            path.append(entry)
-    return path
+    if any(entry not in sys.path and entry not in wanted and os.path.isdir(entry) for entry in fresh):
+        return None
+    return fresh

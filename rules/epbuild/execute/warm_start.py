@@ -12,11 +12,14 @@ server to start, one already running, another environment by then), its stdin is
 serving anything.
 
 That process is the build's own, forked (`_forked`), where it can be made into what a new Python would be: one
-thread, no open file of its own beyond stdin, stdout and stderr, no variable named as a secret, an import path and
-switches a new `python -P` with the job's environment would have (`python_path.fresh_import_path`); it then takes
-that environment (the one it started with zeroed) and path, closes what the build inherited, leaves the build's
-session and folder, and is detached like a started one. A new Python would cost its own start and epbuild's imports
-before the toolchain's begin; elsewhere one is started (`python -m epbuild.execute.server_candidate --candidate`).
+thread, no open file of its own beyond stdin, stdout and stderr, no variable named as a secret, the switches a new
+`python -P` with the job's environment would have (`python_path.switches_match`), and its import path: the fork asks
+a new Python of that environment for it (`python_path.new_python_path`, beside the build rather than before it) and
+keeps it where the build's modules came from the same folders (`fresh_import_path`). It then takes that environment
+(the one it started with zeroed) and path, closes what the build inherited, leaves the build's session and folder,
+and is detached like a started one. A new Python would cost its own start and epbuild's imports before the
+toolchain's begin; where the fork cannot be one, a new Python is started (`python -m epbuild.execute.server_candidate
+--candidate`): by the build, or by the fork itself replacing its own image with it once its path disagrees.
 
 Standard library only, and cheap: it runs before anything heavy is imported.
 """
@@ -38,7 +41,7 @@ from typing import IO, TYPE_CHECKING
 from ..files.layout import Layout
 from ..state.registry import CONFIGS, state_file
 from .job_environment import SECRET, job_environment
-from .python_path import fresh_import_path
+from .python_path import fresh_import_path, new_python_path, switches_match
 from .server_start import CANDIDATE, PRELOAD, SWITCH, Starter
 
 if TYPE_CHECKING:
@@ -116,12 +119,15 @@ def begin(manifest: Path, invocation: Invocation, modules: JobModules) -> Candid
     forked = _forked(env, manifest.parent.resolve(), modules)
     if forked is not None:
         return forked
-    # -P: nothing from the working folder on its import path (it starts before its private folder is known)
-    process = subprocess.Popen([sys.executable, "-P", "-m", "epbuild.execute.server_candidate", CANDIDATE,
-                                modules.argument()],
-                               stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               env=env, cwd="/", text=True)
+    process = subprocess.Popen(_started(modules), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, env=env, cwd="/", text=True)
     return Candidate(process, env)
+
+
+def _started(modules: JobModules) -> list[str]:
+    """A new Python's candidate command line (-P: nothing from the working folder on its import path; it starts
+    before its private folder is known)."""
+    return [sys.executable, "-P", "-m", "epbuild.execute.server_candidate", CANDIDATE, modules.argument()]
 
 
 def _inherited() -> list[int] | None:
@@ -143,14 +149,12 @@ def _inherited() -> list[int] | None:
 def _forked(env: dict[str, str], project: Path, modules: JobModules) -> Candidate | None:
     """The candidate as a fork of this process, or None where the fork would not be what a new Python is: another
     thread (forking it is not safe), a variable whose name says it is a secret (a job never gets one), another open
-    file (a lock, a pipe a CI runner waits on: a server would hold it
-    open; those it was started with are closed in the fork), an import path or switch `fresh_import_path` cannot
-    tell."""
+    file (a lock, a pipe a CI runner waits on: a server would hold it open; those it was started with are closed in
+    the fork), a switch a new Python would not have. The import path is judged in the fork (`_become_candidate`)."""
     if any(SECRET.search(name) for name in os.environ.keys() - env.keys()):
         return None  # never in a server's memory, even forgotten (`_forget_environment`)
-    path = fresh_import_path(env, project)
     inherited = _inherited()
-    if path is None or inherited is None or len(os.listdir("/proc/self/task")) != 1:
+    if not switches_match(env) or inherited is None or len(os.listdir("/proc/self/task")) != 1:
         return None
     for stream in (sys.stdout, sys.stderr):
         stream.flush()  # never written twice
@@ -162,7 +166,7 @@ def _forked(env: dict[str, str], project: Path, modules: JobModules) -> Candidat
                 os.close(descriptor)
             if os.fork():  # detached as a started one is: the server is not the build's child
                 os._exit(0)
-            _become_candidate(read, env, path, modules)
+            _become_candidate(read, env, fresh_import_path(env, project, new_python_path(env)), modules)
         except BaseException:  # noqa: BLE001 - never back into the build's code: said into the candidate's output
             traceback.print_exc()
         finally:
@@ -185,9 +189,11 @@ def _forget_environment() -> None:
         ctypes.memset(start, 0, end - start)
 
 
-def _become_candidate(read: int, env: dict[str, str], path: list[str], modules: JobModules) -> None:
+def _become_candidate(read: int, env: dict[str, str], path: list[str] | None, modules: JobModules) -> None:
     """In the forked candidate: as a started one is (its own session, stdin the pipe, output to nowhere until
-    adopted, in "/", the job's environment and import path, Python's own SIGINT handling), then preload and wait."""
+    adopted, in "/", the job's environment and import path, Python's own SIGINT handling), then preload and wait.
+    `path` None (the build's modules did not all come from where a new Python's would): a new Python replaces this
+    one, with what `begin` would have started it with (the same stdin, output, folder and environment)."""
     os.setsid()
     os.dup2(read, 0)
     os.close(read)
@@ -196,6 +202,8 @@ def _become_candidate(read: int, env: dict[str, str], path: list[str], modules: 
         os.dup2(nothing, stream)
     os.close(nothing)
     os.chdir("/")
+    if path is None:
+        os.execve(sys.executable, _started(modules), env)
     os.environ.clear()
     _forget_environment()
     os.environ.update(env)
