@@ -1,6 +1,7 @@
 """epbuild against the floor: one Python process that calls ONNX Runtime directly for the same work.
 
     python bench/bench_floor.py [--repeats 5] [--tiny 100] [--jobs 2] [--path-first DIR] [--name floor]
+                                [--kinds qnn,cpu,tiny]
 
 Projects: `qnn` (the shipped example's tinycnn and encoder for qnn-htp, soc_model 60), `cpu` (the same two for the
 cpu target) and `tiny` (the 100-target project of bench_fork: TINY/2 copies of tinycnn x cpu and qnn-htp, `-n JOBS`).
@@ -150,6 +151,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--path-first", default=None)
     parser.add_argument("--name", default="floor")
+    parser.add_argument("--kinds", default="qnn,cpu,tiny", help="the projects to measure, comma-separated")
     parser.add_argument("--baseline", default=None,
                         help="another epbuild's import folder (`git archive COMMIT rules`), run interleaved too")
     parser.add_argument("--baseline-name", default="before")
@@ -158,7 +160,7 @@ def main() -> None:
     FIRST.extend([arguments.path_first] if arguments.path_first else [])
     data: dict[str, dict[str, float]] = {}
     rows = []
-    for kind in ("qnn", "cpu", "tiny"):
+    for kind in arguments.kinds.split(","):
         with tempfile.TemporaryDirectory(prefix=f"bench-floor-{kind}-") as tmp:
             folder = Path(tmp)
             project(folder, kind, arguments.tiny)

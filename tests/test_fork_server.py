@@ -168,6 +168,45 @@ def test_a_job_that_leaves_a_thread_running_retires_its_warm_worker(tmp_path, mo
         time.sleep(0.05)
 
 
+def test_a_projects_metric_code_is_never_carried_to_a_later_job(tmp_path, monkeypatch, crash_child, links):
+    """A `module:function` metric runs the code its file holds now: a warm worker that imported a project's module
+    retires (another project's module of the same name, or the same file edited, is never the one imported
+    before), and the module is compiled from its source, never from a .pyc left by an earlier version (Python
+    trusts one whose source has the same mtime in seconds and the same size)."""
+    monkeypatch.setenv(SWITCH, "1")
+    first, second = tmp_path / "a", tmp_path / "b"
+    for root, value in ((first, "0.25"), (second, "0.75")):
+        (root / "scoring").mkdir(parents=True)
+        (root / "scoring" / "__init__.py").write_text("")
+        (root / "scoring" / "helper.py").write_text(f"VALUE = {value}\n")
+        (root / "scoring" / "top.py").write_text("from .helper import VALUE\n\n\ndef share(outputs, labels, "
+                                                 "reference):\n    return VALUE\n")
+
+    def job(folder: str, root: Path) -> dict:
+        request = {"action": "metric", "metric": "scoring.top:share", "file": str(root / "scoring" / "top.py")}
+        return run_child("crash_child", request, tmp_path / "jobs" / folder, Limits(60), "validate m@t", reuse=True,
+                         links=links)
+
+    def sleep(folder: str) -> dict:
+        return run_child("crash_child", {"action": "sleep"}, tmp_path / "jobs" / folder, Limits(60), "validate m@t",
+                         reuse=True, links=links)
+
+    plain = sleep("plain")
+    one = job("1", first)
+    assert one["value"] == 0.25 and one["pid"] == plain["pid"]  # a warm worker ran it, then retired
+    assert sleep("after")["pid"] != one["pid"]
+    two = job("2", second)  # the same module name in another project
+    assert two["value"] == 0.75 and two["pid"] != one["pid"]
+    helper = first / "scoring" / "helper.py"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    subprocess.run([sys.executable, "-c", "import scoring.top"], cwd=first, env=env, check=True)  # leaves a .pyc
+    assert list((first / "scoring" / "__pycache__").glob("helper*.pyc"))
+    stat = helper.stat()
+    helper.write_text("VALUE = 0.50\n")  # the same size, the same mtime: the .pyc still looks current
+    os.utime(helper, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert job("3", first)["value"] == 0.5
+
+
 def test_a_warm_worker_is_leased_to_one_thread_at_a_time(tmp_path, monkeypatch, crash_child, links):
     """Each thread's jobs go to a worker of its own (so a kill after a late end can only hit that thread's own
     worker); a worker its client let go serves the next client."""

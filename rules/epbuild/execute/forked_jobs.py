@@ -7,9 +7,10 @@ stderr, its environment, `sys.path` and argv, and the module's `main()`. `run_on
 retires after a failed job, after `WORKER_MAX_JOBS`, after a job whose peak, or when it holds, more than
 `WORKER_MAX_GROWTH_MB` beyond what it held when forked (so a job's memory limit, polled on the worker's resident
 memory, sees at most that much of earlier jobs; and a large model's job leaves no state to the next: QNN's HTP
-simulator ran a large model's second session in one process many times slower than the first), or when a
+simulator ran a large model's second session in one process many times slower than the first), when a
 job left a thread running (it was forked with one: QNN's HVX threads were found spinning on both cores in an idle
-worker).
+worker), or when a job ran a project's own code (`ran_project_code`: a `module:function` metric), which a later job
+would otherwise find imported, as it was then, instead of the bytes its fingerprint names.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import socket
 import sys
 import time
 from typing import Any
+
+from .python_path import library_roots
 
 WORKER_MAX_JOBS = 200
 WORKER_MAX_GROWTH_MB = 256
@@ -110,6 +113,19 @@ def _status_kb(field: str) -> int:
     return int(line.split()[1])
 
 
+def ran_project_code(known: set[str], request: dict[str, Any], roots: tuple[str, ...]) -> bool:
+    """Whether the job just run left code of its project in this process: a module it imported (beyond `known`,
+    those imported before it) from outside the library folders (`roots`), other than the job's own module, or an
+    import path it changed (a project's folder put in front to import its metric)."""
+    if sys.path != request["path"]:
+        return True
+    for name in sys.modules.keys() - known:
+        file = getattr(sys.modules.get(name), "__file__", None)
+        if name != request["module"] and isinstance(file, str) and not os.path.realpath(file).startswith(roots):
+            return True
+    return False
+
+
 def _one_of_many(request: dict[str, Any]) -> tuple[int, int, dict[str, Any] | None]:
     """Run one job in this warm worker as `python -m module arguments` would: (exit code, its peak resident kB,
     its result when the request came inline)."""
@@ -149,6 +165,7 @@ def run_many(control: socket.socket, server_sockets: list[socket.socket], wake: 
     try:
         leave_server(server_sockets, wake)
         bound_kb = _status_kb("VmRSS:") + WORKER_MAX_GROWTH_MB * 1024
+        roots = library_roots()
         jobs = 0
         while True:
             _, descriptors, _, _ = socket.recv_fds(control, 64, 1)
@@ -159,6 +176,7 @@ def run_many(control: socket.socket, server_sockets: list[socket.socket], wake: 
             for line in client.makefile("rb"):  # until the client lets it go
                 request = json.loads(line)
                 _tell(control, {"job": request.get("limits") or {}})  # the server holds its limits meanwhile
+                known = set(sys.modules)
                 code, peak_kb, result = _one_of_many(request)
                 _tell(control, {"idle": True})
                 jobs += 1
@@ -167,7 +185,8 @@ def run_many(control: socket.socket, server_sockets: list[socket.socket], wake: 
                 # sessions in one process ~10x slower), and a thread it left running (QNN's HVX threads) would take
                 # the cores from the next job and from the build's other jobs
                 retire = (code != 0 or jobs >= WORKER_MAX_JOBS or peak_kb > bound_kb
-                          or _status_kb("VmRSS:") > bound_kb or _status_kb("Threads:") > 1)
+                          or _status_kb("VmRSS:") > bound_kb or _status_kb("Threads:") > 1
+                          or ran_project_code(known, request, roots))
                 answer = {"code": code, "maxrss": peak_kb, "retire": retire,
                           **({"result": result} if result is not None else {})}
                 client.sendall(json.dumps(answer).encode() + b"\n")

@@ -14,6 +14,14 @@ from pathlib import Path
 IMPORT_ROOT = Path(__file__).resolve().parents[2]  # the folder that holds the epbuild package
 
 
+def library_roots() -> tuple[str, ...]:
+    """The folders a job's libraries come from, each ending in a separator: the interpreter's installation (its
+    standard library and site-packages, a venv's and its base's) and epbuild's own folder. A module from elsewhere
+    is a project's own code."""
+    roots = {sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix, str(IMPORT_ROOT)}
+    return tuple(os.path.join(os.path.realpath(root), "") for root in roots)
+
+
 def child_import_path() -> str:
     """PYTHONPATH for a new Python that runs an epbuild module: epbuild's folder in front (a clone, an editable
     install), unless it is a folder every interpreter of this environment searches anyway (site-packages)."""
