@@ -240,8 +240,8 @@ class BuildReporter(ConsoleReporter):
             not (self.failures or self.runtime_errors)))
         line = self.report.summary(seen, set(self.started), set(self.project.stages))
         if line and left:
-            line += (f"; {len(left)} not attempted (the build stopped at the first failure: `--continue` builds "
-                     "the rest)")
+            line += (f"; {len(left)} not tried (the build stopped at the first failure): run with --continue to "
+                     "build them")
         if line and self.hidden:
             line += (f"; {len(seen) - len(self.hidden)} tasks handed to doit, {len(self.hidden)} unchanged since the "
                      "last run's record")
