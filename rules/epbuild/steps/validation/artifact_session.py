@@ -13,7 +13,7 @@ from ...manifest.builds import SIDECAR
 from ...manifest.eps import EpInfo, known
 from ..graph import EP_CONTEXT
 from ..graph import attributes as node_attributes
-from .reference import session_options
+from .reference import seeded, session_options
 
 
 def structural_problems(request: ValidationMember) -> list[str]:
@@ -84,6 +84,7 @@ def open_session(ort: Any, info: EpInfo, request: ValidationMember) -> tuple[Any
         if request.share:  # a member of a shared context, loaded as its loading contract says
             options.add_session_config_entry("ep.share_ep_contexts", "1")
     try:
+        seeded(ort)
         package = request.package
         if package:  # as an application opens it: ONNX Runtime's documented calls alone
             session, refused = _through_package(ort, info, request, package)

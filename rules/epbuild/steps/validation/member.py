@@ -23,6 +23,7 @@ from .localise import summary as localised
 from .reference import (
     ReferenceUnusable,
     reference_run,
+    seeded,
     session_options,
 )
 from .repeatability import repeatability
@@ -67,6 +68,7 @@ def _openvino_16bit(ort: Any, info: EpInfo, request: ValidationMember, reference
     options = session_options(ort)
     options.add_provider_for_devices([select_ep_device(ort, info, request.device)], request.compile_options)
     try:
+        seeded(ort)
         plain = ort.InferenceSession(request.source, options)
         got = plain.run(None, feeds_for(plain, reference["feeds"], request.frozen, "quantized model"))
     except Exception as exc:  # noqa: BLE001 - the plugin's own failure is the evidence

@@ -30,6 +30,18 @@ def session_options(ort: Any) -> Any:
     return options
 
 
+RANDOM_SEED = 0  # ONNX Runtime's seed for random ops that name none, set before each session a validation makes
+
+
+def seeded(ort: Any) -> None:
+    """A random op's draws (RandomNormal, Dropout in training mode, ... without a `seed` of their own) made a
+    function of the model and its inputs, not of the process: ONNX Runtime seeds them from the clock at its first
+    use in a process, and every session made after draws the same, so a reference computed in another process than
+    the artifact's session (a cached reference, another worker) drew other values than one computed beside it. Two
+    runs of one session still draw differently (the run-to-run check sees it)."""
+    ort.set_seed(RANDOM_SEED)
+
+
 def cpu_session(ort: Any, path: str, request: ValidationMember, fix_dims: bool = True) -> Any:
     """A session of a reference model on the CPU EP (`fix_dims`: its named dimensions fixed as the manifest's
     inputs fix them)."""
@@ -43,6 +55,7 @@ def cpu_session(ort: Any, path: str, request: ValidationMember, fix_dims: bool =
             options.add_free_dimension_override_by_name(name, value)
         del model
     read_weights_from(options, weights_folder(path, request.weights))
+    seeded(ort)
     return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
 
 
