@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,16 @@ REPO = Path(__file__).resolve().parent.parent
 SOURCE = REPO / "rules"  # the folder that holds the epbuild package: children and doit import it from there
 sys.path.insert(0, str(SOURCE))
 sys.path.insert(0, str(REPO / "tests"))
+
+
+def pytest_configure(config):
+    """The builds these tests start are a terminal's foreground job: SIGINT at its default. A shell starts a
+    background command (`pytest ... &`, a CI step beside another) with SIGINT ignored, which every process started
+    from it inherits, and a Python that starts with SIGINT ignored keeps ignoring it, as Unix programs do: a test's
+    Ctrl-C (`killpg(build, SIGINT)`) would reach no build, which then finished and exited 0. Caught here, the signal
+    is back at its default in every program this process starts."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 class Project:

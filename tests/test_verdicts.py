@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from xml.etree import ElementTree
 
 import numpy as np
@@ -21,7 +20,7 @@ from onnx import TensorProto, helper
 
 from conftest import SOURCE, build_report
 from epbuild.steps.validation.comparison import check, compare
-from helpers import WAIT_S, slow_model
+from helpers import WAIT_S, job_processes, slow_model, wait_for
 
 THRESHOLDS = {"min_snr_db": 40.0, "min_cosine": 0.9999}
 
@@ -164,7 +163,8 @@ def test_an_interrupted_validation_keeps_no_older_verdict(project):
         for line in build.stdout:  # doit names the task as it starts it
             if line.startswith(".  validate:slow@cpu"):
                 break
-        time.sleep(1.0)  # its child validating (seconds for 120,000 nodes)
+        # its child validating (seconds for 120,000 nodes): a process of the build's working in its artifacts
+        wait_for("the validation's child", lambda: job_processes(project.root) or build.poll() is not None)
         assert build.poll() is None, build.communicate()
         os.killpg(build.pid, signal.SIGINT)
         build.communicate(timeout=WAIT_S)
