@@ -160,12 +160,18 @@ def test_agreement_without_labels_and_a_metric_from_the_project(project, digits)
              'validation = { dataset = "data/test.npz", metric = "scoring.top:share", samples = 50 }\n')
     (project.root / "scoring").mkdir()
     (project.root / "scoring" / "__init__.py").write_text("")
+    (project.root / "scoring" / "classes.py").write_text("def chosen(logits):\n    return logits.argmax(1)\n")
     (project.root / "scoring" / "top.py").write_text(
-        "def share(outputs, labels, reference):\n"
-        "    return float((outputs['logits'].argmax(1) == labels).mean())\n")
+        "from .classes import chosen\n\n\ndef share(outputs, labels, reference):\n"
+        "    return float((chosen(outputs['logits']) == labels).mean())\n")
     project.doit()
     task = _verdict(project, "cpu-int8")["task"]
     assert task["metric"] == "scoring.top:share" and task["samples"] == 50 and task["passed"]
+    (project.root / "scoring" / "classes.py").write_text(
+        "def chosen(logits):\n    raise ValueError('no class chosen')\n")
+    done = project.doit(check=False)
+    assert ran(done) == {"validate:digits@cpu-int8"}  # a module the metric imports is the validation's too
+    assert "'scoring.top:share' raised ValueError: no class chosen" in done.stdout
     (project.root / "scoring" / "top.py").write_text(
         "def share(outputs, labels, reference):\n    raise ValueError('no such class')\n")
     done = project.doit(check=False)
@@ -268,7 +274,8 @@ def test_samples_that_would_outlast_the_time_limit_are_said_with_how_many_fit(tm
     from helpers import validation_member
 
     request = validation_member(task={"dataset": [str(tmp_path / "d.npz")], "samples": None, "metric": "top1",
-                                      "output": None, "gate": {"min_relative": 0.99}, "metric_file": None})
+                                      "output": None, "gate": {"min_relative": 0.99}, "metric_file": None,
+                                      "metric_files": []})
     with pytest.raises(ModelError, match=r"500 samples take 500 runs of about 2 s on QNNExecutionProvider .*: about "
                                          r"1000 s, beyond the 580 s validation.timeout_s leaves; about 290 fit "
                                          r"\(validation.samples = 290\)"):

@@ -117,11 +117,12 @@ class ValidationSettings:
 
     @property
     def task_files(self) -> tuple[Path, ...]:
-        """The dataset's files and a `module:function` metric's file: the validation reads them."""
+        """The dataset's files and a `module:function` metric's files (its own and the project's it imports): the
+        validation reads them."""
         if not self.task:
             return ()
-        return (*(Path(p) for p in self.task["dataset"]),
-                *([Path(self.task["metric_file"])] if self.task["metric_file"] else []))
+        metric = self.task.get("metric_files") or ([self.task["metric_file"]] if self.task["metric_file"] else [])
+        return (*(Path(p) for p in self.task["dataset"]), *(Path(p) for p in metric))
 
 
 @record

@@ -142,3 +142,5 @@ def _validation_files(roots: Roots, where: str, settings: dict[str, Any]) -> Non
             roots.check(f"{where}.{key.removesuffix('_file')}", settings[key])
     for path in settings.get("dataset", ()):
         roots.check(f"{where}.dataset", path)
+    for path in settings.get("metric_files", ()):
+        roots.check(f"{where}.metric", path)

@@ -4,6 +4,7 @@ validation receives. The metric itself runs in the validating child (`steps.vali
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,55 @@ def metric_file(manifest: Path, where: str, metric: str) -> Path | None:
                     "from the project's folder")
 
 
+MAX_METRIC_FILES = 1000  # a metric's project files followed at most (a bound on what a planning run reads)
+
+
+def _imported(file: Path, root: Path) -> list[Path]:
+    """The project files (under `root`, the metric's import root) that `file`'s import statements may load: each
+    module named, its packages' __init__.py and, for `from M import N`, N as a submodule."""
+    try:
+        tree = ast.parse(file.read_bytes(), str(file))
+    except (OSError, SyntaxError, ValueError, RecursionError):
+        return []  # the metric's own import says what is wrong with it, in the validation
+    names: list[list[str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [alias.name.split(".") for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: from the file's package, `level - 1` folders up
+                base = file.parent.parents[node.level - 2] if node.level > 1 else file.parent
+                try:
+                    prefix = list(base.relative_to(root).parts)
+                except ValueError:
+                    continue
+            else:
+                prefix = []
+            module = [*prefix, *(node.module.split(".") if node.module else [])]
+            names += [module, *([*module, alias.name] for alias in node.names if alias.name != "*")]
+    found = []
+    for parts in names:
+        for depth in range(1, len(parts) + 1):
+            base = root.joinpath(*parts[:depth])
+            found += [c for c in (base.with_suffix(".py"), base / "__init__.py") if c.is_file()]
+    return found
+
+
+def metric_sources(root: Path, file: Path) -> tuple[Path, ...]:
+    """A `module:function` metric's file and every project file it imports, statically and transitively (a helper
+    module edited changes the validation's key as the metric's own file does); an import made at run time by name
+    (`importlib`) is not followed. Files resolved, within `root`, at most `MAX_METRIC_FILES`."""
+    root = root.resolve()
+    seen: dict[Path, None] = {file: None}
+    queue = [file]
+    while queue and len(seen) < MAX_METRIC_FILES:
+        for found in _imported(queue.pop(), root):
+            resolved = found.resolve()
+            if resolved not in seen and resolved.is_relative_to(root):
+                seen[resolved] = None
+                queue.append(resolved)
+    return tuple(seen)
+
+
 def read_task(manifest: Path, where: str, values: dict[str, Any], looked_at: Any) -> dict[str, Any]:
     """The task keys of one `validation` table (`where`: its key path), as settings: the dataset's files, the
     metric's file; `looked_at(path)` records each file read (the saved plan is remade when one changes)."""
@@ -58,6 +108,7 @@ def read_task(manifest: Path, where: str, values: dict[str, Any], looked_at: Any
         found = metric_file(manifest, f"{where}.metric", values["metric"])
         if found is not None:
             settings["metric_file"] = looked_at(found)
+            settings["metric_files"] = tuple(looked_at(p) for p in metric_sources(manifest.parent, found))
     for key in ("samples", "output"):
         if values[key] is not None:
             settings[key] = values[key]
@@ -82,4 +133,5 @@ def task_settings(merged: dict[str, Any], manifest: str, entry: str) -> dict[str
             {"min_relative": merged.get("min_relative", DEFAULT_MIN_RELATIVE)})
     return {"dataset": [str(p) for p in merged["dataset"]], "samples": merged.get("samples"),
             "metric": merged["metric"], "output": merged.get("output"), "gate": gate,
-            "metric_file": str(merged["metric_file"]) if "metric_file" in merged else None}
+            "metric_file": str(merged["metric_file"]) if "metric_file" in merged else None,
+            "metric_files": [str(p) for p in merged.get("metric_files", ())]}

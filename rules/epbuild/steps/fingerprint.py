@@ -101,7 +101,8 @@ def _task_reference(task: dict[str, Any]) -> dict[str, Any]:
 def _task_config(task: dict[str, Any], root: Path) -> dict[str, Any]:
     """A task metric's settings, its files by their place in the project (their bytes are the task's inputs)."""
     return {**task, "dataset": [relative(Path(p), root) for p in task["dataset"]],
-            "metric_file": relative(Path(task["metric_file"]), root) if task["metric_file"] else None}
+            "metric_file": relative(Path(task["metric_file"]), root) if task["metric_file"] else None,
+            "metric_files": [relative(Path(p), root) for p in task.get("metric_files") or ()]}
 
 
 def _digest(payload: dict[str, Any]) -> str:
