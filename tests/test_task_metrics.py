@@ -193,6 +193,12 @@ def test_builtin_metrics_count_what_they_say():
     labels = np.array([1, 0, 0, 1])
     assert builtin_score("top1", logits, labels, True) == 0.5
     assert builtin_score("top5", logits, labels, True) == 1.0  # three classes: every label is among the top 5
+    from epbuild.errors import ModelError
+    from epbuild.steps.validation.task_metrics import score
+
+    with pytest.raises(ModelError, match=r"top5 on output 'y' of 3 classes counts every sample right, whatever the "
+                                         r"model computes: use top1"):  # so it is refused, not passed
+        score({"metric": "top5"}, {"y": logits}, {"y": logits}, labels, "y")
     source = logits[[1, 1, 2, 3]]  # the source chose 0, 0, 2, 0
     assert builtin_score("agreement", logits, source, False) == 0.75
     masks = np.zeros((1, 2, 2, 2), np.float32)
@@ -235,7 +241,8 @@ def _bad_case(project, digits, key: str, tmp_path: Path) -> str:
     ("names", "models.digits.validation.dataset: its arrays ['image'] are not the model's inputs ['x']"),
     ("dtype", "models.digits.validation.dataset: array 'x' is float64; the model's input 'x' takes float32"),
     ("shape", "models.digits.validation.dataset: array 'x' holds samples of shape [1, 16, 16]; the model's input "
-              "'x' takes [1, 1, 8, 8]: a batch of [1, 8, 8]"),
+              "'x' takes [1, 1, 8, 8], so each sample is [1, 8, 8]: give an array of shape [N, 1, 8, 8] (N samples; "
+              "[N, 1, 1, 8, 8] also does for a batch of 1)"),
     ("sample axis", "models.digits.validation.dataset: its arrays hold different numbers of samples"),
     ("labels", "models.digits.validation.dataset: 'labels' holds classes from 12 to 12, outside output 'logits''s "
                "10 classes (0 to 9)"),
@@ -280,3 +287,44 @@ def test_samples_that_would_outlast_the_time_limit_are_said_with_how_many_fit(tm
                                          r"1000 s, beyond the 580 s validation.timeout_s leaves; about 290 fit "
                                          r"\(validation.samples = 290\)"):
         evaluate(Session(), request, {}, 2.0, 580.0, "QNNExecutionProvider")
+
+
+@pytest.mark.parametrize(("target", "model", "per_target", "gate"), [
+    ("max_drop = 0.5", "", "min_relative = 0.99", {"min_relative": 0.99}),  # the model's for the target wins
+    ("", "max_drop = 0.2", "min_relative = 0.99", {"min_relative": 0.99}),
+    ("max_drop = 0.5", "min_relative = 0.9", "", {"min_relative": 0.9}),  # the model's over the target's
+    ("min_relative = 0.5", "max_drop = 0.1", "", {"max_drop": 0.1}),
+    ("max_drop = 0.5", "", "", {"max_drop": 0.5}),
+    ("", "", "", {"min_relative": 0.99}),  # the default
+])
+def test_the_gate_is_the_one_of_the_level_that_wins(tmp_path, target, model, per_target, gate):
+    """Gates follow the thresholds' order (the model's `validation.targets.T` over the model's `validation` over the
+    target's), and the level that sets one decides which kind applies: any `max_drop` used to win on every level."""
+    from epbuild.manifest.parse import load
+    from epbuild.plan.targets import validation_settings
+
+    np.savez(tmp_path / "d.npz", x=np.zeros((2, 4), np.float32))
+    (tmp_path / "m.onnx").write_bytes(b"")
+    task = 'dataset = "d.npz", metric = "top1"'
+    (tmp_path / "models.toml").write_text(
+        f'[models.m]\npath = "m.onnx"\ntargets = ["t"]\nvalidation = {{ {task}{", " + model if model else ""}'
+        f'{", targets = { t = { " + per_target + " } }" if per_target else ""} }}\n'
+        f'[targets.t]\nep = "cpu"\n{"validation = { " + target + " }" if target else ""}\n')
+    manifest = load(tmp_path / "models.toml")
+    settings = validation_settings(manifest.models["m"], manifest.targets["t"])
+    assert settings.task is not None and settings.task["gate"] == gate
+
+
+def test_samples_shaped_as_the_models_batch_of_one_are_taken(tmp_path):
+    """A batch-1 model's samples stacked as the model takes them ([N, 1, 13] for an input of [1, 13]) are N samples,
+    not a contradiction; a shape that fits neither way says which shape to give."""
+    from epbuild.errors import ModelError
+    from epbuild.steps.validation.task_metrics import read_dataset
+
+    np.savez(tmp_path / "as_model.npz", x=np.ones((4, 1, 13), np.float32))
+    task = {"dataset": [str(tmp_path / "as_model.npz")], "samples": None}
+    found = read_dataset(task, [("x", "tensor(float)", [1, 13])], {})
+    assert found.arrays["x"].shape == (4, 13) and found.total == 4
+    np.savez(tmp_path / "other.npz", x=np.ones((4, 2, 13), np.float32))
+    with pytest.raises(ModelError, match=r"so each sample is \[13\]: give an array of shape \[N, 13\]"):
+        read_dataset({**task, "dataset": [str(tmp_path / "other.npz")]}, [("x", "tensor(float)", [1, 13])], {})

@@ -222,7 +222,15 @@ def _option_files(spec: TargetSpec, options: dict[str, str], manifest: Manifest)
 def validation_settings(model: ModelSpec, target: TargetSpec, manifest_name: str = "models.toml") -> ValidationSettings:
     """The target's validation settings, the model's over them, and the model's for this target over both."""
     own = {k: v for k, v in model.validation.items() if k != "targets"}
-    merged = {**target.validation, **own, **model.validation.get("targets", {}).get(target.name, {})}
+    levels = [model.validation.get("targets", {}).get(target.name, {}), own, target.validation]  # first wins
+    merged = {**levels[2], **levels[1], **levels[0]}
+    # the gate is one setting: the level that sets either kind decides both (a target's max_drop never outlives
+    # a model's min_relative, nor a model's max_drop the model's min_relative for this target)
+    gate: dict[str, Any] = next((level for level in levels if "min_relative" in level or "max_drop" in level), {})
+    for key in ("min_relative", "max_drop"):
+        merged.pop(key, None)
+        if key in gate:
+            merged[key] = gate[key]
     thresholds = {k: v for k, v in merged.items() if k in THRESHOLDS}
     task = task_settings(merged, manifest_name, model.entry.split(".variants.")[0] or f"models.{model.name}")
     return ValidationSettings(target.validate, merged.get("inputs"), merged.get("reference"), thresholds,

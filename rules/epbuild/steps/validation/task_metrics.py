@@ -105,10 +105,13 @@ def read_dataset(task: dict[str, Any], inputs: list[tuple[str, str, list[Any]]],
             raise ModelError(f"array '{name}' is {array.dtype}; the model's input '{name}' takes {expected}",
                              _where("dataset"))
         sample = list(shape[1:]) if shape else []
-        if len(array.shape[1:]) != len(sample) or any(isinstance(d, int) and d != s
-                                                      for d, s in zip(sample, array.shape[1:], strict=True)):
+        if _fits(array.shape[1:], [1, *sample]) and shape and shape[0] == 1:  # each sample as the model takes it
+            array = joined[name] = array.reshape((len(array), *array.shape[2:]))
+        if not _fits(array.shape[1:], sample):
             raise ModelError(f"array '{name}' holds samples of shape {list(array.shape[1:])}; the model's input "
-                             f"'{name}' takes {list(shape)}: a batch of {sample}", _where("dataset"))
+                             f"'{name}' takes {list(shape)}, so each sample is {sample}: give an array of shape "
+                             f"[N, {', '.join(map(str, sample))}] (N samples; [N, {', '.join(map(str, shape))}] "
+                             "also does for a batch of 1)".replace(", ]", "]"), _where("dataset"))
     chosen = _chosen(total, task.get("samples"))
     labels = joined.pop(LABELS, None)
     if labels is not None:
@@ -116,6 +119,12 @@ def read_dataset(task: dict[str, Any], inputs: list[tuple[str, str, list[Any]]],
             raise ModelError(f"'{LABELS}' is {labels.dtype}: class indices are integers", _where("dataset"))
         labels = labels[chosen]
     return Dataset({name: joined[name][chosen] for name, _, _ in wanted}, labels, total)
+
+
+def _fits(given: tuple[int, ...], wanted: list[Any]) -> bool:
+    """Whether a sample of shape `given` is one of `wanted` (a named or unknown dimension takes any size)."""
+    return len(given) == len(wanted) and all(not isinstance(w, int) or w in (g, -1) for g, w in
+                                             zip(given, wanted, strict=True))
 
 
 def _chosen(total: int, samples: int | None) -> Any:
@@ -278,6 +287,11 @@ def score(task: dict[str, Any], outputs: dict[str, Any], source: dict[str, Any],
             raise ModelError(f"'{metric}' returned {value}: a metric is a finite number", _where("metric"))
         return value
     values = outputs[output]
+    classes = values.reshape(len(values), -1).shape[1] if values.ndim > 1 else 1
+    if metric == "top5" and classes <= 5:  # every class is among the top 5: it would pass anything
+        raise ModelError(f"top5 on output '{output}' of {classes} classes counts every sample right, whatever the "
+                         "model computes: use top1 (or agreement) for an output of 5 classes or fewer",
+                         _where("metric"))
     if labels is not None and metric != "agreement":
         _check_labels(labels, values, metric, output)
         return builtin_score(metric, values, labels, True)
