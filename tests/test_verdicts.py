@@ -220,6 +220,11 @@ def test_an_artifact_whose_output_varies_from_run_to_run_fails_saying_so(project
     assert verdict["status"] == "failed" and verdict["repeatability"] == {"checked": True, "runs": 2}
     assert verdict["reason"].startswith("the artifact's output varies from run to run: ")
     assert "of 64 values of 'y' differ by up to" in verdict["reason"]
+    run = subprocess.run([sys.executable, "-m", "epbuild", "run", "noisy@cpu", "--runs", "0"], cwd=project.root,
+                         env=project.env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and run.stderr.startswith(  # its verdict said before its outputs
+        "warning: cpu/noisy's validation failed: the artifact's output varies from run to run: "), run.stderr
+    assert run.stderr.splitlines()[0].endswith("; the outputs below are not vouched for")
     project.manifest('[models.tinycnn]\npath = "models/tinycnn.onnx"\n\n[targets.cpu]\nep = "cpu"\n')
     project.doit()
     steady = json.loads((project.artifacts / "cpu" / "tinycnn" / "validation.json").read_text())

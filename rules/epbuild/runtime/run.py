@@ -40,6 +40,27 @@ def find_artifact(artifacts: Path, name: str) -> Path:
     raise UserError(name, None, f"built for several targets: name one ({names})")
 
 
+def verdict_warning(folder: Path) -> str | None:
+    """What to say before running an artifact its validation did not pass (failed, skipped, inconclusive,
+    structural) or that no validation judged: its outputs are not vouched for; None for one that passed."""
+    from ..contracts.validation import read_validation
+
+    where = f"{folder.parent.name}/{folder.name}"
+    try:
+        record = read_validation(folder)
+    except OSError:
+        return f"warning: {where} has no verdict (validate = false, or its validation has not run): nothing vouches " \
+               "for the outputs below"
+    except (ValueError, RecursionError):
+        return f"warning: {where}'s validation.json cannot be read: validate it again (epbuild); nothing vouches " \
+               "for the outputs below"
+    if record.passed:
+        return None
+    reason = (record.reason or "").strip().splitlines()
+    return (f"warning: {where}'s validation {record.status.value}{': ' + reason[0][:300] if reason else ''}; the "
+            "outputs below are not vouched for")
+
+
 def _inputs(session: Any, given: Path | None, recorded: dict[str, list[int]]) -> dict[str, Any]:
     """The .npz's arrays, or fixed-seed ones of the graph's static shapes, or of the shapes artifact.json records
     for it (`recorded`: the manifest's `inputs` a symbolic dimension was built with)."""
@@ -123,6 +144,9 @@ def main(argv: list[str], root: Path) -> int:
     try:
         folder = find_artifact(root / "artifacts", arguments.artifact)
         folder, record = artifact_record(folder)
+        warning = verdict_warning(folder)
+        if warning:  # said before anything runs: the outputs that follow are those of an artifact that did not pass
+            print(printable(warning), file=sys.stderr, flush=True)
         package = packaged_in(root / "artifacts", folder.name, folder.parent.name)
         import onnxruntime as ort
 
