@@ -220,3 +220,19 @@ def test_an_option_file_that_is_a_fifo_is_named_as_such(project):
     done = project.doit("list", check=False)
     assert done.returncode == 2 and "targets.ov.options.load_config: option file is not a regular file (a FIFO, " \
         "socket or device)" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(("name", "value", "said"), [
+    ("EPBUILD_JOBS", "0", "error: EPBUILD_JOBS: '0': give how many jobs a build runs at once"),
+    ("EPBUILD_JOBS", "-1", "error: EPBUILD_JOBS: '-1': give how many jobs a build runs at once"),
+    ("EPBUILD_JOBS", "1e3", "error: EPBUILD_JOBS: '1e3': give how many jobs a build runs at once"),
+    ("EPBUILD_JOBS", "²", "error: EPBUILD_JOBS: '²': give how many jobs a build runs at once"),  # a digit to isdigit
+    ("EPBUILD_SHARD", "²/³", "error: EPBUILD_SHARD: must be I/N with 1 <= I <= N, such as 2/4, found '²/³'"),
+])
+@pytest.mark.parametrize("command", [["list"], [], ["-n", "2"]])
+def test_a_bad_variable_is_one_line_naming_it(project, name, value, said, command):
+    project.manifest('[models.tinycnn]\npath = "models/tinycnn.onnx"\n' + CPU)
+    project.env[name] = value
+    done = project.doit(*command, check=False)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith(said), done.stderr

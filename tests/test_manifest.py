@@ -46,6 +46,8 @@ def build_plan(tmp_path, text: str):
      "models.toml: targets.t.options.precision: the OpenVINO plugin EP ignores it; set it in the load_config JSON"),
     (MODEL + "[targets.t]\nep = \"qnn\"\noptions = { soc_model = [60] }\n",
      "models.toml: targets.t.options.soc_model: a list of one SoC is a plain target: write soc_model = 60"),
+    (MODEL + "[targets.t]\nep = \"qnn\"\noptions = { soc_model = [] }\n",
+     "models.toml: targets.t.options.soc_model: an empty list names no SoC: give one"),
     (MODEL + "[targets.t]\nep = \"qnn\"\noptions = { vtcm_mb = [4, 8] }\n",
      "models.toml: targets.t.options.vtcm_mb: a list is taken only by QNN's soc_model"),
     (MODEL + "[targets.t]\nep = \"qnn\"\noptions = { soc_model = { a = 1 } }\n",

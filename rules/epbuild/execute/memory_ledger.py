@@ -56,7 +56,7 @@ def default_jobs(environ: dict[str, str] | None = None, configured: int | str | 
     if value == "cores":
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         return cores if cores > 1 else 0
-    if not value.isdigit() or int(value) < 1:
+    if not (value.isascii() and value.isdigit()) or int(value) < 1:  # '²' is a digit to isdigit, not to int
         raise UserError(JOBS, None, f"{value!r}: give how many jobs a build runs at once (1 or more, or `cores`)")
     return int(value) if int(value) > 1 else 0
 

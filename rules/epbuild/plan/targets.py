@@ -172,6 +172,9 @@ def _soc_list(values: list[Any], key: str, ep: EpInfo, file: str, where: str) ->
             raise UserError(file, f"{at}[{index}]", f"{shown(value)} is {chips[number]} ({number}), already listed as "
                             f"{shown(numbers[number])}")
         numbers[number] = value
+    if not numbers:
+        raise UserError(file, at, "an empty list names no SoC: give one (soc_model = \"SM8650\" or 57) or several "
+                        "for one binary that runs on each")
     if len(numbers) < 2:
         raise UserError(file, at, f"a list of one SoC is a plain target: write {key} = {shown(values[0])}")
     return ",".join(sorted(numbers, key=lambda number: soc_order(chips[number])))

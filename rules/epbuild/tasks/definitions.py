@@ -260,6 +260,7 @@ def load_full_project(manifest_path: Path, invocation: Invocation, early: Candid
     line and exits 2, without a traceback."""
     try:
         project = load_project(manifest_path, invocation, early, key)
+        default_jobs(configured=project.manifest.build.jobs)  # EPBUILD_JOBS checked here: one line, not doit's trace
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -202,7 +202,7 @@ def shard_of(text: str | None) -> tuple[int, int] | None:
     if not text:
         return None
     index, _, count = text.partition("/")
-    if not (index.isdigit() and count.isdigit() and 1 <= int(index) <= int(count)):
+    if not (text.isascii() and index.isdigit() and count.isdigit() and 1 <= int(index) <= int(count)):
         raise UserError("EPBUILD_SHARD", None, f"must be I/N with 1 <= I <= N, such as 2/4, found {text!r}")
     return int(index), int(count)
 
