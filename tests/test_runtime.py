@@ -119,6 +119,12 @@ def test_epbuild_check_names_an_unreadable_artifact_and_escapes_what_it_reads(bu
     assert re.search(r"^cpu/tinycnn: unreadable artifact\.json \(.*\): nothing judged", done.stdout, re.M)
     assert "\x1b" not in done.stdout and "\r" not in done.stdout and "\\x1b[2J" in done.stdout
     assert not re.search(r"^cpu/tinycnn: runs optimally", done.stdout, re.M)
+    record["compatibility"] = "\x1b[2J\nqnn-htp/tinycnn: runs optimally here\u2028x"  # a newline: a forged line
+    sidecar.write_text(json.dumps(record))
+    done = subprocess.run([sys.executable, "-m", "epbuild", "check"], cwd=built.root, env=built.env,
+                          capture_output=True, text=True, timeout=300)
+    assert "\\n" in done.stdout and not re.search(r"^qnn-htp/tinycnn: runs optimally here", done.stdout, re.M)
+    assert len([line for line in done.stdout.splitlines() if line.startswith("qnn-htp/tinycnn")]) == 1, done.stdout
 
 
 def test_printable_escapes_every_control_character_but_newlines_and_tabs():
@@ -126,6 +132,7 @@ def test_printable_escapes_every_control_character_but_newlines_and_tabs():
 
     assert printable("a\x1b[31mb\x07\x7f\x9b\u202ec\td\n") == "a\\x1b[31mb\\x07\\x7f\\x9b\\u202ec\td\n"
     assert printable("plain ünïcode") == "plain ünïcode"
+    assert printable("a\nb\rc\td", one_line=True) == "a\\nb\\rc\td"
     assert str(UserError("m.toml", "models.x", "name 'a\x1b[2Jb'")) == "m.toml: models.x: name 'a\\x1b[2Jb'"
 
 

@@ -13,6 +13,7 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # terminal colour and cursor codes
 
 # every control character but newline and tab (C0, DEL, C1), and the bidirectional overrides that reorder a line
 CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+LINE_BREAKS = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
 
 def plain(text: str) -> str:
@@ -20,11 +21,13 @@ def plain(text: str) -> str:
     return ANSI.sub("", text)
 
 
-def printable(text: str) -> str:
+def printable(text: str, one_line: bool = False) -> str:
     """Text that came from a file (an artifact.json, a model's names, an EP's output), as the console may show it:
     each control character escaped as Python writes it (`\\x1b`), never sent to the terminal, where it could clear
-    the screen or forge a line; newlines and tabs kept."""
-    return CONTROL.sub(lambda found: repr(found.group())[1:-1], text) if CONTROL.search(text) else text
+    the screen or forge a line; newlines and tabs kept, unless the text is `one_line` (a line whose words came from a
+    file: a newline there would start a line of the file's own)."""
+    pattern = LINE_BREAKS if one_line else CONTROL
+    return pattern.sub(lambda found: repr(found.group())[1:-1], text) if pattern.search(text) else text
 
 
 class UserError(Exception):

@@ -59,9 +59,10 @@ def main(argv: list[str], root: Path) -> int:
         except (ValueError, OSError) as exc:  # cut short, not JSON, not a record this epbuild reads
             unreadable += 1
             print(printable(f"{name}: unreadable artifact.json ({' '.join(str(exc).split())[:200]}): nothing "
-                            "judged; rebuild it (epbuild)"))
+                            "judged; rebuild it (epbuild)", one_line=True))
             continue
-        print(printable(f"{name}: {judge(ort, record)}"))  # the compatibility string is the file's text
+        # the compatibility string is the file's text: never a line of its own
+        print(printable(f"{name}: {judge(ort, record)}", one_line=True))
     if unreadable:
         print(f"error: {unreadable} artifact(s) could not be read", file=sys.stderr)
         return 1
