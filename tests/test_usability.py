@@ -72,6 +72,26 @@ def test_info_and_explain_say_which_setting_changed_and_how(project):
         nested.stdout and "..." not in nested.stdout.split("settings changed")[1].splitlines()[0], nested.stdout
 
 
+def test_explain_takes_the_tasks_a_task_depends_on_into_account(project):
+    """doit's `info` judged a task alone: after a compile setting changed, `explain validate:...` said up to date
+    (exit 0) and the validation ran next. It is up to date only when nothing it depends on runs first."""
+    project.manifest(MANIFEST)
+    project.doit()
+    project.manifest(MANIFEST.replace("soc_model = 60", "soc_model = 69"))
+
+    def explain(task):
+        return subprocess.run([sys.executable, "-m", "epbuild", "explain", task], cwd=project.root, env=project.env,
+                              capture_output=True, text=True, timeout=300)
+
+    after = explain("validate:tinycnn@qnn-htp")
+    assert after.returncode == 1 and "status     : up-to-date" not in after.stdout, after.stdout
+    assert "\nstatus     : run\n * compile:tinycnn@qnn-htp would run first: its outputs are this task's inputs" in \
+        after.stdout
+    cpu = explain("validate:tinycnn@cpu")
+    assert cpu.returncode == 0 and "status     : up-to-date" in cpu.stdout, cpu.stdout  # nothing it needs runs
+    assert "validate:tinycnn@qnn-htp" in ran(project.doit())  # as explain said
+
+
 def test_a_graph_of_one_model_is_written_beside_the_full_graph(project):
     project.manifest(MANIFEST)
     project.doit("graph")

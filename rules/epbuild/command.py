@@ -118,9 +118,8 @@ def main(argv: list[str] | None = None) -> int:
 
     invocation = Invocation.of(argv)
     early = begin(manifest, invocation, JOB_MODULES)  # a first build's fork-server imports, begun before ours
-    from doit.doit_cmd import DoitMain
-
     from .tasks.entry import quiet_when_piped, task_loader
+    from .tasks.explain import EpbuildMain
 
     quiet_when_piped(invocation)  # `epbuild help run | head` too, which loads no task
-    return DoitMain(task_loader(manifest, invocation, early)).run(argv)
+    return EpbuildMain(task_loader(manifest, invocation, early)).run(argv)
