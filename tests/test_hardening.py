@@ -333,3 +333,28 @@ def test_concurrent_doit_processes_end_complete_with_an_intact_dep_file(project,
     for target, model in (("cpu", "tinycnn"), ("qnn", "tinycnn"), ("cpu", "encoder"), ("qnn", "encoder")):
         assert json.loads((project.artifacts / target / model / "validation.json").read_text())["status"] == "passed"
     assert ran(project.doit()) <= {"unavailable"}
+
+
+@pytest.mark.slow
+def test_a_record_nested_too_deep_is_a_miss_never_a_traceback(project):
+    """Every file a build left (its state records, build-report.json, artifact.json, validation.json, the settings
+    records, the hash memory) holding JSON nested 60,000 deep: Python's decoder raises RecursionError, which ended
+    every later run (rc 3, or `'BuildReporter' object has no attribute 'live'`) and `epbuild check`/`run` in a
+    traceback. Now it is malformed JSON like any other: a miss, rebuilt or restored, or one line."""
+    project.manifest(GOOD)
+    project.doit()
+    files = [p for p in project.artifacts.rglob("*") if p.is_file() and p.suffix != ".onnx"
+             and p.name not in ("format", "records.lock")]
+    assert any(p.name == "build-report.json" for p in files) and any(".state" in p.parts for p in files)
+    saved = {p: p.read_bytes() for p in files}
+    deep = "[" * 60000 + "]" * 60000
+    for victim in files:
+        for path, data in saved.items():
+            path.write_bytes(data)
+        victim.write_text(deep if victim.suffix != ".tsv" else f"/x\t{deep}\n")
+        for command in (["-m", "doit"], ["-m", "doit"], ["-m", "epbuild", "check"],
+                        ["-m", "epbuild", "run", "tinycnn@cpu", "--runs", "0"]):
+            done = subprocess.run([sys.executable, *command], cwd=project.root, env=project.env, capture_output=True,
+                                  text=True, timeout=300)
+            said = done.stdout + done.stderr
+            assert done.returncode in (0, 1) and "Traceback" not in said, (victim, command, said[-2000:])

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 MESSAGE_LIMIT = 500  # a user error is one line: whatever value it quotes, it stays readable
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # terminal colour and cursor codes some EP libraries log with
@@ -28,6 +30,16 @@ def printable(text: str, one_line: bool = False) -> str:
     file: a newline there would start a line of the file's own)."""
     pattern = LINE_BREAKS if one_line else CONTROL
     return pattern.sub(lambda found: repr(found.group())[1:-1], text) if pattern.search(text) else text
+
+
+def json_value(text: str | bytes) -> Any:
+    """`json.loads` for text read from a file (a record, a report, an artifact.json): a nesting too deep for the
+    decoder (its RecursionError) is malformed JSON like any other, a ValueError that readers already take as a miss
+    or one line, never a traceback that ends every later run."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("JSON nested too deep to be a record") from None
 
 
 class UserError(Exception):

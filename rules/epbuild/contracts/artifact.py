@@ -6,10 +6,10 @@ only through `read_artifact`; its `format` is `RULES_FORMAT`, and a record of an
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
+from ..errors import json_value
 from ..version import RULES_FORMAT
 
 NAME = "artifact.json"
@@ -113,4 +113,4 @@ def _present(record: ArtifactRecord | ArtifactMember) -> dict[str, Any]:
 
 def read_artifact(folder: Path) -> ArtifactRecord:
     """The record of a built artifact folder; OSError when absent, ArtifactFormatError when not this format."""
-    return ArtifactRecord.from_json(json.loads((folder / NAME).read_text()))
+    return ArtifactRecord.from_json(json_value((folder / NAME).read_text()))

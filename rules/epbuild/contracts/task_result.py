@@ -3,10 +3,10 @@ to the reporter in the build's process, which files it in build-report.json and 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, TypedDict
 
+from ..errors import json_value
 from .statuses import TaskStatus
 
 PUBLISHED = "_published"
@@ -33,7 +33,7 @@ def recorded_peaks(report: Path) -> dict[str, float]:
     """Each task's child peak (resident MB, `child.peak_mb`) as a build report (`artifacts/build-report.json`, the
     entries of `TaskResult`s) recorded it; {} when there is none to read."""
     try:
-        tasks = json.loads(report.read_text())["tasks"]
+        tasks = json_value(report.read_text())["tasks"]
     except (OSError, ValueError, KeyError, TypeError):
         return {}
     return {name: float(entry["child"]["peak_mb"]) for name, entry in tasks.items()

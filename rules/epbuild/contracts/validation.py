@@ -10,11 +10,11 @@ The envelope a reader decides on is typed; the figures, which only reports show,
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..errors import json_value
 from ..version import RULES_FORMAT
 from .statuses import Verdict
 
@@ -93,4 +93,4 @@ def read_validation(folder: Path) -> ValidationRecord:
 
 def load_validation(path: Path) -> ValidationRecord:
     """A verdict from the file at `path` (as `read_validation`)."""
-    return ValidationRecord.from_json(json.loads(path.read_text(encoding="utf-8")))
+    return ValidationRecord.from_json(json_value(path.read_text(encoding="utf-8")))

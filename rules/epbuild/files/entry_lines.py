@@ -18,6 +18,7 @@ from collections.abc import Container, Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
+from ..errors import json_value
 from .layout import write_atomic
 
 
@@ -76,7 +77,7 @@ class LazyEntries(MutableMapping):
     def __getitem__(self, name: str) -> Any:
         found = self._items[name]
         if isinstance(found, str):
-            found = self._items[name] = json.loads(found)
+            found = self._items[name] = json_value(found)
         return found
 
     def get(self, name: str, default: Any = None) -> Any:  # Mapping's, without raising and catching a KeyError

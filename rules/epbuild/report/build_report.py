@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..contracts.statuses import TaskStatus
-from ..errors import plain
+from ..errors import json_value, plain
 from ..files.entry_lines import LazyEntries, entry_lines, plain_texts, quoted, vouch, vouched
 from ..files.layout import file_identity, write_atomic
 from ..state.folder import StateFolder
@@ -51,7 +51,7 @@ def _status_of(entry: Any) -> str | None:
             status = entry[len(STATUS):entry.find('"', len(STATUS))]
             if "\\" not in status:
                 return status
-        entry = json.loads(entry)
+        entry = json_value(entry)
     return entry.get("status") if isinstance(entry, dict) else None
 
 
@@ -110,7 +110,7 @@ class BuildReport:
             if texts is not None:  # name -> its entry's JSON, while unchanged
                 self.entries, self.texts = Entries(texts), texts
             else:
-                decoded = json.loads(self.text)["tasks"]
+                decoded = json_value(self.text)["tasks"]
                 self.entries, self.texts = Entries(decoded=decoded), _texts(self.text, decoded)
         except (OSError, ValueError, KeyError, TypeError):
             self.read_as, self.text, self.entries, self.texts, self.vouched = None, None, Entries(), {}, False

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 from collections.abc import Callable
 from dataclasses import field
@@ -14,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..contracts.validation import load_validation
+from ..errors import json_value
 from ..files.layout import GROUPS, Layout, settled, stat_key
 from ..manifest.builds import Build
 from ..records import record
@@ -118,7 +118,7 @@ def _validation(path: str) -> dict[str, Any] | None:
 def _json(path: str) -> dict[str, Any] | None:
     try:
         with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
+            return json_value(handle.read())
     except (OSError, ValueError):
         return None
 

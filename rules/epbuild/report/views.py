@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 
 from markupsafe import Markup, escape
 
+from ..errors import json_value
 from ..files.layout import Layout, file_identity, write_atomic
 from ..manifest.builds import Build
 from ..state.folder import StateFolder
@@ -343,7 +344,7 @@ def published_packages(layout: Layout) -> list[dict[str, Any]]:
     found = []
     for manifest in sorted((layout.root / "packages").glob("*/manifest.json")):
         try:
-            data = json.loads(manifest.read_text())
+            data = json_value(manifest.read_text())
             components = {name: component.get("variants", {}) for name, component in data["components"].items()}
             left = data.get("additional_metadata", {}).get("epbuild", {}).get("left_out", {})
         except (OSError, ValueError, KeyError, AttributeError, TypeError):

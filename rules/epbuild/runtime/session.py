@@ -5,13 +5,12 @@ shared-context group the loading contract's session options, in its order."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 from ..contracts.artifact import ArtifactFormatError, ArtifactRecord, read_artifact
-from ..errors import UserError
+from ..errors import UserError, json_value
 from ..execute.host import register_plugin, select_ep_device
 from ..manifest.builds import SIDECAR
 from ..manifest.eps import known, lookup
@@ -112,7 +111,7 @@ def package_session(root: Path, component: str | None, info: Any, device: str | 
     if component is None and len(names) != 1:
         raise UserError(str(root), None, f"{len(names)} components: name one ({', '.join(names)})")
     component = component or names[0]
-    manifest = json.loads((root / "manifest.json").read_text())
+    manifest = json_value((root / "manifest.json").read_text())
     variants = manifest["components"].get(component, {}).get("variants", {})
     if not info.is_cpu and not any(v.get("ep") == info.name for v in variants.values()):
         # ONNX Runtime would only say it cannot find the EP's backend: say what the package holds instead
@@ -136,7 +135,7 @@ def packaged_in(artifacts: Path, model: str, target: str) -> Path | None:
     """The model package under `artifacts/packages/` that holds MODEL@TARGET as a variant, if one does."""
     for manifest in sorted((artifacts / "packages").glob("*/manifest.json")):
         try:
-            components = json.loads(manifest.read_text())["components"]
+            components = json_value(manifest.read_text())["components"]
         except (OSError, ValueError, KeyError):
             continue
         if target in components.get(model, {}).get("variants", {}):

@@ -21,6 +21,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
+from ..errors import json_value
 from ..files.entry_lines import LazyEntries, entry_lines, plain_texts
 from ..files.layout import write_atomic, write_json
 from .codec import Classes
@@ -113,7 +114,7 @@ class StateFolder:
             if texts is not None:
                 entries = LazyEntries(texts)
             else:
-                data = json.loads(text)
+                data = json_value(text)
                 if not isinstance(data, dict):
                     return None
                 entries = LazyEntries(decoded=data)
@@ -135,7 +136,7 @@ class StateFolder:
     def read_document(self, name: str, key: Any) -> dict[str, Any] | None:
         """A JSON record (`write_document`), when current under `key`."""
         try:
-            return current(json.loads(self.path(name).read_text()), key)
+            return current(json_value(self.path(name).read_text()), key)
         except (OSError, ValueError):
             return None
 

@@ -15,11 +15,11 @@ A line a killed writer tore is read as None, and a line appended after it starts
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from pathlib import Path
 from typing import Any
 
+from ..errors import json_value
 from ..files.layout import file_identity, write_atomic
 
 MAGIC = b"epbuild-journaled"
@@ -77,7 +77,7 @@ def read_journaled(path: Path, vouch: bool = False) -> Journaled | None:
     for line in tail.split(b"\n"):
         if line:
             try:
-                lines.append(json.loads(line))
+                lines.append(json_value(line))
             except ValueError:
                 lines.append(None)
     vouched = vouch and fields[2].decode(errors="replace") == _digest(memoryview(data)[start:end])

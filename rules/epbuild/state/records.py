@@ -33,6 +33,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..errors import json_value
 from ..files.layout import write_atomic
 
 if TYPE_CHECKING:
@@ -72,13 +73,13 @@ def decode_record(data: bytes, key: Any, classes: codec.Classes | None = None, s
     key_line, vouch_line = data[ends[0] + 1:ends[1]], data[ends[1] + 1:ends[2]]
     body = data[ends[2] + 1:ends[3] if ends[-1] >= 0 else end]  # compact JSON holds no newline
     try:
-        if json.loads(key_line) != key:
+        if json_value(key_line) != key:
             return None
-        vouches = json.loads(vouch_line)
+        vouches = json_value(vouch_line)
         if vouches is not None and not identities_hold(vouches):
             return None
         if classes is None:
-            found = json.loads(body)
+            found = json_value(body)
         else:  # typed JSON: the saved plan's (imported only by its readers and writers)
             from .codec import loads
 
@@ -111,7 +112,7 @@ def read_key(path: Path) -> Any:
         with open(path, "rb") as file:
             if file.readline() != MAGIC + b"\n":
                 return None
-            return json.loads(file.readline())
+            return json_value(file.readline())
     except (OSError, ValueError):
         return None
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..contracts.task_result import recorded_peaks
-from ..errors import BuildError, UserError
+from ..errors import BuildError, UserError, json_value
 from ..execute.executor import JobContext
 from ..execute.links import Links
 from ..execute.provenance import Provenance
@@ -117,7 +117,7 @@ class ArtifactCache:
         Every file is checked against the sha256 recorded when it was stored; any mismatch evicts the entry."""
         entry = self.entry_folder(fingerprint)
         try:
-            recorded = json.loads((entry / RECORD).read_text())["files"]
+            recorded = json_value((entry / RECORD).read_text())["files"]
         except (OSError, ValueError, KeyError):
             if entry.exists():
                 self._evict(entry, f"its {RECORD} is unreadable")
@@ -179,7 +179,7 @@ class ArtifactCache:
         entry = self.entry_folder(fingerprint)
         if entry.exists():
             try:
-                return json.loads((entry / RECORD).read_text())["files"]
+                return json_value((entry / RECORD).read_text())["files"]
             except (OSError, ValueError, KeyError):
                 if not adopt:
                     return {name: self.hashes.sha256(source / name) for name in names}

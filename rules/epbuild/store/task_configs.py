@@ -30,6 +30,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from ..errors import json_value
 from ..files.entry_lines import LazyEntries
 from ..files.layout import stat_key
 from ..state.folder import StateFolder
@@ -104,7 +105,7 @@ class ConfigRecord:
     def previous_settings(self, task: str) -> dict[str, Any] | None:
         """The settings `task` last succeeded with, where they were kept."""
         try:
-            return json.loads(self.settings_file(task).read_text())
+            return json_value(self.settings_file(task).read_text())
         except (OSError, ValueError):
             return None
 

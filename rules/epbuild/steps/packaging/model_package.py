@@ -36,7 +36,7 @@ from typing import Any
 from ...contracts.artifact import OMIT, read_artifact
 from ...contracts.statuses import Verdict
 from ...contracts.validation import ValidationRecord, read_validation
-from ...errors import BuildError
+from ...errors import BuildError, json_value
 from ...files.layout import PACKAGES, Layout
 from ...files.publish import copy_file, discard
 from ...manifest.builds import Build, package_task
@@ -75,7 +75,7 @@ def package_files(variants: list[Build], hashes: FileHashes) -> list[str]:
 
 def manifest_files(text: str) -> list[str]:
     """Every file the package with this manifest holds, as sorted relative paths."""
-    return sorted([MANIFEST, *json.loads(text)["additional_metadata"]["epbuild"]["files"]])
+    return sorted([MANIFEST, *json_value(text)["additional_metadata"]["epbuild"]["files"]])
 
 
 def asset_uri(files: dict[str, str]) -> str:
