@@ -236,3 +236,34 @@ def test_a_bad_variable_is_one_line_naming_it(project, name, value, said, comman
     done = project.doit(*command, check=False)
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith(said), done.stderr
+
+
+def test_a_fifo_where_a_file_is_read_is_one_line_never_a_wait(project, monkeypatch, tmp_path):
+    """A FIFO named like a sample in a dataset or calibration folder, a FIFO as a WinML config, the memory ledger
+    as a FIFO: a reader that opened it would wait forever (or fail seeking it). Each is one line naming the key
+    or the variable, before anything opens it."""
+    from epbuild.errors import UserError
+    from epbuild.execute import memory_ledger
+    from epbuild.manifest.parse import load
+    from epbuild.manifest.task_metric import dataset_files
+
+    data = project.root / "data"
+    data.mkdir()
+    np.savez(data / "a.npz", x=np.zeros((1, 3, 64, 64), np.float32))
+    os.mkfifo(data / "b.npz")
+    with pytest.raises(UserError, match=r"validation\.dataset: .*b\.npz is not a regular file \(a FIFO, socket or "
+                                        r"device\): every \.npz of the folder must be a file"):
+        dataset_files(project.root / "models.toml", "models.m.validation.dataset", data)
+    project.manifest('[models.tinycnn]\npath = "models/tinycnn.onnx"\nquantize = { calibration = "data" }\n' + CPU)
+    with pytest.raises(UserError, match=r"models\.tinycnn\.quantize\.calibration: calibration sample .*b\.npz is "
+                                        r"not a regular file"):
+        load(project.root / "models.toml")
+    os.mkfifo(project.root / "build.json")
+    project.manifest('[models.tinycnn]\npath = "models/tinycnn.onnx"\n[targets.ov]\nep = "openvino"\n'
+                     'config = "build.json"\n')
+    listing = project.doit("list", check=False)  # it waited for a writer forever
+    assert listing.returncode == 2 and "targets.ov.config: WinMLBuildConfig file is not a regular file" in \
+        listing.stderr and "Traceback" not in listing.stderr, listing.stderr
+    os.mkfifo(tmp_path / "memory.json")
+    with pytest.raises(UserError, match=r"the memory ledger .*memory\.json is not a regular file \(a FIFO"):
+        memory_ledger._open(tmp_path / "memory.json")

@@ -24,6 +24,7 @@ import fcntl
 import json
 import math
 import os
+import stat
 import tempfile
 import threading
 import time
@@ -127,9 +128,15 @@ def _entry(found: Any, kind: str, now: float) -> bool:
 def _open(path: Path) -> int:
     """The ledger's descriptor; one line naming it where it cannot be the ledger (a link, a folder, unwritable)."""
     try:
-        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):  # a FIFO or a device: never read as the ledger
+            os.close(descriptor)
+            raise OSError(errno.EINVAL, "not a regular file")
+        os.set_blocking(descriptor, True)
+        return descriptor
     except OSError as exc:
         why = ("is a symbolic link" if exc.errno == errno.ELOOP else "is a folder" if exc.errno == errno.EISDIR
+               else "is not a regular file (a FIFO, socket or device)" if exc.errno == errno.EINVAL
                else f"cannot be opened ({exc.strerror or exc})")
         raise UserError(LEDGER if os.environ.get(LEDGER) else None, None, f"the memory ledger {path} {why}: it "
                         f"must be a plain file this user may write (remove it, or name another folder in {LEDGER})"

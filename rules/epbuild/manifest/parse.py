@@ -437,6 +437,9 @@ def _quantize(model: TableReader) -> QuantizeSpec:
         files = tuple(sorted(p.resolve() for p in folder.glob("*.npz")))
         if not files:
             table.fail(f"calibration folder {folder} holds no .npz files", "calibration")
+        odd = next((p for p in files if not p.is_file()), None)  # a FIFO would block the reader forever
+        if odd is not None:
+            table.fail(f"calibration sample {odd} {not_a_file(odd)}: every .npz there must be a file", "calibration")
     return QuantizeSpec(files, values["activation_type"], values["weight_type"], values["per_channel"])
 
 
@@ -541,7 +544,10 @@ def _winml_config(target: TableReader) -> tuple[dict[str, Any], list[str]]:
     import json
 
     config_path = _looked_at(target, target.file.parent / target.get("config", str))
-    Roots(target.file).check(f"{target.path}.config", config_path)
+    if config_path.exists() or config_path.is_symlink():  # a FIFO would block the reader forever
+        Roots(target.file).check_file(f"{target.path}.config", config_path, "WinMLBuildConfig file")
+    else:
+        Roots(target.file).check(f"{target.path}.config", config_path)
     try:
         data = json.loads(config_path.read_text())
     except FileNotFoundError:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
+from .roots import not_a_file
 from .schema import METRICS
 
 TASK_KEYS = ("dataset", "samples", "metric", "output", "min_relative", "max_drop")
@@ -21,6 +22,9 @@ def dataset_files(manifest: Path, where: str, path: Path) -> tuple[Path, ...]:
         return (path.resolve(),)
     if path.is_dir():
         files = tuple(sorted(p.resolve() for p in path.glob("*.npz")))
+        odd = next((p for p in files if not p.is_file()), None)  # a FIFO would block the reader forever
+        if odd is not None:
+            raise UserError(manifest.name, where, f"{odd} {not_a_file(odd)}: every .npz of the folder must be a file")
         if files:
             return files
         raise UserError(manifest.name, where, f"folder {path} holds no .npz files; give an .npz whose arrays are "
