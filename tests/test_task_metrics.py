@@ -328,3 +328,21 @@ def test_samples_shaped_as_the_models_batch_of_one_are_taken(tmp_path):
     np.savez(tmp_path / "other.npz", x=np.ones((4, 2, 13), np.float32))
     with pytest.raises(ModelError, match=r"so each sample is \[13\]: give an array of shape \[N, 13\]"):
         read_dataset({**task, "dataset": [str(tmp_path / "other.npz")]}, [("x", "tensor(float)", [1, 13])], {})
+
+
+def test_an_array_whose_header_declares_more_than_it_holds_is_one_line_naming_it(tmp_path):
+    """A dataset's .npy header declaring 8 TiB was `numpy failed: MemoryError: Unable to allocate 8.00 TiB` naming
+    no dataset: the header is checked against the bytes the member holds before numpy allocates anything."""
+    import io
+    import zipfile
+
+    from epbuild.errors import ModelError
+    from epbuild.steps.validation.task_metrics import read_dataset
+
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": (2**41, 13)})
+    with zipfile.ZipFile(tmp_path / "big.npz", "w") as archive:
+        archive.writestr("x.npy", header.getvalue() + b"\0" * 64)
+    with pytest.raises(ModelError, match=r"^validation\.dataset: .*big\.npz: array 'x' declares \[2199023255552, 13\] "
+                                         r"float32 \(114,349,209,288,704 bytes\) but holds 64 bytes: its header"):
+        read_dataset({"dataset": [str(tmp_path / "big.npz")], "samples": None}, [("x", "tensor(float)", [1, 13])], {})

@@ -34,11 +34,40 @@ def read_npz(path: str | Path, what: str) -> dict[str, Any]:
     import numpy as np
 
     try:
+        _check_sizes(path, what)
         with np.load(path, allow_pickle=False) as data:
             return {key: data[key] for key in data.files}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
         raise ModelError(f"{what} {Path(path).name} cannot be read as .npz ({type(exc).__name__}: {exc}); save it "
                          "with numpy.savez") from None
+
+
+def _check_sizes(path: str | Path, what: str) -> None:
+    """Each array's header (shape and dtype) against the bytes its member of the zip holds, before numpy allocates
+    what the header declares: a header of 8 TiB was a MemoryError that named no file. One line naming the array."""
+    import math
+    import zipfile
+
+    import numpy as np
+
+    with zipfile.ZipFile(path) as archive:
+        for info in archive.infolist():
+            if not info.filename.endswith(".npy"):
+                continue
+            with archive.open(info) as member:
+                version = np.lib.format.read_magic(member)
+                if version not in ((1, 0), (2, 0)):
+                    continue  # 3.0 (a UTF-8 header): numpy reads it and checks nothing more here
+                shape, _, dtype = (np.lib.format.read_array_header_1_0(member) if version == (1, 0) else
+                                   np.lib.format.read_array_header_2_0(member))
+                held = info.file_size - member.tell()
+            if dtype.hasobject:
+                continue  # refused by numpy itself (never unpickled): its own line
+            declared = math.prod(shape) * dtype.itemsize
+            if declared > held:
+                raise ModelError(f"{what} {Path(path).name}: array '{info.filename[:-4]}' declares {list(shape)} "
+                                 f"{dtype} ({declared:,} bytes) but holds {held:,} bytes: its header does not match "
+                                 "its data; save it again with numpy.savez")
 
 
 def _mask(shape: list[int], dtype: Any) -> Any:
