@@ -19,7 +19,7 @@ from conftest import REPO, SOURCE, build_report, clone, ran
 from epbuild.errors import BuildError
 from epbuild.steps import vendor_shim
 from epbuild.steps.remote_job import _check_versions, relocate
-from helpers import TWO_MODELS_CPU_QNN, single_op_model, tree_bytes
+from helpers import OPENVINO_CPU_TARGET, TWO_MODELS_CPU_QNN, single_op_model, tree_bytes
 
 MANIFEST = TWO_MODELS_CPU_QNN + """
 [executor]
@@ -107,6 +107,24 @@ def test_jobs_route_by_resources_and_versions_and_match_a_local_build(tmp_path, 
     local.doit()
     assert tree_bytes(local.artifacts) == tree_bytes(distributed.artifacts)  # byte-identical artifacts
     assert ran(distributed.doit()) == set()  # up to date: no job submitted
+
+
+def test_a_package_is_checked_through_onnx_runtime_on_a_worker_that_runs_several_jobs(tmp_path, host_cache,
+                                                                                    cluster, openvino_reason):
+    """A worker process runs one job after another: each job that opens a session registers the EP's plugin, and
+    ONNX Runtime refused a second registration (`EP library is already registered under
+    OpenVINOExecutionProvider`), so the package's variants failed their check through the package."""
+    if openvino_reason:
+        pytest.skip(openvino_reason)
+    cluster.worker("only")
+    cluster.wait_for({"only"})
+    manifest = ('[models.tinycnn]\npath = "models/tinycnn.onnx"\ntargets = ["cpu", "openvino-cpu"]\n'
+                '[targets.cpu]\nep = "cpu"\n' + OPENVINO_CPU_TARGET + '[packages.vision]\nmodels = ["tinycnn"]\n'
+                '[executor]\nwait_s = 4\n')
+    built = clone(tmp_path, host_cache, "dist", manifest, EPBUILD_EXECUTOR=cluster.address)
+    done = built.doit(check=False)
+    assert done.returncode == 0 and "packaged package:vision" in done.stdout, done.stdout + done.stderr
+    assert "already registered" not in done.stdout + done.stderr
 
 
 def test_with_a_remote_cache_outputs_travel_through_it(tmp_path, host_cache, cluster):
@@ -344,3 +362,27 @@ def test_relocate_moves_every_path_under_the_project_and_nothing_else(tmp_path):
     moved = relocate(build, tmp_path, Path("/elsewhere"))
     assert moved.members[0].model.path == Path("/elsewhere/models/m.onnx") and moved.name == build.name
     assert relocate("/usr/lib/x", tmp_path, Path("/elsewhere")) == "/usr/lib/x"
+
+
+def test_a_plugin_registered_before_is_not_registered_again():
+    """Where the registered library's devices are not (yet) listed, a second job in the same process asked to
+    register it again and ONNX Runtime refused: `register_plugin` takes that refusal as the answer."""
+    from epbuild.execute.host import register_plugin
+    from epbuild.manifest.eps import REGISTRY
+
+    class Runtime:
+        def __init__(self):
+            self.registered: list[str] = []
+
+        def get_ep_devices(self):
+            return []  # the library's devices did not come up
+
+        def register_execution_provider_library(self, name, path):
+            if name in self.registered:
+                raise RuntimeError(f"[ONNXRuntimeError] : 1 : FAIL : EP library is already registered under {name}")
+            self.registered.append(name)
+
+    runtime = Runtime()
+    register_plugin(runtime, REGISTRY["openvino"])
+    register_plugin(runtime, REGISTRY["openvino"])  # raised before
+    assert runtime.registered == ["OpenVINOExecutionProvider"]

@@ -240,10 +240,17 @@ def load_backend(info: EpInfo) -> None:
 
 
 def register_plugin(ort: Any, info: EpInfo) -> None:
-    """Register a PyPI plugin EP library with this process's onnxruntime (no-op for built-in EPs)."""
+    """Register a PyPI plugin EP library with this process's onnxruntime, once per process (no-op for built-in
+    EPs): a process that runs several jobs (a Dask worker, a warm worker) asks again for each, and a library
+    registered before offers no device to find where its devices did not come up (or were not asked for yet),
+    so ONNX Runtime's own refusal of a second registration is that answer too."""
     if info.module is None or any(d.ep_name == info.name for d in ort.get_ep_devices()):
         return
-    ort.register_execution_provider_library(info.name, plugin_library(info))
+    try:
+        ort.register_execution_provider_library(info.name, plugin_library(info))
+    except Exception as exc:  # onnxruntime's Fail: only "already registered" is ours to take
+        if "already registered" not in str(exc):
+            raise
 
 
 def select_ep_device(ort: Any, info: EpInfo, device: str) -> Any:
