@@ -348,3 +348,23 @@ def test_typed_json_names_each_shape_once_and_reads_only_declared_ones():
                 good + "[]"):
         with pytest.raises(ValueError):
             codec.loads(bad, classes)
+
+
+@pytest.mark.parametrize("builds", ["a string", [1, 2, 3]])
+def test_a_plan_whose_fields_hold_other_shapes_is_a_missing_plan(folder, monkeypatch, builds):
+    """Typed JSON checks the classes a record makes, not what their fields hold: a plan record under this key whose
+    `builds` was a string or a list of numbers ended every run in an AttributeError. It is no plan: planned afresh,
+    and written again."""
+    from epbuild.plan.saved_plan import PLAN, PLAN_CLASSES
+    from epbuild.state.folder import StateFolder
+
+    assert not _taken(folder, monkeypatch)
+    state = StateFolder(folder.artifacts / ".state")
+    key = state.read_key(PLAN)
+    saved = state.read_record(PLAN, key, PLAN_CLASSES)
+    forged = dataclasses.replace(saved["plan"], builds=builds)
+    state.write_record(PLAN, {**{k: v for k, v in saved.items() if k in ("models", "folders")}, "key": key,
+                              "plan": forged}, PLAN_CLASSES)
+    assert state.read_record(PLAN, key, PLAN_CLASSES)["plan"].builds == builds  # what a run reads
+    assert not _taken(folder, monkeypatch)  # planned afresh, no AttributeError
+    assert _taken(folder, monkeypatch)  # and written again

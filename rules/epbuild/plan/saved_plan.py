@@ -122,6 +122,20 @@ class Plan:
             return None
 
 
+def _shaped(plan: Plan) -> bool:
+    """Whether each field of a decoded plan holds what a plan holds (typed JSON checks the classes it makes, not
+    what a field of one holds: a record whose `builds` was a string or `[1, 2, 3]` ended every run in an
+    AttributeError)."""
+    def mapping(value: Any, kind: type) -> bool:
+        return type(value) is dict and all(type(k) is str and type(v) is kind for k, v in value.items())
+
+    return (type(plan.builds) is list and all(type(build) is Build for build in plan.builds)
+            and mapping(plan.stages, Stage) and mapping(plan.resolved, ResolvedTarget)
+            and mapping(plan.blocked, Blocked) and type(plan.manifest) is Manifest
+            and type(plan.code) is str and type(plan.facts) is str and type(plan.versions) is dict
+            and (plan.read is None or type(plan.read) is str))
+
+
 PLAN = "plan.record"
 # Every class a plan holds: reading one makes these and nothing else (the EPs by their name in the code's table)
 PLAN_CLASSES = codec.Classes(
@@ -145,8 +159,9 @@ class SavedPlan:
         if type(written) is not list or len(written) != 2 or written[0] != self.key:
             return None
         saved = self.state.read_record(PLAN, written, PLAN_CLASSES)
-        if saved is None or type(saved.get("plan")) is not Plan or type(saved.get("models")) is not list \
-                or type(saved.get("folders")) is not dict or not all(type(p) is str for p in saved["models"]):
+        if saved is None or type(saved.get("plan")) is not Plan or not _shaped(saved["plan"]) \
+                or type(saved.get("models")) is not list or type(saved.get("folders")) is not dict \
+                or not all(type(p) is str for p in saved["models"]):
             self.unreadable = True  # under this key, yet no plan (a checkout's): written again, whatever it says
             return None
         if not all(_is_plain_file(path) for path in saved["models"]):
