@@ -133,3 +133,25 @@ def test_openvino_on_16_bit_qdq_fails_in_one_line_that_blames_the_plugin(project
     done = project.doit(check=False)
     line = next(x for x in done.stdout.splitlines() if x.startswith("failed validate:contrib@ov"))
     assert "(15 com.microsoft uint16 QuantizeLinear/DequantizeLinear)" in line, line
+
+
+def _bf16_in_hardware() -> bool:
+    flags = Path("/proc/cpuinfo").read_text().split()
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def test_an_openvino_miss_that_the_f32_hint_holds_blames_the_precision_default(project):
+    """OpenVINO's CPU plugin runs bf16 by default where the CPU has it (avx512_bf16 or AMX, Intel's or AMD's): an
+    fp32 target without the f32 hint misses there, and the line says the hinted session holds and names the
+    setting, instead of suggesting a bug report. Where the CPU has no bf16 the default is f32 and the target passes."""
+    project.manifest('[models.tinycnn]\npath = "models/tinycnn.onnx"\n[targets.ov]\nep = "openvino@pypi"\n'
+                     'device = "cpu"\n')
+    done = project.doit(check=False)
+    verdict = json.loads((project.artifacts / "ov" / "tinycnn" / "validation.json").read_text())
+    if not _bf16_in_hardware():
+        assert done.returncode == 0 and verdict["status"] == "passed", done.stdout
+        return
+    assert done.returncode == 1 and verdict["status"] == "failed" and verdict["blame"] == "precision default"
+    line = next(line for line in done.stdout.splitlines() if line.startswith("failed validate:tinycnn@ov"))
+    assert "opened with OpenVINO's f32 hint the artifact holds (worst SNR" in line and "options.load_config" in line
+    assert "epbuild reduce" not in line and "what bf16 gives" not in line

@@ -235,9 +235,8 @@ def failure_hints(metrics: dict[str, dict[str, Any]], thresholds: dict[str, floa
     if limit is None or not snrs or min(snrs) >= limit:
         return []
     worst, hints = min(snrs), []
-    config = request.options.get("load_config")
-    says_f32 = config is not None and "f32" in _text(config)
-    if request.ep == "openvino" and kind == "fp32" and not says_f32 and BF16_BAND_DB[0] <= worst < BF16_BAND_DB[1]:
+    if request.ep == "openvino" and kind == "fp32" and not says_f32(request.options.get("load_config")) \
+            and BF16_BAND_DB[0] <= worst < BF16_BAND_DB[1]:
         hints.append(f"an SNR of {worst:.1f} dB is what bf16 gives: OpenVINO's CPU plugin runs bf16 where the CPU "
                      "has it; give options.load_config a JSON file {\"CPU\": {\"INFERENCE_PRECISION_HINT\": "
                      "\"f32\"}} with option_files = [\"load_config\"]")
@@ -304,6 +303,11 @@ def _checks(model: Any) -> bool:
     except Exception:  # noqa: BLE001 - any refusal means: no claim that the model is valid
         return False
     return True
+
+
+def says_f32(config: str | None) -> bool:
+    """Whether an OpenVINO `load_config` (a file, or JSON inline) asks for f32."""
+    return config is not None and "f32" in _text(config)
 
 
 def _text(value: str) -> str:
