@@ -8,6 +8,7 @@ artifact that misses a tensor threshold but keeps top-1 passes when the metric i
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import warnings
 import xml.etree.ElementTree as ElementTree
@@ -134,6 +135,8 @@ def test_a_poor_calibration_keeps_the_tensors_but_loses_the_task_and_fails_on_th
         assert verdict["task"]["source"] - verdict["task"]["artifact"] > 0.01  # more than 1% top-1 lost
         assert verdict["outputs"]["logits"]["snr_db"] >= 20 and verdict["task"]["tensors"] == "within the thresholds"
         assert verdict["reason"].startswith("task metric top1 on 597 samples (against labels): the artifact scores ")
+        assert re.search(r"the artifact scores [\d.]+; it needs [\d.]+ \(99% of the source's [\d.]+, min_relative "
+                         r"0\.99\)", verdict["reason"]), verdict["reason"]
         assert "that model loses it already (a quantization's calibration data?)" in verdict["reason"]
     assert "epbuild reduce" not in done.stdout  # the artifact computes its model: there is nothing to reduce
 

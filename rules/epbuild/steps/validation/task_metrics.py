@@ -302,9 +302,9 @@ def gate(task: dict[str, Any], source: float, artifact: float) -> tuple[float, s
     """(the score the artifact needs, the gate in words)."""
     if "max_drop" in task["gate"]:
         drop = task["gate"]["max_drop"]
-        return source - drop, f"the source's minus max_drop {drop:g}"
+        return source - drop, f"the source's {source:.4g} minus max_drop {drop:g}"
     share = task["gate"]["min_relative"]
-    return share * source, f"{share:.0%} of the source's (min_relative {share:g})"
+    return share * source, f"{share:.0%} of the source's {source:.4g}, min_relative {share:g}"
 
 
 def judge(task: dict[str, Any], output: str, dataset: Dataset, source_outputs: dict[str, Any],
@@ -322,7 +322,7 @@ def judge(task: dict[str, Any], output: str, dataset: Dataset, source_outputs: d
     if passed:
         return report, None
     return report, (f"task metric {task['metric']} on {dataset.count} samples (against {against}): the artifact "
-                    f"scores {artifact:.4g}, below {needed:.4g}, {rule} {source:.4g}")
+                    f"scores {artifact:.4g}; it needs {needed:.4g} ({rule})")
 
 
 def summary(task: dict[str, Any]) -> str:
