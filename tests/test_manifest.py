@@ -40,8 +40,12 @@ def build_plan(tmp_path, text: str):
     (MODEL + "[targets.t]\nep = \"qnn\"\ncompiler = \"qairt2\"\n",
      "models.toml: targets.t.compiler: 'qairt2' is not valid (did you mean 'qairt'?); valid: ort, ort_session, "
      "qaic, qairt"),
-    (MODEL + "[targets.t]\nep = \"qnn\"\noptions = { soc_modle = 60 }\n",
-     "models.toml: targets.t.options.soc_modle: unknown QNNExecutionProvider option (did you mean 'soc_model'?)"),
+    (MODEL + "[targets.t]\nep = \"qnn\"\noptions = { soc_modle = 60 }\n",  # the closest named, not all 40
+     "models.toml: targets.t.options.soc_modle: unknown QNNExecutionProvider option (did you mean 'soc_model'?); "
+     "every option it takes: docs/targets/qnn.md"),
+    (MODEL + "[targets.t]\nep = \"qnn\"\noptions = { backend_type = \"npu\" }\n",  # not "did you mean 'gpu'"
+     "models.toml: targets.t.options.backend_type: 'npu' is not a value QNNExecutionProvider knows (the NPU is "
+     "QNN's HTP: backend_type = \"htp\")"),
     (MODEL + "[targets.t]\nep = \"openvino\"\noptions = { precision = \"FP32\" }\n",
      "models.toml: targets.t.options.precision: the OpenVINO plugin EP ignores it; set it in the load_config JSON"),
     (MODEL + "[targets.t]\nep = \"qnn\"\noptions = { soc_model = [60] }\n",

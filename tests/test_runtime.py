@@ -83,6 +83,31 @@ def test_epbuild_run_prints_outputs_and_latency_or_one_line(built):
     assert endless.returncode == 2 and endless.stderr.strip() == "error: --runs 99999999999: give 0 to 10000 timed runs"
 
 
+def test_epbuild_run_names_undeclared_and_left_over_targets(tmp_path):
+    """A target the manifest does not declare is said so, with the declared ones (it offered `epbuild
+    compile:m@qnn`, a task that cannot exist), and artifacts of targets no longer declared are left over, never a
+    choice offered."""
+    from epbuild.errors import UserError
+    from epbuild.runtime.run import declared_targets, find_artifact
+
+    (tmp_path / "models.toml").write_text('[targets.cpu]\nep = "cpu"\n[targets.qnn-htp]\nep = "qnn"\n')
+    for target in ("cpu", "old"):
+        (tmp_path / "artifacts" / target / "m").mkdir(parents=True)
+        (tmp_path / "artifacts" / target / "m" / "artifact.json").write_text("{}")
+    declared = declared_targets(tmp_path / "models.toml")
+    assert declared == {"cpu", "qnn-htp"}
+    with pytest.raises(UserError, match=r"^m@qnn: target 'qnn' is not declared in the manifest \(did you mean "
+                                        r"'qnn-htp'\?\); declared targets: cpu, qnn-htp$"):
+        find_artifact(tmp_path / "artifacts", "m@qnn", declared)
+    with pytest.raises(UserError, match=r"target 'old' is not declared .*left over from an earlier manifest"):
+        find_artifact(tmp_path / "artifacts", "m@old", declared)
+    assert find_artifact(tmp_path / "artifacts", "m", declared) == tmp_path / "artifacts" / "cpu" / "m"
+    (tmp_path / "artifacts" / "cpu" / "m" / "artifact.json").unlink()
+    with pytest.raises(UserError, match=r"no artifact of model 'm' .*; left over from targets no longer declared: old "
+                                        r"\(`epbuild prune` removes them\)$"):
+        find_artifact(tmp_path / "artifacts", "m", declared)
+
+
 def test_epbuild_check_says_what_onnx_runtime_answers_and_never_more(built):
     """The QNN artifact carries the EP's compatibility string (SDK versions and the soc_model); on this host
     without an NPU the QNN EP refuses to judge it, which is said as such, never as compatible."""

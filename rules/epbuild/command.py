@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         from .runtime.run import main as run
 
         manifest = Path(given or os.environ.get("EPBUILD_MANIFEST") or "models.toml").absolute()
-        return (run if argv[0] == "run" else check)(argv[1:], manifest.parent)
+        return run(argv[1:], manifest.parent, manifest) if argv[0] == "run" else check(argv[1:], manifest.parent)
     if argv[:1] == ["explain"]:
         argv[0] = "info"
     if argv[:1] == ["reduce"]:  # `epbuild reduce compile:m@t` (or m@t, validate:m@t): the task reduce:m@t

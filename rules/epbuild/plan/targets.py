@@ -106,6 +106,11 @@ def resolve_target(spec: TargetSpec, manifest: Manifest) -> ResolvedTarget:
     )
 
 
+# an option's value written as the hardware is called, and what it means (difflib would offer 'gpu' for 'npu')
+VALUE_MEANS = {("backend_type", word): "the NPU is QNN's HTP: backend_type = \"htp\""
+               for word in ("npu", "dsp", "hexagon", "hta")}
+
+
 def _options(spec: TargetSpec, ep: EpInfo, file: str, where: str) -> dict[str, str]:
     """Provider options checked against the EP's names, as the strings the EP receives."""
     options: dict[str, str] = {}
@@ -116,9 +121,10 @@ def _options(spec: TargetSpec, ep: EpInfo, file: str, where: str) -> dict[str, s
         if key in ep.ignored_options:
             raise UserError(file, f"{where}.options.{key}", ep.ignored_options[key])
         if ep.known_options is not None and key not in ep.known_options:
-            raise UserError(file, f"{where}.options.{key}",
-                            f"unknown {ep.name} option{closest(key, ep.known_options)}; "
-                            f"valid: {', '.join(sorted(ep.known_options))}")
+            near = closest(key, ep.known_options)  # named alone: the whole list is a line of 1,000 characters
+            listed = "" if near else f"; valid: {', '.join(sorted(ep.known_options))}"
+            raise UserError(file, f"{where}.options.{key}", f"unknown {ep.name} option{near}{listed}; every "
+                            f"option it takes: docs/targets/{ep.alias}.md")
         text = _normalise(value)
         if text is None:
             raise UserError(file, f"{where}.options.{key}",
@@ -127,9 +133,10 @@ def _options(spec: TargetSpec, ep: EpInfo, file: str, where: str) -> dict[str, s
         text = chip_number(text, chips)  # a chip's name (SM8650, any case) for the number the EP takes
         allowed = ep.option_values.get(key)
         if isinstance(allowed, tuple) and text not in allowed:
-            raise UserError(file, f"{where}.options.{key}", f"{text!r} is not a value {ep.name} knows"
-                            f"{closest(text, allowed)} (it would be ignored without a word); valid: "
-                            f"{', '.join(allowed)}")
+            meant = VALUE_MEANS.get((key, text.lower()))  # a word for the hardware, not the backend's name
+            near = f" ({meant})" if meant else closest(text, allowed)
+            raise UserError(file, f"{where}.options.{key}", f"{text!r} is not a value {ep.name} knows{near} (it "
+                            f"would be ignored without a word); valid: {', '.join(allowed)}")
         if isinstance(allowed, re.Pattern) and not allowed.fullmatch(text):
             names = sorted(chips.values())
             also = (f" or a chip name epbuild knows{closest(text.upper(), names)}; known: {', '.join(names)}"

@@ -17,27 +17,51 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..errors import ModelError, UserError, printable
+from ..errors import ModelError, UserError, closest, printable
 from ..manifest.builds import SIDECAR
 
 MAX_RUNS = 10_000  # a latency needs no more; a mistyped count must not run for days
 
 
-def find_artifact(artifacts: Path, name: str) -> Path:
-    """artifacts/<target>/<model>/ for MODEL@TARGET; for MODEL alone, its only built target."""
+def declared_targets(manifest: Path) -> set[str] | None:
+    """The targets the project's manifest declares; None where it cannot be read (then nothing is judged by it)."""
+    import tomllib
+
+    try:
+        with open(manifest, "rb") as handle:
+            targets = tomllib.load(handle).get("targets")
+    except (OSError, ValueError):
+        return None
+    return set(targets) if isinstance(targets, dict) else None
+
+
+def find_artifact(artifacts: Path, name: str, declared: set[str] | None = None) -> Path:
+    """artifacts/<target>/<model>/ for MODEL@TARGET; for MODEL alone, its only built target of those the manifest
+    declares (`declared`; None: every built one). A target not declared, or artifacts of targets no longer
+    declared, are said as such, never offered as something to build or pick."""
     model, _, target = name.partition("@")
     if target:
         folder = artifacts / target / model
+        if declared is not None and target not in declared:
+            left = " (its artifacts there are left over from an earlier manifest: `epbuild prune` removes them)" \
+                if (folder / SIDECAR).is_file() else ""
+            raise UserError(name, None, f"target '{target}' is not declared in the manifest"
+                            f"{closest(target, declared)}{left}; declared targets: {', '.join(sorted(declared))}")
         if not (folder / SIDECAR).is_file():
             raise UserError(name, None, f"no artifact at {folder}: build it first (epbuild compile:{model}@{target})")
         return folder
-    built = sorted(p.parent for p in artifacts.glob(f"*/{model}/{SIDECAR}"))
+    found = sorted(p.parent for p in artifacts.glob(f"*/{model}/{SIDECAR}"))
+    built = [p for p in found if declared is None or p.parent.name in declared]
+    stale = sorted({p.parent.name for p in found} - {p.parent.name for p in built})
+    leftover = (f"; left over from targets no longer declared: {', '.join(stale)} (`epbuild prune` removes them)"
+                if stale else "")
     if len(built) == 1:
         return built[0]
     if not built:
-        raise UserError(name, None, f"no artifact of model '{model}' under {artifacts}: build it first (epbuild)")
+        raise UserError(name, None, f"no artifact of model '{model}' under {artifacts}: build it first (epbuild)"
+                        f"{leftover}")
     names = ", ".join(f"{model}@{p.parent.name}" for p in built)
-    raise UserError(name, None, f"built for several targets: name one ({names})")
+    raise UserError(name, None, f"built for several targets: name one ({names}){leftover}")
 
 
 def verdict_warning(folder: Path) -> str | None:
@@ -126,7 +150,8 @@ def _statistics(array: Any) -> str:
     return f"min {values.min():.6g}, max {values.max():.6g}, mean {values.mean():.6g}, std {values.std():.6g}"
 
 
-def main(argv: list[str], root: Path) -> int:
+def main(argv: list[str], root: Path, manifest: Path | None = None) -> int:
+    """`epbuild run`; `manifest`: the project's (default `root`/models.toml), whose targets an artifact is one of."""
     parser = argparse.ArgumentParser(prog="epbuild run", description=__doc__)
     parser.add_argument("artifact", help="MODEL or MODEL@TARGET (a built artifact under artifacts/)")
     parser.add_argument("--inputs", type=Path, help="an .npz of inputs, keys = input names (default: fixed-seed)")
@@ -142,7 +167,8 @@ def main(argv: list[str], root: Path) -> int:
     from .session import artifact_record, open_session, package_session, packaged_in
 
     try:
-        folder = find_artifact(root / "artifacts", arguments.artifact)
+        folder = find_artifact(root / "artifacts", arguments.artifact,
+                               declared_targets(manifest or root / "models.toml"))
         folder, record = artifact_record(folder)
         warning = verdict_warning(folder)
         if warning:  # said before anything runs: the outputs that follow are those of an artifact that did not pass
