@@ -506,3 +506,18 @@ def test_a_failed_validation_exits_1_with_or_without_a_package_after_it(project,
     broken = subprocess.run([sys.executable, "-m", *command], cwd=project.root, env=project.env, capture_output=True,
                             text=True, timeout=600)
     assert broken.returncode == 2
+
+
+def test_a_package_stopped_by_a_failure_suggests_only_targets_that_passed(project):
+    """The line that ships a package without its failed variants listed a target that had failed too in the same
+    build: it lists only targets whose every validation of the package's models passed."""
+    failing = "validation = { targets = { qnn-htp = { min_snr_db = 1000 }, cpu2 = { min_snr_db = 1000 } } }"
+    manifest = STALE.replace('targets = ["cpu", "qnn-htp"]{validation}',
+                             f'targets = ["cpu", "cpu2", "qnn-htp"]\n{failing}')
+    cpu2 = '\n[targets.cpu2]\nep = "cpu"\noptimization_level = "basic"\n'
+    manifest = manifest.replace('[targets.cpu]\nep = "cpu"\n', '[targets.cpu]\nep = "cpu"\n' + cpu2)
+    project.manifest(manifest.replace("{{", "{").replace("}}", "}"))
+    done = project.doit("--continue", check=False)
+    assert done.returncode != 0
+    line = next(line for line in done.stdout.splitlines() if line.startswith("not built package:vision"))
+    assert line.endswith('; to ship it without them: [packages.vision] targets = ["cpu"]'), done.stdout

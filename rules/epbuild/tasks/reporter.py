@@ -197,7 +197,13 @@ class BuildReporter(ConsoleReporter):
         models = {*spec.models, *(m for group in spec.groups for m in self.project.manifest.groups[group].models)}
         targets = spec.targets if spec.targets is not None else list(dict.fromkeys(
             target for model in models for target in self.project.manifest.models[model].targets))
-        kept = [target for target in targets if target not in failed]
+        # only targets whose every validation of the package's models passed (or stood) in this run: a target
+        # that failed beside the one that stopped the package was suggested too
+        lost = {r["task"].name for r in self.failures} | self.blocked
+        passed = (self.done - lost) | self.uptodate
+        builds = {(b.members[0].model.name, b.target.name): b for b in self.project.builds if not b.shared}
+        kept = [target for target in targets if target not in failed and all(
+            builds[(model, target)].validate_task in passed for model in models if (model, target) in builds)]
         listed = ", ".join(f'"{target}"' for target in kept)
         return f"; to ship it without them: [packages.{package}] targets = [{listed}]" if kept else ""
 
