@@ -189,7 +189,7 @@ def test_what_cannot_be_reduced_says_why_in_one_line(rmsnorm):
     assert "reduce:rms" not in (project.artifacts / "report.html").read_text()
     bare = _epbuild(project, "reduce")
     assert bare.returncode == 2 and bare.stderr.strip() == (
-        "error: epbuild reduce TASK: name the failing compile, e.g. epbuild reduce compile:MODEL@TARGET")
+        "error: epbuild reduce TASK: name the failing compile or validation, e.g. epbuild reduce validate:MODEL@TARGET")
 
 
 def test_a_reduction_past_its_time_budget_keeps_the_smallest_failing_subgraph_found(rmsnorm):

@@ -5,7 +5,7 @@
     epbuild explain TASK                           why TASK would run (doit's `info`: the settings that changed)
     epbuild run MODEL[@TARGET] [--inputs F.npz]    run an artifact as an application does: outputs, latency
     epbuild check                                  what ONNX Runtime says of each artifact for this host's devices
-    epbuild reduce TASK                            a failing compile reduced to a repro folder (task reduce:M@T)
+    epbuild reduce TASK                            a failing compile or validation reduced to a repro folder
     epbuild worker tcp://HOST:8786 [...]           a Dask worker for `[executor]` builds
 
 It runs from the manifest's folder (default: ./models.toml, else EPBUILD_MANIFEST), as doit runs from a dodo.py's,
@@ -45,8 +45,8 @@ commands:
   run MODEL[@TARGET] [--inputs F.npz] [--runs N]
                                 run an artifact as an application does: outputs, session time, latency
   check                         what ONNX Runtime says of each artifact for this host's devices
-  reduce TASK                   a failing compile (compile:MODEL@TARGET) reduced to the smallest subgraph that fails
-                                the same way: artifacts/repro/MODEL@TARGET/ with a standalone repro.py
+  reduce TASK                   a failing compile or validation (compile:M@T, validate:M@T) reduced to the
+                                smallest subgraph that fails the same way: artifacts/repro/M@T/, a standalone repro.py
   backends [--json]             what this host can build: EPs, devices, toolchains, each target
   cache                         the local cache's size and cap, the remote cache's settings
   graph [--model M]             the task graph: artifacts/graph.svg
@@ -100,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
 
         argv = [reduce_task(name.split(":", 1)[-1]) if not name.startswith("-") else name for name in argv[1:]]
         if not any(name.startswith(REDUCE_PREFIX) for name in argv):
-            print("error: epbuild reduce TASK: name the failing compile, e.g. epbuild reduce compile:MODEL@TARGET",
+            print("error: epbuild reduce TASK: name the failing compile or validation, e.g. epbuild reduce "
+                  "validate:MODEL@TARGET",
                   file=sys.stderr)
             return 2
     manifest = Path(given or os.environ.get("EPBUILD_MANIFEST") or "models.toml").absolute()
