@@ -80,6 +80,9 @@ def test_report_html_renders_every_task_and_the_failed_metrics_without_network(b
             breaches = [cell.inner_text() for cell in failed.query_selector_all("td.breach")]
             group_text = page.query_selector('section[data-build="pair"]').inner_text()
             matrix_cell = page.query_selector('table.matrix td[data-build="tinycnn@openvino-cpu"]').inner_text()
+            cpu_text = page.query_selector('section[data-build="tinycnn@cpu"]').inner_text()
+            undeclared = page.query_selector_all("table.matrix td.undeclared")
+            grey = page.query_selector_all("table.matrix td.muted")
             page.screenshot(path=str(tmp_path / "report.png"), full_page=True)
         finally:
             browser.close()
@@ -91,6 +94,11 @@ def test_report_html_renders_every_task_and_the_failed_metrics_without_network(b
     assert (".logs/strict/tinycnn.validate.log" in failed_text) == (log.stat().st_size > 0)  # empty logs unlinked
     assert "members: tinycnn, encoder" in group_text and "shared context binary" in group_text
     assert "offload 100%" in matrix_cell and "passed" in matrix_cell
+    # a CPU target: what its model is, not a placement table of every op type "left on CPU"
+    assert "an offline-optimized model for CPU" in cpu_text and "op type left on CPU" not in cpu_text
+    assert "EPContext node(s)" not in cpu_text
+    # encoder@strict, and the group at cpu and strict: not declared, so not grey like a skipped or pending one
+    assert len(undeclared) == 3 and not grey
     assert requests == [page_url]  # the page itself, nothing else
     assert (tmp_path / "report.png").stat().st_size > 10_000
 
@@ -454,3 +462,16 @@ def test_a_build_report_vouched_by_its_digest_decodes_only_the_entries_asked_for
     older = BuildReport(path, state)
     assert not older.vouched and len(decoded) == 1 and not older.write()
     assert BuildReport(path, state).vouched and len(decoded) == 1
+
+
+def test_a_stage_that_ran_is_staged_in_every_task_as_in_the_header(project):
+    import re
+
+    project.manifest('[models.tinycnn]\npath = "models/tinycnn.onnx"\nquantize = { calibration = '
+                     '"models/calib/tinycnn/" }\ntargets = ["cpu-int8"]\n'
+                     '[targets.cpu-int8]\nep = "cpu"\nquantized = true\n')
+    project.doit()
+    page = (project.artifacts / "report.html").read_text()
+    assert re.search(r'<span class="badge good">1 staged</span>', page)
+    row = re.search(r'<tr[^>]*data-task="quantize:tinycnn\[generic\]"[^>]*>', page)
+    assert row is not None and 'data-status="staged"' in row.group(0), row

@@ -322,7 +322,9 @@ def stage_rows(entries: Mapping[str, dict[str, Any]], store: PartStore,
         if name.startswith(("compile:", "validate:", "group:")):
             continue
         entry = entries[name]
-        key = hashlib.blake2b(entry_text(name).encode(), digest_size=16).hexdigest()
+        if entry.get("status") == "compiled":  # a stage that ran: "staged", as the header and console count it
+            entry = {**entry, "status": "staged"}
+        key = hashlib.blake2b(f"{entry_text(name)}\0{entry.get('status')}".encode(), digest_size=16).hexdigest()
         part = store.get(name, key, lambda n=name, e=entry: {"row": str(cell_macros().task_row(n, e)).encode()})
         rows.append(part["row"])
     return rows
@@ -330,7 +332,7 @@ def stage_rows(entries: Mapping[str, dict[str, Any]], store: PartStore,
 
 def _matrix(places: list[tuple[str, str]], targets: list[str], by_place: dict[tuple[str, str], Part]) -> list[bytes]:
     """The rows of a models x targets table (each place: its row's header cells)."""
-    empty = b'<td class="muted"></td>'
+    empty = b'<td class="undeclared" title="not declared in the manifest"></td>'  # not grey: nothing to skip
     lines = []
     for row, head in places:
         cells = b"".join(by_place[(row, t)].summary if (row, t) in by_place else empty for t in targets)
