@@ -140,6 +140,14 @@ def test_onnx_runtime_opens_the_package_and_selects_each_targets_variant(package
         assert [name, used] == [target, provider]
         noise = np.sum((got - want) ** 2)
         assert np.isfinite(got).all() and (noise == 0 or 10 * np.log10(np.sum(want ** 2) / noise) >= snr)
+    # a host whose plugin offers no device (OpenVINO's on a non-Intel CPU): one sentence, not InvalidArgument's
+    # traceback (`Must provide one or more OrtEpDevice instances`)
+    none = ort_only(project, "import onnxruntime\nonnxruntime.get_ep_devices = lambda: []\n" + ort_only_snippet(),
+                    "openvino")
+    assert none.returncode == 1 and "Traceback" not in none.stderr, none.stderr
+    assert none.stderr.strip().splitlines()[-1] == (
+        "this host offers no OpenVINOExecutionProvider device (OpenVINO's plugin offers its CPU device on Intel CPUs "
+        "only): load another variant of the package, such as cpu")
 
 
 def test_a_package_is_incremental_restored_byte_for_byte_and_rebuilt_alone(packaged):
