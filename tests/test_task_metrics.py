@@ -349,3 +349,38 @@ def test_an_array_whose_header_declares_more_than_it_holds_is_one_line_naming_it
     with pytest.raises(ModelError, match=r"^validation\.dataset: .*big\.npz: array 'x' declares \[2199023255552, 13\] "
                                          r"float32 \(114,349,209,288,704 bytes\) but holds 64 bytes: its header"):
         read_dataset({"dataset": [str(tmp_path / "big.npz")], "samples": None}, [("x", "tensor(float)", [1, 13])], {})
+
+
+def test_a_task_lost_by_the_stage_before_the_compile_blames_the_stage(tmp_path):
+    """magika's QNN-flavoured quantize stage already scored 0/176 on CPU, yet the failure line (tensors differing
+    from that stage's model) suggested reducing a repro for the EP. The stage's model is scored on CPU on the same
+    samples: it lost the task, and the line names it."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from epbuild.steps.validation.task_metrics import decide
+    from helpers import validation_member
+
+    def model(path, node):
+        graph = helper.make_graph([node], "m", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+        onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+
+    model(tmp_path / "source.onnx", helper.make_node("Identity", ["x"], ["y"]))
+    model(tmp_path / "stage.onnx", helper.make_node("Neg", ["x"], ["y"]))  # every class ranked backwards
+    x = np.random.default_rng(0).standard_normal((40, 4)).astype(np.float32)
+    np.savez(tmp_path / "d.npz", x=x, labels=x.argmax(1))
+    task = {"dataset": [str(tmp_path / "d.npz")], "samples": None, "metric": "top1", "output": None,
+            "gate": {"min_relative": 0.99}, "metric_file": None, "metric_files": []}
+    request = validation_member(task=task, artifact=str(tmp_path / "stage.onnx"), source=str(tmp_path / "source.onnx"),
+                                reference=str(tmp_path / "stage.onnx"), declared=str(tmp_path / "source.onnx"),
+                                reference_is="the output of quantize:m[qnn]")
+    source = ort.InferenceSession(str(tmp_path / "source.onnx"), providers=["CPUExecutionProvider"])
+    source_outputs = {"y": np.concatenate([source.run(None, {"x": row[None]})[0] for row in x])}
+    artifact = ort.InferenceSession(str(tmp_path / "stage.onnx"), providers=["CPUExecutionProvider"])
+    found, failure = decide(artifact, request, source_outputs, 0.001, 60.0, "QNNExecutionProvider",
+                            ["output 'y': snr_db 3 < min_snr_db 20"])
+    assert failure is not None and found["lost_by"] == "the output of quantize:m[qnn]"
+    assert "; the output of quantize:m[qnn], the model it was compiled from, already scores 0 on CPU on the same " \
+           "samples: that stage lost the task, not QNNExecutionProvider" in failure

@@ -154,7 +154,8 @@ def run_validate(build: Build, workspace: Workspace, config: dict[str, Any]) -> 
     strict = any(member.get("inconclusive") == "fail" for member in config["members"])
     if report["status"] == Verdict.FAILED or (report["status"] == Verdict.INCONCLUSIVE and strict):
         if report["status"] == Verdict.FAILED and report.get("thresholds") and reducible(build) is None and not (
-                report.get("task") and report["task"].get("tensors") == "within the thresholds") and not any(
+                report.get("task") and (report["task"].get("tensors") == "within the thresholds"
+                                        or report["task"].get("lost_by"))) and not any(
                 member.get("blame") for member in [report, *report.get("members", {}).values()]
                 if isinstance(member, dict)):
             line = _suggest_reduce(line, build.validate_task)

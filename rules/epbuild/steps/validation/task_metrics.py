@@ -364,4 +364,27 @@ def decide(session: Any, request: ValidationMember, source_outputs: dict[str, An
     if failure and not tensor_misses and request.reference_is != declared:
         failure += (f"; the artifact matches {request.reference_is} (tensors within the thresholds): that model "
                     "loses it already (a quantization's calibration data?)")
+        task["lost_by"] = request.reference_is
+    elif failure and request.reference_is != declared:  # the tensors differ: does the stage's model keep the task?
+        staged = _stage_score(request, source_outputs, left_s)
+        if staged is not None and not staged["passed"]:
+            failure += (f"; {request.reference_is}, the model it was compiled from, already scores "
+                        f"{staged['artifact']:.4g} on CPU on the same samples: that stage lost the task, not "
+                        f"{ep} (a quantization's calibration data, its types?)")
+            task["lost_by"] = request.reference_is
     return task, failure
+
+
+def _stage_score(request: ValidationMember, source_outputs: dict[str, Any], left_s: float) -> dict[str, Any] | None:
+    """The task judged on a CPU session of the model the artifact was compiled from (a stage's output); None where
+    it cannot be run on CPU here."""
+    import onnxruntime as ort
+
+    from .reference import cpu_session
+
+    try:
+        session = cpu_session(ort, request.reference, request)
+        staged, _ = evaluate(session, request, source_outputs, 0.0, left_s, "CPUExecutionProvider")
+    except Exception:  # noqa: BLE001 - no evidence: the line stays as it was
+        return None
+    return staged
