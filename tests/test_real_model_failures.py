@@ -241,3 +241,26 @@ def test_carried_weights_go_before_a_loop_s_scan_outputs(tmp_path):
     for a, b in zip(got, want, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     assert carry_into_loops(model.graph) == []  # nothing read from outside any more
+
+
+def test_a_model_onnx_runtime_cannot_run_is_judged_against_onnx_reference_implementation(project):
+    """Gemm at opset 6 has no ONNX Runtime kernel: the model as declared cannot run on CPU, but ONNX's reference
+    implementation computes it (a small model: bounded), and the verdict says its reference came from there."""
+    weights = np.random.default_rng(0).standard_normal((16, 8)).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("Gemm", ["x", "w", "b"], ["y"], broadcast=1)], "gemm6",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16]),
+                               helper.make_tensor_value_info("w", TensorProto.FLOAT, [16, 8]),
+                               helper.make_tensor_value_info("b", TensorProto.FLOAT, [8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
+                              [numpy_helper.from_array(weights, "w"), numpy_helper.from_array(np.ones(8, np.float32),
+                                                                                              "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 6)])
+    model.ir_version = 3
+    onnx.save(model, str(project.root / "models" / "gemm6.onnx"))
+    project.manifest('[targets.qnn-htp]\nep = "qnn"\n\n[models.gemm6]\npath = "models/gemm6.onnx"\n')
+    done = project.doit(check=False)
+    assert (project.artifacts / "qnn-htp" / "gemm6" / "validation.json").is_file(), done.stdout + done.stderr
+    verdict = json.loads((project.artifacts / "qnn-htp" / "gemm6" / "validation.json").read_text())
+    assert verdict["status"] == "passed", done.stdout + json.dumps(verdict)
+    assert any("computed by ONNX's reference implementation (onnx.reference.ReferenceEvaluator)" in note
+               for note in verdict["notes"]), verdict["notes"]
