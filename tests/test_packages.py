@@ -296,6 +296,14 @@ def test_epbuild_run_goes_through_the_package_that_holds_the_artifact(packaged):
         assert done.returncode == 0, done.stderr
         first = done.stdout.splitlines()[0]
         assert first.startswith(f"{target}/tinycnn through package vision: {provider} on {provider}"), first
+    # a variant whose file is not what the package's manifest records is never run "through the package"
+    copy = project.artifacts / "packages" / "vision" / "tinycnn" / "cpu" / "tinycnn.onnx"
+    copy.write_bytes(copy.read_bytes() + b"\0")
+    done = subprocess.run([sys.executable, "-m", "epbuild", "run", "tinycnn@cpu"], cwd=project.root,
+                          capture_output=True, text=True, timeout=300, env={**project.env, "PYTHONPATH": str(SOURCE)})
+    assert done.returncode == 1 and done.stdout == "" and done.stderr.strip() == (
+        "error: vision's tinycnn@cpu variant is not what its manifest records (tinycnn/cpu/tinycnn.onnx differ): "
+        "rebuild the package (epbuild) before running it"), done.stderr
 
 
 GROUPS = """

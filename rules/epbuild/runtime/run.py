@@ -164,7 +164,7 @@ def main(argv: list[str], root: Path, manifest: Path | None = None) -> int:
     import numpy as np
 
     from ..manifest.eps import lookup
-    from .session import artifact_record, open_session, package_session, packaged_in
+    from .session import artifact_record, open_session, package_differences, package_session, packaged_in
 
     try:
         folder = find_artifact(root / "artifacts", arguments.artifact,
@@ -174,6 +174,12 @@ def main(argv: list[str], root: Path, manifest: Path | None = None) -> int:
         if warning:  # said before anything runs: the outputs that follow are those of an artifact that did not pass
             print(printable(warning), file=sys.stderr, flush=True)
         package = packaged_in(root / "artifacts", folder.name, folder.parent.name)
+        differ = package_differences(package, folder.name, folder.parent.name) if package is not None else []
+        if differ and package is not None:  # never run "through the package" what it does not hold as published
+            print(printable(f"error: {package.name}'s {folder.name}@{folder.parent.name} variant is not what its "
+                            f"manifest records ({', '.join(differ[:5])} differ): rebuild the package (epbuild) "
+                            "before running it"), file=sys.stderr)
+            return 1
         import onnxruntime as ort
 
         quiet = ort.SessionOptions()

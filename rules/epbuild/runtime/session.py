@@ -143,6 +143,31 @@ def packaged_in(artifacts: Path, model: str, target: str) -> Path | None:
     return None
 
 
+def package_differences(package: Path, model: str, target: str) -> list[str]:
+    """The files of MODEL's TARGET variant in `package` whose bytes are not those its manifest records (edited,
+    replaced, removed), by their path in the package; every file, where the manifest records none."""
+    import hashlib
+
+    try:
+        recorded = json_value((package / "manifest.json").read_text())["additional_metadata"]["epbuild"]["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return ["manifest.json"]
+    if not isinstance(recorded, dict):
+        return ["manifest.json"]
+    prefix = f"{model}/{target}/"
+    differ = []
+    for name, digest in sorted(recorded.items()):
+        if not name.startswith(prefix):
+            continue
+        try:
+            found = hashlib.sha256((package / name).read_bytes()).hexdigest()
+        except OSError:
+            found = None
+        if found != digest:
+            differ.append(name)
+    return differ
+
+
 def open_group(folder: str | Path) -> dict[str, Any]:
     """Every member's session of a shared-context group, created in the loading contract's order (destroy them in
     reverse order: delete the dict's entries last to first)."""
