@@ -113,6 +113,9 @@ def test_a_compiled_model_keeps_its_task_on_every_target_judged_against_the_fp32
         assert task["artifact"] >= task["needed"] and task["source"] > 0.95  # the fp32 model's top-1
         sources.add(task["source"])
         assert f"passed validate:digits@{target}: top1 " in done.stdout
+        # the tensors are compared on the user's samples too, not on generated inputs beside them
+        inputs = _verdict(project, target)["inputs"]
+        assert inputs["from"] == "validation.dataset (its first samples)" and "generated" not in inputs, inputs
     assert len(sources) == 1  # one source: the model as declared, fp32, for every (quantized) target
     html = (project.artifacts / "report.html").read_text()
     assert 'data-task-metric="top1"' in html and "It decides the verdict" in html

@@ -22,6 +22,7 @@ from .localise import localise
 from .localise import summary as localised
 from .precision import f32_would_hold
 from .reference import (
+    DATASET_NOTE,
     ReferenceUnusable,
     reference_run,
     seeded,
@@ -158,7 +159,8 @@ def validate_member(request: ValidationMember, reference: dict[str, Any] | None 
         **({"compatibility": {"answer": judged[0], "text": judged[1]}} if judged else {}),
         **({"divergence": divergence} if divergence else {}),
         **({"blame": "precision default"} if held else {}),  # not the EP's: no repro to reduce
-        "inputs": {"from": request.inputs_file or f"generated, seed {SEED}",
+        "inputs": {"from": request.inputs_file or ("validation.dataset (its first samples)" if any(
+                       note.startswith(DATASET_NOTE) for note in notes) else f"generated, seed {SEED}"),
                    "shapes": {k: list(v.shape) for k, v in feeds.items()},
                    **({"generated": generated} if generated else {}),
                    **({"frozen": request.frozen} if request.frozen else {})}}

@@ -107,6 +107,7 @@ def below_floor(path: str, cause: str) -> str:
             "(an export of the same network), or validate = \"structural\" on the target")
 
 
+DATASET_NOTE = "the tensors are compared on the dataset's first samples"
 EVALUATED_NODES = 500  # onnx.reference runs op by op in Python: a bound on what it is asked to evaluate
 EVALUATED_VALUES = 50_000_000  # and on the values of the model's inputs and weights
 
@@ -186,15 +187,24 @@ def reference_run(ort: Any, request: ValidationMember) -> dict[str, Any]:
 
     source = onnx.load(request.source, load_external_data=False)
     signature = signature_of(source)
-    feeds, generated = make_inputs(signature, source, request.inputs, request.inputs_file, request.frozen)
+    taken = None
+    if request.task and not request.inputs_file:  # the user's samples, never generated ones beside them
+        from .task_metrics import dataset_feeds
+
+        taken = dataset_feeds(request.task, [(s.name, s.type, s.shape) for s in signature], request.frozen,
+                              request.inputs)
+    feeds, generated = (taken, {}) if taken is not None else make_inputs(signature, source, request.inputs,
+                                                                         request.inputs_file, request.frozen)
     del source
     expected, declared_instead = reference_outputs(ort, request, feeds)
     floats, float_note = float_outputs(ort, request, feeds) if request.float_reference else ({}, None)
     # the task's source is the model as the user declared it (the fp32 model before quantization, as MLPerf
     # judges a compiled model against the reference one), whatever the tensors are compared with
     dataset = dataset_outputs(ort, request, signature, request.declared) if request.task else {}
+    sampled = f"{DATASET_NOTE} ({len(next(iter(feeds.values())))} sample(s) of validation.dataset)" \
+        if taken is not None and feeds else None
     return {"feeds": feeds, "generated": generated, "expected": expected, "floats": floats, "dataset": dataset,
-            "notes": [note for note in (declared_instead, float_note) if note]}
+            "notes": [note for note in (sampled, declared_instead, float_note) if note]}
 
 
 def save_reference(run: dict[str, Any], folder: Path) -> None:

@@ -162,6 +162,27 @@ def run_dataset(session: Any, dataset: Dataset, size: int, keep: list[str] | Non
     return {name: np.concatenate(parts) if parts[0].ndim else np.stack(parts) for name, parts in runs.items()}
 
 
+def dataset_feeds(task: dict[str, Any], inputs: list[tuple[str, str, list[Any]]], frozen: dict[str, Any],
+                  declared: dict[str, list[int]]) -> dict[str, Any] | None:
+    """The tensors' comparison inputs taken from the dataset (its first samples, one run's worth: the model's static
+    batch, else the batch `inputs` declares, else 1) instead of generated ones; None where a run's worth does not
+    have the shapes the model takes (the generated inputs then serve, as before)."""
+    dataset = read_dataset(task, inputs, frozen)
+    if not inputs:
+        return None
+    name, _, shape = inputs[0]
+    first = shape[0] if shape else 1
+    size = first if isinstance(first, int) and first > 0 else (declared.get(name) or [1])[0]
+    if size > dataset.count:
+        return None
+    feeds, _ = next(dataset.batches(size))
+    for name, _, shape in inputs:
+        want = declared.get(name) or shape
+        if name in feeds and not _fits(feeds[name].shape, list(want)):
+            return None
+    return feeds
+
+
 def output_name(task: dict[str, Any], outputs: list[str]) -> str:
     """The output the metric reads: `validation.output`, else the model's first."""
     name = task.get("output") or outputs[0]
