@@ -3,7 +3,7 @@ whose outputs vary from run to run (a random op, an EP's race) is luck. The vali
 time on the same session and inputs (one run more, no session), and outputs that differ between the two beyond
 what the target's precision explains fail it, named. What it does not see: outputs that depend on what ran before
 in the process (QNN's HTP leaves part of a ConvTranspose output unwritten, so it holds an earlier graph's leftovers:
-13.1, 18.6, -17 dB after other graphs, 141.3 dB alone; a second run repeats the same values; docs/targets/qnn.md)."""
+13.1, 18.6, -17 dB after other graphs, 141.3 dB alone; a second run repeats the same values; docs/targets/qnn.md).
 Where one run is long (the simulator on a large model), `validation.repeat_within_s` bounds it: a first run slower
 than that is not repeated, and validation.json says so (`repeatability.checked`)."""
 
