@@ -185,6 +185,14 @@ def _foreign_state(project: Project) -> Callable[[], None]:
     return lambda: None
 
 
+def _other_owner(project: Project) -> Callable[[], None]:
+    """`.state/` stamped under another user's key (a checkout that committed it: state.owner): its records and doit's
+    database vouch for nothing, so it is emptied with doit's database, and every task is checked in full, restored
+    from the cache."""
+    (project.artifacts / ".state" / "owner").write_text("0" * 64 + "\n")
+    return lambda: None
+
+
 def _edit_cache_entry(project: Project) -> Callable[[], None]:
     entry = next(path for path in (project.cache / "entries-v2").glob("*/ext.onnx"))
     saved = entry.read_bytes()
@@ -226,6 +234,7 @@ CHANGES = {  # change -> the tasks that must execute
     "a cache entry edited by hand": (_edit_cache_entry, set()),  # read only on a restore, which verifies it
     # the settings record is gone with the folder: every task runs again, each restored from the cache
     "the state folder of another layout format": (_foreign_state, TINYCNN | EXT | DYN | VAD),
+    "the state folder stamped by another user (a committed checkout's)": (_other_owner, TINYCNN | EXT | DYN | VAD),
     "embed on the NPU target": (_manifest_edit(QNN_TARGET, 'embed = true\n' + QNN_TARGET), QNN_COMPILE),
     "a quantization setting": (_manifest_edit('calibration = "models/calib/tinycnn/"',
                                               'calibration = "models/calib/tinycnn/", activation_type = "uint16"'),

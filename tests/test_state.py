@@ -34,9 +34,10 @@ def test_a_state_folder_of_another_layout_is_emptied_before_use(project, tmp_pat
     (loose / "hashes").mkdir(parents=True)
     (loose / "plan.record").write_bytes(b"an older epbuild's")
     (loose / "hashes" / "00.tsv").write_text("x\n")
-    assert settle_format(loose) is True
-    assert sorted(p.name for p in loose.iterdir()) == ["format"] and (loose / "format").read_text() == f"{FORMAT}\n"
-    assert settle_format(loose) is False  # this layout's: kept
+    assert settle_format(loose) == "layout"
+    assert sorted(p.name for p in loose.iterdir()) == ["format", "owner"]  # marked, and stamped as this user's
+    assert (loose / "format").read_text() == f"{FORMAT}\n"
+    assert settle_format(loose) is None  # this layout's, this user's: kept
     project.manifest(MANIFEST)
     project.doit()
     state = project.artifacts / ".state"

@@ -382,8 +382,9 @@ def test_a_task_lost_by_the_stage_before_the_compile_blames_the_stage(tmp_path):
     source = ort.InferenceSession(str(tmp_path / "source.onnx"), providers=["CPUExecutionProvider"])
     source_outputs = {"y": np.concatenate([source.run(None, {"x": row[None]})[0] for row in x])}
     artifact = ort.InferenceSession(str(tmp_path / "stage.onnx"), providers=["CPUExecutionProvider"])
+    stage = ort.InferenceSession(str(tmp_path / "stage.onnx"), providers=["CPUExecutionProvider"])
     found, failure = decide(artifact, request, source_outputs, 0.001, 60.0, "QNNExecutionProvider",
-                            ["output 'y': snr_db 3 < min_snr_db 20"])
+                            ["output 'y': snr_db 3 < min_snr_db 20"], lambda: stage)
     assert failure is not None and found["lost_by"] == "the output of quantize:m[qnn]"
     assert "; the output of quantize:m[qnn], the model it was compiled from, already scores 0 on CPU on the same " \
            "samples: that stage lost the task, not QNNExecutionProvider" in failure

@@ -224,3 +224,39 @@ def test_a_state_folder_that_is_a_file_is_replaced(project):
     done = project.doit()
     assert "Traceback" not in done.stderr and state.is_dir()
     assert ran(project.doit()) <= {"unavailable"}
+
+
+def test_a_committed_build_state_vouches_for_nothing(project, tmp_path):
+    """A pull request commits `artifacts/` with its `.state/` records and doit's database, one artifact's bytes
+    swapped and every hash of it rewritten to match, built where CI builds (the same path): its records vouched for
+    the swapped bytes (`4 up-to-date`). They were written under its author's key, not this user's, so the first build
+    here empties them and checks every artifact afresh."""
+    import hashlib
+
+    two = MANIFEST + '\n[models.encoder]\npath = "models/encoder.onnx"\n'
+    project.manifest(two)
+    author = {**project.env, "XDG_STATE_HOME": str(tmp_path / "author"),
+              "EPBUILD_CACHE_DIR": str(tmp_path / "author-cache")}
+    assert subprocess.run([sys.executable, "-m", "doit"], cwd=project.root, env=author, capture_output=True,
+                          timeout=600).returncode == 0
+    artifact = project.artifacts / "cpu" / "tinycnn" / "tinycnn.onnx"
+    honest = artifact.read_bytes()
+    swapped = (project.artifacts / "cpu" / "encoder" / "encoder.onnx").read_bytes()
+    artifact.write_bytes(swapped)
+    forged = 0
+    for old, new in ((hashlib.sha256(honest).hexdigest(), hashlib.sha256(swapped).hexdigest()),
+                     (hashlib.md5(honest).hexdigest(), hashlib.md5(swapped).hexdigest())):
+        for path in [*project.artifacts.rglob("*"), *project.root.glob(".doit.db*")]:
+            if path.is_file() and old.encode() in path.read_bytes():
+                path.write_bytes(path.read_bytes().replace(old.encode(), new.encode()))
+                forged += 1
+    assert forged >= 3  # the published files' record, the hash memory, the build report
+    ci = {**project.env, "XDG_STATE_HOME": str(tmp_path / "ci"), "EPBUILD_CACHE_DIR": str(tmp_path / "ci-cache")}
+    done = subprocess.run([sys.executable, "-m", "doit"], cwd=project.root, env=ci, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "artifacts/.state was not written by this user here" in done.stderr, done.stderr
+    assert "compile:tinycnn@cpu" in ran(done) and artifact.read_bytes() == honest
+    again = subprocess.run([sys.executable, "-m", "doit"], cwd=project.root, env=ci, capture_output=True, text=True,
+                           timeout=600)
+    assert ran(again) == set() and "not written by this user" not in again.stderr  # its own state holds

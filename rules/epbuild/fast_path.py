@@ -31,7 +31,7 @@ from .invocation import Invocation
 from .logs import log
 from .state.folder import StateFolder
 from .state.records import VOUCHES, vouch, vouched_files
-from .state.registry import CONFIGS, HOST
+from .state.registry import CONFIGS, HOST, OWNER_FILE
 
 PACKAGE = Path(__file__).resolve().parent
 # not doit's default name: a dodo.py without epbuild's DOIT_CONFIG opens `.doit.db` with doit's default dbm backend,
@@ -96,8 +96,9 @@ class Stamp:
 
     def __init__(self, layout: Layout):
         self.state = StateFolder(layout.state)
+        # the owner stamp too: a no-op vouched for by a folder that is no longer this user's is no no-op
         self.watched = [self.state.path(CONFIGS), layout.build_report, layout.html_report,
-                        layout.junit_report, self.state.path(HOST), Path(DEP_FILE)]
+                        layout.junit_report, self.state.path(HOST), Path(DEP_FILE), self.state.path(OWNER_FILE)]
 
     def still_valid(self, key: str) -> dict[str, Any] | None:
         """The stamp when the key and every file's identity still match, else None."""

@@ -64,8 +64,8 @@ class StateFolder:
         self.root.mkdir(parents=True, exist_ok=True)
         return records_lock(self.root)
 
-    def settle(self) -> bool:
-        """Make the folder this layout's (`registry.settle_format`): True when it was emptied."""
+    def settle(self) -> str | None:
+        """Make the folder this layout's and this user's (`registry.settle_format`): why it was emptied, else None."""
         return settle_format(self.root)
 
     # records and JSON documents: current by one rule (`records.current`: their key, their files)

@@ -8,11 +8,14 @@ so no file is ever read under a layout it was not written in; losing it costs on
 from __future__ import annotations
 
 import fnmatch
+import os
+import stat
 from contextlib import AbstractContextManager
 from pathlib import Path
 
 FORMAT = 3  # 2: journals and digests inside their records (`state.journaled`); 3: records are JSON, never pickles
 FORMAT_FILE = "format"
+OWNER_FILE = "owner"  # this user's stamp on the folder (`state.owner`)
 RECORDS_LOCK = "records.lock"
 CONFIGS = "configs.journaled"  # watched by the no-op stamp and the run record: its owner is `store.task_configs`
 HOST = "host.json"  # in the project key and watched by the no-op stamp: its owner is `execute.host`
@@ -40,6 +43,13 @@ class StateFile:
 STATE_FILES = (
     StateFile(RECORDS_LOCK, "state.registry", "the lock a build holds while it merges into the run record or the "
               "settings record (two builds ending together)", "never read", "not a shortcut: concurrent builds"),
+    StateFile(OWNER_FILE, "state.registry", "this folder's owner stamp: an HMAC of its layout and real path under a "
+              "key this user keeps outside every project and cache (`~/.local/state/epbuild/owner.key`)",
+              "another user, machine or path wrote the folder (a checkout, a pull request that commits it), or the "
+              "key is gone",
+              "not a shortcut: what lets the other files vouch for artifacts at all (a checkout cannot bring it)",
+              "the next full load takes the folder for another's and empties it, setting doit's database aside: "
+              + RESTORED),
     StateFile(FORMAT_FILE, "state.registry", "this folder's layout version", "epbuild changes the layout",
               "not a shortcut: what makes every other file safe to read",
               "the next full load takes the folder for another layout's and empties it: " + RESTORED),
@@ -115,16 +125,55 @@ def unlisted(state: Path) -> list[str]:
     return sorted(n for n in names if not any(fnmatch.fnmatch(n, f.pattern) for f in STATE_FILES))
 
 
-def settle_format(state: Path) -> bool:
-    """Make `state` this layout's: an existing folder of another format (or of none) is emptied and marked. True
-    when it was emptied. Before anything under it is read or written in a run that writes."""
+def owned(state: Path, layout: int = FORMAT) -> bool:
+    """Whether `state` carries this user's stamp for its real path and `layout` (`state.owner`). A FIFO or a link
+    in the stamp's place is no stamp: never waited on, never followed."""
+    import hmac
+
+    from .owner import stamp
+
+    expected = stamp(state, layout)
+    if expected is None:
+        return False
+    try:
+        descriptor = os.open(state_file(state, OWNER_FILE), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            return False
+        found = os.read(descriptor, 256).strip()  # a stamp is 64 hex digits: never read past that
+    finally:
+        os.close(descriptor)
+    return hmac.compare_digest(found, expected.encode())
+
+
+def write_stamp(state: Path, layout: int = FORMAT) -> None:
+    """Mark `state` as this user's (a folder just emptied or made)."""
+    from .owner import stamp
+
+    expected = stamp(state, layout)
+    if expected is not None:
+        target = state_file(state, OWNER_FILE)
+        if target.is_symlink() or (target.exists() and not target.is_file()):
+            target.unlink()
+        target.write_text(expected + "\n", encoding="ascii")
+
+
+def settle_format(state: Path) -> str | None:
+    """Make `state` this layout's and this user's: an existing folder of another format (or of none), or one that
+    does not carry this user's stamp for its path (`state.owner`: a checkout's, another user's or machine's), is
+    emptied, marked and stamped. Why, when it was emptied ("layout"; "owner": another's stamp; "unstamped": none, an
+    older epbuild's folder or a checkout's), else None. Before anything
+    under it is read or written in a run that writes."""
     marker = state / FORMAT_FILE
     try:
         found = marker.read_text().strip() if not state.is_symlink() else None
     except (OSError, UnicodeDecodeError):
         found = None
-    if found == str(FORMAT):
-        return False
+    if found == str(FORMAT) and owned(state, FORMAT):
+        return None
+    had_stamp = (state / OWNER_FILE).exists() and not state.is_symlink()  # another's stamp, or none at all
     import shutil
 
     emptied = False
@@ -140,7 +189,12 @@ def settle_format(state: Path) -> bool:
         emptied = True
     state.mkdir(parents=True, exist_ok=True)
     marker.write_text(f"{FORMAT}\n")
-    return emptied
+    write_stamp(state, FORMAT)
+    if not emptied:
+        return None
+    if found != str(FORMAT):
+        return "layout"
+    return "owner" if had_stamp else "unstamped"
 
 
 def table() -> str:

@@ -75,7 +75,14 @@ class RunStart:
         for path in remove_links(layout.root):
             print(f"warning: removed {self.rel(Path(path))}: a symbolic link under artifacts/, where epbuild makes "
                   "none (a checkout's files are data: a build never writes through one)", file=sys.stderr)
-        if StateFolder(layout.state).settle():
+        emptied = StateFolder(layout.state).settle()
+        if emptied in ("owner", "unstamped"):  # its records, and doit's beside them, vouch for nothing here
+            Path(DEP_FILE).absolute().unlink(missing_ok=True)
+        if emptied == "owner":
+            print(f"warning: {self.rel(layout.state)} was not written by this user here (a checkout's, another "
+                  "machine's or path's): emptied, with doit's database; every artifact is checked afresh",
+                  file=sys.stderr)
+        elif emptied:  # another layout, or an older epbuild's folder without an owner stamp: one full check
             log(__name__, "info", "%s held another layout's state: emptied (one full check)", layout.state)
         if migrate_doit_database(Path(DEP_FILE).absolute(), Path(LEGACY_DEP_FILE).absolute()):
             log(__name__, "info", "doit's database moved from %s to %s", LEGACY_DEP_FILE, DEP_FILE)

@@ -24,6 +24,7 @@ from .precision import f32_would_hold
 from .reference import (
     DATASET_NOTE,
     ReferenceUnusable,
+    cpu_session,
     reference_run,
     seeded,
     session_options,
@@ -131,7 +132,7 @@ def validate_member(request: ValidationMember, reference: dict[str, Any] | None 
         with located(request.manifest, request.entry):
             task, missed_task = decide(session, request, reference["dataset"], seconds,
                                        request.timeout_s - (time.monotonic() - began), info.name,
-                                       [*missed, *undecided])
+                                       [*missed, *undecided], lambda: cpu_session(ort, request.reference, request))
         failures += [missed_task] if missed_task else []
         task_lost = missed_task is not None  # localise looks for where it departs as for a tensor miss
         missed, undecided = [], []

@@ -18,7 +18,7 @@ import importlib.machinery
 import math
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -376,9 +376,11 @@ def evaluate(session: Any, request: ValidationMember, source_outputs: dict[str, 
 
 
 def decide(session: Any, request: ValidationMember, source_outputs: dict[str, Any], seconds: float, left_s: float,
-           ep: str, tensor_misses: list[str]) -> tuple[dict[str, Any], str | None]:
-    """`evaluate`, with what the tensors missed (reported beside the task, not deciding) and, when the task is lost
-    while the tensors match the model the artifact was compiled from, where to look: that model lost it already."""
+           ep: str, tensor_misses: list[str], stage_session: Callable[[], Any] | None = None,
+           ) -> tuple[dict[str, Any], str | None]:
+    """`evaluate`, with what the tensors missed (reported beside the task, not deciding) and, when the task is lost,
+    where to look: the model the artifact was compiled from lost it already (its tensors match it; or, scored on a
+    CPU session of it, `stage_session()`, it misses the gate too)."""
     task, failure = evaluate(session, request, source_outputs, seconds, left_s, ep)
     task["tensors"] = tensor_misses or "within the thresholds"
     declared = f"the model as declared ({Path(request.declared).name})"
@@ -386,8 +388,8 @@ def decide(session: Any, request: ValidationMember, source_outputs: dict[str, An
         failure += (f"; the artifact matches {request.reference_is} (tensors within the thresholds): that model "
                     "loses it already (a quantization's calibration data?)")
         task["lost_by"] = request.reference_is
-    elif failure and request.reference_is != declared:  # the tensors differ: does the stage's model keep the task?
-        staged = _stage_score(request, source_outputs, left_s)
+    elif failure and request.reference_is != declared and stage_session is not None:  # the stage's model's score
+        staged = _stage_score(stage_session, request, source_outputs, left_s)
         if staged is not None and not staged["passed"]:
             failure += (f"; {request.reference_is}, the model it was compiled from, already scores "
                         f"{staged['artifact']:.4g} on CPU on the same samples: that stage lost the task, not "
@@ -396,16 +398,12 @@ def decide(session: Any, request: ValidationMember, source_outputs: dict[str, An
     return task, failure
 
 
-def _stage_score(request: ValidationMember, source_outputs: dict[str, Any], left_s: float) -> dict[str, Any] | None:
+def _stage_score(stage_session: Callable[[], Any], request: ValidationMember, source_outputs: dict[str, Any],
+                 left_s: float) -> dict[str, Any] | None:
     """The task judged on a CPU session of the model the artifact was compiled from (a stage's output); None where
     it cannot be run on CPU here."""
-    import onnxruntime as ort
-
-    from .reference import cpu_session
-
     try:
-        session = cpu_session(ort, request.reference, request)
-        staged, _ = evaluate(session, request, source_outputs, 0.0, left_s, "CPUExecutionProvider")
+        staged, _ = evaluate(stage_session(), request, source_outputs, 0.0, left_s, "CPUExecutionProvider")
     except Exception:  # noqa: BLE001 - no evidence: the line stays as it was
         return None
     return staged
