@@ -132,7 +132,8 @@ def _shaped(plan: Plan) -> bool:
     return (type(plan.builds) is list and all(type(build) is Build for build in plan.builds)
             and mapping(plan.stages, Stage) and mapping(plan.resolved, ResolvedTarget)
             and mapping(plan.blocked, Blocked) and type(plan.manifest) is Manifest
-            and type(plan.code) is str and type(plan.facts) is str and type(plan.versions) is dict
+            and type(plan.code) is str and (plan.facts is None or type(plan.facts) is str)
+            and type(plan.versions) is dict
             and (plan.read is None or type(plan.read) is str))
 
 
