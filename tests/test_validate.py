@@ -336,3 +336,13 @@ def test_a_reference_that_cannot_be_saved_costs_its_keeping_not_the_validation(t
     saved = _validate_in_child(dataclasses.replace(request, reference_to=str(tmp_path / "ref")).to_json())
     assert saved["reference_saved"] and saved["outputs"] == report["outputs"]
     assert (tmp_path / "ref" / "reference.npz").is_file()
+
+
+def test_a_passing_line_counts_a_cpu_targets_op_types_and_names_an_eps_first_few():
+    """A passing CPU line listed all 25 op types of the model, which say nothing for a CPU target."""
+    from epbuild.steps.validate import placed
+
+    assert placed({"CPUExecutionProvider": [f"Op{i}" for i in range(25)]}) == \
+        "25 op type(s), all on CPUExecutionProvider"
+    assert placed({"QNNExecutionProvider": ["EPContext"], "CPUExecutionProvider": ["A", "B", "C", "D", "E", "F"]}) == \
+        "EPContext on QNNExecutionProvider; A, B, C, D and 2 more on CPUExecutionProvider"

@@ -259,12 +259,25 @@ def summary(report: dict[str, Any]) -> str:
     outputs = [o for o in report["outputs"].values() if not o.get("selection", {}).get("direct")]
     kept = [o["selection_overlap"] for o in report["outputs"].values() if "selection_overlap" in o]
     chose = f", {min(kept):.0%} of the selection kept" if kept else ""
-    ran = "; ".join(f"{', '.join(ops)} on {ep}" for ep, ops in report["ran_on"].items())
+    ran = placed(report["ran_on"])
     if not outputs:
         return f"selection kept {min(kept):.0%} ({report['precision']}; {ran})"
     snr = min(o["snr_db"] for o in outputs)
     max_abs = max(o["max_abs_error"] for o in outputs)
     return f"SNR {snr:.1f} dB, max abs error {max_abs:.2e}{chose} ({report['precision']}; {ran})"
+
+
+SHOWN_OP_TYPES = 4  # a line names this many op types per EP; a CPU-only artifact's are counted, not listed
+
+
+def placed(ran_on: dict[str, list[str]]) -> str:
+    """Where the artifact's nodes ran, for the console line: a CPU target's op types counted (its line listed 25),
+    an EP's and those left beside it on CPU named, the first few."""
+    if list(ran_on) == ["CPUExecutionProvider"]:
+        return f"{len(ran_on['CPUExecutionProvider'])} op type(s), all on CPUExecutionProvider"
+    return "; ".join(f"{', '.join(ops[:SHOWN_OP_TYPES])}"
+                     f"{f' and {len(ops) - SHOWN_OP_TYPES} more' if len(ops) > SHOWN_OP_TYPES else ''} on {ep}"
+                     for ep, ops in ran_on.items())
 
 
 # ---- child process ----
