@@ -2,8 +2,8 @@
 doit's database) holds records written elsewhere, and records that say which bytes were published would vouch for
 whatever bytes the checkout put beside them (a swapped artifact with its hashes rewritten stayed "up to date").
 
-The folder carries a stamp (`owner`, read and written by `state.registry`): an HMAC of its layout and real
-path under a key this user keeps outside every project and cache (`$XDG_STATE_HOME/epbuild/owner.key`, else
+The folder carries a stamp (`owner`, read and written by `state.registry`): an HMAC of its layout under a key
+this user keeps outside every project and cache (`$XDG_STATE_HOME/epbuild/owner.key`, else
 `~/.local/state/epbuild/`; a private file of the temporary folder where no home is writable). A checkout cannot
 bring the key, so it cannot bring a stamp that holds: a folder whose stamp does not hold is another's, and a full
 load empties it (and sets doit's database aside), so the first build of a clone checks every artifact afresh,
@@ -70,9 +70,9 @@ def owner_key() -> bytes | None:
 
 
 def stamp(state: Path, layout: int) -> str | None:
-    """The stamp this user writes into `state` for `layout`: None without a key."""
+    """The stamp this user writes into `state` for `layout`: None without a key. Not bound to the folder's path: a
+    project this user moves or copies keeps its state (the key, not the place, is what a checkout cannot bring)."""
     key = owner_key()
     if key is None:
         return None
-    text = f"{layout}\0{os.path.realpath(state)}".encode(errors="surrogateescape")
-    return hmac.new(key, text, hashlib.sha256).hexdigest()
+    return hmac.new(key, f"epbuild state layout {layout}".encode(), hashlib.sha256).hexdigest()

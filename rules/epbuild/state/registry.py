@@ -43,9 +43,9 @@ class StateFile:
 STATE_FILES = (
     StateFile(RECORDS_LOCK, "state.registry", "the lock a build holds while it merges into the run record or the "
               "settings record (two builds ending together)", "never read", "not a shortcut: concurrent builds"),
-    StateFile(OWNER_FILE, "state.registry", "this folder's owner stamp: an HMAC of its layout and real path under a "
-              "key this user keeps outside every project and cache (`~/.local/state/epbuild/owner.key`)",
-              "another user, machine or path wrote the folder (a checkout, a pull request that commits it), or the "
+    StateFile(OWNER_FILE, "state.registry", "this folder's owner stamp: an HMAC of its layout under a key this user "
+              "keeps outside every project and cache (`~/.local/state/epbuild/owner.key`)",
+              "another user or machine wrote the folder (a checkout, a pull request that commits it), or the "
               "key is gone",
               "not a shortcut: what lets the other files vouch for artifacts at all (a checkout cannot bring it)",
               "the next full load takes the folder for another's and empties it, setting doit's database aside: "
@@ -126,7 +126,7 @@ def unlisted(state: Path) -> list[str]:
 
 
 def owned(state: Path, layout: int = FORMAT) -> bool:
-    """Whether `state` carries this user's stamp for its real path and `layout` (`state.owner`). A FIFO or a link
+    """Whether `state` carries this user's stamp for `layout` (`state.owner`). A FIFO or a link
     in the stamp's place is no stamp: never waited on, never followed."""
     import hmac
 
@@ -162,7 +162,7 @@ def write_stamp(state: Path, layout: int = FORMAT) -> None:
 
 def settle_format(state: Path) -> str | None:
     """Make `state` this layout's and this user's: an existing folder of another format (or of none), or one that
-    does not carry this user's stamp for its path (`state.owner`: a checkout's, another user's or machine's), is
+    does not carry this user's stamp (`state.owner`: a checkout's, another user's or machine's), is
     emptied, marked and stamped. Why, when it was emptied ("layout"; "owner": another's stamp; "unstamped": none, an
     older epbuild's folder or a checkout's), else None. Before anything
     under it is read or written in a run that writes."""

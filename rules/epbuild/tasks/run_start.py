@@ -80,7 +80,7 @@ class RunStart:
             Path(DEP_FILE).absolute().unlink(missing_ok=True)
         if emptied == "owner":
             print(f"warning: {self.rel(layout.state)} was not written by this user here (a checkout's, another "
-                  "machine's or path's): emptied, with doit's database; every artifact is checked afresh",
+                  "user's or machine's): emptied, with doit's database; every artifact is checked afresh",
                   file=sys.stderr)
         elif emptied:  # another layout, or an older epbuild's folder without an owner stamp: one full check
             log(__name__, "info", "%s held another layout's state: emptied (one full check)", layout.state)
