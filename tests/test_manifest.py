@@ -42,7 +42,7 @@ def build_plan(tmp_path, text: str):
      "qaic, qairt"),
     (MODEL + "[targets.t]\nep = \"qnn\"\noptions = { soc_modle = 60 }\n",  # the closest named, not all 40
      "models.toml: targets.t.options.soc_modle: unknown QNNExecutionProvider option (did you mean 'soc_model'?); "
-     "every option it takes: docs/targets/qnn.md"),
+     "every option it takes: epbuild's docs, targets/qnn.md"),
     (MODEL + "[targets.t]\nep = \"qnn\"\noptions = { backend_type = \"npu\" }\n",  # not "did you mean 'gpu'"
      "models.toml: targets.t.options.backend_type: 'npu' is not a value QNNExecutionProvider knows (the NPU is "
      "QNN's HTP: backend_type = \"htp\")"),
@@ -176,7 +176,7 @@ def test_dodo_reports_a_manifest_error_in_one_line(project):
         assert done.returncode == 2
         assert done.stderr.strip() == ("error: models.toml: targets.t.options.soc_modle: unknown QNNExecutionProvider "
                                        "option (did you mean 'soc_model'?); every option it takes: "
-                                       "docs/targets/qnn.md")
+                                       "epbuild's docs, targets/qnn.md")
         assert "Traceback" not in done.stderr and not (project.artifacts / "t").exists()
 
 

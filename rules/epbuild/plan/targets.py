@@ -124,7 +124,7 @@ def _options(spec: TargetSpec, ep: EpInfo, file: str, where: str) -> dict[str, s
             near = closest(key, ep.known_options)  # named alone: the whole list is a line of 1,000 characters
             listed = "" if near else f"; valid: {', '.join(sorted(ep.known_options))}"
             raise UserError(file, f"{where}.options.{key}", f"unknown {ep.name} option{near}{listed}; every "
-                            f"option it takes: docs/targets/{ep.alias}.md")
+                            f"option it takes: epbuild's docs, targets/{ep.alias}.md")
         text = _normalise(value)
         if text is None:
             raise UserError(file, f"{where}.options.{key}",
