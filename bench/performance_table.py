@@ -39,7 +39,8 @@ ORDER = {"doit": "bench_doit.py 1000 9 KEEP_DIR", "fork": "bench_fork.py 40 100 
          "scale-1k-change-ab": "bench_scale.py 1000 --change-only --repeats 21 --keep DIR --against cdf9bdc=DIR "
                                "--name scale-1k-change-ab",
          "floor-venv": "bench_floor.py --kinds qnn --repeats 9 --baseline DIR --baseline-name db7b7d0 --name "
-                       "floor-venv (run from a venv, beside a CI run: the warm start's first build in a venv)"}
+                       "floor-venv (run from a venv, beside a CI run: the warm start's first build in a venv)",
+         "history": "bench_history.py --repeats 9 (beside a CI run)"}
 
 
 def table() -> str:

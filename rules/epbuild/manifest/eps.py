@@ -59,9 +59,13 @@ class EpInfo:
     vendor_shim: bool = False  # loaded through epbuild.steps.vendor_shim on non-Intel x86-64 hosts
     # May jobs run one after another in a fork server's warm worker instead of a forked child each? Only where
     # repeating them in one process was tested to give the same outputs: compiles byte for byte (not QNN: its
-    # context binary differs on a second compile in one process), validations figure for figure.
+    # context binary differs on a second compile in one process), validations figure for figure (an
+    # artifact whose outputs hold what ran before on the EP fails in any order: `history_check`).
     warm_compiles: bool = False
     warm_validations: bool = False
+    # May part of an output hold what ran before on the EP (QNN's HTP leaves some values unwritten)? A validation
+    # then repeats its run in a new session after another graph ran on the EP (`steps.validation.history`).
+    history_check: bool = False
     # Libraries of the plugin's own folder its sessions load on first use (QNN's HTP backend): the EP's fork server
     # loads them once before it forks a job, so that no job loads them again (the same bytes and figures, checked by
     # the tests). A target naming a backend of its own (`backend_option`) is served by a server that loaded none.
@@ -158,7 +162,7 @@ REGISTRY: dict[str, EpInfo] = {
             float_precision="fp16", quantize_flavour="qnn",
             shared_context_unloadable={"x86_64": "loading a multi-graph QNN context crashes the process on x86_64 "
                                                  "hosts (HTP simulator); run-validate on the device"},
-            warm_validations=True,
+            warm_validations=True, history_check=True,
             backend_libraries=("libQnnHtp.so", "libQnnSystem.so"), backend_option="backend_path",
             # below opset 7 ONNX Runtime's layout transformer, which QNN's NHWC ops go through, refuses the model
             # and QNN takes none of its nodes (measured with onnxruntime-qnn 2.7.0 for 20 op types at opsets 6-14:

@@ -18,6 +18,7 @@ from ..diagnosis import failure_hints, fp16_hint, openvino_16bit_line, sixteen_b
 from .artifact_session import is_qdq, open_session, placement_failures, structural_problems
 from .comparison import DEFAULT_THRESHOLDS, compare, compare_outputs
 from .compatibility import answer
+from .history import dirty
 from .localise import localise
 from .localise import summary as localised
 from .precision import f32_would_hold
@@ -57,6 +58,20 @@ def _localise(ort: Any, info: EpInfo, request: ValidationMember, feeds: dict[str
                         request.localise_budget_s, weights_folder(request.source, request.weights))
     except Exception as exc:  # noqa: BLE001 - the validation's own result stands; say why there is no more
         return {"found": False, "error": " ".join(str(exc).split())[:300]}
+
+
+def _after_other_graph(ort: Any, info: EpInfo, request: ValidationMember) -> tuple[Any, str | None]:
+    """The artifact's new session, opened after another graph ran on its EP with the target's options; or why
+    there is none (the repeat is then the same session's, and validation.json says so)."""
+    from ...execute.host import select_ep_device
+
+    options = session_options(ort)
+    options.add_provider_for_devices([select_ep_device(ort, info, request.device)], request.compile_options)
+    why = dirty(ort, options)
+    if why:
+        return None, f"another graph could not run on {info.name} before it: {why}"
+    fresh, refused = open_session(ort, info, request)
+    return (fresh, None) if fresh is not None else (None, str((refused or {}).get("reason", "")))
 
 
 def _openvino_16bit(ort: Any, info: EpInfo, request: ValidationMember, reference: dict[str, Any],
@@ -119,8 +134,9 @@ def validate_member(request: ValidationMember, reference: dict[str, Any] | None 
     compared_graph = onnx.load(request.reference, load_external_data=False)  # read once: kind and selections
     kind = "qdq" if is_qdq(compared_graph) else request.precision
     thresholds = {**DEFAULT_THRESHOLDS[kind], **request.thresholds}
-    repeated, varies = repeatability(session, feeds, outputs, seconds, thresholds, kind,
-                                     request.repeat_within_s)
+    repeated, varies = repeatability(session, feeds, outputs, seconds, thresholds, kind, request.repeat_within_s,
+                                     info.name, (lambda: _after_other_graph(ort, info, request))
+                                     if info.history_check else None)
     if varies:
         failures.insert(0, varies)
     metrics, missed, undecided = compare_outputs(session, outputs, reference["expected"], thresholds, kind,
@@ -137,6 +153,8 @@ def validate_member(request: ValidationMember, reference: dict[str, Any] | None 
         task_lost = missed_task is not None  # localise looks for where it departs as for a tensor miss
         missed, undecided = [], []
     failures += missed
+    leftovers = bool(repeated.get("leftovers"))  # the misses may be what ran before: no hint, localise or reduce
+    missed = [] if leftovers else missed
     held = f32_would_hold(ort, info, request, feeds, reference, thresholds, kind, selected_outputs(compared_graph),
                           request.timeout_s - (time.monotonic() - began)) if failures and not varies else None
     hints, sixteen = _why_missed(ort, info, request, reference, thresholds, compared_graph, metrics, kind) \
@@ -160,6 +178,8 @@ def validate_member(request: ValidationMember, reference: dict[str, Any] | None 
         **({"compatibility": {"answer": judged[0], "text": judged[1]}} if judged else {}),
         **({"divergence": divergence} if divergence else {}),
         **({"blame": "precision default"} if held else {}),  # not the EP's: no repro to reduce
+        # the EP's, but a reduced graph run alone would not show it: docs/targets/qnn.md's repro is the report's
+        **({"blame": "outputs left unwritten by the EP"} if leftovers else {}),
         "inputs": {"from": request.inputs_file or ("validation.dataset (its first samples)" if any(
                        note.startswith(DATASET_NOTE) for note in notes) else f"generated, seed {SEED}"),
                    "shapes": {k: list(v.shape) for k, v in feeds.items()},
