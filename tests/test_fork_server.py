@@ -292,6 +292,51 @@ def test_a_lease_peek_leaves_the_connection_blocking_for_the_worker_that_reads_i
         sock.close()
 
 
+def test_a_worker_killed_before_it_read_its_lease_is_its_end_not_the_servers():
+    """A warm worker killed before it read what the server sent it (the lease of a validation that timed out at
+    once) leaves the server's end of its control socket reset: the server's read raised, the server ended, and every
+    other job it ran was lost ("compile: the child process was killed by SIGKILL" while its scratch folder was
+    swept under it; about one build in five of test_a_validation_timeout_fails... on a busy host). The reset is
+    the worker's end, nothing more."""
+    import socket
+
+    from epbuild.execute.forked_jobs import WorkerHandle
+
+    control, worker_end = socket.socketpair()
+    client, server_end = socket.socketpair()
+    worker_end_copy = socket.socket(fileno=os.dup(worker_end.fileno()))
+    control.sendall(b"lease")  # what the server sent, unread by the worker
+    worker_end.close()
+    worker_end_copy.close()  # the worker killed: its unread data resets the connection
+    handle = WorkerHandle(os.getpid(), control)
+    handle.client = server_end
+    assert not handle.hear() and handle.ended  # its end, no error
+    assert not handle.let_go(0.05)
+    for sock in (control, client, server_end):
+        sock.close()
+
+
+@pytest.mark.parametrize("attempt", range(2))
+def test_a_warm_job_killed_at_once_leaves_the_servers_other_jobs_running(tmp_path, monkeypatch, crash_child, links,
+                                                                         attempt):
+    """The build's side of the test above: a job forked on a server keeps running and answers while a warm job of
+    the same server, in another thread, is killed at its timeout the instant it was leased. (Whether the kill
+    comes before the worker read its lease is the scheduler's choice: the test above makes that case every time.)"""
+    import threading
+
+    monkeypatch.setenv(SWITCH, "1")
+    answers: list = []
+    longer = threading.Thread(target=lambda: answers.append(run_child(
+        "crash_child", {"action": "sleep", "seconds": 1.5}, tmp_path / "long", Limits(120), "compile m@t",
+        links=links)))
+    longer.start()
+    with pytest.raises(BuildError, match=r"timed out after 0\.001 s; killed"):
+        run_child("crash_child", {"action": "sleep", "seconds": 5}, tmp_path / "killed", Limits(0.001),
+                  "validate m@t", reuse=True, links=links)
+    longer.join(WAIT_S)
+    assert answers and answers[0]["ended"] - answers[0]["started"] >= 1.5  # it ran to its end and answered
+
+
 def test_a_forked_job_starts_in_milliseconds(tmp_path, crash_child, links):
     (tmp_path / "request.json").write_text(json.dumps({"action": "sleep", "seconds": 0}))
     first = fork_job(links, "crash_child", "", ["request.json", "result.json"], tmp_path / "out.txt", tmp_path)

@@ -249,6 +249,7 @@ class WorkerHandle:
         self.client_tag = ""  # the leasing process (`owner_tag`): gone, the worker is killed
         self.guard: JobGuard | None = None  # the limits of the job it runs now
         self.heard_so_far = b""
+        self.ended = False  # its control socket closed or reset: it has exited (or is about to), reaped soon
 
     def lease(self, connection: socket.socket, client_tag: str) -> None:
         self.client, self.client_tag = connection, client_tag
@@ -276,12 +277,25 @@ class WorkerHandle:
         while closed and self.client is not None and (left := deadline - time.monotonic()) > 0:
             if not select.select([self.control], [], [], left)[0]:
                 return False
-            data = self.control.recv(4096)
-            if not data:  # the worker has ended: it is reaped and reported as such
-                return False
-            if self.heard(data):
+            if self.hear():
                 return True
+            if self.ended:  # it has ended: it is reaped and reported as such
+                return False
         return False
+
+    def hear(self) -> bool:
+        """What the worker said on its control socket, taken (`heard`); whether it is free now. A worker killed
+        before it read what the server sent it (the lease of a job timed out at once) leaves its socket reset:
+        that is its end, reaped and reported as such, never an error that would end the server and every other
+        job it runs."""
+        try:
+            data = self.control.recv(4096)
+        except OSError:
+            data = b""
+        if not data:
+            self.ended = True
+            return False
+        return self.heard(data)
 
     def heard(self, data: bytes) -> bool:
         """Take what the worker said on its control socket (a job started with its limits, ended, or the client

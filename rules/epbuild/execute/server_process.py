@@ -106,7 +106,7 @@ class _Server:
         """Until idle for IDLE_S, or the socket's path taken by another server: a job never outlives its build, so
         each wake-up first ends the jobs whose build is gone."""
         while True:
-            leased: list[Any] = [w.control for w in self.workers.values() if w.client]
+            leased: list[Any] = [w.control for w in self.workers.values() if w.client and not w.ended]
             readable = select.select([self.listener, self.wake[0], *leased], [], [],
                                      IDLE_PRELOAD_S if self.pending else 0.2)[0]
             if self.pending and not readable and not self.jobs:  # idle, no forked job (a host probe) beside it
@@ -118,8 +118,7 @@ class _Server:
                     while os.read(self.wake[0], 4096):
                         pass
             for worker in list(self.workers.values()):
-                if worker.control in readable and worker.control in leased and \
-                        worker.heard(worker.control.recv(4096)):
+                if worker.control in readable and worker.control in leased and worker.hear():
                     self.last_job = time.monotonic()  # its client let it go
             if self.listener in readable:
                 self.accept()
@@ -176,7 +175,7 @@ class _Server:
             self.jobs[pid] = connection
             self.guards[pid] = JobGuard(pid, request.get("limits") or {}, request.get("client", ""))
             return pid
-        worker = (next((w for w in self.workers.values() if w.client is None), None) or
+        worker = (next((w for w in self.workers.values() if w.client is None and not w.ended), None) or
                   next((w for w in self.workers.values() if w.let_go(LET_GO_WAIT_S)), None))
         if worker is None:
             control, worker_end = socket.socketpair()
