@@ -280,6 +280,35 @@ def cancellation_chain(path: Path, depth: int = 120, at: int = 90) -> Path:
     return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
 
 
+def rounding_then_overflow(path: Path, depth: int = 24, rounding_at: int = 3, overflow_at: int = 16) -> Path:
+    """magika's failure in small: an ordinary fp16 rounding early (`(h + 100) - 100`: a few dB under the HTP's
+    40 dB, as LayerNorm_0's Rsqrt was) and, later, a sum of squares that overflows fp16 (as LayerNorm_1's
+    ReduceSum did: every output of the model far off). The failure is the overflow; the rounding alone is a
+    different, milder one."""
+    consts = {name: numpy_helper.from_array(np.array([value], np.float32), name)
+              for name, value in (("scale", 0.9), ("bias", 0.1), ("offset", 100.0), ("big", 300.0))}
+    nodes, current = [], "x"
+    for index in range(depth):
+        if index == rounding_at:
+            nodes += [helper.make_node("Add", [current, "offset"], ["round.shifted"], name="round.add"),
+                      helper.make_node("Sub", ["round.shifted", "offset"], ["round.out"], name="round.sub")]
+            current = "round.out"
+        if index == overflow_at:
+            nodes += [helper.make_node("Mul", [current, "big"], ["norm.scaled"], name="norm.scale"),
+                      helper.make_node("Mul", ["norm.scaled", "norm.scaled"], ["norm.squares"], name="norm.square"),
+                      helper.make_node("ReduceSum", ["norm.squares"], ["norm.sum"], name="norm.sum", keepdims=1),
+                      helper.make_node("Sqrt", ["norm.sum"], ["norm.root"], name="norm.root"),
+                      helper.make_node("Div", ["norm.scaled", "norm.root"], ["norm.out"], name="norm.div")]
+            current = "norm.out"
+        op, operand = ("Mul", "scale") if index % 2 else ("Add", "bias")
+        nodes.append(helper.make_node(op, [current, operand], [f"layer{index}"], name=f"layer{index}"))
+        current = f"layer{index}"
+    nodes.append(helper.make_node("Identity", [current], ["y"], name="head"))
+    graph = helper.make_graph(nodes, "mixed", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 16])], list(consts.values()))
+    return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
 def wide_mlp(path: Path, width: int = 3584, layers: int = 4) -> Path:
     """`layers` square fp32 MatMuls of `width` (4 x 3584^2 x 4 B = 196 MiB) in `<name>.onnx.data`, a symbolic
     batch, and a Shape -> ConstantOfShape bias that the fold stage folds: a large model's shape in small."""

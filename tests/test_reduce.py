@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -14,7 +15,8 @@ import onnx
 import pytest
 
 from conftest import build_report
-from real_models import cancellation_chain, kv_decoder, rmsnorm_block, strided_after_conv
+from epbuild.steps.reduction.reduce import SIGNATURE_DB
+from real_models import cancellation_chain, kv_decoder, rmsnorm_block, rounding_then_overflow, strided_after_conv
 
 QNN = '[targets.qnn-htp]\nep = "qnn"\noptions = { soc_model = 60 }\n[targets.cpu]\nep = "cpu"\n'
 
@@ -174,6 +176,50 @@ def test_a_validation_departing_under_fp16_reduces_to_the_cancelling_subtraction
     reproduced = _repro(folder)
     assert reproduced.returncode == 1 and "reproduced: output" in reproduced.stdout, reproduced.stdout
     assert build_report(project)["reduce:chain@qnn-htp"]["reduction"]["kind"] == "divergence"
+
+
+def test_a_reduction_keeps_the_failures_signature_not_a_milder_miss_before_it(project):
+    """magika on qnn-htp fp16: every output off by an overflow (localise: LayerNorm_1's ReduceSum), but the
+    reduction handed over LayerNorm_0's Rsqrt, 37.7 dB, ordinary rounding, under a README claiming the whole
+    model's -129.3 dB. A subgraph fails the same way only when its worst SNR is within a few dB of the whole
+    model's (and keeps the node localise named, where it ran); the README's figures are the repro's own."""
+    rounding_then_overflow(project.root / "models" / "mixed.onnx")
+    project.manifest('[models.mixed]\npath = "models/mixed.onnx"\ntargets = ["qnn-htp"]\n'
+                     'validation = { localise = true }\n' + QNN)
+    failed = project.doit("validate:mixed@qnn-htp", check=False)
+    assert failed.returncode == 1 and "first departs at node 'round.sub' (Sub)" in failed.stdout, failed.stdout
+    done = _epbuild(project, "reduce", "validate:mixed@qnn-htp")
+    assert done.returncode == 0, done.stdout + done.stderr
+    folder = project.artifacts / "repro" / "mixed@qnn-htp"
+    reduction = json.loads((folder / "reduction.json").read_text())
+    assert "ReduceSum" in reduction["ops"] and "Sub" not in reduction["ops"], reduction  # the overflow, alone
+    readme = (folder / "README.md").read_text()
+    kept, whole = (float(x) for x in re.search(r"worst SNR (\S+) dB \(the whole model's: (\S+) dB\)", readme).groups())
+    assert kept <= whole + SIGNATURE_DB and abs(whole - 2.6) < 1, readme  # the validation's own 2.6 dB
+    reproduced = _repro(folder)
+    assert reproduced.returncode == 1 and "dB from CPU" in reproduced.stdout, reproduced.stdout
+    assert float(re.search(r"is (\S+) dB from CPU", reproduced.stdout).group(1)) == pytest.approx(kept, abs=0.1)
+
+
+def test_the_node_localise_named_stays_where_its_departure_is_the_failures(tmp_path):
+    """Where the validation's localise found a first departure as far off as the whole model (magika: the overflowing
+    ReduceSum), the reduction keeps that node; a milder miss it found first (ordinary rounding, 30 dB above the
+    whole model's) is not kept for its own sake, nor is anything where localise did not run."""
+    from epbuild.contracts.statuses import Verdict
+    from epbuild.contracts.validation import ValidationRecord
+    from epbuild.steps.reduction.reduce import _localised_node
+    from epbuild.steps.reduction.reduce_graph import Subgraphs
+
+    graph = Subgraphs(rounding_then_overflow(tmp_path / "mixed.onnx"), None)
+
+    def record(node: str, snr: float) -> ValidationRecord:
+        return ValidationRecord(Verdict.FAILED, figures={"divergence": {"found": True, "node": node, "snr_db": snr}})
+
+    overflow = next(i for i, node in enumerate(graph.nodes) if node.name == "norm.sum")
+    assert _localised_node(record("norm.sum", -120.0), graph, -125.0) == overflow
+    assert _localised_node(record("round.sub", 33.8), graph, 2.6) is None
+    assert _localised_node(ValidationRecord(Verdict.FAILED), graph, 2.6) is None
+    assert _localised_node(record("no.such.node", -120.0), graph, -125.0) is None
 
 
 def test_what_cannot_be_reduced_says_why_in_one_line(rmsnorm):

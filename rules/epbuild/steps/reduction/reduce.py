@@ -7,11 +7,13 @@ the reduction's time left; "the same way" is the failure's stem (`reduce_graph.s
 names, paths and numbers), so a subgraph that fails otherwise (the EP compiles nothing of it, say) is not taken.
 A divergence's probe (`steps.reduction.reduce_probe`) compiles one subgraph for the EP and runs it there and on
 CPU, fed the values its inputs have in the whole model on CPU with the validation's inputs; it fails the same way
-when an output misses the thresholds the failed validation used. The search: the shortest prefix of
-the model's nodes (in order) that fails, then the latest start of a window ending there that fails, then each node
-of the window dropped in turn where the rest still fails. Every probe's outcome is kept by the subgraph's content
-in the repro folder (`probes.json`), so running the reduction again asks the EP nothing it was asked before; past
-its time budget a reduction stops with the smallest failing subgraph found so far, and says so.
+when an output misses the thresholds the failed validation used with a worst SNR within `SIGNATURE_DB` of the whole
+model's, and keeps the node where the validation's `localise` found the first departure (magika's reduction kept an
+ordinary 37.7 dB rounding in front of the -129 dB fp16 overflow that failed it, and handed that over). The search:
+the shortest prefix of the model's nodes (in order) that fails, then the latest start of a window ending there that
+fails, then each node of the window dropped in turn where the rest still fails. Every probe's outcome is kept by the
+subgraph's content in the repro folder (`probes-KIND.json`), so running the reduction again asks the EP nothing it
+was asked before; past its time budget a reduction stops with the smallest failing subgraph found so far, and says so.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any
 from ...contracts.artifact import read_artifact
 from ...contracts.jobs import CompileAnswer, DepartureProbe, ProbeAnswer, TensorsProbe
 from ...contracts.statuses import Verdict
-from ...contracts.validation import read_validation
+from ...contracts.validation import ValidationRecord, read_validation
 from ...errors import BuildError, ModelError
 from ...execute.child import run_child
 from ...files.layout import write_json
@@ -42,6 +44,7 @@ from .reduce_graph import Subgraphs, save_model, stem
 
 PASSES = ""  # a probe's outcome when its subgraph compiled and opened (and, for a divergence, held)
 DEPARTS = "departs from CPU beyond the validation's thresholds"
+SIGNATURE_DB = 10.0  # a divergence's subgraph fails the same way within this many dB of the whole model's worst SNR
 
 
 @dataclasses.dataclass
@@ -155,21 +158,33 @@ def reduce_failure(build: Build, workspace: Workspace, folder: Path, budget_s: f
     probe = _compile_probe(build, workspace, graph, probes, work, deadline)
     whole = probe(everything)
     kind, thresholds, feeds = "compile", {}, {}
+    same: Callable[[list[int]], bool] = lambda indices: probe(indices) == whole  # noqa: E731
+    required = None
     if whole == PASSES:
-        thresholds = _failed_thresholds(build, workspace)
+        recorded = _failed_validation(build, workspace)
+        thresholds = dict(recorded.thresholds)
         tensors = _tensors(build, workspace, graph, weights, folder, deadline)
-        probes = _Probes(folder, "divergence")
+        probes = _Probes(folder, "divergence-v2")  # v2: outcomes carry the worst SNR
         probe = _divergence_probe(build, workspace, graph, probes, work, tensors, thresholds, deadline)
         whole, kind = probe(everything), "divergence"
-        if whole != DEPARTS:
+        if not whole.startswith(DEPARTS):
             raise BuildError(f"{build.task} compiles and its whole model holds the thresholds of the failed "
                              f"{build.validate_task} on these values ({whole or 'passes'}): nothing to reduce")
+        worst = _snr(whole)
+        required = _localised_node(recorded, graph, worst)
+        same = lambda indices: ((required is None or required in indices)  # noqa: E731
+                                and _same_departure(probe(indices), worst))
     said = (probes.messages.get(whole) or whole).strip().splitlines()[0][:200]
+    keeps = f"; keeping node '{graph.nodes[required].name}', where localise found the first departure" \
+        if required is not None else ""
     say(f"reducing {build.task if kind == 'compile' else build.validate_task}: {len(graph)} nodes "
-        f"{'fail with' if kind == 'compile' else 'give'}: {said}")
-    kept, complete = search(len(graph), lambda indices: probe(indices) == whole, deadline)
+        f"{'fail with' if kind == 'compile' else 'give'}: {said}{keeps}")
+    kept, complete = search(len(graph), same, deadline)
     shutil.rmtree(work, ignore_errors=True)
     message = probes.messages.get(whole)
+    if kind == "divergence":  # the repro's own figure, beside the whole model's
+        message = (f"{DEPARTS}: worst SNR {_snr(probe(kept))} dB (the whole model's: {_snr(whole)} dB), "
+                   f"thresholds {thresholds}{keeps}")
     if message is None:  # the whole model's outcome was known from an earlier reduction: its log is in the folder
         log = folder / "failure.log"
         message = log.read_text() if log.is_file() else whole
@@ -184,8 +199,40 @@ def reduce_failure(build: Build, workspace: Workspace, folder: Path, budget_s: f
     if sdk is None and kind == "divergence":
         record = read_artifact(build.out_dir(workspace.layout))
         sdk = record.ep_sdk_version if record.has("ep_sdk_version") else None
-    return Reduction(len(graph), kept, whole, message, probes.counted, time.monotonic() - started, complete, model,
-                     kind, sdk, feeds, thresholds)
+    return Reduction(len(graph), kept, whole if kind == "compile" else DEPARTS, message, probes.counted,
+                     time.monotonic() - started, complete, model, kind, sdk, feeds, thresholds)
+
+
+def _snr(outcome: str) -> float:
+    """The worst SNR a divergence probe's outcome carries (NaN where it carries none)."""
+    found = re.search(r"worst SNR (\S+) dB", outcome)
+    try:
+        return float(found.group(1)) if found else float("nan")
+    except ValueError:
+        return float("nan")
+
+
+def _same_departure(outcome: str, worst: float) -> bool:
+    """A subgraph departs as the whole model does: beyond the thresholds, and as far (within SIGNATURE_DB), not by
+    a milder miss on the way (where the whole model's figure is not a number, departing is enough)."""
+    if not outcome.startswith(DEPARTS):
+        return False
+    snr = _snr(outcome)
+    return worst != worst or snr <= worst + SIGNATURE_DB  # NaN: no figure to hold it to
+
+
+def _localised_node(recorded: ValidationRecord, graph: Subgraphs, worst: float) -> int | None:
+    """The index of the node where the failed validation's `localise` found the first departure, where it ran, found
+    one in this graph, and that departure is the failure's (within SIGNATURE_DB of the whole model's worst SNR, as
+    magika's overflow was; a milder miss on the way, ordinary rounding, is not kept for its own sake)."""
+    divergence = recorded.figures.get("divergence") or {}
+    if not isinstance(divergence, dict) or not divergence.get("found"):
+        return None
+    snr = divergence.get("snr_db")
+    if isinstance(snr, (int, float)) and worst == worst and snr > worst + SIGNATURE_DB:
+        return None
+    name = divergence.get("node")
+    return next((index for index, node in enumerate(graph.nodes) if name and node.name == name), None)
 
 
 def _cut(graph: Subgraphs, indices: list[int], work: Path, name: str, probes: _Probes) -> tuple[str, Path | None]:
@@ -243,8 +290,9 @@ def _compile_probe(build: Build, workspace: Workspace, graph: Subgraphs, probes:
                        request_for, judged)
 
 
-def _failed_thresholds(build: Build, workspace: Workspace) -> dict[str, float]:
-    """The thresholds of the build's failed validation (its validation.json), which a divergence must still miss."""
+def _failed_validation(build: Build, workspace: Workspace) -> ValidationRecord:
+    """The build's failed validation (its validation.json): the thresholds a divergence must still miss, and where
+    `localise` found the first departure."""
     try:
         recorded = read_validation(build.out_dir(workspace.layout))
     except (OSError, ValueError):
@@ -252,7 +300,7 @@ def _failed_thresholds(build: Build, workspace: Workspace) -> dict[str, float]:
     if recorded is None or recorded.status is not Verdict.FAILED or not recorded.thresholds:
         raise BuildError(f"{build.task} compiles now and {build.validate_task} has not failed (run it first): "
                          "nothing to reduce")
-    return dict(recorded.thresholds)
+    return recorded
 
 
 def _tensors(build: Build, workspace: Workspace, graph: Subgraphs, weights: Path | None, folder: Path,
@@ -284,10 +332,7 @@ def _divergence_probe(build: Build, workspace: Workspace, graph: Subgraphs, prob
 
     def judged(answer: dict[str, Any]) -> str:
         probed = ProbeAnswer.from_json(answer)
-        if not probed.departs:
-            return PASSES
-        probes.messages.setdefault(DEPARTS, f"{DEPARTS}: worst SNR {probed.snr_db} dB, thresholds {thresholds}")
-        return DEPARTS
+        return f"{DEPARTS}; worst SNR {probed.snr_db} dB" if probed.departs else PASSES
 
     return _probe_with(build, workspace, graph, probes, work, deadline, "validate",
                        "epbuild.steps.reduction.reduce_probe", request_for, judged)
