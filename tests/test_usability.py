@@ -254,3 +254,46 @@ def test_a_task_the_stopped_build_never_reached_loses_its_last_verdict(project):
     assert f"; {len(left)} not tried" in done.stdout
     assert not [name for name, entry in entries.items() if name not in attempted and entry["status"] in
                 ("compiled", "validated", "up-to-date")], entries
+
+
+def _in_order(stdout: str) -> list[str]:
+    """Each task's lines that came before its `.  name` line (none where the console is in order)."""
+    lines, announced, early = stdout.splitlines(), set(), []
+    for line in lines:
+        if line.startswith(".  "):
+            announced.add(line[3:].strip())
+            continue
+        for verb in ("compiled", "restored", "passed", "validated"):
+            if line.startswith(f"{verb} "):
+                name = line.split(" ", 2)[1].rstrip(":")
+                if name not in announced:
+                    early.append(line)
+    return early
+
+
+def test_each_tasks_lines_follow_its_name_with_worker_processes(project):
+    """With doit's worker processes (`-n 1` and more) the main process said `.  validate:m@t` when the worker's
+    message reached it, and a task restored from the cache had printed `passed validate:m@t: ... (restored ...)`
+    first; prune's `removed ...` lines came before `.  prune`. Now the worker says the name, then its lines; the
+    serial runner (`-n 0`) is as it was."""
+    project.manifest('[models.tinycnn]\npath = "models/tinycnn.onnx"\n\n[models.encoder]\npath = '
+                     '"models/encoder.onnx"\n\n[targets.cpu]\nep = "cpu"\n')
+    project.doit("-n", "2")
+    for jobs in ("2", "1", "0"):
+        (project.artifacts / "cpu").rename(project.root / f"moved-{jobs}")  # restored from the cache next
+        (project.artifacts / "old").mkdir()  # left over: prune removes it
+        pruned = project.doit("-n", jobs, "prune")
+        lines = pruned.stdout.splitlines()
+        assert lines[0] == ".  prune" and lines[1] == "removed artifacts/old/", pruned.stdout
+        done = project.doit("-n", jobs)
+        assert _in_order(done.stdout) == [] and ran(done) >= {"validate:tinycnn@cpu", "compile:encoder@cpu"}, \
+            done.stdout
+        assert sum(line.startswith(".  ") for line in done.stdout.splitlines()) == len(ran(done))  # said once
+
+
+def test_the_worker_count_is_read_from_the_command_line():
+    from epbuild.invocation import Invocation
+
+    assert Invocation.of(["-n", "3"]).processes == 3 and Invocation.of(["-n2", "x"]).processes == 2
+    assert Invocation.of(["--process=4"]).processes == 4 and Invocation.of(["--process", "0"]).processes == 0
+    assert Invocation.of(["list"]).processes is None and Invocation.of(["-n"]).processes is None

@@ -73,6 +73,19 @@ class Invocation:
         return False
 
     @property
+    def processes(self) -> int | None:
+        """doit's `-n N` / `--process N` (None: not given, the configured number holds)."""
+        found = None
+        for at, word in enumerate(self.argv):
+            name, equals, attached = word.partition("=")
+            value = attached if equals else (word[2:] if word.startswith("-n") and len(word) > 2 else
+                                             self.argv[at + 1] if word in ("-n", "--process") and at + 1 < len(
+                                                 self.argv) else None)
+            if (name in ("-n", "--process") or word.startswith("-n")) and value is not None and value.isdigit():
+                found = int(value)
+        return found
+
+    @property
     def tasks(self) -> list[str]:
         """The task names (after doit's command, if any), without options and their values."""
         words = list(self.argv)

@@ -223,6 +223,17 @@ class Tasks:
         return {plan.task: plan for plan in plan_packages(project.manifest, project.builds, project.unavailable,
                                                           project.blocked)}
 
+    def announced_by_workers(self, config: dict[str, Any]) -> bool:
+        """Whether each task's worker says its `.  name` line itself, before its own lines: with doit's worker
+        processes (`-n 1` or more; 0 is its serial runner) the main process says it when the worker's message
+        reaches it, which a task restored from the cache outran (its `passed ...` line came first). Not with a
+        live status area (it shows what runs), nor with threads (their output is not captured), nor for commands
+        that build nothing."""
+        project = self.project
+        given = project.invocation.processes
+        processes = given if given is not None else config.get("num_process") or 0
+        return processes >= 1 and not project.live and not project.threads and not project.invocation.inspecting
+
     def wants(self, kind: str) -> bool:
         """Whether doit is handed `kind`'s generator at all (`TaskKind.wanted`)."""
         return BY_NAME[kind].wanted(self)
