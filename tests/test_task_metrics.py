@@ -268,8 +268,17 @@ def test_a_task_metric_the_model_cannot_take_is_one_line_naming_the_key(project,
         assert "is outside the project" in output
 
 
-def test_samples_that_would_outlast_the_time_limit_are_said_with_how_many_fit(tmp_path):
+@pytest.mark.parametrize(("processes", "samples", "said"), [
+    ("1", 500, r"500 samples take 500 runs of about 2 s on QNNExecutionProvider .*: about 1000 s, beyond the 580 s "
+               r"validation.timeout_s leaves; about 290 fit \(validation.samples = 290\)"),
+    ("2", 700, r"700 samples take 700 runs of about 2 s on QNNExecutionProvider .* in 2 processes: about 702 s, "
+               r"beyond the 580 s validation.timeout_s leaves; about 578 fit \(validation.samples = 578\)"),
+])
+def test_samples_that_would_outlast_the_time_limit_are_said_with_how_many_fit(tmp_path, monkeypatch, processes,
+                                                                               samples, said):
+    """Before any run; with the processes that would share them counted (the longest share and their start)."""
     from epbuild.errors import ModelError
+    from epbuild.steps.validation.sample_workers import PROCESSES
     from epbuild.steps.validation.task_metrics import evaluate
 
     class Value:
@@ -283,15 +292,14 @@ def test_samples_that_would_outlast_the_time_limit_are_said_with_how_many_fit(tm
         def get_outputs(self):
             return [Value("y", [1, 2])]
 
-    np.savez(tmp_path / "d.npz", x=np.zeros((500, 4), np.float32))
+    monkeypatch.setenv(PROCESSES, processes)
+    np.savez(tmp_path / "d.npz", x=np.zeros((samples, 4), np.float32))
     from helpers import validation_member
 
     request = validation_member(task={"dataset": [str(tmp_path / "d.npz")], "samples": None, "metric": "top1",
                                       "output": None, "gate": {"min_relative": 0.99}, "metric_file": None,
                                       "metric_files": []})
-    with pytest.raises(ModelError, match=r"500 samples take 500 runs of about 2 s on QNNExecutionProvider .*: about "
-                                         r"1000 s, beyond the 580 s validation.timeout_s leaves; about 290 fit "
-                                         r"\(validation.samples = 290\)"):
+    with pytest.raises(ModelError, match=said):
         evaluate(Session(), request, {}, 2.0, 580.0, "QNNExecutionProvider")
 
 
@@ -388,3 +396,61 @@ def test_a_task_lost_by_the_stage_before_the_compile_blames_the_stage(tmp_path):
     assert failure is not None and found["lost_by"] == "the output of quantize:m[qnn]"
     assert "; the output of quantize:m[qnn], the model it was compiled from, already scores 0 on CPU on the same " \
            "samples: that stage lost the task, not QNNExecutionProvider" in failure
+
+
+def test_samples_are_shared_by_processes_where_runs_are_slow_with_the_same_figures(project, digits):
+    """The HTP simulator runs a sample in seconds, one core each: a validation's samples are split over processes
+    (contiguous shares, each its own session of the artifact, put back in order), and the verdict and its figures are
+    the same however they were split; a worker says how far it got (`progress: N/TOTAL samples` in the log)."""
+    from epbuild.steps.validation.sample_workers import PROCESSES
+
+    few = TASK.replace("metric = ", "samples = 24, metric = ")
+    _project(project, digits, f'[models.digits]\npath = "models/digits.onnx"\ntargets = ["qnn-fp16"]\n{few}\n')
+    verdicts = []
+    for processes in ("1", "3"):
+        project.env.update({PROCESSES: processes, "EPBUILD_CACHE_DIR": str(project.root.with_name(processes))})
+        project.doit("forget", "validate:digits@qnn-fp16")
+        project.doit()
+        verdict = _verdict(project, "qnn-fp16")
+        assert verdict["status"] == "passed" and verdict["task"]["processes"] == int(processes), verdict["task"]
+        log = (project.artifacts / ".logs" / "qnn-fp16" / "digits.validate.log").read_text()
+        assert "progress: 24/24 samples" in log, log
+        verdicts.append({key: verdict["task"][key] for key in ("source", "artifact", "samples", "needed", "passed")})
+    assert verdicts[0] == verdicts[1]
+
+
+def test_a_validations_processes_follow_the_runs_cores_and_memory(monkeypatch):
+    from epbuild.errors import ModelError
+    from epbuild.steps.validation import sample_workers
+    from epbuild.steps.validation.sample_workers import PROCESSES, processes_for, shares
+
+    monkeypatch.delenv(PROCESSES, raising=False)
+    monkeypatch.setattr(sample_workers.os, "sched_getaffinity", lambda _: {0, 1}, raising=False)
+    monkeypatch.setattr(sample_workers, "_available_bytes", lambda: 8 << 30)
+    assert processes_for(16, 0.01, 100 << 20) == 1  # quick runs: one process
+    assert processes_for(16, 2.0, 100 << 20) == 2  # slow runs: one per core
+    assert processes_for(1, 60.0, 100 << 20) == 1  # one run: nothing to share
+    assert processes_for(16, 2.0, 6 << 30) == 1  # no memory beside this process's session for another
+    monkeypatch.setenv(PROCESSES, "5")
+    assert processes_for(3, 0.01, 100 << 20) == 3  # as many as asked, no more than the runs
+    monkeypatch.setenv(PROCESSES, "two")
+    with pytest.raises(ModelError, match="EPBUILD_SAMPLE_PROCESSES='two': give how many processes"):
+        processes_for(3, 1.0, 1)
+    assert [list(part) for part in shares(5, 2)] == [[0, 1, 2], [3, 4]]
+    # this process's share leads by the runs the others spend starting
+    assert [(part.start, part.stop) for part in shares(16, 2, 3)] == [(0, 10), (10, 16)]
+    assert [(part.start, part.stop) for part in shares(16, 3, 2)] == [(0, 7), (7, 12), (12, 16)]
+
+
+def test_the_tensor_comparisons_run_of_the_first_samples_is_not_run_again():
+    """Where the tensors were compared on the dataset's first samples, the task's first run is that run's outputs,
+    not another run (a run is seconds on the simulator); where its feeds differ in any value or type, it runs."""
+    from epbuild.steps.validation.sample_workers import _known_first
+
+    x = np.arange(4, dtype=np.float32).reshape(1, 4)
+    batches = [({"x": x}, 1), ({"x": x + 1}, 1)]
+    y = np.ones((1, 2), np.float32)
+    assert _known_first(batches, ({"x": x.copy()}, [y, y * 2]), ["y", "z"], ["z"])["z"] is not None
+    assert _known_first(batches, ({"x": x + 0.5}, [y, y]), ["y", "z"], ["z"]) is None
+    assert _known_first(batches, ({"x": x.astype(np.float64)}, [y, y]), ["y", "z"], ["z"]) is None
+    assert _known_first(batches, None, ["y"], ["y"]) is None

@@ -143,8 +143,9 @@ class CompileAnswer(_Travelling):
 
 
 @record
-class ValidationMember:
-    """One artifact to validate: the file, what its sidecar recorded, the reference and the settings."""
+class ValidationMember(_Travelling):
+    """One artifact to validate: the file, what its sidecar recorded, the reference and the settings (on its own
+    where a validation's samples are spread over processes, `steps.validation.sample_workers`)."""
 
     artifact: str
     files: list[str]  # every file the sidecar lists, absolute

@@ -44,6 +44,8 @@ if TYPE_CHECKING:
     from ..manifest.builds import Limits
 
 PROGRESS_EVERY_S = 30.0
+PROGRESS = "progress: "  # a job's line saying how far it got, repeated in the still-running line
+SAMPLES_SAID_AFTER_S, SAMPLES_EVERY_S = 5.0, 2.0  # a job's own progress lines: said past this, at most this often
 # a child's exit status when its result could not be written for want of space (sysexits' EX_IOERR): the disk may
 # be too full for its log to say so either, so the status says it
 NO_SPACE_EXIT = 74
@@ -96,12 +98,30 @@ class _PlainChild:
         self.process.kill()  # our own child only; waited for by poll
 
 
-def _wait(child: _PlainChild | ForkedJob, limits: Limits, what: str) -> tuple[int, float, float, str | None]:
-    """Wait for the child within its limits: (exit code, seconds, peak resident MB, why it was killed or None)."""
+def _progress(output: Path | None) -> str:
+    """The last `progress: ...` line the job wrote to its output (a validation's samples), as `; ...` or ""."""
+    if output is None:
+        return ""
+    try:
+        with open(output, "rb") as handle:
+            handle.seek(max(0, os.fstat(handle.fileno()).st_size - 4096))
+            tail = handle.read().decode(errors="replace")
+    except OSError:
+        return ""
+    said = [line for line in tail.splitlines() if line.startswith(PROGRESS)]
+    return f"; {said[-1][len(PROGRESS):].strip()}" if said else ""
+
+
+def _wait(child: _PlainChild | ForkedJob, limits: Limits, what: str,
+          output: Path | None = None) -> tuple[int, float, float, str | None]:
+    """Wait for the child within its limits: (exit code, seconds, peak resident MB, why it was killed or None);
+    every PROGRESS_EVERY_S a line says it still runs, and past SAMPLES_SAID_AFTER_S each new `progress: ...` line of
+    the job's (`output`: a validation's samples on a slow EP) is said as it comes, at most every SAMPLES_EVERY_S."""
     started = time.monotonic()
     limit_bytes = limits.max_memory_gb * 2**30 if limits.max_memory_gb else None
     peak, pause, next_progress = 0, 0.002, started + PROGRESS_EVERY_S
     killed = None
+    looked, last_said = started + SAMPLES_SAID_AFTER_S, ""
     while True:
         ended = child.wait(pause)
         if ended:
@@ -118,8 +138,15 @@ def _wait(child: _PlainChild | ForkedJob, limits: Limits, what: str) -> tuple[in
             killed = f"timed out after {limits.timeout_s:g} s; killed"
             child.kill()
         if now >= next_progress:
-            say(f"still running {what}: {now - started:.0f} s, {resident / 2**30:.2f} GB resident")
+            last_said = _progress(output)
+            say(f"still running {what}: {now - started:.0f} s, {resident / 2**30:.2f} GB resident{last_said}")
             next_progress += PROGRESS_EVERY_S
+        elif output is not None and now >= looked:
+            looked = now + SAMPLES_EVERY_S
+            progress = _progress(output)
+            if progress and progress != last_said:
+                last_said = progress
+                say(f"{what}: {progress[2:]} ({now - started:.0f} s)")
         pause = min(pause * 2, 0.1)
 
 
@@ -170,7 +197,7 @@ def run_child(module: str, request: Mapping[str, Any], workdir: Path, limits: Li
             runner = ("a plain child" if isinstance(child, _PlainChild) else "a warm worker" if inline
                       else "a forked child")
             log_line(__name__, "debug", "%s: running %s in %s", what, module, runner)
-            code, seconds, peak_mb, killed = _wait(child, limits, what)
+            code, seconds, peak_mb, killed = _wait(child, limits, what, output_file)
         log_line(__name__, "debug", "%s: exit %s after %.2f s, peak %.0f MB%s", what, code, seconds, peak_mb,
                  f" ({killed})" if killed else "")
         try:

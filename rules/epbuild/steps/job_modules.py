@@ -12,7 +12,8 @@ from ..execute.links import SHAPE_STAGE, JobModules
 # OpenVINO vendor shim. What runs around the jobs (doit's tasks, reports, the worker's resources) is not named: a
 # change there rebuilds nothing.
 CODE_ROOTS = ("steps/compile.py", "steps/preprocess.py", "steps/validate.py", "steps/remote_job.py",
-              "execute/fork_server.py", "execute/server_process.py", "steps/shims/*.c")
+              "steps/validation/sample_worker.py", "execute/fork_server.py", "execute/server_process.py",
+              "steps/shims/*.c")
 
 JOB_MODULES = JobModules(
     idle=("epbuild.steps.compile", "epbuild.steps.validate", "epbuild.steps.preprocess",

@@ -148,7 +148,8 @@ def validate_member(request: ValidationMember, reference: dict[str, Any] | None 
         with located(request.manifest, request.entry):
             task, missed_task = decide(session, request, reference["dataset"], seconds,
                                        request.timeout_s - (time.monotonic() - began), info.name,
-                                       [*missed, *undecided], lambda: cpu_session(ort, request.reference, request))
+                                       [*missed, *undecided], lambda: cpu_session(ort, request.reference, request),
+                                       (feeds, outputs))
         failures += [missed_task] if missed_task else []
         task_lost = missed_task is not None  # localise looks for where it departs as for a tensor miss
         missed, undecided = [], []

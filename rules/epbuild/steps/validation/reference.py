@@ -70,7 +70,8 @@ def run_on_cpu(ort: Any, path: str, request: ValidationMember, feeds: dict[str, 
 def dataset_outputs(ort: Any, request: ValidationMember, signature: list[Any], model: str) -> dict[str, Any]:
     """The reference model's outputs on the task metric's samples (`steps.validation.task_metrics`), in the batches the
     compiled-from model takes: the output the metric reads, or every output for a `module:function` metric."""
-    from .task_metrics import batch_size, output_name, read_dataset, run_dataset
+    from .sample_workers import run_dataset
+    from .task_metrics import batch_size, output_name, read_dataset
 
     task = request.task
     assert task is not None, "a job with a task metric"

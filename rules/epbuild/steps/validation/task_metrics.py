@@ -24,7 +24,9 @@ from typing import Any
 
 from ...contracts.jobs import ValidationMember
 from ...errors import ModelError
+from ...execute.forked_jobs import resident_bytes
 from ...execute.python_path import library_roots
+from .sample_workers import START_S, estimate_s, processes_for, run_dataset
 from .validation_inputs import dtype_of, read_npz
 
 LABELS = "labels"
@@ -141,25 +143,6 @@ def batch_size(shape: list[Any]) -> int:
     """How many samples one run takes: the model's static batch axis, else `DYNAMIC_BATCH`."""
     first = shape[0] if shape else 1
     return first if isinstance(first, int) and first > 0 else DYNAMIC_BATCH
-
-
-def run_dataset(session: Any, dataset: Dataset, size: int, keep: list[str] | None, frozen: dict[str, Any],
-                what: str) -> dict[str, Any]:
-    """Every output in `keep` (None: all) over the samples, stacked on the sample axis (frozen inputs fed their
-    values, as the tensor comparison feeds them)."""
-    import numpy as np
-
-    from .validation_inputs import feeds_for
-
-    names = [output.name for output in session.get_outputs()]
-    wanted = [name for name in names if keep is None or name in keep]
-    runs: dict[str, list[Any]] = {name: [] for name in wanted}
-    for batch, real in dataset.batches(size):
-        outputs = dict(zip(wanted, session.run(wanted, feeds_for(session, batch, frozen, what)), strict=True))
-        for name in wanted:
-            value = np.asarray(outputs[name])
-            runs[name].append(value[:real] if value.ndim and len(value) == size else value)
-    return {name: np.concatenate(parts) if parts[0].ndim else np.stack(parts) for name, parts in runs.items()}
 
 
 def dataset_feeds(task: dict[str, Any], inputs: list[tuple[str, str, list[Any]]], frozen: dict[str, Any],
@@ -353,7 +336,7 @@ def summary(task: dict[str, Any]) -> str:
 
 
 def evaluate(session: Any, request: ValidationMember, source_outputs: dict[str, Any], seconds: float, left_s: float,
-             ep: str) -> tuple[dict[str, Any], str | None]:
+             ep: str, ran: tuple[dict[str, Any], list[Any]] | None = None) -> tuple[dict[str, Any], str | None]:
     """The artifact's session run on the task's samples and judged against the source's outputs on them (kept with
     the CPU reference): (validation.json's `task`, the failure). `seconds`: one run of it; `left_s`: what the
     validation's time limit leaves. Samples that would not fit are said, with how many would, before any runs."""
@@ -363,25 +346,29 @@ def evaluate(session: Any, request: ValidationMember, source_outputs: dict[str, 
     dataset = read_dataset(task, inputs, request.frozen)
     size = batch_size(inputs[0][2] if inputs else [])
     runs = math.ceil(dataset.count / size)
-    if runs * seconds > left_s:
-        fit = max(1, int(left_s / max(seconds, 1e-9)) * size)
+    processes = processes_for(runs, seconds, resident_bytes(os.getpid()))
+    if estimate_s(runs, seconds, processes) > left_s:
+        fit = max(1, int(max(0.0, left_s - (START_S if processes > 1 else 0.0)) / max(seconds, 1e-9)) * processes
+                  * size)
+        spread = f" in {processes} processes" if processes > 1 else ""
         raise ModelError(f"{dataset.count} samples take {runs} runs of about {seconds:.3g} s on {ep} (its simulator "
-                         f"where the device is absent): about {runs * seconds:.0f} s, beyond the {left_s:.0f} s "
-                         f"validation.timeout_s leaves; about {fit} fit (validation.samples = {fit}), or raise "
-                         "validation.timeout_s", _where("samples"))
+                         f"where the device is absent){spread}: about {estimate_s(runs, seconds, processes):.0f} s, "
+                         f"beyond the {left_s:.0f} s validation.timeout_s leaves; about {fit} fit "
+                         f"(validation.samples = {fit}), or raise validation.timeout_s", _where("samples"))
     output = output_name(task, [o.name for o in session.get_outputs()])
     keep = None if ":" in task["metric"] else [output]
-    outputs = run_dataset(session, dataset, size, keep, {}, "artifact")
-    return judge(task, output, dataset, source_outputs, outputs)
+    outputs = run_dataset(session, dataset, size, keep, {}, "artifact", processes, request, seconds, ran)
+    report, failure = judge(task, output, dataset, source_outputs, outputs)
+    return {**report, "processes": processes}, failure
 
 
 def decide(session: Any, request: ValidationMember, source_outputs: dict[str, Any], seconds: float, left_s: float,
            ep: str, tensor_misses: list[str], stage_session: Callable[[], Any] | None = None,
-           ) -> tuple[dict[str, Any], str | None]:
+           ran: tuple[dict[str, Any], list[Any]] | None = None) -> tuple[dict[str, Any], str | None]:
     """`evaluate`, with what the tensors missed (reported beside the task, not deciding) and, when the task is lost,
     where to look: the model the artifact was compiled from lost it already (its tensors match it; or, scored on a
     CPU session of it, `stage_session()`, it misses the gate too)."""
-    task, failure = evaluate(session, request, source_outputs, seconds, left_s, ep)
+    task, failure = evaluate(session, request, source_outputs, seconds, left_s, ep, ran)
     task["tensors"] = tensor_misses or "within the thresholds"
     declared = f"the model as declared ({Path(request.declared).name})"
     if failure and not tensor_misses and request.reference_is != declared:

@@ -1,0 +1,209 @@
+"""A dataset's samples run (`run_dataset`), spread over processes where one run is slow (QNN's HTP simulator:
+seconds a sample, and single-threaded): the validating child runs the first share on its own session (a few runs
+more than the others: theirs start first; the tensor comparison's run of the first samples is not repeated) and
+starts a fresh Python for each other share (`python -m epbuild.steps.validation.sample_worker`), each opening the
+artifact's session as the validation does and running its samples in order. The shares are contiguous and put back
+in sample order, so the verdict and its figures do not depend on how they were split (each sample is one run of its
+own). Shares travel as .npz files in the job's folder, read without pickles; a worker is tied to the child (it dies
+with it), checks that it runs the code and packages the build names, and says how far it got in a file the child
+reads for its progress line (`progress: 12/36 samples`, which the build's `still running` line repeats)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ...execute.child import PROGRESS
+
+if TYPE_CHECKING:
+    from ...contracts.jobs import ValidationMember
+    from .task_metrics import Dataset
+
+WORKER = "epbuild.steps.validation.sample_worker"  # a share's process (named in the code digest's roots)
+PROCESSES = "EPBUILD_SAMPLE_PROCESSES"  # how many processes a validation's samples use, where set (1: one)
+SPREAD_FROM_S = 6.0  # sequential runs shorter than this stay in one process (a worker's start costs ~1-2 s)
+START_S = 2.0  # what the timeout's estimate allows for starting the workers
+MEMORY_SHARE = 0.5  # of the memory available now, what the workers' sessions may take
+
+
+def processes_for(runs: int, seconds: float, resident_bytes: int) -> int:
+    """How many processes share `runs` runs of `seconds` each (EPBUILD_SAMPLE_PROCESSES, where set): one where they
+    are quick; else one per core this process may use, no more than the runs, and as many as the memory available
+    now holds beside this one (each a session like this process's, `resident_bytes`)."""
+    chosen = os.environ.get(PROCESSES, "").strip()
+    if chosen:
+        if not (chosen.isascii() and chosen.isdigit()) or int(chosen) < 1:
+            from ...errors import ModelError
+
+            raise ModelError(f"{PROCESSES}={chosen!r}: give how many processes a validation's samples use (1 or "
+                             "more; unset: as many as pay, within the cores and memory)")
+        return max(1, min(int(chosen), runs))
+    if runs < 2 or runs * seconds < SPREAD_FROM_S:
+        return 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    available = _available_bytes()
+    by_memory = 1 + int(available * MEMORY_SHARE / resident_bytes) if available and resident_bytes else cores
+    return max(1, min(cores, runs, by_memory))
+
+
+def estimate_s(runs: int, seconds: float, processes: int) -> float:
+    """The samples' wall time: the longest share, and the workers' start."""
+    return math.ceil(runs / processes) * seconds + (START_S if processes > 1 else 0.0)
+
+
+def _available_bytes() -> int:
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def shares(runs: int, processes: int, lead: int = 0) -> list[range]:
+    """Contiguous runs for each process: the first (this process's, whose session is open) `lead` runs more than
+    an even share (what the others spend starting), the rest split evenly."""
+    first = min(runs, math.ceil((runs + lead * (processes - 1)) / processes))
+    rest = runs - first
+    size = math.ceil(rest / (processes - 1)) if processes > 1 and rest else 1
+    return [range(0, first), *(range(start, min(runs, start + size)) for start in range(first, runs, size))]
+
+
+def run_spread(session: Any, member: dict[str, Any], batches: list[tuple[dict[str, Any], int]], wanted: list[str],
+               processes: int, total: int, seconds: float,
+               first: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Each batch's outputs (`wanted`, in batch order): the first share on `session` here, the others in worker
+    processes of the artifact's own sessions (`member`: the ValidationMember's JSON); `first`: the first batch's
+    outputs where they are known already (the tensor comparison ran it)."""
+    import numpy as np
+
+    from ...execute.job_environment import job_environment
+    from ...execute.lifelines import DIE_WITH
+    from ...execute.provenance import code_digest, loaded_versions
+    from ..job_modules import CODE_ROOTS
+
+    parts = shares(len(batches), processes, round(START_S / max(seconds, 1e-3)) + (1 if first is not None else 0))
+    parts = [part for part in parts if len(part)]
+    folder = Path(tempfile.mkdtemp(prefix="samples.", dir=os.getcwd()))
+    workers: list[tuple[subprocess.Popen, Path, Path, range]] = []
+    expected = {"versions": loaded_versions(), "code": code_digest(CODE_ROOTS), "roots": list(CODE_ROOTS)}
+    environment = {**job_environment(), DIE_WITH: str(os.getpid())}
+    for index, part in enumerate(parts[1:], 1):
+        share = folder / f"share-{index}.npz"
+        np.savez(share, **{f"{run}/{name}": value for run in part for name, value in batches[run][0].items()})
+        request = {"member": member, "share": str(share), "runs": [part.start, part.stop], "wanted": wanted,
+                   "samples": [batches[run][1] for run in part],
+                   "inputs": list(batches[0][0]), "out": str(folder / f"out-{index}.npz"),
+                   "progress": str(folder / f"progress-{index}"), "provenance": expected}
+        (folder / f"request-{index}.json").write_text(json.dumps(request))
+        with open(folder / f"log-{index}.txt", "w", encoding="utf-8") as log:
+            process = subprocess.Popen([sys.executable, "-m", WORKER, str(folder / f"request-{index}.json"),
+                                        str(folder / f"result-{index}.json")], stdout=log, stderr=subprocess.STDOUT,
+                                       env=environment, cwd=folder)
+        workers.append((process, folder / f"out-{index}.npz", folder / f"progress-{index}", part))
+    try:
+        results: list[dict[str, Any]] = []
+        done = 0
+        said = -1
+        for run in parts[0]:
+            feeds, real = batches[run]
+            known = first if run == 0 and first is not None else None
+            results.append(known if known is not None else dict(zip(wanted, session.run(wanted, feeds), strict=True)))
+            done += real
+            said = _say_progress(done, workers, batches, total, said)
+        while any(process.poll() is None for process, *_ in workers):
+            said = _say_progress(done, workers, batches, total, said)
+            time.sleep(0.2)
+        for process, out, _, part in workers:
+            if process.returncode != 0:
+                said_by = out.with_name(out.name.replace("out-", "log-").replace(".npz", ".txt"))
+                tail = said_by.read_text(errors="replace").strip().splitlines()[-3:] if said_by.is_file() else []
+                raise RuntimeError(f"a process running samples {part.start}-{part.stop - 1} ended with status "
+                                   f"{process.returncode}: {' | '.join(tail)}")
+            with np.load(out, allow_pickle=False) as saved:
+                results += [{name: saved[f"{run}/{name}"] for name in wanted} for run in part]
+        _say_progress(total, [], batches, total, said)
+        return results
+    finally:
+        for process, *_ in workers:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        for path in folder.iterdir():
+            path.unlink()
+        folder.rmdir()
+
+
+def _say_progress(done_here: int, workers: list[Any], batches: list[tuple[dict[str, Any], int]], total: int,
+                  said: int) -> int:
+    """`progress: N/TOTAL samples` on this child's output (its log, which the build's progress line reads), when it
+    changed."""
+    done = done_here
+    for _, _, progress, _ in workers:
+        with contextlib.suppress(OSError, ValueError):
+            done += int(progress.read_text() or 0)
+    if done != said:
+        print(f"{PROGRESS}{min(done, total)}/{total} samples", flush=True)
+    return done
+
+
+def run_dataset(session: Any, dataset: Dataset, size: int, keep: list[str] | None, frozen: dict[str, Any],
+                what: str, processes: int = 1, member: ValidationMember | None = None, seconds: float = 0.0,
+                ran: tuple[dict[str, Any], list[Any]] | None = None) -> dict[str, Any]:
+    """Every output in `keep` (None: all) over the samples, stacked on the sample axis (frozen inputs fed their
+    values, as the tensor comparison feeds them); with `processes` > 1, the runs shared with worker processes of
+    the artifact `member` names (`sample_workers`), else one after another here (saying how far it got where the
+    runs are many: `progress: N/TOTAL samples`). `ran`: feeds this session already ran and its outputs (the tensor
+    comparison's, on the dataset's first samples): where they are the first run's, it is not run again."""
+    import numpy as np
+
+    from .validation_inputs import feeds_for
+
+    names = [output.name for output in session.get_outputs()]
+    wanted = [name for name in names if keep is None or name in keep]
+    batches = [(feeds_for(session, batch, frozen, what), real) for batch, real in dataset.batches(size)]
+    first = _known_first(batches, ran, names, wanted)
+    if processes > 1 and member is not None:
+        results = run_spread(session, member.to_json(), batches, wanted, processes, dataset.count, seconds, first)
+    else:
+        results, done = [], 0
+        for index, (feeds, real) in enumerate(batches):
+            known = first if index == 0 else None
+            results.append(known if known is not None else dict(zip(wanted, session.run(wanted, feeds),
+                                                                    strict=True)))
+            done += real
+            if member is not None and len(batches) > 1:
+                print(f"{PROGRESS}{done}/{dataset.count} samples", flush=True)
+    runs: dict[str, list[Any]] = {name: [] for name in wanted}
+    for outputs, (_, real) in zip(results, batches, strict=True):
+        for name in wanted:
+            value = np.asarray(outputs[name])
+            runs[name].append(value[:real] if value.ndim and len(value) == size else value)
+    return {name: np.concatenate(parts) if parts[0].ndim else np.stack(parts) for name, parts in runs.items()}
+
+
+def _known_first(batches: list[tuple[dict[str, Any], int]], ran: tuple[dict[str, Any], list[Any]] | None,
+                 names: list[str], wanted: list[str]) -> dict[str, Any] | None:
+    """The first batch's outputs, where `ran` fed exactly its feeds (same names, types and values)."""
+    import numpy as np
+
+    if ran is None or not batches:
+        return None
+    feeds, outputs = ran
+    batch = batches[0][0]
+    if feeds.keys() != batch.keys() or any(
+            np.asarray(feeds[name]).dtype != np.asarray(batch[name]).dtype
+            or not np.array_equal(np.asarray(feeds[name]), np.asarray(batch[name])) for name in batch):
+        return None
+    by_name = dict(zip(names, outputs, strict=True))
+    return {name: by_name[name] for name in wanted}
