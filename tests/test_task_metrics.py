@@ -454,3 +454,14 @@ def test_the_tensor_comparisons_run_of_the_first_samples_is_not_run_again():
     assert _known_first(batches, ({"x": x + 0.5}, [y, y]), ["y", "z"], ["z"]) is None
     assert _known_first(batches, ({"x": x.astype(np.float64)}, [y, y]), ["y", "z"], ["z"]) is None
     assert _known_first(batches, None, ["y"], ["y"]) is None
+
+
+def test_the_build_says_how_far_a_long_validation_got_from_its_log(tmp_path):
+    """The validating child writes `progress: N/TOTAL samples` to its log; the build's waiting loop repeats the last
+    one (its own line past a few seconds, and in `still running`)."""
+    from epbuild.execute.child import _progress
+
+    log = tmp_path / "v.log"
+    assert _progress(log) == "" and _progress(None) == ""
+    log.write_text("x" * 5000 + "\nprogress: 3/9 samples\nsome EP chatter\nprogress: 5/9 samples\nmore\n")
+    assert _progress(log) == "; 5/9 samples"
