@@ -15,10 +15,10 @@ For each, interleaved repeat by repeat (this VM's speed drifts), the two epbuild
   warm, cold TMPDIR); a no-op after it.
 
 `--path-first DIR` puts DIR in front of both sides' import path (another version of a package, for a before/after
-in one environment); `--baseline DIR` also runs the epbuild imported from DIR (`git archive COMMIT rules | tar -x
--C X`: DIR = X/rules) interleaved with this one, repeat by repeat, and names its medians in the rows
-(`--baseline-name`); `--name` names the results file. Writes bench/results/NAME.json (rows of the performance
-table).
+in one environment); `--baseline DIR` (or `NAME=DIR`, repeatable) also runs the epbuild imported from DIR
+(`git archive COMMIT rules | tar -x -C X`: DIR = X/rules) interleaved with this one, repeat by repeat, and names
+its medians in the rows (`--baseline-name` for a bare DIR); `--name` names the results file. Writes
+bench/results/NAME.json (rows of the performance table).
 """
 
 from __future__ import annotations
@@ -152,11 +152,13 @@ def main() -> None:
     parser.add_argument("--path-first", default=None)
     parser.add_argument("--name", default="floor")
     parser.add_argument("--kinds", default="qnn,cpu,tiny", help="the projects to measure, comma-separated")
-    parser.add_argument("--baseline", default=None,
-                        help="another epbuild's import folder (`git archive COMMIT rules`), run interleaved too")
+    parser.add_argument("--baseline", action="append", default=[],
+                        help="another epbuild's import folder (`git archive COMMIT rules`), run interleaved too: "
+                             "DIR, or NAME=DIR (repeatable)")
     parser.add_argument("--baseline-name", default="before")
     arguments = parser.parse_args()
-    baseline = Path(arguments.baseline).resolve() if arguments.baseline else None
+    baselines = [(given.split("=", 1)[0], Path(given.split("=", 1)[1]).resolve()) if "=" in given
+                 else (arguments.baseline_name, Path(given).resolve()) for given in arguments.baseline]
     FIRST.extend([arguments.path_first] if arguments.path_first else [])
     data: dict[str, dict[str, float]] = {}
     rows = []
@@ -170,7 +172,7 @@ def main() -> None:
                 # this version and the baseline take turns going first: the one right after the floor ran in a
                 # warmer machine (a fixed order read as a 2.7% difference of the 100-target build, which pairs
                 # in alternating order did not show)
-                versions = [("epbuild", REPO / "rules"), *([("baseline", baseline)] if baseline else [])]
+                versions = [("epbuild", REPO / "rules"), *((f"baseline {name}", path) for name, path in baselines)]
                 versions = versions if repeat % 2 == 0 else versions[::-1]
                 for validated in (False, True):
                     samples.setdefault("floor compile and run" if validated else "floor compile",
@@ -184,7 +186,7 @@ def main() -> None:
         run_ratio = medians["epbuild clean, validated"] / medians["floor compile and run"]
 
         def before(key: str, medians: dict[str, float] = medians) -> str:
-            return f"; {arguments.baseline_name}: {medians[f'baseline {key}']:.2f} s" if baseline else ""
+            return "".join(f"; {name}: {medians[f'baseline {name} {key}']:.2f} s" for name, _ in baselines)
 
         rows += [(f"{kind}: clean build, cold, vs the floor (one process calling ONNX Runtime)",
                   f"{medians['epbuild clean']:.2f} s vs {medians['floor compile']:.2f} s ({compile_ratio:.2f}x)"
@@ -197,7 +199,7 @@ def main() -> None:
                   f"{medians['epbuild no-op, validated']:.2f} s{before('restore, validated')}")]
         print(kind, medians, flush=True)
     save(arguments.name, rows, {"path_first": arguments.path_first, "repeats": arguments.repeats,
-                                "baseline": arguments.baseline_name if baseline else None,
+                                "baselines": [name for name, _ in baselines],
                                 "tiny": arguments.tiny, "jobs": arguments.jobs, "medians": data})
 
 
