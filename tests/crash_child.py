@@ -37,7 +37,7 @@ def _misbehave(request: dict) -> dict:
             mapped = {line.split()[-1].rsplit("/", 1)[-1] for line in maps if "/" in line}
         return {"pid": os.getpid(), "loaded": sorted(set(request["names"]) & mapped)}
     if request["action"] == "metric":  # a project's `module:function` metric, imported as a validation does
-        from epbuild.steps.validation.task_metrics import custom_metric
+        from epbuild.steps.validation.metric_code import custom_metric
 
         function = custom_metric({"metric": request["metric"], "metric_file": request["file"]})
         return {"pid": os.getpid(), "value": function(outputs={}, labels=None, reference={})}

@@ -134,22 +134,32 @@ def validate_member(request: ValidationMember, reference: dict[str, Any] | None 
     compared_graph = onnx.load(request.reference, load_external_data=False)  # read once: kind and selections
     kind = "qdq" if is_qdq(compared_graph) else request.precision
     thresholds = {**DEFAULT_THRESHOLDS[kind], **request.thresholds}
-    repeated, varies = repeatability(session, feeds, outputs, seconds, thresholds, kind, request.repeat_within_s,
-                                     info.name, (lambda: _after_other_graph(ort, info, request))
-                                     if info.history_check else None)
+    samples = None
+    if request.task:  # its samples' other processes start now, while the repeat and the comparison run here
+        from .task_metrics import decide, start
+
+        with located(request.manifest, request.entry):
+            samples = start(session, request, seconds, request.timeout_s - (time.monotonic() - began), info.name,
+                            (feeds, outputs))
+    try:
+        repeated, varies = repeatability(session, feeds, outputs, seconds, thresholds, kind, request.repeat_within_s,
+                                         info.name, (lambda: _after_other_graph(ort, info, request))
+                                         if info.history_check else None)
+        metrics, missed, undecided = compare_outputs(session, outputs, reference["expected"], thresholds, kind,
+                                                     selected_outputs(compared_graph))
+    except BaseException:
+        if samples is not None:
+            samples.runs.stop()
+        raise
     if varies:
         failures.insert(0, varies)
-    metrics, missed, undecided = compare_outputs(session, outputs, reference["expected"], thresholds, kind,
-                                                 selected_outputs(compared_graph))
     task, task_lost = None, False
     if request.task:  # the task metric decides; the tensors' misses are reported beside it
-        from .task_metrics import decide
-
         with located(request.manifest, request.entry):
             task, missed_task = decide(session, request, reference["dataset"], seconds,
                                        request.timeout_s - (time.monotonic() - began), info.name,
                                        [*missed, *undecided], lambda: cpu_session(ort, request.reference, request),
-                                       (feeds, outputs))
+                                       (feeds, outputs), samples)
         failures += [missed_task] if missed_task else []
         task_lost = missed_task is not None  # localise looks for where it departs as for a tensor miss
         missed, undecided = [], []

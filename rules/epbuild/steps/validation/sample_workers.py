@@ -11,6 +11,7 @@ reads for its progress line (`progress: 12/36 samples`, which the build's `still
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -79,73 +80,88 @@ def shares(runs: int, processes: int, lead: int = 0) -> list[range]:
     return [range(0, first), *(range(start, min(runs, start + size)) for start in range(first, runs, size))]
 
 
-def run_spread(session: Any, member: dict[str, Any], batches: list[tuple[dict[str, Any], int]], wanted: list[str],
-               processes: int, total: int, seconds: float,
-               first: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """Each batch's outputs (`wanted`, in batch order): the first share on `session` here, the others in worker
-    processes of the artifact's own sessions (`member`: the ValidationMember's JSON); `first`: the first batch's
-    outputs where they are known already (the tensor comparison ran it)."""
-    import numpy as np
+class Spread:
+    """The other shares' worker processes, started as soon as a run's time is known (their start then overlaps this
+    process's other work: the repeat, the comparison), collected with this process's own share (`results`), and
+    ended and their folder removed by `stop` (every path: a warm worker must not leave them running)."""
 
-    from ...execute.job_environment import job_environment
-    from ...execute.lifelines import DIE_WITH
-    from ...execute.provenance import code_digest, loaded_versions
-    from ..job_modules import CODE_ROOTS
+    def __init__(self, member: dict[str, Any], batches: list[tuple[dict[str, Any], int]], wanted: list[str],
+                 processes: int, total: int, seconds: float, first: dict[str, Any] | None):
+        import numpy as np
 
-    parts = shares(len(batches), processes, round(START_S / max(seconds, 1e-3)) + (1 if first is not None else 0))
-    parts = [part for part in parts if len(part)]
-    folder = Path(tempfile.mkdtemp(prefix="samples.", dir=os.getcwd()))
-    workers: list[tuple[subprocess.Popen, Path, Path, range]] = []
-    expected = {"versions": loaded_versions(), "code": code_digest(CODE_ROOTS), "roots": list(CODE_ROOTS)}
-    environment = {**job_environment(), DIE_WITH: str(os.getpid())}
-    for index, part in enumerate(parts[1:], 1):
-        share = folder / f"share-{index}.npz"
-        np.savez(share, **{f"{run}/{name}": value for run in part for name, value in batches[run][0].items()})
-        request = {"member": member, "share": str(share), "runs": [part.start, part.stop], "wanted": wanted,
-                   "samples": [batches[run][1] for run in part],
-                   "inputs": list(batches[0][0]), "out": str(folder / f"out-{index}.npz"),
-                   "progress": str(folder / f"progress-{index}"), "provenance": expected}
-        (folder / f"request-{index}.json").write_text(json.dumps(request))
-        with open(folder / f"log-{index}.txt", "w", encoding="utf-8") as log:
-            process = subprocess.Popen([sys.executable, "-m", WORKER, str(folder / f"request-{index}.json"),
-                                        str(folder / f"result-{index}.json")], stdout=log, stderr=subprocess.STDOUT,
-                                       env=environment, cwd=folder)
-        workers.append((process, folder / f"out-{index}.npz", folder / f"progress-{index}", part))
-    try:
+        from ...execute.job_environment import job_environment
+        from ...execute.lifelines import DIE_WITH
+        from ...execute.provenance import code_digest, loaded_versions
+        from ..job_modules import CODE_ROOTS
+
+        self.batches, self.wanted, self.total, self.first = batches, wanted, total, first
+        lead = round(START_S / max(seconds, 1e-3)) + (1 if first is not None else 0)
+        self.parts = [part for part in shares(len(batches), processes, lead) if len(part)]
+        self.folder = Path(tempfile.mkdtemp(prefix="samples.", dir=os.getcwd()))
+        self.workers: list[tuple[subprocess.Popen, Path, Path, range]] = []
+        expected = {"versions": loaded_versions(), "code": code_digest(CODE_ROOTS), "roots": list(CODE_ROOTS)}
+        environment = {**job_environment(), DIE_WITH: str(os.getpid())}
+        try:
+            for index, part in enumerate(self.parts[1:], 1):
+                share = self.folder / f"share-{index}.npz"
+                np.savez(share, **{f"{run}/{name}": value for run in part for name, value in batches[run][0].items()})
+                request = {"member": member, "share": str(share), "runs": [part.start, part.stop], "wanted": wanted,
+                           "samples": [batches[run][1] for run in part], "inputs": list(batches[0][0]),
+                           "out": str(self.folder / f"out-{index}.npz"),
+                           "progress": str(self.folder / f"progress-{index}"), "provenance": expected}
+                (self.folder / f"request-{index}.json").write_text(json.dumps(request))
+                with open(self.folder / f"log-{index}.txt", "w", encoding="utf-8") as log:
+                    process = subprocess.Popen(
+                        [sys.executable, "-m", WORKER, str(self.folder / f"request-{index}.json"),
+                         str(self.folder / f"result-{index}.json")], stdout=log, stderr=subprocess.STDOUT,
+                        env=environment, cwd=self.folder)
+                self.workers.append((process, self.folder / f"out-{index}.npz", self.folder / f"progress-{index}",
+                                     part))
+        except BaseException:
+            self.stop()
+            raise
+
+    def results(self, session: Any) -> list[dict[str, Any]]:
+        """Each batch's outputs (`wanted`, in batch order): this process's share run on `session` now (its first
+        batch's outputs taken where known), the others' read from their workers."""
+        import numpy as np
+
         results: list[dict[str, Any]] = []
-        done = 0
-        said = -1
-        for run in parts[0]:
-            feeds, real = batches[run]
-            known = first if run == 0 and first is not None else None
-            results.append(known if known is not None else dict(zip(wanted, session.run(wanted, feeds), strict=True)))
+        done, said = 0, -1
+        for run in self.parts[0]:
+            feeds, real = self.batches[run]
+            known = self.first if run == 0 else None
+            results.append(known if known is not None else dict(zip(self.wanted, session.run(self.wanted, feeds),
+                                                                    strict=True)))
             done += real
-            said = _say_progress(done, workers, batches, total, said)
-        while any(process.poll() is None for process, *_ in workers):
-            said = _say_progress(done, workers, batches, total, said)
+            said = _say_progress(done, self.workers, self.total, said)
+        while any(process.poll() is None for process, *_ in self.workers):
+            said = _say_progress(done, self.workers, self.total, said)
             time.sleep(0.2)
-        for process, out, _, part in workers:
+        for process, out, _, part in self.workers:
             if process.returncode != 0:
                 said_by = out.with_name(out.name.replace("out-", "log-").replace(".npz", ".txt"))
                 tail = said_by.read_text(errors="replace").strip().splitlines()[-3:] if said_by.is_file() else []
                 raise RuntimeError(f"a process running samples {part.start}-{part.stop - 1} ended with status "
                                    f"{process.returncode}: {' | '.join(tail)}")
             with np.load(out, allow_pickle=False) as saved:
-                results += [{name: saved[f"{run}/{name}"] for name in wanted} for run in part]
-        _say_progress(total, [], batches, total, said)
+                results += [{name: saved[f"{run}/{name}"] for name in self.wanted} for run in part]
+        _say_progress(self.total, [], self.total, said)
         return results
-    finally:
-        for process, *_ in workers:
+
+    def stop(self) -> None:
+        for process, *_ in self.workers:
             if process.poll() is None:
                 process.kill()
                 process.wait()
-        for path in folder.iterdir():
-            path.unlink()
-        folder.rmdir()
+        self.workers = []
+        if self.folder.is_dir():
+            for path in self.folder.iterdir():
+                path.unlink()
+            self.folder.rmdir()
 
 
-def _say_progress(done_here: int, workers: list[Any], batches: list[tuple[dict[str, Any], int]], total: int,
-                  said: int) -> int:
+def _say_progress(done_here: int, workers: list[Any], total: int, said: int) -> int:
     """`progress: N/TOTAL samples` on this child's output (its log, which the build's progress line reads), when it
     changed."""
     done = done_here
@@ -157,39 +173,69 @@ def _say_progress(done_here: int, workers: list[Any], batches: list[tuple[dict[s
     return done
 
 
-def run_dataset(session: Any, dataset: Dataset, size: int, keep: list[str] | None, frozen: dict[str, Any],
-                what: str, processes: int = 1, member: ValidationMember | None = None, seconds: float = 0.0,
-                ran: tuple[dict[str, Any], list[Any]] | None = None) -> dict[str, Any]:
-    """Every output in `keep` (None: all) over the samples, stacked on the sample axis (frozen inputs fed their
-    values, as the tensor comparison feeds them); with `processes` > 1, the runs shared with worker processes of
-    the artifact `member` names (`sample_workers`), else one after another here (saying how far it got where the
-    runs are many: `progress: N/TOTAL samples`). `ran`: feeds this session already ran and its outputs (the tensor
-    comparison's, on the dataset's first samples): where they are the first run's, it is not run again."""
-    import numpy as np
+@dataclasses.dataclass
+class DatasetRun:
+    """A dataset's runs made ready: the batches fed, the first batch's outputs where known, the workers started
+    (`Spread`, None: one process). `outputs` runs what is left; `stop` ends the workers (after, or instead)."""
 
+    batches: list[tuple[dict[str, Any], int]]
+    wanted: list[str]
+    size: int
+    count: int
+    first: dict[str, Any] | None
+    spread: Spread | None
+    said: bool = False  # says how far it got (`progress: ...`): the artifact's runs, not the reference's
+
+    def outputs(self, session: Any) -> dict[str, Any]:
+        """Every wanted output over the samples, stacked on the sample axis."""
+        import numpy as np
+
+        if self.spread is not None:
+            results = self.spread.results(session)
+        else:
+            results, done = [], 0
+            for index, (feeds, real) in enumerate(self.batches):
+                known = self.first if index == 0 else None
+                results.append(known if known is not None else dict(zip(self.wanted, session.run(self.wanted, feeds),
+                                                                        strict=True)))
+                done += real
+                if self.said and len(self.batches) > 1:
+                    print(f"{PROGRESS}{done}/{self.count} samples", flush=True)
+        runs: dict[str, list[Any]] = {name: [] for name in self.wanted}
+        for outputs, (_, real) in zip(results, self.batches, strict=True):
+            for name in self.wanted:
+                value = np.asarray(outputs[name])
+                runs[name].append(value[:real] if value.ndim and len(value) == self.size else value)
+        return {name: np.concatenate(parts) if parts[0].ndim else np.stack(parts) for name, parts in runs.items()}
+
+    def stop(self) -> None:
+        if self.spread is not None:
+            self.spread.stop()
+
+
+def prepare_runs(session: Any, dataset: Dataset, size: int, keep: list[str] | None, frozen: dict[str, Any],
+                 what: str, processes: int = 1, member: ValidationMember | None = None, seconds: float = 0.0,
+                 ran: tuple[dict[str, Any], list[Any]] | None = None) -> DatasetRun:
+    """The runs of every output in `keep` (None: all) over the samples (frozen inputs fed their values, as the
+    tensor comparison feeds them): with `processes` > 1 the other shares' workers started now (`Spread`, for the
+    artifact `member` names). `ran`: feeds this session already ran and its outputs (the tensor comparison's, on the
+    dataset's first samples): where they are the first run's, it is not run again."""
     from .validation_inputs import feeds_for
 
     names = [output.name for output in session.get_outputs()]
     wanted = [name for name in names if keep is None or name in keep]
     batches = [(feeds_for(session, batch, frozen, what), real) for batch, real in dataset.batches(size)]
     first = _known_first(batches, ran, names, wanted)
-    if processes > 1 and member is not None:
-        results = run_spread(session, member.to_json(), batches, wanted, processes, dataset.count, seconds, first)
-    else:
-        results, done = [], 0
-        for index, (feeds, real) in enumerate(batches):
-            known = first if index == 0 else None
-            results.append(known if known is not None else dict(zip(wanted, session.run(wanted, feeds),
-                                                                    strict=True)))
-            done += real
-            if member is not None and len(batches) > 1:
-                print(f"{PROGRESS}{done}/{dataset.count} samples", flush=True)
-    runs: dict[str, list[Any]] = {name: [] for name in wanted}
-    for outputs, (_, real) in zip(results, batches, strict=True):
-        for name in wanted:
-            value = np.asarray(outputs[name])
-            runs[name].append(value[:real] if value.ndim and len(value) == size else value)
-    return {name: np.concatenate(parts) if parts[0].ndim else np.stack(parts) for name, parts in runs.items()}
+    spread = Spread(member.to_json(), batches, wanted, processes, dataset.count, seconds, first) \
+        if processes > 1 and member is not None else None
+    return DatasetRun(batches, wanted, size, dataset.count, first, spread, member is not None)
+
+
+def run_dataset(session: Any, dataset: Dataset, size: int, keep: list[str] | None, frozen: dict[str, Any],
+                what: str) -> dict[str, Any]:
+    """Every output in `keep` (None: all) over the samples, one run after another here (the reference's)."""
+    runs = prepare_runs(session, dataset, size, keep, frozen, what)
+    return runs.outputs(session)
 
 
 def _known_first(batches: list[tuple[dict[str, Any], int]], ran: tuple[dict[str, Any], list[Any]] | None,

@@ -13,11 +13,9 @@ are dropped)."""
 
 from __future__ import annotations
 
-import importlib
-import importlib.machinery
+import dataclasses
 import math
 import os
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,8 +23,8 @@ from typing import Any
 from ...contracts.jobs import ValidationMember
 from ...errors import ModelError
 from ...execute.forked_jobs import resident_bytes
-from ...execute.python_path import library_roots
-from .sample_workers import START_S, estimate_s, processes_for, run_dataset
+from .metric_code import custom_metric
+from .sample_workers import START_S, DatasetRun, estimate_s, prepare_runs, processes_for
 from .validation_inputs import dtype_of, read_npz
 
 LABELS = "labels"
@@ -222,60 +220,6 @@ def builtin_score(metric: str, values: Any, against: Any, labelled: bool) -> flo
     return float((values.reshape(len(values), -1).argmax(axis=1) == truth).mean())  # top1, agreement
 
 
-class _SourceOnly(importlib.machinery.SourceFileLoader):
-    """Compiles a project module from its source file as it is now, never from a cached .pyc: the cache is
-    judged by the source's mtime in seconds and its size, so an edit within the same second that keeps the size
-    would run the old code under the new fingerprint."""
-
-    def get_code(self, fullname: str) -> Any:
-        return self.source_to_code(self.get_data(self.path), self.path)
-
-
-def _from_source(root: Path) -> None:
-    """Modules found under `root` (the project's folder; not epbuild's nor the interpreter's folders inside it)
-    are compiled from their source (`_SourceOnly`), none of them taken from an earlier import; a warm worker
-    retires after such a job (`forked_jobs.ran_project_code`). Once per process and root."""
-    prefix, libraries = os.path.join(os.path.realpath(root), ""), library_roots()
-
-    def project(entry: str) -> bool:
-        real = os.path.join(os.path.realpath(entry), "")
-        return real.startswith(prefix) and not real.startswith(libraries)
-
-    def hook(entry: str) -> importlib.machinery.FileFinder:
-        if not project(entry):
-            raise ImportError(entry)
-        return importlib.machinery.FileFinder(entry, (_SourceOnly, importlib.machinery.SOURCE_SUFFIXES))
-
-    if any(getattr(each, "root", None) == prefix for each in sys.path_hooks):
-        return
-    hook.root = prefix  # type: ignore[attr-defined]
-    sys.path_hooks.insert(0, hook)
-    for entry in [entry for entry in sys.path_importer_cache if project(entry)]:
-        del sys.path_importer_cache[entry]
-    for name, loaded in list(sys.modules.items()):
-        file = getattr(loaded, "__file__", None)
-        if isinstance(file, str) and project(os.path.dirname(file)):
-            del sys.modules[name]
-
-
-def custom_metric(task: dict[str, Any]) -> Any:
-    """The project's `module:function`, imported from the project's folder from its source as it is now; one line
-    with its exception's first line when it cannot be."""
-    module, function = task["metric"].split(":", 1)
-    file = Path(task["metric_file"])
-    base = file.parent if file.name == "__init__.py" else file.with_suffix("")
-    root = base.parents[len(module.split(".")) - 1]
-    if str(root) not in sys.path:
-        sys.path.insert(0, str(root))
-    _from_source(root)
-    try:
-        return getattr(importlib.import_module(module), function)
-    except Exception as exc:  # noqa: BLE001 - the user's module: its error, in one line
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise ModelError(f"'{task['metric']}' cannot be imported: {type(exc).__name__}: {first}",
-                         _where("metric")) from None
-
-
 def score(task: dict[str, Any], outputs: dict[str, Any], source: dict[str, Any], labels: Any | None,
           output: str) -> float:
     """The metric of `outputs` (the scored model's, stacked), against the labels or the source model's outputs."""
@@ -335,11 +279,22 @@ def summary(task: dict[str, Any]) -> str:
             f"{task['needed']:.4g}; {task['samples']} samples, against {task['against']})")
 
 
-def evaluate(session: Any, request: ValidationMember, source_outputs: dict[str, Any], seconds: float, left_s: float,
-             ep: str, ran: tuple[dict[str, Any], list[Any]] | None = None) -> tuple[dict[str, Any], str | None]:
-    """The artifact's session run on the task's samples and judged against the source's outputs on them (kept with
-    the CPU reference): (validation.json's `task`, the failure). `seconds`: one run of it; `left_s`: what the
-    validation's time limit leaves. Samples that would not fit are said, with how many would, before any runs."""
+@dataclasses.dataclass
+class TaskRuns:
+    """A task metric's samples made ready to run on the artifact (`start`): its dataset, the output it scores, and
+    the runs, whose workers may already be starting."""
+
+    dataset: Dataset
+    output: str
+    runs: DatasetRun
+    processes: int
+
+
+def start(session: Any, request: ValidationMember, seconds: float, left_s: float, ep: str,
+          ran: tuple[dict[str, Any], list[Any]] | None = None) -> TaskRuns:
+    """The task's samples read and checked, and the processes that share them started: as soon as one run's time
+    (`seconds`) is known, so that their start overlaps the validation's other work. Samples that would not fit in
+    `left_s` (what the validation's time limit leaves) are said, with how many would, before any runs."""
     task = request.task
     assert task is not None, "a job with a task metric"
     inputs = [(i.name, i.type, i.shape) for i in session.get_inputs()]
@@ -357,18 +312,35 @@ def evaluate(session: Any, request: ValidationMember, source_outputs: dict[str, 
                          f"(validation.samples = {fit}), or raise validation.timeout_s", _where("samples"))
     output = output_name(task, [o.name for o in session.get_outputs()])
     keep = None if ":" in task["metric"] else [output]
-    outputs = run_dataset(session, dataset, size, keep, {}, "artifact", processes, request, seconds, ran)
-    report, failure = judge(task, output, dataset, source_outputs, outputs)
-    return {**report, "processes": processes}, failure
+    prepared = prepare_runs(session, dataset, size, keep, {}, "artifact", processes, request, seconds, ran)
+    return TaskRuns(dataset, output, prepared, processes)
+
+
+def evaluate(session: Any, request: ValidationMember, source_outputs: dict[str, Any], seconds: float, left_s: float,
+             ep: str, ran: tuple[dict[str, Any], list[Any]] | None = None,
+             started: TaskRuns | None = None) -> tuple[dict[str, Any], str | None]:
+    """The artifact's session run on the task's samples (`started`: made ready earlier, else now) and judged
+    against the source's outputs on them (kept with the CPU reference): (validation.json's `task`, the failure).
+    `seconds`: one run of it; `left_s`: what the validation's time limit leaves."""
+    task = request.task
+    assert task is not None, "a job with a task metric"
+    prepared = started or start(session, request, seconds, left_s, ep, ran)
+    try:
+        outputs = prepared.runs.outputs(session)
+    finally:
+        prepared.runs.stop()
+    report, failure = judge(task, prepared.output, prepared.dataset, source_outputs, outputs)
+    return {**report, "processes": prepared.processes}, failure
 
 
 def decide(session: Any, request: ValidationMember, source_outputs: dict[str, Any], seconds: float, left_s: float,
            ep: str, tensor_misses: list[str], stage_session: Callable[[], Any] | None = None,
-           ran: tuple[dict[str, Any], list[Any]] | None = None) -> tuple[dict[str, Any], str | None]:
+           ran: tuple[dict[str, Any], list[Any]] | None = None,
+           started: TaskRuns | None = None) -> tuple[dict[str, Any], str | None]:
     """`evaluate`, with what the tensors missed (reported beside the task, not deciding) and, when the task is lost,
     where to look: the model the artifact was compiled from lost it already (its tensors match it; or, scored on a
     CPU session of it, `stage_session()`, it misses the gate too)."""
-    task, failure = evaluate(session, request, source_outputs, seconds, left_s, ep, ran)
+    task, failure = evaluate(session, request, source_outputs, seconds, left_s, ep, ran, started)
     task["tensors"] = tensor_misses or "within the thresholds"
     declared = f"the model as declared ({Path(request.declared).name})"
     if failure and not tensor_misses and request.reference_is != declared:
