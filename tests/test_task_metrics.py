@@ -465,3 +465,36 @@ def test_the_build_says_how_far_a_long_validation_got_from_its_log(tmp_path):
     assert _progress(log) == "" and _progress(None) == ""
     log.write_text("x" * 5000 + "\nprogress: 3/9 samples\nsome EP chatter\nprogress: 5/9 samples\nmore\n")
     assert _progress(log) == "; 5/9 samples"
+
+
+def test_shared_samples_give_the_runs_outputs_in_order_and_stop_ends_the_workers(tmp_path, monkeypatch):
+    """`Spread`: the other shares in fresh Pythons of the artifact's own sessions, their outputs put back in batch
+    order (equal to running every batch here); `stop` before the results ends the workers and removes their folder
+    (what a validation failing between the start and the task does)."""
+    import onnxruntime as ort
+
+    from conftest import REPO, SOURCE
+    from epbuild.steps.validation.sample_workers import Spread
+    from helpers import validation_member
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(SOURCE))
+    model = str(REPO / "models" / "tinycnn.onnx")
+    session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    name, shape = session.get_inputs()[0].name, session.get_inputs()[0].shape
+    rng = np.random.default_rng(0)
+    batches = [({name: rng.standard_normal(shape).astype(np.float32)}, 1) for _ in range(5)]
+    wanted = [o.name for o in session.get_outputs()]
+    member = validation_member(artifact=model).to_json()
+    spread = Spread(member, batches, wanted, 3, 5, 1.0, None)
+    got = spread.results(session)
+    spread.stop()
+    for (feeds, _), outputs in zip(batches, got, strict=True):
+        for output, value in zip(wanted, session.run(wanted, feeds), strict=True):
+            assert np.array_equal(outputs[output], value)
+    assert not list(tmp_path.glob("samples.*"))
+    stopped = Spread(member, batches, wanted, 3, 5, 1.0, None)
+    processes = [process for process, *_ in stopped.workers]
+    assert processes and all(process.poll() is None for process in processes)
+    stopped.stop()
+    assert all(process.poll() is not None for process in processes) and not list(tmp_path.glob("samples.*"))
