@@ -90,6 +90,21 @@ def _validate(root: Path, rules: Path, processes: str | None, cache: Path) -> fl
     return float(entry["seconds"])
 
 
+def rows_from(times: dict[str, list[float]], samples: int) -> list[tuple[str, str]]:
+    """Each side against the floor measured in the same repeat (this host's speed drifts between repeats): the
+    median of the paired ratios, and the medians of the seconds."""
+    floor = statistics.median(times["floor"])
+    rows = []
+    for name, values in times.items():
+        if name == "floor":
+            continue
+        ratio = statistics.median(value / base for value, base in zip(values, times["floor"], strict=True))
+        rows.append((f"a {samples}-sample validation on the HTP simulator (3 MB conv, ~{floor / samples:.1f} s a "
+                     f"run), {name}", f"{ratio:.2f}x {samples} runs in one process, paired by repeat (medians "
+                                      f"{statistics.median(values):.1f} s vs {floor:.1f} s)"))
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=3)
@@ -122,11 +137,7 @@ def main() -> None:
                                capture_output=True, text=True, check=True)
         times["floor"].append(float(floor.stdout.strip().splitlines()[-1]))
         print({name: round(values[-1], 2) for name, values in times.items()}, flush=True)
-    medians = {name: statistics.median(values) for name, values in times.items()}
-    floor = medians["floor"]
-    rows = [(f"a {args.samples}-sample validation on the HTP simulator (3 MB conv, ~{floor / args.samples:.1f} s a run)"
-             f", {name}", f"{seconds:.1f} s, {seconds / floor:.2f}x {args.samples} runs in one process "
-                          f"({floor:.1f} s)") for name, seconds in medians.items() if name != "floor"]
+    rows = rows_from(times, args.samples)
     for row in rows:
         print(row)
     save("samples", rows, {"seconds": times, "cpus": os.cpu_count(), "when": time.strftime("%Y-%m-%d %H:%M")})

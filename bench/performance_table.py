@@ -40,7 +40,10 @@ ORDER = {"doit": "bench_doit.py 1000 9 KEEP_DIR", "fork": "bench_fork.py 40 100 
                                "--name scale-1k-change-ab",
          "floor-venv": "bench_floor.py --kinds qnn --repeats 9 --baseline DIR --baseline-name db7b7d0 --name "
                        "floor-venv (run from a venv, beside a CI run: the warm start's first build in a venv)",
-         "history": "bench_history.py --repeats 9 (beside a CI run)"}
+         "history": "bench_history.py --repeats 9 (beside a CI run)",
+         "floor-round2": "bench_floor.py --kinds qnn --repeats 7 --baseline db7b7d0=DIR --baseline 9281db2=DIR --name "
+                         "floor-round2 (quiet host, PYTHONDONTWRITEBYTECODE unset)",
+         "samples": "bench_samples.py --repeats 3 --baseline DIR --baseline-name 9cac410"}
 
 
 def table() -> str:

@@ -1,6 +1,6 @@
 """A dataset's samples run (`run_dataset`), spread over processes where one run is slow (QNN's HTP simulator:
-seconds a sample, and single-threaded): the validating child runs the first share on its own session (a few runs
-more than the others: theirs start first; the tensor comparison's run of the first samples is not repeated) and
+seconds a sample, and single-threaded): the validating child runs the first share on its own session (the tensor
+comparison's run of the first samples counted in it, not repeated) and
 starts a fresh Python for each other share (`python -m epbuild.steps.validation.sample_worker`), each opening the
 artifact's session as the validation does and running its samples in order. The shares are contiguous and put back
 in sample order, so the verdict and its figures do not depend on how they were split (each sample is one run of its
@@ -73,7 +73,7 @@ def _available_bytes() -> int:
 
 def shares(runs: int, processes: int, lead: int = 0) -> list[range]:
     """Contiguous runs for each process: the first (this process's, whose session is open) `lead` runs more than
-    an even share (what the others spend starting), the rest split evenly."""
+    an even share (a run it has already), the rest split evenly."""
     first = min(runs, math.ceil((runs + lead * (processes - 1)) / processes))
     rest = runs - first
     size = math.ceil(rest / (processes - 1)) if processes > 1 and rest else 1
@@ -95,7 +95,9 @@ class Spread:
         from ..job_modules import CODE_ROOTS
 
         self.batches, self.wanted, self.total, self.first = batches, wanted, total, first
-        lead = round(START_S / max(seconds, 1e-3)) + (1 if first is not None else 0)
+        # the workers start while this process repeats its first run and compares it: what they spend starting,
+        # it spends there, so its share leads only by the run it has already (the tensor comparison's)
+        lead = 1 if first is not None else 0
         self.parts = [part for part in shares(len(batches), processes, lead) if len(part)]
         self.folder = Path(tempfile.mkdtemp(prefix="samples.", dir=os.getcwd()))
         self.workers: list[tuple[subprocess.Popen, Path, Path, range]] = []
