@@ -498,3 +498,27 @@ def test_shared_samples_give_the_runs_outputs_in_order_and_stop_ends_the_workers
     assert processes and all(process.poll() is None for process in processes)
     stopped.stop()
     assert all(process.poll() is not None for process in processes) and not list(tmp_path.glob("samples.*"))
+
+
+def test_a_share_whose_process_fails_fails_the_validation_with_its_last_lines(tmp_path, monkeypatch):
+    """A worker that cannot open the artifact's session (here: the file is gone) ends with a status; the validation
+    fails naming the samples it held and the worker's last lines, and nothing is left running or on disk."""
+    import onnxruntime as ort
+
+    from conftest import REPO, SOURCE
+    from epbuild.steps.validation.sample_workers import Spread
+    from helpers import validation_member
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(SOURCE))
+    model = str(REPO / "models" / "tinycnn.onnx")
+    session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    name, shape = session.get_inputs()[0].name, session.get_inputs()[0].shape
+    batches = [({name: np.zeros(shape, np.float32)}, 1) for _ in range(4)]
+    wanted = [o.name for o in session.get_outputs()]
+    member = validation_member(artifact=str(tmp_path / "gone.onnx")).to_json()
+    spread = Spread(member, batches, wanted, 2, 4, 1.0, None)
+    with pytest.raises(RuntimeError, match=r"a process running samples 2-3 ended with status 1: .*gone\.onnx"):
+        spread.results(session)
+    spread.stop()
+    assert not list(tmp_path.glob("samples.*"))
