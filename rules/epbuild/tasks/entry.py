@@ -98,6 +98,8 @@ def namespace(source: Any) -> dict[str, Any]:
     if not kinds:  # nothing to make (the no-op stamp holds): collect as usual from here
         gc.enable()
 
+    from .announce import announcing
+
     config = source.doit_config()
     announced = getattr(source, "announced_by_workers", lambda _: False)(config)
 
@@ -112,24 +114,6 @@ def namespace(source: Any) -> dict[str, Any]:
         return task
 
     return {"DOIT_CONFIG": config, **{f"task_{kind.name}": generator(kind) for kind in kinds}}
-
-
-def announcing(task: dict[str, Any]) -> dict[str, Any]:
-    """The task with a first action that says its `.  name` line in the worker that runs it, in order with its
-    other lines (`Tasks.announced_by_workers`)."""
-    from .kinds import ANNOUNCED
-
-    if not task.get("actions"):
-        return task
-    name = f"{task['basename']}:{task['name']}" if task.get("name") else task["basename"]
-    return {**task, "actions": [(announce, [name]), *task["actions"]],
-            "meta": {**(task.get("meta") or {}), ANNOUNCED: True}}
-
-
-def announce(name: str) -> None:
-    from ..logs import say
-
-    say(f".  {name}")
 
 
 def task_loader(manifest: Path, invocation: Invocation, early: Candidate | None = None) -> Any:

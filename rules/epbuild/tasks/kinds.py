@@ -19,7 +19,6 @@ from ..records import record
 
 UNAVAILABLE = "unavailable"  # the kind whose one task says which targets this host cannot build, and why
 BLOCKED = "blocked"  # that kind's other task: last in a default run, failing with what the manifest must fix
-ANNOUNCED = "epbuild_announced"  # a task's meta key: its worker says its `.  name` line (`entry.announcing`)
 
 
 @record

@@ -23,7 +23,8 @@ from ..report.build_report import BuildReport
 from ..report.progress import LiveProgress, durations
 from ..report.views import templates_prepared_in_background
 from .actions import fail_blocked
-from .kinds import ANNOUNCED, BLOCKED, UNAVAILABLE, is_subtask
+from .announce import announced
+from .kinds import BLOCKED, UNAVAILABLE, is_subtask
 from .run_end import PlanSave, RunEnd, RunOutcome, closure
 from .selection import Recorded
 
@@ -104,7 +105,7 @@ class BuildReporter(ConsoleReporter):
                        f"it\n")
         if self.live is not None:
             self.live.started(task.name)
-        elif task.name != "backends" and not (task.meta or {}).get(ANNOUNCED):  # its worker said it (`announcing`)
+        elif task.name != "backends" and not announced(task.actions):  # its worker said it (`announcing`)
             super().execute_task(task)  # the output of `backends`, --json included, stays clean for machines
         if self.preparing is None and is_subtask(task.name):
             self.preparing = templates_prepared_in_background()
