@@ -14,7 +14,7 @@ def announcing(task: dict[str, Any]) -> dict[str, Any]:
     knows such a task by that action (`announced`). Cheap: no copy of the task, no import (10,000 targets make
     25,000 tasks)."""
     actions = task.get("actions")
-    if actions and actions[0][0] is not announce:  # a task made while selecting is yielded once, said once
+    if actions and not (isinstance(actions[0], tuple) and actions[0][0] is announce):  # said once
         name = task.get("name")
         task["actions"] = [(announce, (f"{task['basename']}:{name}" if name else task["basename"],)), *actions]
     return task
