@@ -28,25 +28,33 @@ from epbuild.steps.validation.history import dirty  # noqa: E402
 OPTIONS = {"backend_type": "htp", "soc_model": "60"}
 
 
-def _three_mb(path: Path) -> None:
-    """Four 3x3 convolutions of 144 channels on a 32x32 image: 0.75 M weights, 3 MB of fp32."""
+def conv_stack(path: Path, size: int, pooled: bool = False) -> str:
+    """Four 3x3 convolutions of 144 channels on a SIZExSIZE image (0.75 M weights, 3 MB of fp32), seeded; with
+    `pooled`, averaged to 144 logits. Returns the output's name. (bench_samples.py uses it too.)"""
     import numpy as np
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
-    nodes, inits, previous = [], [], "x"
+    nodes, weights, previous = [], [], "x"
     for i in range(4):
-        channels_in = 3 if i == 0 else 144
-        inits.append(numpy_helper.from_array((rng.standard_normal((144, channels_in, 3, 3)) * 0.05)
-                                             .astype(np.float32), f"w{i}"))
+        weights.append(numpy_helper.from_array((rng.standard_normal((144, 3 if i == 0 else 144, 3, 3)) * 0.05)
+                                               .astype(np.float32), f"w{i}"))
         nodes += [helper.make_node("Conv", [previous, f"w{i}"], [f"c{i}"], pads=[1, 1, 1, 1]),
                   helper.make_node("Relu", [f"c{i}"], [f"r{i}"])]
         previous = f"r{i}"
-    graph = helper.make_graph(nodes, "three_mb",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 32, 32])],
-                              [helper.make_tensor_value_info(previous, TensorProto.FLOAT, [1, 144, 32, 32])], inits)
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    shape = [1, 144, size, size]
+    if pooled:
+        nodes += [helper.make_node("GlobalAveragePool", [previous], ["pooled"]),
+                  helper.make_node("Flatten", ["pooled"], ["logits"])]
+        previous, shape = "logits", [1, 144]
+    image = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])
+    result = helper.make_tensor_value_info(previous, TensorProto.FLOAT, shape)
+    graph = helper.make_graph(nodes, "conv", [image], [result], weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return previous
 
 
 def main() -> None:
@@ -67,7 +75,7 @@ def main() -> None:
         return so
 
     work = Path(tempfile.mkdtemp(prefix="bench-history-"))
-    _three_mb(work / "three_mb.onnx")
+    conv_stack(work / "three_mb.onnx", 32)
     sources = {"tinycnn": REPO / "models" / "tinycnn.onnx", "encoder": REPO / "models" / "encoder.onnx",
                "3 MB conv": work / "three_mb.onnx"}
     rows, data = [], {}

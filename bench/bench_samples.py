@@ -24,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_history import conv_stack
 from record import save
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,29 +50,6 @@ for sample in samples:
     session.run(None, {"x": sample[None]})
 print(time.perf_counter() - began)
 """
-
-
-def _model(path: Path) -> str:
-    import numpy as np
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    rng = np.random.default_rng(0)
-    nodes, weights, previous = [], [], "x"
-    for i in range(4):
-        weights.append(numpy_helper.from_array((rng.standard_normal((144, 3 if i == 0 else 144, 3, 3)) * 0.05)
-                                               .astype(np.float32), f"w{i}"))
-        nodes += [helper.make_node("Conv", [previous, f"w{i}"], [f"c{i}"], pads=[1, 1, 1, 1]),
-                  helper.make_node("Relu", [f"c{i}"], [f"r{i}"])]
-        previous = f"r{i}"
-    nodes += [helper.make_node("GlobalAveragePool", [previous], ["pooled"]),
-              helper.make_node("Flatten", ["pooled"], ["logits"])]
-    graph = helper.make_graph(nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 48, 48])],
-                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 144])], weights)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, str(path))
-    return "logits"
 
 
 def _validate(root: Path, rules: Path, processes: str | None, cache: Path) -> float:
@@ -118,7 +96,7 @@ def main() -> None:
     shutil.copy(REPO / "dodo.py", root / "dodo.py")
     (root / "models").mkdir()
     (root / "data").mkdir()
-    output = _model(root / "models" / "conv.onnx")
+    output = conv_stack(root / "models" / "conv.onnx", 48, pooled=True)
     np.savez(root / "data" / "samples.npz",
              x=np.random.default_rng(1).standard_normal((args.samples, 3, 48, 48)).astype(np.float32))
     (root / "models.toml").write_text(MANIFEST.format(output=output))

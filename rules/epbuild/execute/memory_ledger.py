@@ -55,7 +55,7 @@ def default_jobs(environ: dict[str, str] | None = None, configured: int | str | 
     runner (0), as on a one-core host."""
     value = (os.environ if environ is None else environ).get(JOBS, "").strip() or str(configured or "cores")
     if value == "cores":
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        cores = usable_cores()
         return cores if cores > 1 else 0
     if not (value.isascii() and value.isdigit()) or int(value) < 1:  # '²' is a digit to isdigit, not to int
         raise UserError(JOBS, None, f"{value!r}: give how many jobs a build runs at once (1 or more, or `cores`)")
@@ -78,16 +78,31 @@ def ledger_path() -> Path | None:
     return folder / "memory.json" if folder is not None else None
 
 
-def host_memory_mb() -> float | None:
-    """MemTotal of this host (Linux), None where it cannot be read."""
+def _meminfo_mb(field: str) -> float | None:
+    """A field of /proc/meminfo in MB (Linux), None where it cannot be read."""
     try:
         with open("/proc/meminfo", encoding="ascii") as handle:
             for line in handle:
-                if line.startswith("MemTotal:"):
+                if line.startswith(f"{field}:"):
                     return int(line.split()[1]) / 1024
     except (OSError, ValueError, IndexError):
         return None
     return None
+
+
+def host_memory_mb() -> float | None:
+    """MemTotal of this host (Linux), None where it cannot be read."""
+    return _meminfo_mb("MemTotal")
+
+
+def available_memory_mb() -> float | None:
+    """MemAvailable now (Linux), None where it cannot be read."""
+    return _meminfo_mb("MemAvailable")
+
+
+def usable_cores() -> int:
+    """The cores this process may use (its affinity where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def budget_mb(environ: dict[str, str] | None = None, configured_gb: float | None = None) -> float | None:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...execute.child import PROGRESS
+from ...execute.memory_ledger import available_memory_mb, usable_cores
 
 if TYPE_CHECKING:
     from ...contracts.jobs import ValidationMember
@@ -49,7 +50,7 @@ def processes_for(runs: int, seconds: float, resident_bytes: int) -> int:
         return max(1, min(int(chosen), runs))
     if runs < 2 or runs * seconds < SPREAD_FROM_S:
         return 1
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = usable_cores()
     available = _available_bytes()
     by_memory = 1 + int(available * MEMORY_SHARE / resident_bytes) if available and resident_bytes else cores
     return max(1, min(cores, runs, by_memory))
@@ -61,14 +62,8 @@ def estimate_s(runs: int, seconds: float, processes: int) -> float:
 
 
 def _available_bytes() -> int:
-    try:
-        with open("/proc/meminfo", encoding="ascii") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
+    available = available_memory_mb()
+    return int(available * 2**20) if available else 0
 
 
 def shares(runs: int, processes: int, lead: int = 0) -> list[range]:
